@@ -1,0 +1,270 @@
+//! Tiled attention with an online softmax, in the FlashAttention-2 loop order: each
+//! task owns one block of query rows of one head and streams over key blocks, keeping
+//! a running row max `m`, a running sum `l` and an unnormalised output `acc`. Nothing
+//! T×S is stored; extra memory per task is O(BLOCK_Q·(BLOCK_K + Dv)).
+//!
+//! For a new key block with scores s: m' = max(m, max s), p = exp(s − m'),
+//! l' = l·exp(m − m') + Σp, acc' = acc·exp(m − m') + p·V. At the end out = acc / l and
+//! the row's log-sum-exp is m + ln l, which the backward pass and the weights use.
+
+use rayon::prelude::*;
+
+use super::spec::Scorer;
+use super::AttentionOutput;
+use crate::ops::{gemm, MatMut, MatRef, Par};
+use crate::tensor::Tensor;
+
+const BLOCK_Q: usize = 32;
+const BLOCK_K: usize = 64;
+
+/// Per-thread working space, allocated once per rayon worker and reused across tasks.
+struct Scratch {
+    /// [BLOCK_Q, BLOCK_K] scores, then probabilities
+    tile: Vec<f32>,
+    /// [BLOCK_Q, Dv]
+    acc: Vec<f32>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+}
+
+/// A buffer that parallel tasks write through, each to its own disjoint elements.
+#[derive(Clone, Copy)]
+struct Disjoint {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: tasks only write disjoint ranges (see `Disjoint::range`), so sharing the
+// pointer across threads cannot produce a data race.
+unsafe impl Send for Disjoint {}
+unsafe impl Sync for Disjoint {}
+
+impl Disjoint {
+    fn new(data: &mut [f32]) -> Self {
+        Disjoint {
+            ptr: data.as_mut_ptr(),
+            len: data.len(),
+        }
+    }
+
+    /// # Safety
+    /// No other live reference may overlap `start..start + n`.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn range(&self, start: usize, n: usize) -> &mut [f32] {
+        assert!(start + n <= self.len, "disjoint write outside buffer");
+        std::slice::from_raw_parts_mut(self.ptr.add(start), n)
+    }
+}
+
+/// q: [B,T,H,D], k: [B,S,G,D], v: [B,S,G,Dv] (validated) → out [B,T,H,Dv], lse [B,H,T].
+pub(crate) fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scorer: &Scorer,
+    want_weights: bool,
+) -> AttentionOutput {
+    let dims = scorer.dims;
+    let (t, h_n, dv) = (dims.t, dims.h, dims.dv);
+    let n_qblocks = t.div_ceil(BLOCK_Q);
+    let mut out = Tensor::zeros(&[dims.b, t, h_n, dv]);
+    let mut lse = Tensor::zeros(&[dims.b, h_n, t]);
+    let out_w = Disjoint::new(out.data_mut());
+    let lse_w = Disjoint::new(lse.data_mut());
+
+    (0..dims.b * h_n * n_qblocks).into_par_iter().for_each_init(
+        || Scratch {
+            tile: vec![0.0; BLOCK_Q * BLOCK_K],
+            acc: vec![0.0; BLOCK_Q * dv],
+            m: vec![0.0; BLOCK_Q],
+            l: vec![0.0; BLOCK_Q],
+        },
+        |scratch, task| {
+            let (bh, qb) = (task / n_qblocks, task % n_qblocks);
+            let (b, h) = (bh / h_n, bh % h_n);
+            let i0 = qb * BLOCK_Q;
+            let rows = BLOCK_Q.min(t - i0);
+            query_block(q, k, v, scorer, b, h, i0, rows, scratch);
+            for r in 0..rows {
+                let i = i0 + r;
+                // SAFETY: task (b, h, qb) alone owns out[b, i0..i0+rows, h, :] and
+                // lse[b, h, i0..i0+rows].
+                let (o, lse_i) = unsafe {
+                    (
+                        out_w.range(((b * t + i) * h_n + h) * dv, dv),
+                        &mut lse_w.range((b * h_n + h) * t + i, 1)[0],
+                    )
+                };
+                let l = scratch.l[r];
+                if l > 0.0 {
+                    let inv = 1.0 / l;
+                    for (oc, ac) in o.iter_mut().zip(&scratch.acc[r * dv..(r + 1) * dv]) {
+                        *oc = ac * inv;
+                    }
+                    *lse_i = scratch.m[r] + l.ln();
+                } else {
+                    // Every key masked: zeros out, −∞ log-sum-exp, never NaN.
+                    o.fill(0.0);
+                    *lse_i = f32::NEG_INFINITY;
+                }
+            }
+        },
+    );
+    let weights = want_weights.then(|| weights_from_lse(q, k, scorer, &lse));
+    AttentionOutput { out, lse, weights }
+}
+
+/// Runs the online softmax for query rows i0..i0+rows of head h in batch b,
+/// leaving acc, m and l in `scratch`.
+#[allow(clippy::too_many_arguments)]
+fn query_block(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scorer: &Scorer,
+    b: usize,
+    h: usize,
+    i0: usize,
+    rows: usize,
+    scratch: &mut Scratch,
+) {
+    let dims = scorer.dims;
+    let (t, s, h_n, g_n, d, dv) = (dims.t, dims.s, dims.h, dims.g, dims.d, dims.dv);
+    let g = dims.kv_head(h);
+    scratch.m[..rows].fill(f32::NEG_INFINITY);
+    scratch.l[..rows].fill(0.0);
+    scratch.acc[..rows * dv].fill(0.0);
+
+    // Key ranges grow with the row, so the block's union is [lo of first, hi of last).
+    let lo = scorer.key_range(i0).0;
+    let hi = scorer.key_range(i0 + rows - 1).1;
+    // Q block: rows × D, row stride H·D, starting at q[b, i0, h, 0].
+    let q_blk = MatRef {
+        data: &q.data()[((b * t + i0) * h_n + h) * d..],
+        rows,
+        cols: d,
+        row_stride: h_n * d,
+        col_stride: 1,
+    };
+    let mut j0 = lo;
+    while j0 < hi {
+        let cols = BLOCK_K.min(hi - j0);
+        // Kᵀ block: D × cols, read in place from k[b, j0.., g, :].
+        let k_t = MatRef {
+            data: &k.data()[((b * s + j0) * g_n + g) * d..],
+            rows: cols,
+            cols: d,
+            row_stride: g_n * d,
+            col_stride: 1,
+        }
+        .t();
+        gemm(
+            MatMut {
+                data: &mut scratch.tile,
+                rows,
+                cols,
+                row_stride: BLOCK_K,
+                col_stride: 1,
+            },
+            q_blk,
+            k_t,
+            scorer.scale,
+            false,
+            Par::Single,
+        );
+        for r in 0..rows {
+            let row = &mut scratch.tile[r * BLOCK_K..r * BLOCK_K + cols];
+            scorer.apply_row(b, h, i0 + r, j0, row);
+            let m_old = scratch.m[r];
+            let m_new = row.iter().copied().fold(m_old, f32::max);
+            if m_new == f32::NEG_INFINITY {
+                // Nothing visible yet in this row: contribute nothing.
+                row.fill(0.0);
+                continue;
+            }
+            let mut sum = 0.0;
+            for x in row.iter_mut() {
+                *x = (*x - m_new).exp();
+                sum += *x;
+            }
+            let correction = (m_old - m_new).exp();
+            scratch.l[r] = scratch.l[r] * correction + sum;
+            scratch.m[r] = m_new;
+            if correction != 1.0 {
+                for a in &mut scratch.acc[r * dv..(r + 1) * dv] {
+                    *a *= correction;
+                }
+            }
+        }
+        // acc[rows, Dv] += P[rows, cols] · V[j0..j0+cols, g, :]
+        gemm(
+            MatMut::row_major(&mut scratch.acc[..rows * dv], rows, dv),
+            MatRef {
+                data: &scratch.tile,
+                rows,
+                cols,
+                row_stride: BLOCK_K,
+                col_stride: 1,
+            },
+            MatRef {
+                data: &v.data()[((b * s + j0) * g_n + g) * dv..],
+                rows: cols,
+                cols: dv,
+                row_stride: g_n * dv,
+                col_stride: 1,
+            },
+            1.0,
+            true,
+            Par::Single,
+        );
+        j0 += cols;
+    }
+}
+
+/// Softmax weights [B,H,T,S] recomputed from the saved log-sum-exp: P = exp(s − lse).
+/// Lets a caller inspect weights without running the reference kernel.
+fn weights_from_lse(q: &Tensor, k: &Tensor, scorer: &Scorer, lse: &Tensor) -> Tensor {
+    let dims = scorer.dims;
+    let (t, s, h_n, g_n, d) = (dims.t, dims.s, dims.h, dims.g, dims.d);
+    let mut w = Tensor::zeros(&[dims.b, h_n, t, s]);
+    w.data_mut()
+        .par_chunks_mut(t * s)
+        .enumerate()
+        .for_each(|(bh, w_bh)| {
+            let (b, h) = (bh / h_n, bh % h_n);
+            let g = dims.kv_head(h);
+            gemm(
+                MatMut::row_major(w_bh, t, s),
+                MatRef {
+                    data: &q.data()[(b * t * h_n + h) * d..],
+                    rows: t,
+                    cols: d,
+                    row_stride: h_n * d,
+                    col_stride: 1,
+                },
+                MatRef {
+                    data: &k.data()[(b * s * g_n + g) * d..],
+                    rows: s,
+                    cols: d,
+                    row_stride: g_n * d,
+                    col_stride: 1,
+                }
+                .t(),
+                scorer.scale,
+                false,
+                Par::Single,
+            );
+            for (i, row) in w_bh.chunks_exact_mut(s).enumerate() {
+                scorer.apply_row(b, h, i, 0, row);
+                let l = lse.data()[bh * t + i];
+                for x in row.iter_mut() {
+                    *x = if l == f32::NEG_INFINITY {
+                        0.0
+                    } else {
+                        (*x - l).exp()
+                    };
+                }
+            }
+        });
+    w
+}

@@ -1,0 +1,63 @@
+//! The one error type of the library: everything a user's input can cause.
+
+/// Errors name the tensor, field or file at fault so the message alone says what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A tensor's shape does not fit what an operation needs.
+    #[error("shape mismatch for `{tensor}`: expected {expected}, got {got:?}")]
+    Shape {
+        tensor: String,
+        expected: String,
+        got: Vec<usize>,
+    },
+    /// A tensor holds NaN or an infinity where finite numbers are required.
+    #[error("`{tensor}` holds a non-finite value ({value}) at flat index {index}")]
+    NonFinite {
+        tensor: String,
+        index: usize,
+        value: f32,
+    },
+    /// A parameter or option is out of its valid range.
+    #[error("invalid `{field}`: {reason}")]
+    Invalid { field: String, reason: String },
+    /// An index (token id, position) lies outside its table.
+    #[error("`{what}` index {index} is out of range (size {size})")]
+    OutOfRange {
+        what: String,
+        index: usize,
+        size: usize,
+    },
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A safetensors file is malformed or lacks what was asked for.
+    #[error("{path}: {reason}")]
+    Safetensors { path: String, reason: String },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub(crate) fn shape(
+        tensor: impl Into<String>,
+        expected: impl Into<String>,
+        got: &[usize],
+    ) -> Self {
+        Error::Shape {
+            tensor: tensor.into(),
+            expected: expected.into(),
+            got: got.to_vec(),
+        }
+    }
+
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}

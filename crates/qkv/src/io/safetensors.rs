@@ -1,0 +1,130 @@
+//! safetensors files through Hugging Face's own `safetensors` crate. Floats of any
+//! width (f32, f16, bf16, f64) are read as f32; integers and booleans as i64.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use safetensors::{Dtype, SafeTensors};
+
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// A whole safetensors file held in memory, with tensors converted on request.
+pub struct TensorFile {
+    path: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl TensorFile {
+    /// Reads and parses the header; a truncated or corrupt file is an error naming it.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let bytes = std::fs::read(&path).map_err(|source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let file = TensorFile { path, bytes };
+        file.parsed()?;
+        Ok(file)
+    }
+
+    fn err(&self, reason: impl Into<String>) -> Error {
+        Error::Safetensors {
+            path: self.path.display().to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    fn parsed(&self) -> Result<SafeTensors<'_>> {
+        SafeTensors::deserialize(&self.bytes)
+            .map_err(|e| self.err(format!("not a valid safetensors file: {e}")))
+    }
+
+    /// Names of all tensors, sorted.
+    pub fn names(&self) -> Result<Vec<String>> {
+        let mut names: Vec<String> = self
+            .parsed()?
+            .names()
+            .into_iter()
+            .map(String::from)
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.parsed()
+            .map(|st| st.tensor(name).is_ok())
+            .unwrap_or(false)
+    }
+
+    /// The `__metadata__` string map (empty when the file has none).
+    pub fn metadata(&self) -> Result<HashMap<String, String>> {
+        let (_, meta) = SafeTensors::read_metadata(&self.bytes)
+            .map_err(|e| self.err(format!("bad header: {e}")))?;
+        Ok(meta.metadata().clone().unwrap_or_default())
+    }
+
+    fn view(&self, name: &str) -> Result<(Dtype, Vec<usize>, &[u8])> {
+        let st = self.parsed()?;
+        let view = st
+            .tensor(name)
+            .map_err(|_| self.err(format!("missing tensor `{name}`")))?;
+        let (dtype, shape) = (view.dtype(), view.shape().to_vec());
+        // Re-slice from our own buffer so the bytes outlive the parsed header.
+        let data = view.data();
+        let start = data.as_ptr() as usize - self.bytes.as_ptr() as usize;
+        Ok((dtype, shape, &self.bytes[start..start + data.len()]))
+    }
+
+    /// A floating-point tensor as f32 (f16, bf16 and f64 are converted).
+    pub fn tensor(&self, name: &str) -> Result<Tensor> {
+        let (dtype, shape, bytes) = self.view(name)?;
+        let data: Vec<f32> = match dtype {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::F64 => bytes
+                .chunks_exact(8)
+                .map(|b| f64::from_le_bytes(b.try_into().expect("8-byte chunk")) as f32)
+                .collect(),
+            other => {
+                return Err(self.err(format!(
+                    "tensor `{name}` has dtype {other:?}, expected a float type"
+                )))
+            }
+        };
+        Tensor::new(&shape, data)
+    }
+
+    /// An integer or boolean tensor as (shape, i64 values).
+    pub fn ints(&self, name: &str) -> Result<(Vec<usize>, Vec<i64>)> {
+        let (dtype, shape, bytes) = self.view(name)?;
+        let data: Vec<i64> = match dtype {
+            Dtype::I64 => bytes
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().expect("8-byte chunk")))
+                .collect(),
+            Dtype::I32 => bytes
+                .chunks_exact(4)
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64)
+                .collect(),
+            Dtype::U8 | Dtype::BOOL => bytes.iter().map(|&b| b as i64).collect(),
+            other => {
+                return Err(self.err(format!(
+                    "tensor `{name}` has dtype {other:?}, expected an integer type"
+                )))
+            }
+        };
+        Ok((shape, data))
+    }
+}

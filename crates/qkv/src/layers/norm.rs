@@ -1,0 +1,95 @@
+//! LayerNorm and RMSNorm over the last axis.
+
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// y = (x − mean) / √(var + eps) · weight + bias, with the biased variance as PyTorch.
+/// x, y: [N, C]; weight, bias: [C].
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+    pub eps: f32,
+}
+
+/// y = x / √(mean(x²) + eps) · weight: no centring, no bias (Llama, T5).
+/// x, y: [N, C]; weight: [C].
+#[derive(Clone, Debug)]
+pub struct RmsNorm {
+    pub weight: Tensor,
+    pub eps: f32,
+}
+
+fn check_norm_input(name: &str, x: &Tensor, c: usize) -> Result<()> {
+    if x.rank() == 0 || x.last_dim() != c {
+        return Err(Error::shape(name, format!("[.., {c}]"), x.shape()));
+    }
+    Ok(())
+}
+
+fn check_eps(eps: f32) -> Result<()> {
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(Error::invalid(
+            "eps",
+            format!("must be finite and ≥ 0, got {eps}"),
+        ));
+    }
+    Ok(())
+}
+
+impl LayerNorm {
+    pub fn new(weight: Tensor, bias: Option<Tensor>, eps: f32) -> Result<Self> {
+        weight.expect_shape("layer_norm.weight", &[None])?;
+        if let Some(b) = &bias {
+            b.expect_shape("layer_norm.bias", &[Some(weight.numel())])?;
+        }
+        check_eps(eps)?;
+        Ok(LayerNorm { weight, bias, eps })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let c = self.weight.numel();
+        check_norm_input("layer_norm input", x, c)?;
+        let mut y = x.clone();
+        let w = self.weight.data();
+        for row in y.data_mut().chunks_exact_mut(c) {
+            // Two passes (mean, then centred squares) keep precision for rows with a
+            // large common offset, where E[x²] − E[x]² would cancel catastrophically.
+            let mean = row.iter().sum::<f32>() / c as f32;
+            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / c as f32;
+            let r = 1.0 / (var + self.eps).sqrt();
+            for (v, wi) in row.iter_mut().zip(w) {
+                *v = (*v - mean) * r * wi;
+            }
+            if let Some(b) = &self.bias {
+                for (v, bi) in row.iter_mut().zip(b.data()) {
+                    *v += bi;
+                }
+            }
+        }
+        Ok(y)
+    }
+}
+
+impl RmsNorm {
+    pub fn new(weight: Tensor, eps: f32) -> Result<Self> {
+        weight.expect_shape("rms_norm.weight", &[None])?;
+        check_eps(eps)?;
+        Ok(RmsNorm { weight, eps })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let c = self.weight.numel();
+        check_norm_input("rms_norm input", x, c)?;
+        let mut y = x.clone();
+        let w = self.weight.data();
+        for row in y.data_mut().chunks_exact_mut(c) {
+            let ms = row.iter().map(|v| v * v).sum::<f32>() / c as f32;
+            let r = 1.0 / (ms + self.eps).sqrt();
+            for (v, wi) in row.iter_mut().zip(w) {
+                *v = *v * r * wi;
+            }
+        }
+        Ok(y)
+    }
+}

@@ -1,0 +1,9 @@
+//! Numerical building blocks: matrix products, softmax, activations.
+
+pub mod activation;
+pub mod matmul;
+pub mod softmax;
+
+pub use activation::Activation;
+pub use matmul::{gemm, matmul, MatMut, MatRef, Par};
+pub use softmax::{softmax, softmax_rows};

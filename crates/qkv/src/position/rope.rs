@@ -1,0 +1,137 @@
+//! Rotary position embedding (RoPE, RoFormer): each pair of dimensions of q and k is
+//! rotated by the angle pos·θ_i with θ_i = base^(−2i/R) (R = rotary width). Rotations
+//! compose, so ⟨RoPE(q, m), RoPE(k, n)⟩ depends only on m − n, and norms are kept.
+//!
+//! Two layouts pair the dimensions differently:
+//! - [`RopeLayout::HalfSplit`]: pairs (x_i, x_{i+R/2}), Hugging Face's `rotate_half`
+//!   (Llama, Mistral, GPT-NeoX): y = x·cos + rotate_half(x)·sin;
+//! - [`RopeLayout::Interleaved`]: pairs (x_{2i}, x_{2i+1}), the RoFormer paper and GPT-J.
+//!
+//! Only the first R of the D dimensions rotate (R = D unless partial rotary is asked).
+
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeLayout {
+    HalfSplit,
+    Interleaved,
+}
+
+#[derive(Clone, Debug)]
+pub struct Rope {
+    pub head_dim: usize,
+    pub rotary_dim: usize,
+    pub layout: RopeLayout,
+    /// θ_i for i in 0..R/2, already divided by any linear scaling factor.
+    inv_freq: Vec<f32>,
+}
+
+impl Rope {
+    /// Full-width RoPE with base θ (10 000 in most models, `rope_theta` in configs).
+    pub fn new(head_dim: usize, base: f32, layout: RopeLayout) -> Result<Self> {
+        Rope::partial(head_dim, head_dim, base, layout)
+    }
+
+    /// RoPE on the first `rotary_dim` of `head_dim` dimensions; the rest pass through.
+    pub fn partial(
+        head_dim: usize,
+        rotary_dim: usize,
+        base: f32,
+        layout: RopeLayout,
+    ) -> Result<Self> {
+        if rotary_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim {
+            return Err(Error::invalid(
+                "rotary_dim",
+                format!("must be even and in 2..={head_dim}, got {rotary_dim}"),
+            ));
+        }
+        if !(base.is_finite() && base > 1.0) {
+            return Err(Error::invalid(
+                "rope_theta",
+                format!("must be finite and > 1, got {base}"),
+            ));
+        }
+        // f32 arithmetic in the same order as Hugging Face, so angles agree bit for bit
+        // as far as possible: inv_freq = 1 / base^(2i/R).
+        let inv_freq = (0..rotary_dim / 2)
+            .map(|i| 1.0 / base.powf((2 * i) as f32 / rotary_dim as f32))
+            .collect();
+        Ok(Rope {
+            head_dim,
+            rotary_dim,
+            layout,
+            inv_freq,
+        })
+    }
+
+    /// Linear position interpolation (`rope_scaling: {type: linear, factor}`):
+    /// frequencies are divided by `factor`, stretching the trained context.
+    pub fn with_linear_scaling(mut self, factor: f32) -> Result<Self> {
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(Error::invalid(
+                "rope_scaling.factor",
+                format!("must be > 0, got {factor}"),
+            ));
+        }
+        for f in &mut self.inv_freq {
+            *f /= factor;
+        }
+        Ok(self)
+    }
+
+    /// (cos, sin) of each pair's angle at `pos`: R/2 values each.
+    pub fn cos_sin(&self, pos: usize) -> (Vec<f32>, Vec<f32>) {
+        self.inv_freq
+            .iter()
+            .map(|f| {
+                let a = pos as f32 * f;
+                (a.cos(), a.sin())
+            })
+            .unzip()
+    }
+
+    /// Rotates one head vector x (D wide) to position `pos` in place.
+    pub fn rotate(&self, x: &mut [f32], cos: &[f32], sin: &[f32]) {
+        let half = self.rotary_dim / 2;
+        for i in 0..half {
+            let (a, b) = match self.layout {
+                RopeLayout::HalfSplit => (i, i + half),
+                RopeLayout::Interleaved => (2 * i, 2 * i + 1),
+            };
+            let (xa, xb) = (x[a], x[b]);
+            x[a] = xa * cos[i] - xb * sin[i];
+            x[b] = xb * cos[i] + xa * sin[i];
+        }
+    }
+
+    /// x: [B, T, H, D] rotated in place; positions: [B·T], the absolute position of
+    /// each token (rows may differ, e.g. left-padded batches or a decode offset).
+    pub fn apply(&self, x: &mut Tensor, positions: &[usize]) -> Result<()> {
+        x.expect_shape("rope input", &[None, None, None, Some(self.head_dim)])?;
+        let (b, t, h) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+        if positions.len() != b * t {
+            return Err(Error::Shape {
+                tensor: "rope positions".into(),
+                expected: format!("[{b}, {t}] = {} entries", b * t),
+                got: vec![positions.len()],
+            });
+        }
+        let d = self.head_dim;
+        for (token, &pos) in x.data_mut().chunks_exact_mut(h * d).zip(positions) {
+            let (cos, sin) = self.cos_sin(pos);
+            for head in token.chunks_exact_mut(d) {
+                self.rotate(head, &cos, &sin);
+            }
+        }
+        Ok(())
+    }
+
+    /// Like [`Rope::apply`] with every row at positions offset..offset+T.
+    pub fn apply_offset(&self, x: &mut Tensor, offset: usize) -> Result<()> {
+        x.expect_shape("rope input", &[None, None, None, Some(self.head_dim)])?;
+        let (b, t) = (x.shape()[0], x.shape()[1]);
+        let positions: Vec<usize> = (0..b * t).map(|i| offset + i % t).collect();
+        self.apply(x, &positions)
+    }
+}

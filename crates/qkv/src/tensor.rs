@@ -1,0 +1,154 @@
+//! `Tensor`: a shape and a contiguous row-major `Vec<f32>`. Nothing more: no strides,
+//! no autograd, no device. Kernels that need strided views take slices plus strides.
+
+use crate::error::{Error, Result};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    shape: Vec<usize>,
+    data: Vec<f32>,
+}
+
+impl Tensor {
+    /// Wraps `data` as a tensor of `shape`; the element count must match.
+    pub fn new(shape: &[usize], data: Vec<f32>) -> Result<Self> {
+        let n: usize = shape.iter().product();
+        if n != data.len() {
+            return Err(Error::invalid(
+                "tensor data",
+                format!("shape {shape:?} needs {n} elements, got {}", data.len()),
+            ));
+        }
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            data,
+        })
+    }
+
+    pub fn zeros(shape: &[usize]) -> Self {
+        Tensor {
+            shape: shape.to_vec(),
+            data: vec![0.0; shape.iter().product()],
+        }
+    }
+
+    /// Fills each element from its flat row-major index.
+    pub fn from_fn(shape: &[usize], f: impl FnMut(usize) -> f32) -> Self {
+        let n: usize = shape.iter().product();
+        Tensor {
+            shape: shape.to_vec(),
+            data: (0..n).map(f).collect(),
+        }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn data(&self) -> &[f32] {
+        &self.data
+    }
+
+    pub fn data_mut(&mut self) -> &mut [f32] {
+        &mut self.data
+    }
+
+    pub fn into_data(self) -> Vec<f32> {
+        self.data
+    }
+
+    /// Size of the last axis (1 for a scalar).
+    pub fn last_dim(&self) -> usize {
+        self.shape.last().copied().unwrap_or(1)
+    }
+
+    /// Same data, new shape with the same element count.
+    pub fn reshape(self, shape: &[usize]) -> Result<Self> {
+        Tensor::new(shape, self.data)
+    }
+
+    /// Checks the shape against `expected`, where `None` accepts any size on that axis.
+    pub fn expect_shape(&self, name: &str, expected: &[Option<usize>]) -> Result<()> {
+        let ok = self.shape.len() == expected.len()
+            && self
+                .shape
+                .iter()
+                .zip(expected)
+                .all(|(&got, want)| want.is_none_or(|w| w == got));
+        if ok {
+            return Ok(());
+        }
+        let want: Vec<String> = expected
+            .iter()
+            .map(|w| w.map_or_else(|| "_".to_string(), |v| v.to_string()))
+            .collect();
+        Err(Error::shape(
+            name,
+            format!("[{}]", want.join(", ")),
+            &self.shape,
+        ))
+    }
+
+    /// Errors on the first NaN or infinity, naming the tensor.
+    pub fn check_finite(&self, name: &str) -> Result<()> {
+        check_finite(name, &self.data)
+    }
+
+    /// Largest absolute elementwise difference to `other` (same shape assumed).
+    pub fn max_abs_diff(&self, other: &Tensor) -> f32 {
+        self.data
+            .iter()
+            .zip(&other.data)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max)
+    }
+}
+
+/// Errors on the first NaN or infinity in `data`, naming it `name`.
+pub fn check_finite(name: &str, data: &[f32]) -> Result<()> {
+    match data.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(index) => Err(Error::NonFinite {
+            tensor: name.to_string(),
+            index,
+            value: data[index],
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_rejects_wrong_count() {
+        assert!(Tensor::new(&[2, 3], vec![0.0; 5]).is_err());
+        assert_eq!(Tensor::new(&[2, 3], vec![0.0; 6]).unwrap().numel(), 6);
+    }
+
+    #[test]
+    fn expect_shape_names_tensor() {
+        let t = Tensor::zeros(&[2, 3]);
+        assert!(t.expect_shape("x", &[Some(2), None]).is_ok());
+        let err = t
+            .expect_shape("x", &[Some(3), None])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`x`") && err.contains("[3, _]"), "{err}");
+    }
+
+    #[test]
+    fn check_finite_reports_index() {
+        let t = Tensor::new(&[3], vec![1.0, f32::NAN, 2.0]).unwrap();
+        let err = t.check_finite("q").unwrap_err().to_string();
+        assert!(err.contains("`q`") && err.contains("index 1"), "{err}");
+    }
+}
