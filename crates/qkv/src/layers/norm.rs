@@ -54,10 +54,11 @@ impl LayerNorm {
         let w = self.weight.data();
         for row in y.data_mut().chunks_exact_mut(c) {
             // Two passes (mean, then centred squares) keep precision for rows with a
-            // large common offset, where E[x²] − E[x]² would cancel catastrophically.
-            let mean = row.iter().sum::<f32>() / c as f32;
-            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / c as f32;
-            let r = 1.0 / (var + self.eps).sqrt();
+            // large common offset, where E[x²] − E[x]² would cancel catastrophically;
+            // f64 sums keep the mean exact enough that x − mean is right to f32 rounding.
+            let mean = (row.iter().map(|&v| v as f64).sum::<f64>() / c as f64) as f32;
+            let var = row.iter().map(|&v| ((v - mean) as f64).powi(2)).sum::<f64>() / c as f64;
+            let r = (1.0 / (var + self.eps as f64).sqrt()) as f32;
             for (v, wi) in row.iter_mut().zip(w) {
                 *v = (*v - mean) * r * wi;
             }
@@ -84,8 +85,8 @@ impl RmsNorm {
         let mut y = x.clone();
         let w = self.weight.data();
         for row in y.data_mut().chunks_exact_mut(c) {
-            let ms = row.iter().map(|v| v * v).sum::<f32>() / c as f32;
-            let r = 1.0 / (ms + self.eps).sqrt();
+            let ms = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / c as f64;
+            let r = (1.0 / (ms + self.eps as f64).sqrt()) as f32;
             for (v, wi) in row.iter_mut().zip(w) {
                 *v = *v * r * wi;
             }

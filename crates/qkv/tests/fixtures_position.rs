@@ -1,0 +1,95 @@
+//! Position encodings against PyTorch and Hugging Face transformers
+//! (tools/fixtures/gen_position.py): Llama's and GPT-J's RoPE, BLOOM's ALiBi, T5's
+//! buckets and bias, the sinusoidal tables of the paper and of Marian.
+
+mod common;
+
+use common::{assert_close, assert_tensor_close, fixture};
+use qkv::position::alibi::bloom_alibi_tensor;
+use qkv::position::{relative_position_bucket, sinusoidal_table, RelativeBias, Rope, RopeLayout, SinusoidalLayout};
+
+fn check_rope(case: &str, layout: RopeLayout) {
+    let f = fixture("position", case);
+    let d = f.param_usize("head_dim").unwrap();
+    let rotary = f.param_usize("rotary_dim").unwrap_or(d);
+    let mut rope = Rope::partial(d, rotary, f.param_f32("base").unwrap(), layout).unwrap();
+    if let Some(factor) = f.param_f32("linear_factor") {
+        rope = rope.with_linear_scaling(factor).unwrap();
+    }
+    let positions: Vec<usize> = f.ints("position_ids").1.into_iter().map(|p| p as usize).collect();
+    for name in ["q", "k"] {
+        let mut x = f.t(name);
+        rope.apply(&mut x, &positions).unwrap();
+        assert_tensor_close(&format!("{case} {name}"), &x, &f.t(&format!("{name}_out")), 1e-5, 0.0);
+    }
+}
+
+#[test]
+fn rope_half_split_matches_llama() {
+    check_rope("rope_half", RopeLayout::HalfSplit);
+}
+
+#[test]
+fn rope_linear_scaling_and_large_theta_match_llama() {
+    check_rope("rope_half_theta500k_linear", RopeLayout::HalfSplit);
+}
+
+#[test]
+fn rope_interleaved_matches_gptj() {
+    check_rope("rope_interleaved", RopeLayout::Interleaved);
+}
+
+#[test]
+fn partial_rope_matches_gptj() {
+    check_rope("rope_interleaved_partial", RopeLayout::Interleaved);
+}
+
+#[test]
+fn alibi_matches_bloom_for_any_head_count() {
+    let f = fixture("position", "alibi");
+    let (shape, mask) = f.ints("attention_mask");
+    for h in [1, 2, 4, 6, 8, 12, 16, 20, 32] {
+        let got = bloom_alibi_tensor(&mask, shape[0], h);
+        assert_tensor_close(&format!("alibi h={h}"), &got, &f.t(&format!("alibi_h{h}")), 1e-6, 1e-6);
+    }
+}
+
+#[test]
+fn t5_buckets_match_transformers() {
+    let f = fixture("position", "t5_buckets");
+    let rel = f.ints("relative_position").1;
+    for (name, bidirectional, nb, md) in [
+        ("buckets_bidirectional_32_128", true, 32, 128),
+        ("buckets_causal_32_128", false, 32, 128),
+        ("buckets_bidirectional_8_20", true, 8, 20),
+    ] {
+        let want = f.ints(name).1;
+        for (r, w) in rel.iter().zip(&want) {
+            assert_eq!(relative_position_bucket(*r, bidirectional, nb, md) as i64, *w, "{name} at relative position {r}");
+        }
+    }
+}
+
+#[test]
+fn t5_relative_bias_matches_transformers() {
+    let f = fixture("position", "t5_bias");
+    let md = f.param_usize("max_distance").unwrap();
+    let enc = RelativeBias::new(f.t("table"), true, md).unwrap();
+    assert_tensor_close("encoder bias", &enc.compute(7, 7, 0), &f.t("bias"), 0.0, 0.0);
+    let dec = RelativeBias::new(f.t("table_causal"), false, md).unwrap();
+    assert_tensor_close("decoder bias", &dec.compute(7, 7, 0), &f.t("bias_causal"), 0.0, 0.0);
+    assert_tensor_close("decoder step bias", &dec.compute(1, 7, 6), &f.t("bias_causal_decode"), 0.0, 0.0);
+}
+
+#[test]
+fn sinusoidal_tables_match_paper_and_marian() {
+    let f = fixture("position", "sinusoidal");
+    for (name, n, d, layout) in [
+        ("interleaved", 50, 16, SinusoidalLayout::Interleaved),
+        ("marian_split", 50, 16, SinusoidalLayout::Split),
+        ("marian_split_odd", 20, 15, SinusoidalLayout::Split),
+    ] {
+        let got = sinusoidal_table(n, d, layout);
+        assert_close(name, got.data(), f.t(name).data(), 1e-6, 0.0);
+    }
+}
