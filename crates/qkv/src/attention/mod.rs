@@ -9,9 +9,11 @@ mod multi_head;
 mod reference;
 mod spec;
 mod tiled;
+mod view;
 
 pub use multi_head::MultiHeadAttention;
 pub use spec::{validate, AttentionSpec, Bias, Broadcast, CausalAlign, Dims, Kernel};
+pub use view::HeadsView;
 
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -36,6 +38,22 @@ pub fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    spec: &AttentionSpec,
+) -> Result<AttentionOutput> {
+    attention_views(
+        &HeadsView::of(q, "q")?,
+        &HeadsView::of(k, "k")?,
+        &HeadsView::of(v, "v")?,
+        spec,
+    )
+}
+
+/// [`attention`] over views, so K and V can be read in place from a cache whose batch
+/// rows have spare capacity.
+pub fn attention_views(
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
     spec: &AttentionSpec,
 ) -> Result<AttentionOutput> {
     let dims = validate(q, k, v, spec)?;

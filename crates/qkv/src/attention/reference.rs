@@ -3,7 +3,7 @@
 //! Slow and plain on purpose: it is the twin the tiled kernel is tested against.
 
 use super::spec::Scorer;
-use super::AttentionOutput;
+use super::{AttentionOutput, HeadsView};
 use crate::ops::softmax_rows;
 use crate::tensor::Tensor;
 
@@ -13,17 +13,14 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// q: [B,T,H,D], k: [B,S,G,D], v: [B,S,G,Dv] (validated) → out [B,T,H,Dv], lse [B,H,T].
 pub(crate) fn attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
     scorer: &Scorer,
     want_weights: bool,
 ) -> AttentionOutput {
     let dims = scorer.dims;
-    let (t, s, h_n, g_n, d, dv) = (dims.t, dims.s, dims.h, dims.g, dims.d, dims.dv);
-    let q_row = |b: usize, i: usize, h: usize| &q.data()[((b * t + i) * h_n + h) * d..][..d];
-    let k_row = |b: usize, j: usize, g: usize| &k.data()[((b * s + j) * g_n + g) * d..][..d];
-    let v_row = |b: usize, j: usize, g: usize| &v.data()[((b * s + j) * g_n + g) * dv..][..dv];
+    let (t, s, h_n, dv) = (dims.t, dims.s, dims.h, dims.dv);
 
     let mut out = Tensor::zeros(&[dims.b, t, h_n, dv]);
     let mut lse = Tensor::zeros(&[dims.b, h_n, t]);
@@ -35,7 +32,7 @@ pub(crate) fn attention(
             for i in 0..t {
                 let row = &mut scores[i * s..(i + 1) * s];
                 for (j, x) in row.iter_mut().enumerate() {
-                    *x = scorer.scale * dot(q_row(b, i, h), k_row(b, j, g));
+                    *x = scorer.scale * dot(q.vector(b, i, h), k.vector(b, j, g));
                 }
                 scorer.apply_row(b, h, i, 0, row);
                 lse.data_mut()[(b * h_n + h) * t + i] = log_sum_exp(row);
@@ -45,7 +42,7 @@ pub(crate) fn attention(
                 let o = &mut out.data_mut()[((b * t + i) * h_n + h) * dv..][..dv];
                 for j in 0..s {
                     let p = scores[i * s + j];
-                    for (oc, vc) in o.iter_mut().zip(v_row(b, j, g)) {
+                    for (oc, vc) in o.iter_mut().zip(v.vector(b, j, g)) {
                         *oc += p * vc;
                     }
                 }

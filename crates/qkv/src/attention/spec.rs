@@ -2,6 +2,7 @@
 //! additive biases. Both kernels ask [`Scorer`] for the same rules, so a mask means
 //! exactly the same thing on the reference and the tiled path.
 
+use super::HeadsView;
 use crate::error::{Error, Result};
 use crate::tensor::{check_finite, Tensor};
 
@@ -118,13 +119,27 @@ impl Dims {
 }
 
 /// Checks Q, K, V and the spec against each other; returns the sizes.
-pub fn validate(q: &Tensor, k: &Tensor, v: &Tensor, spec: &AttentionSpec) -> Result<Dims> {
-    q.expect_shape("q", &[None, None, None, None])?;
-    let [b, t, h, d] = [q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]];
-    k.expect_shape("k", &[Some(b), None, None, Some(d)])?;
-    let (s, g) = (k.shape()[1], k.shape()[2]);
-    v.expect_shape("v", &[Some(b), Some(s), Some(g), None])?;
-    let dv = v.shape()[3];
+pub fn validate(q: &HeadsView, k: &HeadsView, v: &HeadsView, spec: &AttentionSpec) -> Result<Dims> {
+    q.check_bounds("q")?;
+    k.check_bounds("k")?;
+    v.check_bounds("v")?;
+    let [b, t, h, d] = q.shape();
+    let [kb, s, g, kd] = k.shape();
+    if kb != b || kd != d {
+        return Err(Error::shape(
+            "k",
+            format!("[{b}, _, _, {d}] (batch and head width of q)"),
+            &k.shape(),
+        ));
+    }
+    let [vb, vs, vg, dv] = v.shape();
+    if vb != b || vs != s || vg != g {
+        return Err(Error::shape(
+            "v",
+            format!("[{b}, {s}, {g}, _] (batch, length and heads of k)"),
+            &v.shape(),
+        ));
+    }
     if [b, t, h, d, s, g, dv].contains(&0) {
         return Err(Error::invalid(
             "attention inputs",

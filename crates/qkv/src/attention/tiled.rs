@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use super::spec::Scorer;
-use super::AttentionOutput;
+use super::{AttentionOutput, HeadsView};
 use crate::ops::{gemm, MatMut, MatRef, Par};
 use crate::tensor::Tensor;
 
@@ -58,9 +58,9 @@ impl Disjoint {
 
 /// q: [B,T,H,D], k: [B,S,G,D], v: [B,S,G,Dv] (validated) → out [B,T,H,Dv], lse [B,H,T].
 pub(crate) fn attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
     scorer: &Scorer,
     want_weights: bool,
 ) -> AttentionOutput {
@@ -118,9 +118,9 @@ pub(crate) fn attention(
 /// leaving acc, m and l in `scratch`.
 #[allow(clippy::too_many_arguments)]
 fn query_block(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
     scorer: &Scorer,
     b: usize,
     h: usize,
@@ -129,7 +129,7 @@ fn query_block(
     scratch: &mut Scratch,
 ) {
     let dims = scorer.dims;
-    let (t, s, h_n, g_n, d, dv) = (dims.t, dims.s, dims.h, dims.g, dims.d, dims.dv);
+    let (h_n, g_n, d, dv) = (dims.h, dims.g, dims.d, dims.dv);
     let g = dims.kv_head(h);
     scratch.m[..rows].fill(f32::NEG_INFINITY);
     scratch.l[..rows].fill(0.0);
@@ -140,7 +140,7 @@ fn query_block(
     let hi = scorer.key_range(i0 + rows - 1).1;
     // Q block: rows × D, row stride H·D, starting at q[b, i0, h, 0].
     let q_blk = MatRef {
-        data: &q.data()[((b * t + i0) * h_n + h) * d..],
+        data: &q.data[q.offset(b, i0, h)..],
         rows,
         cols: d,
         row_stride: h_n * d,
@@ -151,7 +151,7 @@ fn query_block(
         let cols = BLOCK_K.min(hi - j0);
         // Kᵀ block: D × cols, read in place from k[b, j0.., g, :].
         let k_t = MatRef {
-            data: &k.data()[((b * s + j0) * g_n + g) * d..],
+            data: &k.data[k.offset(b, j0, g)..],
             rows: cols,
             cols: d,
             row_stride: g_n * d,
@@ -207,7 +207,7 @@ fn query_block(
                 col_stride: 1,
             },
             MatRef {
-                data: &v.data()[((b * s + j0) * g_n + g) * dv..],
+                data: &v.data[v.offset(b, j0, g)..],
                 rows: cols,
                 cols: dv,
                 row_stride: g_n * dv,
@@ -223,7 +223,7 @@ fn query_block(
 
 /// Softmax weights [B,H,T,S] recomputed from the saved log-sum-exp: P = exp(s − lse).
 /// Lets a caller inspect weights without running the reference kernel.
-fn weights_from_lse(q: &Tensor, k: &Tensor, scorer: &Scorer, lse: &Tensor) -> Tensor {
+fn weights_from_lse(q: &HeadsView, k: &HeadsView, scorer: &Scorer, lse: &Tensor) -> Tensor {
     let dims = scorer.dims;
     let (t, s, h_n, g_n, d) = (dims.t, dims.s, dims.h, dims.g, dims.d);
     let mut w = Tensor::zeros(&[dims.b, h_n, t, s]);
@@ -236,14 +236,14 @@ fn weights_from_lse(q: &Tensor, k: &Tensor, scorer: &Scorer, lse: &Tensor) -> Te
             gemm(
                 MatMut::row_major(w_bh, t, s),
                 MatRef {
-                    data: &q.data()[(b * t * h_n + h) * d..],
+                    data: &q.data[q.offset(b, 0, h)..],
                     rows: t,
                     cols: d,
                     row_stride: h_n * d,
                     col_stride: 1,
                 },
                 MatRef {
-                    data: &k.data()[(b * s * g_n + g) * d..],
+                    data: &k.data[k.offset(b, 0, g)..],
                     rows: s,
                     cols: d,
                     row_stride: g_n * d,

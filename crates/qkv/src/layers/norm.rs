@@ -57,7 +57,11 @@ impl LayerNorm {
             // large common offset, where E[x²] − E[x]² would cancel catastrophically;
             // f64 sums keep the mean exact enough that x − mean is right to f32 rounding.
             let mean = (row.iter().map(|&v| v as f64).sum::<f64>() / c as f64) as f32;
-            let var = row.iter().map(|&v| ((v - mean) as f64).powi(2)).sum::<f64>() / c as f64;
+            let var = row
+                .iter()
+                .map(|&v| ((v - mean) as f64).powi(2))
+                .sum::<f64>()
+                / c as f64;
             let r = (1.0 / (var + self.eps as f64).sqrt()) as f32;
             for (v, wi) in row.iter_mut().zip(w) {
                 *v = (*v - mean) * r * wi;

@@ -1,0 +1,95 @@
+//! `HeadsView`: a `[B, L, N, E]` block of per-head vectors read in place, whose batch
+//! rows may lie further apart than L·N·E. A KV cache with spare capacity is such a
+//! block: attention reads its first L positions without copying them out.
+
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+#[derive(Clone, Copy, Debug)]
+pub struct HeadsView<'a> {
+    pub data: &'a [f32],
+    /// B
+    pub batch: usize,
+    /// L: sequence positions in use
+    pub len: usize,
+    /// N: heads
+    pub heads: usize,
+    /// E: width of one head
+    pub dim: usize,
+    /// Elements between batch rows (≥ L·N·E).
+    pub batch_stride: usize,
+}
+
+impl<'a> HeadsView<'a> {
+    /// The whole of a contiguous `[B, L, N, E]` tensor; `name` labels shape errors.
+    pub fn of(t: &'a Tensor, name: &str) -> Result<Self> {
+        t.expect_shape(name, &[None, None, None, None])?;
+        let s = t.shape();
+        Ok(HeadsView {
+            data: t.data(),
+            batch: s[0],
+            len: s[1],
+            heads: s[2],
+            dim: s[3],
+            batch_stride: s[1] * s[2] * s[3],
+        })
+    }
+
+    /// Checks that the view stays inside its buffer, naming it otherwise.
+    pub fn check_bounds(&self, name: &str) -> Result<()> {
+        let row = self.len * self.heads * self.dim;
+        let needed = if self.batch == 0 {
+            0
+        } else {
+            (self.batch - 1) * self.batch_stride + row
+        };
+        if self.batch_stride < row || needed > self.data.len() {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "view [{}, {}, {}, {}] with batch stride {} does not fit {} elements",
+                    self.batch,
+                    self.len,
+                    self.heads,
+                    self.dim,
+                    self.batch_stride,
+                    self.data.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn shape(&self) -> [usize; 4] {
+        [self.batch, self.len, self.heads, self.dim]
+    }
+
+    /// Flat index of element 0 of head `n` at position `l` of batch row `b`.
+    pub fn offset(&self, b: usize, l: usize, n: usize) -> usize {
+        b * self.batch_stride + (l * self.heads + n) * self.dim
+    }
+
+    /// The E-wide vector of head `n` at position `l` of batch row `b`.
+    pub fn vector(&self, b: usize, l: usize, n: usize) -> &'a [f32] {
+        &self.data[self.offset(b, l, n)..][..self.dim]
+    }
+
+    /// Errors on the first NaN or infinity among the viewed elements.
+    pub fn check_finite(&self, name: &str) -> Result<()> {
+        let row = self.len * self.heads * self.dim;
+        for b in 0..self.batch {
+            let start = b * self.batch_stride;
+            if let Some(i) = self.data[start..start + row]
+                .iter()
+                .position(|x| !x.is_finite())
+            {
+                return Err(Error::NonFinite {
+                    tensor: name.into(),
+                    index: start + i,
+                    value: self.data[start + i],
+                });
+            }
+        }
+        Ok(())
+    }
+}
