@@ -34,6 +34,19 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A config file is invalid JSON, lacks a field or holds a value qkv cannot use.
+    #[error("{path}: field `{field}`: {reason}")]
+    Config {
+        path: String,
+        field: String,
+        reason: String,
+    },
+    /// The input asks for something qkv does not implement (architecture, option).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// A tokenizer could not be loaded or failed on the input.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
     /// A safetensors file is malformed or lacks what was asked for.
     #[error("{path}: {reason}")]
     Safetensors { path: String, reason: String },

@@ -32,12 +32,16 @@
 //! ```
 
 pub mod attention;
+pub mod block;
 pub mod error;
 pub mod io;
 pub mod layers;
+pub mod models;
 pub mod ops;
 pub mod position;
+pub mod rng;
 pub mod tensor;
+pub mod text;
 
 pub use attention::{
     attention, AttentionOutput, AttentionSpec, Bias, Broadcast, CausalAlign, Kernel,

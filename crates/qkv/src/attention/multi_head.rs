@@ -140,14 +140,17 @@ impl MultiHeadAttention {
         spec: &AttentionSpec,
     ) -> Result<AttentionOutput> {
         let mut a = attention(q, k, v, spec)?;
-        let [b, t, h, dv] = [
-            a.out.shape()[0],
-            a.out.shape()[1],
-            a.out.shape()[2],
-            a.out.shape()[3],
-        ];
-        let merged = std::mem::replace(&mut a.out, Tensor::zeros(&[0])).reshape(&[b, t, h * dv])?;
-        a.out = self.wo.forward(&merged)?;
+        let heads = std::mem::replace(&mut a.out, Tensor::zeros(&[0]));
+        a.out = self.merge_heads(heads)?;
         Ok(a)
+    }
+
+    /// Attention output heads [B, T, H, Dv] → W_O · concat(heads): [B, T, C].
+    /// Concatenating heads is a reshape: `[B,T,H,Dv]` is `[B,T,H·Dv]` in memory.
+    pub fn merge_heads(&self, heads: Tensor) -> Result<Tensor> {
+        heads.expect_shape("attention heads", &[None, None, Some(self.n_heads), None])?;
+        let s = heads.shape().to_vec();
+        let merged = heads.reshape(&[s[0], s[1], s[2] * s[3]])?;
+        self.wo.forward(&merged)
     }
 }

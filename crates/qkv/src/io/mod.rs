@@ -1,5 +1,9 @@
-//! Reading and writing tensors on disk.
+//! Reading and writing tensors and model folders on disk.
 
+pub mod checkpoint;
+pub mod config;
 pub mod safetensors;
 
+pub use self::checkpoint::Checkpoint;
+pub use self::config::{bad_field, read_config};
 pub use self::safetensors::TensorFile;

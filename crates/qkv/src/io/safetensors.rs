@@ -1,5 +1,6 @@
 //! safetensors files through Hugging Face's own `safetensors` crate. Floats of any
-//! width (f32, f16, bf16, f64) are read as f32; integers and booleans as i64.
+//! width (f32, f16, bf16, f64) are read as f32; integers and booleans as i64. Files are
+//! memory-mapped: a checkpoint's bytes are paged in once, straight into the f32 copy.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -9,20 +10,24 @@ use safetensors::{Dtype, SafeTensors};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
-/// A whole safetensors file held in memory, with tensors converted on request.
+/// A memory-mapped safetensors file, with tensors converted on request.
 pub struct TensorFile {
     path: PathBuf,
-    bytes: Vec<u8>,
+    bytes: memmap2::Mmap,
 }
 
 impl TensorFile {
     /// Reads and parses the header; a truncated or corrupt file is an error naming it.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let bytes = std::fs::read(&path).map_err(|source| Error::Io {
+        let io_err = |source| Error::Io {
             path: path.display().to_string(),
             source,
-        })?;
+        };
+        let file = std::fs::File::open(&path).map_err(io_err)?;
+        // SAFETY: the map is read-only; a file truncated or rewritten by another process
+        // while mapped is outside what this library can defend against, as for any mmap.
+        let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
         let file = TensorFile { path, bytes };
         file.parsed()?;
         Ok(file)
@@ -63,6 +68,16 @@ impl TensorFile {
         let (_, meta) = SafeTensors::read_metadata(&self.bytes)
             .map_err(|e| self.err(format!("bad header: {e}")))?;
         Ok(meta.metadata().clone().unwrap_or_default())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Shape and dtype name (`F32`, `BF16`, …) of a tensor without converting it.
+    pub fn info(&self, name: &str) -> Result<(Vec<usize>, String)> {
+        let (dtype, shape, _) = self.view(name)?;
+        Ok((shape, format!("{dtype:?}")))
     }
 
     fn view(&self, name: &str) -> Result<(Dtype, Vec<usize>, &[u8])> {

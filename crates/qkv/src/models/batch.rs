@@ -1,0 +1,85 @@
+//! `TokenBatch`: token ids `[B, T]` with a mask saying which are real tokens.
+
+use crate::error::{Error, Result};
+
+#[derive(Clone, Debug)]
+pub struct TokenBatch {
+    /// [B·T] token ids
+    pub ids: Vec<usize>,
+    /// [B·T], `true` for a real token, `false` for padding
+    pub mask: Vec<bool>,
+    pub batch: usize,
+    pub len: usize,
+}
+
+impl TokenBatch {
+    /// ids: `[B, T]` flattened; `mask` defaults to all real.
+    pub fn new(ids: Vec<usize>, mask: Option<Vec<bool>>, batch: usize, len: usize) -> Result<Self> {
+        if batch == 0 || len == 0 {
+            return Err(Error::invalid(
+                "input_ids",
+                "empty input: need at least one token",
+            ));
+        }
+        if ids.len() != batch * len {
+            return Err(Error::Shape {
+                tensor: "input_ids".into(),
+                expected: format!("[{batch}, {len}]"),
+                got: vec![ids.len()],
+            });
+        }
+        let mask = mask.unwrap_or_else(|| vec![true; ids.len()]);
+        if mask.len() != ids.len() {
+            return Err(Error::Shape {
+                tensor: "attention_mask".into(),
+                expected: format!("[{batch}, {len}] like input_ids"),
+                got: vec![mask.len()],
+            });
+        }
+        Ok(TokenBatch {
+            ids,
+            mask,
+            batch,
+            len,
+        })
+    }
+
+    /// One unpadded row.
+    pub fn single(ids: Vec<usize>) -> Result<Self> {
+        let len = ids.len();
+        TokenBatch::new(ids, None, 1, len)
+    }
+
+    /// Errors on the first id ≥ `vocab_size`.
+    pub fn check_vocab(&self, vocab_size: usize) -> Result<()> {
+        match self.ids.iter().find(|&&id| id >= vocab_size) {
+            Some(&id) => Err(Error::OutOfRange {
+                what: "token id (vocabulary)".into(),
+                index: id,
+                size: vocab_size,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Position of each token counting real tokens only, starting at `start[b]` for
+    /// row b: cumsum(mask) − 1, as Hugging Face's `generate` assigns positions, so a
+    /// left-padded row gets the positions it would have alone. Padding gets the
+    /// position of the next real token (any valid position would do).
+    pub fn positions(&self, start: &[usize]) -> Vec<usize> {
+        real_positions(&self.mask, self.len, start)
+    }
+}
+
+/// mask: `[B, T]`; start: `[B]` real tokens before this chunk → `[B·T]` positions.
+pub(crate) fn real_positions(mask: &[bool], t: usize, start: &[usize]) -> Vec<usize> {
+    let mut out = Vec::with_capacity(mask.len());
+    for (row, &first) in mask.chunks_exact(t).zip(start) {
+        let mut seen = first;
+        for &real in row {
+            out.push(seen);
+            seen += real as usize;
+        }
+    }
+    out
+}

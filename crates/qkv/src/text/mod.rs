@@ -1,0 +1,5 @@
+//! Tokenizers: Hugging Face `tokenizer.json` files through the `tokenizers` crate.
+
+pub mod tokenizer;
+
+pub use tokenizer::Tokenizer;

@@ -1,0 +1,83 @@
+//! A model folder's `tokenizer.json`, read by Hugging Face's own `tokenizers` crate
+//! (pure-Rust regex backend), with batch encoding into a padded [`TokenBatch`].
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::models::TokenBatch;
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    path: PathBuf,
+}
+
+impl Tokenizer {
+    /// Loads `dir/tokenizer.json`. A folder without one (Marian ships SentencePiece
+    /// files instead) is an error that says so and points at `--input-ids`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        if !path.is_file() {
+            return Err(Error::Tokenizer(format!(
+                "{} not found: this folder has no tokenizer.json (SentencePiece-only folders such as Marian's are not read); pass token ids with --input-ids instead",
+                path.display()
+            )));
+        }
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        Ok(Tokenizer { inner, path })
+    }
+
+    /// Token ids of one text, with the special tokens the tokenizer's post-processor
+    /// adds (`[CLS] … [SEP]` for BERT) when `special` is true.
+    pub fn encode(&self, text: &str, special: bool) -> Result<Vec<usize>> {
+        let enc = self.inner.encode(text, special).map_err(|e| {
+            Error::Tokenizer(format!("{}: encoding {text:?}: {e}", self.path.display()))
+        })?;
+        Ok(enc.get_ids().iter().map(|&i| i as usize).collect())
+    }
+
+    /// Encodes several texts into one right-padded batch (`pad_id` fills the gaps,
+    /// masked out). Texts longer than `max_len`, if given, are truncated to it.
+    pub fn encode_batch(
+        &self,
+        texts: &[&str],
+        special: bool,
+        pad_id: usize,
+        max_len: Option<usize>,
+    ) -> Result<TokenBatch> {
+        let mut rows = texts
+            .iter()
+            .map(|t| self.encode(t, special))
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(max) = max_len {
+            for row in &mut rows {
+                row.truncate(max);
+            }
+        }
+        let len = rows.iter().map(Vec::len).max().unwrap_or(0);
+        let mut ids = Vec::with_capacity(rows.len() * len);
+        let mut mask = Vec::with_capacity(rows.len() * len);
+        for row in &rows {
+            ids.extend(
+                row.iter()
+                    .copied()
+                    .chain(std::iter::repeat_n(pad_id, len - row.len())),
+            );
+            mask.extend((0..len).map(|i| i < row.len()));
+        }
+        TokenBatch::new(ids, Some(mask), rows.len(), len)
+    }
+
+    /// Text of `ids`, without special tokens.
+    pub fn decode(&self, ids: &[usize]) -> Result<String> {
+        let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
+        self.inner
+            .decode(&ids, true)
+            .map_err(|e| Error::Tokenizer(format!("{}: decoding: {e}", self.path.display())))
+    }
+
+    /// Id of a token string such as `[PAD]` or `</s>`.
+    pub fn token_id(&self, token: &str) -> Option<usize> {
+        self.inner.token_to_id(token).map(|i| i as usize)
+    }
+}
