@@ -50,14 +50,24 @@ fn check_sdpa_case(f: &Fixture, kernel: Kernel) {
         },
         window: f.param_usize("window"),
         key_padding: padding.as_deref(),
-        mask: mask.as_ref().map(|(shape, m)| Broadcast::new(m, shape4(shape))),
-        bias: bias.as_ref().map(|b| Bias::Dense(b.as_broadcast().unwrap())),
+        mask: mask
+            .as_ref()
+            .map(|(shape, m)| Broadcast::new(m, shape4(shape))),
+        bias: bias
+            .as_ref()
+            .map(|b| Bias::Dense(b.as_broadcast().unwrap())),
         want_weights: true,
         kernel,
     };
     let a = attention(&q, &k, &v, &spec).unwrap_or_else(|e| panic!("{}: {e}", f.name));
     let what = format!("{} ({kernel:?})", f.name);
-    assert_tensor_close(&format!("{what} weights"), a.weights.as_ref().unwrap(), &f.t("weights"), 1e-5, 0.0);
+    assert_tensor_close(
+        &format!("{what} weights"),
+        a.weights.as_ref().unwrap(),
+        &f.t("weights"),
+        1e-5,
+        0.0,
+    );
 
     let expected = f.t("out");
     let [b, t, h, dv] = shape4(expected.shape());
@@ -71,9 +81,18 @@ fn check_sdpa_case(f: &Fixture, kernel: Kernel) {
                 let got = &a.out.data()[row..row + dv];
                 if w_row.iter().all(|&w| w == 0.0) {
                     // Every key masked: qkv defines the output as zeros (never NaN).
-                    assert!(got.iter().all(|&x| x == 0.0), "{what}: masked row {bi},{i},{hi} not zero");
+                    assert!(
+                        got.iter().all(|&x| x == 0.0),
+                        "{what}: masked row {bi},{i},{hi} not zero"
+                    );
                 } else {
-                    assert_close(&format!("{what} out[{bi},{i},{hi}]"), got, &expected.data()[row..row + dv], 1e-5, 0.0);
+                    assert_close(
+                        &format!("{what} out[{bi},{i},{hi}]"),
+                        got,
+                        &expected.data()[row..row + dv],
+                        1e-5,
+                        0.0,
+                    );
                 }
             }
         }
@@ -98,7 +117,10 @@ fn sdpa_tiled_kernel_matches_torch() {
 fn fully_masked_case_really_has_masked_rows() {
     // Guards the zero-row branch above against silently never running.
     let f = fixture("sdpa", "fully_masked");
-    assert_eq!(f.params.get("fully_masked_rows").and_then(|v| v.as_bool()), Some(true));
+    assert_eq!(
+        f.params.get("fully_masked_rows").and_then(|v| v.as_bool()),
+        Some(true)
+    );
     let w = f.t("weights");
     let s = w.shape()[3];
     assert!(w.data().chunks(s).any(|row| row.iter().all(|&x| x == 0.0)));
@@ -107,7 +129,15 @@ fn fully_masked_case_really_has_masked_rows() {
 fn mha_from(f: &Fixture) -> MultiHeadAttention {
     let lin = |w: &str, b: &str| Linear::new(f.t(w), Some(f.t(b))).unwrap();
     let h = f.param_usize("n_heads").unwrap();
-    MultiHeadAttention::new(lin("wq", "bq"), lin("wk", "bk"), lin("wv", "bv"), lin("wo", "bo"), h, h).unwrap()
+    MultiHeadAttention::new(
+        lin("wq", "bq"),
+        lin("wk", "bk"),
+        lin("wv", "bv"),
+        lin("wo", "bo"),
+        h,
+        h,
+    )
+    .unwrap()
 }
 
 #[test]
@@ -129,7 +159,13 @@ fn multi_head_attention_matches_torch_module() {
             let a = mha.forward(&f.t("x"), context.as_ref(), &spec).unwrap();
             let what = format!("mha/{case} ({kernel:?})");
             assert_tensor_close(&format!("{what} out"), &a.out, &f.t("out"), 1e-5, 1e-5);
-            assert_tensor_close(&format!("{what} weights"), a.weights.as_ref().unwrap(), &f.t("weights"), 1e-5, 0.0);
+            assert_tensor_close(
+                &format!("{what} weights"),
+                a.weights.as_ref().unwrap(),
+                &f.t("weights"),
+                1e-5,
+                0.0,
+            );
         }
     }
 }

@@ -14,7 +14,10 @@ fn activations_match_torch() {
         ("gelu", Activation::Gelu),
         ("gelu_tanh", Activation::GeluTanh),
         ("gelu_new", Activation::from_hf_name("gelu_new").unwrap()),
-        ("gelu_pytorch_tanh", Activation::from_hf_name("gelu_pytorch_tanh").unwrap()),
+        (
+            "gelu_pytorch_tanh",
+            Activation::from_hf_name("gelu_pytorch_tanh").unwrap(),
+        ),
         ("relu", Activation::Relu),
         ("silu", Activation::Silu),
     ] {
@@ -34,10 +37,24 @@ fn softmax_matches_torch_on_extreme_rows() {
 #[test]
 fn layer_norm_matches_torch() {
     let f = fixture("ops", "layer_norm");
-    for (suffix, eps) in [("", f.param_f32("eps").unwrap()), ("_eps12", f.param_f32("eps12").unwrap())] {
-        let ln = LayerNorm::new(f.t(&format!("weight{suffix}")), Some(f.t(&format!("bias{suffix}"))), eps).unwrap();
+    for (suffix, eps) in [
+        ("", f.param_f32("eps").unwrap()),
+        ("_eps12", f.param_f32("eps12").unwrap()),
+    ] {
+        let ln = LayerNorm::new(
+            f.t(&format!("weight{suffix}")),
+            Some(f.t(&format!("bias{suffix}"))),
+            eps,
+        )
+        .unwrap();
         let y = ln.forward(&f.t(&format!("x{suffix}"))).unwrap();
-        assert_tensor_close(&format!("layer_norm{suffix}"), &y, &f.t(&format!("y{suffix}")), 1e-5, 0.0);
+        assert_tensor_close(
+            &format!("layer_norm{suffix}"),
+            &y,
+            &f.t(&format!("y{suffix}")),
+            1e-5,
+            0.0,
+        );
     }
 }
 
@@ -46,9 +63,21 @@ fn rms_norm_matches_llama_and_torch() {
     let f = fixture("ops", "rms_norm");
     let x = f.t("x");
     let llama = RmsNorm::new(f.t("weight"), f.param_f32("eps").unwrap()).unwrap();
-    assert_tensor_close("LlamaRMSNorm", &llama.forward(&x).unwrap(), &f.t("y"), 1e-5, 1e-6);
+    assert_tensor_close(
+        "LlamaRMSNorm",
+        &llama.forward(&x).unwrap(),
+        &f.t("y"),
+        1e-5,
+        1e-6,
+    );
     let torch = RmsNorm::new(f.t("weight"), f.param_f32("eps_torch").unwrap()).unwrap();
-    assert_tensor_close("torch RMSNorm", &torch.forward(&x).unwrap(), &f.t("y_torch"), 1e-5, 1e-6);
+    assert_tensor_close(
+        "torch RMSNorm",
+        &torch.forward(&x).unwrap(),
+        &f.t("y_torch"),
+        1e-5,
+        1e-6,
+    );
 }
 
 #[test]
@@ -58,13 +87,25 @@ fn linear_matches_torch_with_and_without_bias() {
     let with = Linear::new(f.t("weight"), Some(f.t("bias"))).unwrap();
     assert_tensor_close("linear", &with.forward(&x).unwrap(), &f.t("y"), 1e-5, 0.0);
     let without = Linear::new(f.t("weight"), None).unwrap();
-    assert_tensor_close("linear no bias", &without.forward(&x).unwrap(), &f.t("y_nobias"), 1e-5, 0.0);
+    assert_tensor_close(
+        "linear no bias",
+        &without.forward(&x).unwrap(),
+        &f.t("y_nobias"),
+        1e-5,
+        0.0,
+    );
 }
 
 #[test]
 fn matmul_matches_torch() {
     let f = fixture("ops", "matmul");
-    assert_tensor_close("matmul", &matmul(&f.t("a"), &f.t("b")).unwrap(), &f.t("c"), 1e-5, 0.0);
+    assert_tensor_close(
+        "matmul",
+        &matmul(&f.t("a"), &f.t("b")).unwrap(),
+        &f.t("c"),
+        1e-5,
+        0.0,
+    );
 }
 
 #[test]

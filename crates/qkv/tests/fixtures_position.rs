@@ -6,7 +6,9 @@ mod common;
 
 use common::{assert_close, assert_tensor_close, fixture};
 use qkv::position::alibi::bloom_alibi_tensor;
-use qkv::position::{relative_position_bucket, sinusoidal_table, RelativeBias, Rope, RopeLayout, SinusoidalLayout};
+use qkv::position::{
+    relative_position_bucket, sinusoidal_table, RelativeBias, Rope, RopeLayout, SinusoidalLayout,
+};
 
 fn check_rope(case: &str, layout: RopeLayout) {
     let f = fixture("position", case);
@@ -16,11 +18,22 @@ fn check_rope(case: &str, layout: RopeLayout) {
     if let Some(factor) = f.param_f32("linear_factor") {
         rope = rope.with_linear_scaling(factor).unwrap();
     }
-    let positions: Vec<usize> = f.ints("position_ids").1.into_iter().map(|p| p as usize).collect();
+    let positions: Vec<usize> = f
+        .ints("position_ids")
+        .1
+        .into_iter()
+        .map(|p| p as usize)
+        .collect();
     for name in ["q", "k"] {
         let mut x = f.t(name);
         rope.apply(&mut x, &positions).unwrap();
-        assert_tensor_close(&format!("{case} {name}"), &x, &f.t(&format!("{name}_out")), 1e-5, 0.0);
+        assert_tensor_close(
+            &format!("{case} {name}"),
+            &x,
+            &f.t(&format!("{name}_out")),
+            1e-5,
+            0.0,
+        );
     }
 }
 
@@ -50,7 +63,13 @@ fn alibi_matches_bloom_for_any_head_count() {
     let (shape, mask) = f.ints("attention_mask");
     for h in [1, 2, 4, 6, 8, 12, 16, 20, 32] {
         let got = bloom_alibi_tensor(&mask, shape[0], h);
-        assert_tensor_close(&format!("alibi h={h}"), &got, &f.t(&format!("alibi_h{h}")), 1e-6, 1e-6);
+        assert_tensor_close(
+            &format!("alibi h={h}"),
+            &got,
+            &f.t(&format!("alibi_h{h}")),
+            1e-6,
+            1e-6,
+        );
     }
 }
 
@@ -65,7 +84,11 @@ fn t5_buckets_match_transformers() {
     ] {
         let want = f.ints(name).1;
         for (r, w) in rel.iter().zip(&want) {
-            assert_eq!(relative_position_bucket(*r, bidirectional, nb, md) as i64, *w, "{name} at relative position {r}");
+            assert_eq!(
+                relative_position_bucket(*r, bidirectional, nb, md) as i64,
+                *w,
+                "{name} at relative position {r}"
+            );
         }
     }
 }
@@ -75,10 +98,28 @@ fn t5_relative_bias_matches_transformers() {
     let f = fixture("position", "t5_bias");
     let md = f.param_usize("max_distance").unwrap();
     let enc = RelativeBias::new(f.t("table"), true, md).unwrap();
-    assert_tensor_close("encoder bias", &enc.compute(7, 7, 0), &f.t("bias"), 0.0, 0.0);
+    assert_tensor_close(
+        "encoder bias",
+        &enc.compute(7, 7, 0),
+        &f.t("bias"),
+        0.0,
+        0.0,
+    );
     let dec = RelativeBias::new(f.t("table_causal"), false, md).unwrap();
-    assert_tensor_close("decoder bias", &dec.compute(7, 7, 0), &f.t("bias_causal"), 0.0, 0.0);
-    assert_tensor_close("decoder step bias", &dec.compute(1, 7, 6), &f.t("bias_causal_decode"), 0.0, 0.0);
+    assert_tensor_close(
+        "decoder bias",
+        &dec.compute(7, 7, 0),
+        &f.t("bias_causal"),
+        0.0,
+        0.0,
+    );
+    assert_tensor_close(
+        "decoder step bias",
+        &dec.compute(1, 7, 6),
+        &f.t("bias_causal_decode"),
+        0.0,
+        0.0,
+    );
 }
 
 #[test]

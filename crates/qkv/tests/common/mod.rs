@@ -1,6 +1,8 @@
 //! Shared test support: loading the PyTorch fixtures and comparing tensors.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod models;
+
 use std::path::PathBuf;
 
 use qkv::io::TensorFile;
@@ -15,10 +17,17 @@ pub struct Fixture {
 }
 
 pub fn fixture(group: &str, name: &str) -> Fixture {
-    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "tests", "fixtures", group, &format!("{name}.safetensors")]
-        .iter()
-        .collect();
-    let file = TensorFile::open(&path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()));
+    let path: PathBuf = [
+        env!("CARGO_MANIFEST_DIR"),
+        "tests",
+        "fixtures",
+        group,
+        &format!("{name}.safetensors"),
+    ]
+    .iter()
+    .collect();
+    let file =
+        TensorFile::open(&path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()));
     let meta = file.metadata().expect("fixture metadata");
     let params = meta
         .get("params")
@@ -43,7 +52,9 @@ impl Fixture {
     }
 
     pub fn ints(&self, tensor: &str) -> (Vec<usize>, Vec<i64>) {
-        self.file.ints(tensor).unwrap_or_else(|e| panic!("{}: {e}", self.name))
+        self.file
+            .ints(tensor)
+            .unwrap_or_else(|e| panic!("{}: {e}", self.name))
     }
 
     pub fn bools(&self, tensor: &str) -> (Vec<usize>, Vec<bool>) {
@@ -52,7 +63,10 @@ impl Fixture {
     }
 
     pub fn param_f32(&self, key: &str) -> Option<f32> {
-        self.params.get(key).and_then(|v| v.as_f64()).map(|v| v as f32)
+        self.params
+            .get(key)
+            .and_then(|v| v.as_f64())
+            .map(|v| v as f32)
     }
 
     pub fn param_str(&self, key: &str) -> Option<&str> {
@@ -60,14 +74,23 @@ impl Fixture {
     }
 
     pub fn param_usize(&self, key: &str) -> Option<usize> {
-        self.params.get(key).and_then(|v| v.as_u64()).map(|v| v as usize)
+        self.params
+            .get(key)
+            .and_then(|v| v.as_u64())
+            .map(|v| v as usize)
     }
 }
 
 /// Asserts |actual − expected| ≤ atol + rtol·|expected| everywhere; on failure reports
 /// the worst element, its index and the values.
 pub fn assert_close(what: &str, actual: &[f32], expected: &[f32], atol: f32, rtol: f32) {
-    assert_eq!(actual.len(), expected.len(), "{what}: length {} vs {}", actual.len(), expected.len());
+    assert_eq!(
+        actual.len(),
+        expected.len(),
+        "{what}: length {} vs {}",
+        actual.len(),
+        expected.len()
+    );
     let mut worst: Option<(usize, f32)> = None;
     for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
         let excess = (a - e).abs() - (atol + rtol * e.abs());
