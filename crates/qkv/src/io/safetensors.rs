@@ -143,3 +143,63 @@ impl TensorFile {
         Ok((shape, data))
     }
 }
+
+/// Writes f32 tensors (and optional `__metadata__`) to `path` atomically: the file
+/// appears complete or not at all.
+pub fn save(
+    path: &Path,
+    tensors: &[(&str, &Tensor)],
+    metadata: Option<HashMap<String, String>>,
+) -> Result<()> {
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, t)| t.data().iter().flat_map(|x| x.to_le_bytes()).collect())
+        .collect();
+    let views = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|((name, t), b)| {
+            safetensors::tensor::TensorView::new(Dtype::F32, t.shape().to_vec(), b)
+                .map(|v| (name.to_string(), v))
+                .map_err(|e| Error::invalid(*name, e.to_string()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let data = safetensors::tensor::serialize(views, metadata).map_err(|e| Error::Safetensors {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    super::write_atomic(path, &data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn save_then_open_round_trips_and_truncation_is_named() {
+        let dir = std::env::temp_dir().join(format!("qkv-st-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.safetensors");
+        let t = Tensor::from_fn(&[2, 3], |i| i as f32 - 1.5);
+        let meta = HashMap::from([("k".to_string(), "v".to_string())]);
+        save(&path, &[("x", &t)], Some(meta.clone())).unwrap();
+        let f = TensorFile::open(&path).unwrap();
+        assert_eq!(f.tensor("x").unwrap(), t);
+        assert_eq!(f.metadata().unwrap(), meta);
+        assert!(f
+            .tensor("y")
+            .unwrap_err()
+            .to_string()
+            .contains("missing tensor `y`"));
+        drop(f);
+
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
+        let err = TensorFile::open(&path)
+            .err()
+            .expect("truncated file must fail")
+            .to_string();
+        assert!(err.contains("t.safetensors"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
