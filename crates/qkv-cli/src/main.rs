@@ -1,3 +1,46 @@
-fn main() {
-    println!("qkv");
+//! The `qkv` command: thin subcommands over the qkv library.
+
+mod demo;
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "qkv",
+    version,
+    about = "The Transformer's attention mechanism, shown and run"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Deterministic experiments behind the articles' claims: a soft lookup, word order, √d_k scaling
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` puts the whole context chain on one line: "what: why".
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &Cli) -> anyhow::Result<()> {
+    let mut out = io::stdout().lock();
+    match &cli.command {
+        Command::Demo(args) => demo::run(args, &mut out)?,
+    }
+    out.flush()?;
+    Ok(())
 }

@@ -36,6 +36,17 @@ impl Rng {
         (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
     }
 
+    /// `n` draws from N(0, std²).
+    pub fn normals(&mut self, n: usize, std: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normal() as f32 * std).collect()
+    }
+
+    /// A tensor of `shape` with N(0, std²) entries.
+    pub fn tensor(&mut self, shape: &[usize], std: f32) -> crate::Tensor {
+        let n = shape.iter().product();
+        crate::Tensor::new(shape, self.normals(n, std)).expect("element count matches shape")
+    }
+
     /// Uniform integer in 0..n (n > 0).
     pub fn below(&mut self, n: usize) -> usize {
         (self.uniform() * n as f64) as usize % n

@@ -12,11 +12,14 @@ pub struct Tensor {
 impl Tensor {
     /// Wraps `data` as a tensor of `shape`; the element count must match.
     pub fn new(shape: &[usize], data: Vec<f32>) -> Result<Self> {
-        let n: usize = shape.iter().product();
-        if n != data.len() {
+        let n = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+        if n != Some(data.len()) {
             return Err(Error::invalid(
                 "tensor data",
-                format!("shape {shape:?} needs {n} elements, got {}", data.len()),
+                match n {
+                    Some(n) => format!("shape {shape:?} needs {n} elements, got {}", data.len()),
+                    None => format!("shape {shape:?} has more elements than memory can address"),
+                },
             ));
         }
         Ok(Tensor {

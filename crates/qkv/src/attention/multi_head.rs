@@ -32,14 +32,14 @@ impl MultiHeadAttention {
         n_heads: usize,
         n_kv_heads: usize,
     ) -> Result<Self> {
-        if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+        if n_heads == 0 || n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
             return Err(Error::invalid(
                 "n_kv_heads",
                 format!("{n_kv_heads} key/value heads must divide {n_heads} query heads"),
             ));
         }
         let qd = wq.out_features();
-        if qd % n_heads != 0 {
+        if !qd.is_multiple_of(n_heads) {
             return Err(Error::shape(
                 "wq.weight",
                 format!("[a multiple of {n_heads} heads, _]"),
@@ -54,7 +54,7 @@ impl MultiHeadAttention {
                 wk.weight.shape(),
             ));
         }
-        if wv.in_features() != wk.in_features() || wv.out_features() % n_kv_heads != 0 {
+        if wv.in_features() != wk.in_features() || !wv.out_features().is_multiple_of(n_kv_heads) {
             return Err(Error::shape(
                 "wv.weight",
                 format!("[a multiple of {n_kv_heads}, {}]", wk.in_features()),

@@ -151,7 +151,7 @@ pub fn validate(q: &HeadsView, k: &HeadsView, v: &HeadsView, spec: &AttentionSpe
             ),
         ));
     }
-    if h % g != 0 {
+    if !h.is_multiple_of(g) {
         return Err(Error::invalid(
             "k/v heads",
             format!("{g} key/value heads must divide {h} query heads"),
@@ -257,7 +257,8 @@ impl<'s> Scorer<'s> {
             hi = hi.min(p + 1);
         }
         if let Some(w) = self.spec.window {
-            let w = w as isize;
+            // A window wider than every distance is no limit (and must not wrap below 0).
+            let w = w.min(self.dims.s + self.dims.t) as isize;
             lo = lo.max(p - w + 1);
             if self.spec.causal.is_none() {
                 hi = hi.min(p + w);

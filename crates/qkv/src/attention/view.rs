@@ -37,13 +37,20 @@ impl<'a> HeadsView<'a> {
 
     /// Checks that the view stays inside its buffer, naming it otherwise.
     pub fn check_bounds(&self, name: &str) -> Result<()> {
-        let row = self.len * self.heads * self.dim;
-        let needed = if self.batch == 0 {
-            0
-        } else {
-            (self.batch - 1) * self.batch_stride + row
+        let row = self
+            .len
+            .checked_mul(self.heads)
+            .and_then(|x| x.checked_mul(self.dim));
+        let needed = match (self.batch, row) {
+            (0, Some(_)) => Some(0),
+            (b, Some(row)) => (b - 1)
+                .checked_mul(self.batch_stride)
+                .and_then(|x| x.checked_add(row)),
+            (_, None) => None,
         };
-        if self.batch_stride < row || needed > self.data.len() {
+        let fits = row.is_some_and(|row| self.batch_stride >= row)
+            && needed.is_some_and(|n| n <= self.data.len());
+        if !fits {
             return Err(Error::invalid(
                 name,
                 format!(

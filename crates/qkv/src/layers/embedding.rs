@@ -12,6 +12,13 @@ pub struct Embedding {
 impl Embedding {
     pub fn new(table: Tensor) -> Result<Self> {
         table.expect_shape("embedding.table", &[None, None])?;
+        if table.numel() == 0 {
+            return Err(Error::shape(
+                "embedding.table",
+                "[V ≥ 1, C ≥ 1]",
+                table.shape(),
+            ));
+        }
         Ok(Embedding { table })
     }
 

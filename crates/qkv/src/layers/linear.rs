@@ -16,6 +16,13 @@ impl Linear {
     /// Checks that weight is `[out, in]` and bias, if any, is `[out]`.
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
         weight.expect_shape("linear.weight", &[None, None])?;
+        if weight.numel() == 0 {
+            return Err(Error::shape(
+                "linear.weight",
+                "[out ≥ 1, in ≥ 1]",
+                weight.shape(),
+            ));
+        }
         if let Some(b) = &bias {
             b.expect_shape("linear.bias", &[Some(weight.shape()[0])])?;
         }

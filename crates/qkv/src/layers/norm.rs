@@ -27,6 +27,14 @@ fn check_norm_input(name: &str, x: &Tensor, c: usize) -> Result<()> {
     Ok(())
 }
 
+fn check_weight(name: &str, w: &Tensor) -> Result<()> {
+    w.expect_shape(name, &[None])?;
+    if w.numel() == 0 {
+        return Err(Error::shape(name, "[C ≥ 1]", w.shape()));
+    }
+    Ok(())
+}
+
 fn check_eps(eps: f32) -> Result<()> {
     if !(eps.is_finite() && eps >= 0.0) {
         return Err(Error::invalid(
@@ -39,7 +47,7 @@ fn check_eps(eps: f32) -> Result<()> {
 
 impl LayerNorm {
     pub fn new(weight: Tensor, bias: Option<Tensor>, eps: f32) -> Result<Self> {
-        weight.expect_shape("layer_norm.weight", &[None])?;
+        check_weight("layer_norm.weight", &weight)?;
         if let Some(b) = &bias {
             b.expect_shape("layer_norm.bias", &[Some(weight.numel())])?;
         }
@@ -78,7 +86,7 @@ impl LayerNorm {
 
 impl RmsNorm {
     pub fn new(weight: Tensor, eps: f32) -> Result<Self> {
-        weight.expect_shape("rms_norm.weight", &[None])?;
+        check_weight("rms_norm.weight", &weight)?;
         check_eps(eps)?;
         Ok(RmsNorm { weight, eps })
     }

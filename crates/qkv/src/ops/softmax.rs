@@ -6,6 +6,9 @@ use crate::tensor::Tensor;
 /// first so `exp` never overflows. A row whose entries are all −∞ (every key masked)
 /// becomes zeros, not NaN.
 pub fn softmax_rows(x: &mut [f32], n: usize) {
+    if n == 0 {
+        return;
+    }
     for row in x.chunks_exact_mut(n) {
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         if max == f32::NEG_INFINITY {

@@ -40,7 +40,7 @@ impl Rope {
         base: f32,
         layout: RopeLayout,
     ) -> Result<Self> {
-        if rotary_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim {
+        if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
             return Err(Error::invalid(
                 "rotary_dim",
                 format!("must be even and in 2..={head_dim}, got {rotary_dim}"),
@@ -118,6 +118,9 @@ impl Rope {
             });
         }
         let d = self.head_dim;
+        if x.numel() == 0 {
+            return Ok(());
+        }
         for (token, &pos) in x.data_mut().chunks_exact_mut(h * d).zip(positions) {
             let (cos, sin) = self.cos_sin(pos);
             for head in token.chunks_exact_mut(d) {
