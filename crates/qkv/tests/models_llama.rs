@@ -1,0 +1,247 @@
+//! Llama and Mistral against their Hugging Face fixtures (tools/fixtures/gen_models.py):
+//! GQA, MQA with tied embeddings and linear RoPE scaling, bf16 and f16 checkpoints, the
+//! transformers 5.x config layout, and Mistral's sliding window. Config edge cases run on
+//! temporary copies of a fixture folder with an edited config.json.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::models::{assert_real_close, batch, check_causal, load_causal, model_dir, reference};
+use qkv::models::{self, CausalLm, Model, TokenBatch};
+use qkv::Error;
+
+#[test]
+fn llama_gqa_matches_hf() {
+    check_causal("llama_gqa");
+}
+
+#[test]
+fn llama_mqa_tied_linear_rope_matches_hf() {
+    check_causal("llama_mqa_tied");
+}
+
+#[test]
+fn llama_bf16_checkpoint_matches_hf() {
+    check_causal("llama_bf16");
+}
+
+#[test]
+fn llama_f16_checkpoint_matches_hf() {
+    check_causal("llama_f16");
+}
+
+#[test]
+fn llama_transformers_v5_config_matches_hf() {
+    check_causal("llama_v5");
+}
+
+#[test]
+fn mistral_sliding_window_matches_hf() {
+    check_causal("mistral");
+}
+
+#[test]
+fn info_describes_each_variant() {
+    let gqa = load_causal("llama_gqa");
+    let i = gqa.info();
+    assert_eq!(
+        (
+            i.family.as_str(),
+            i.layers,
+            i.hidden,
+            i.heads,
+            i.kv_heads,
+            i.head_dim
+        ),
+        ("llama", 2, 32, 4, 2, 8)
+    );
+    assert_eq!((i.ffn_dim, i.vocab, i.max_positions), (64, 99, Some(64)));
+    assert_eq!(i.ffn, "SwiGLU");
+    assert_eq!(gqa.special_tokens().eos, vec![2]);
+    assert_eq!(gqa.special_tokens().bos, Some(1));
+    assert_eq!(gqa.special_tokens().pad, Some(0));
+
+    let mqa = load_causal("llama_mqa_tied");
+    assert_eq!(mqa.info().kv_heads, 1);
+    assert!(
+        mqa.info().position.contains("linear scaling ×2"),
+        "{}",
+        mqa.info().position
+    );
+
+    let v5 = load_causal("llama_v5");
+    let pos = &v5.info().position;
+    assert!(pos.contains("θ=20000") && pos.contains("×3"), "{pos}");
+
+    let mistral = load_causal("mistral");
+    assert_eq!(mistral.info().family, "mistral");
+    assert_eq!(mistral.info().head_dim, 8, "head_dim null → hidden / heads");
+    assert!(mistral.info().position.contains("sliding window 4"));
+}
+
+/// A copy of a fixture folder under the system temp dir, with config.json edited;
+/// removed on drop.
+struct EditedFixture(PathBuf);
+
+impl EditedFixture {
+    fn new(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Self {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "qkv-test-{name}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = model_dir(name);
+        for entry in std::fs::read_dir(&src).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+        }
+        let config = dir.join("config.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+        edit(&mut json);
+        std::fs::write(&config, serde_json::to_string_pretty(&json).unwrap()).unwrap();
+        EditedFixture(dir)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+
+    fn load_causal(&self) -> Box<dyn CausalLm> {
+        match models::load(self.path()).unwrap().model {
+            Model::Causal(m) => m,
+            _ => panic!("not a decoder-only model"),
+        }
+    }
+}
+
+impl Drop for EditedFixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn load_error(dir: &EditedFixture) -> Error {
+    match models::load(dir.path()) {
+        Ok(_) => panic!("{} loaded but should not have", dir.path().display()),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn unknown_rope_scaling_type_is_unsupported_and_named() {
+    let v4 = EditedFixture::new("llama_gqa", |c| {
+        c["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0});
+    });
+    let err = load_error(&v4);
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Unsupported(_)), "{msg}");
+    assert!(
+        msg.contains("`yarn`") && msg.contains("rope_scaling"),
+        "{msg}"
+    );
+
+    let v5 = EditedFixture::new("llama_v5", |c| {
+        c["rope_parameters"]["rope_type"] = "llama3".into();
+    });
+    let err = load_error(&v5);
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Unsupported(_)), "{msg}");
+    assert!(
+        msg.contains("`llama3`") && msg.contains("rope_parameters"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn legacy_rope_scaling_type_key_is_read() {
+    // Older 4.x configs name the kind `type`, often next to `rope_type`.
+    for scaling in [
+        serde_json::json!({"type": "linear", "factor": 2.0}),
+        serde_json::json!({"type": "linear", "rope_type": "linear", "factor": 2.0}),
+    ] {
+        let dir = EditedFixture::new("llama_mqa_tied", |c| c["rope_scaling"] = scaling);
+        let m = dir.load_causal();
+        let f = reference("llama_mqa_tied");
+        let tokens = batch(&f, "input_ids", Some("attention_mask"));
+        let got = m
+            .forward_cached(&tokens, &mut m.new_cache(tokens.batch))
+            .unwrap();
+        assert_real_close("legacy rope_scaling", &got, &f.t("logits"), &tokens.mask);
+    }
+}
+
+#[test]
+fn linear_scaling_without_factor_names_the_field() {
+    let dir = EditedFixture::new("llama_v5", |c| {
+        c["rope_parameters"]
+            .as_object_mut()
+            .unwrap()
+            .remove("factor");
+    });
+    let msg = load_error(&dir).to_string();
+    assert!(msg.contains("rope_parameters.factor"), "{msg}");
+}
+
+#[test]
+fn bad_head_counts_name_the_field() {
+    let dir = EditedFixture::new("llama_gqa", |c| c["num_key_value_heads"] = 3.into());
+    let msg = load_error(&dir).to_string();
+    assert!(msg.contains("num_key_value_heads"), "{msg}");
+
+    let dir = EditedFixture::new("mistral", |c| {
+        c["num_attention_heads"] = 5.into();
+        c["num_key_value_heads"] = 5.into();
+    });
+    let msg = load_error(&dir).to_string();
+    assert!(msg.contains("hidden_size") && msg.contains("5"), "{msg}");
+}
+
+#[test]
+fn eos_falls_back_to_generation_config() {
+    let dir = EditedFixture::new("llama_gqa", |c| {
+        c.as_object_mut().unwrap().remove("eos_token_id");
+    });
+    assert_eq!(dir.load_causal().special_tokens().eos, vec![2]);
+
+    let dir = EditedFixture::new("llama_gqa", |c| {
+        c["eos_token_id"] = serde_json::json!([2, 7]);
+        c["pad_token_id"] = (-1).into();
+    });
+    let m = dir.load_causal();
+    assert_eq!(m.special_tokens().eos, vec![2, 7]);
+    assert_eq!(m.special_tokens().pad, None, "a negative id means none");
+}
+
+#[test]
+fn longer_than_max_position_embeddings_runs() {
+    // RoPE has no table to run off: like transformers, qkv only reports the trained
+    // length (64 here) and does not refuse longer inputs.
+    let m = load_causal("llama_gqa");
+    let tokens = TokenBatch::single((0..70).map(|i| 3 + i % 90).collect()).unwrap();
+    let logits = m.forward_cached(&tokens, &mut m.new_cache(1)).unwrap();
+    assert_eq!(logits.shape(), &[1, 70, 99]);
+    assert!(logits.data().iter().all(|x| x.is_finite()));
+}
+
+#[test]
+fn token_ids_outside_the_vocabulary_are_rejected() {
+    let m = load_causal("mistral");
+    let tokens = TokenBatch::single(vec![5, 99]).unwrap();
+    let err = m.forward_cached(&tokens, &mut m.new_cache(1)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::OutOfRange {
+                index: 99,
+                size: 99,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
