@@ -42,6 +42,7 @@ pub mod position;
 pub mod rng;
 pub mod tensor;
 pub mod text;
+pub mod train;
 
 pub use attention::{
     attention, AttentionOutput, AttentionSpec, Bias, Broadcast, CausalAlign, Kernel,
