@@ -1,13 +1,612 @@
-//! Placeholder until the family lands: loading reports it as unsupported.
+//! Marian (`MarianMTModel`, the OPUS-MT translation models): the original encoder-decoder
+//! Transformer of "Attention Is All You Need", nearly as the paper draws it.
+//!
+//! - Token embeddings shared by encoder, decoder and LM head (unless the config says
+//!   otherwise), multiplied by √d_model when `scale_embedding`, plus fixed sinusoidal
+//!   positions in Marian's split layout (all sines, then all cosines), with no offset.
+//! - Post-norm layers, `x = LN(x + sublayer(x))`: the encoder has self-attention and a
+//!   feed-forward block; the decoder has causal self-attention, cross-attention over the
+//!   encoder output, and a feed-forward block. No final stack norm, no embedding norm.
+//! - Q/K/V/O projections with biases, scores scaled by 1/√D (Hugging Face multiplies q by
+//!   the scale instead, the same up to rounding).
+//! - Logits = h · Eᵀ + `final_logits_bias`, a buffer saved with the checkpoint (zeros
+//!   when absent, as Hugging Face initialises it).
+//!
+//! Positions count real tokens (`cumsum(mask) − 1`). Hugging Face numbers the source
+//! 0..S whatever the mask; for right padding, the tokenizer's side, the two agree, and
+//! for left padding ours equals running each row alone.
 
 use std::path::Path;
 
-use super::Model;
-use crate::error::{Error, Result};
-use crate::io::Checkpoint;
+use serde::Deserialize;
 
-pub fn load(_dir: &Path, _ckpt: &Checkpoint) -> Result<Model> {
-    Err(Error::Unsupported(
-        "marian models are not implemented yet".into(),
-    ))
+use super::{Encoded, KvCache, Model, ModelInfo, Seq2SeqLm, SpecialTokens, TokenBatch, Weights};
+use crate::block::{AttendOpts, AttentionLayer};
+use crate::error::{Error, Result};
+use crate::io::{bad_field, read_config, Checkpoint};
+use crate::layers::{Embedding, FeedForward, LayerNorm, Linear};
+use crate::ops::{gemm, Activation, MatMut, MatRef, Par};
+use crate::position::{sinusoidal_table, SinusoidalLayout};
+use crate::tensor::Tensor;
+use crate::MultiHeadAttention;
+
+/// `eos_token_id` is one id or a list of them.
+#[derive(Clone, Deserialize)]
+#[serde(untagged)]
+enum Ids {
+    One(usize),
+    Many(Vec<usize>),
+}
+
+impl Ids {
+    fn into_vec(self) -> Vec<usize> {
+        match self {
+            Ids::One(id) => vec![id],
+            Ids::Many(ids) => ids,
+        }
+    }
+}
+
+/// The special-token fields of generation_config.json.
+#[derive(Deserialize, Default)]
+struct GenerationIds {
+    #[serde(default)]
+    eos_token_id: Option<Ids>,
+    #[serde(default)]
+    bos_token_id: Option<usize>,
+    #[serde(default)]
+    pad_token_id: Option<usize>,
+    #[serde(default)]
+    decoder_start_token_id: Option<usize>,
+}
+
+/// Hugging Face `MarianConfig`, with its defaults for absent fields and the
+/// `attribute_map` names (`hidden_size`, `num_attention_heads`) as aliases.
+#[derive(Deserialize)]
+struct MarianConfig {
+    #[serde(default)]
+    architectures: Vec<String>,
+    #[serde(default = "default_vocab")]
+    vocab_size: usize,
+    /// Target vocabulary when it differs from the source one (`None`: the same).
+    #[serde(default)]
+    decoder_vocab_size: Option<usize>,
+    #[serde(default = "default_d_model", alias = "hidden_size")]
+    d_model: usize,
+    #[serde(default = "default_layers")]
+    encoder_layers: usize,
+    #[serde(default = "default_layers")]
+    decoder_layers: usize,
+    #[serde(default = "default_heads", alias = "num_attention_heads")]
+    encoder_attention_heads: usize,
+    #[serde(default = "default_heads")]
+    decoder_attention_heads: usize,
+    #[serde(default = "default_ffn")]
+    encoder_ffn_dim: usize,
+    #[serde(default = "default_ffn")]
+    decoder_ffn_dim: usize,
+    #[serde(default = "default_positions")]
+    max_position_embeddings: usize,
+    #[serde(default = "default_activation")]
+    activation_function: String,
+    #[serde(default)]
+    scale_embedding: bool,
+    #[serde(default = "yes")]
+    share_encoder_decoder_embeddings: bool,
+    #[serde(default = "yes")]
+    tie_word_embeddings: bool,
+    #[serde(default = "default_pad")]
+    pad_token_id: Option<usize>,
+    #[serde(default = "default_eos")]
+    eos_token_id: Option<Ids>,
+    #[serde(default)]
+    bos_token_id: Option<usize>,
+    #[serde(default = "default_pad")]
+    decoder_start_token_id: Option<usize>,
+}
+
+fn default_vocab() -> usize {
+    58101
+}
+fn default_d_model() -> usize {
+    1024
+}
+fn default_layers() -> usize {
+    12
+}
+fn default_heads() -> usize {
+    16
+}
+fn default_ffn() -> usize {
+    4096
+}
+fn default_positions() -> usize {
+    1024
+}
+fn default_activation() -> String {
+    "gelu".into()
+}
+fn yes() -> bool {
+    true
+}
+fn default_pad() -> Option<usize> {
+    Some(58100)
+}
+fn default_eos() -> Option<Ids> {
+    Some(Ids::One(0))
+}
+
+/// nn.LayerNorm's default: Marian's config has no epsilon field.
+const LN_EPS: f32 = 1e-5;
+
+/// Special tokens from config.json, each filled from generation_config.json (when the
+/// folder has one) where config.json leaves it unset.
+fn special_tokens(dir: &Path, cfg: &MarianConfig) -> Result<SpecialTokens> {
+    let path = dir.join("generation_config.json");
+    let generation: GenerationIds = if path.is_file() {
+        let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        serde_json::from_str(&text).map_err(|e| Error::Config {
+            path: path.display().to_string(),
+            field: e.to_string().split('`').nth(1).unwrap_or("(json)").into(),
+            reason: e.to_string(),
+        })?
+    } else {
+        GenerationIds::default()
+    };
+    Ok(SpecialTokens {
+        eos: cfg
+            .eos_token_id
+            .clone()
+            .or(generation.eos_token_id)
+            .map_or_else(Vec::new, Ids::into_vec),
+        pad: cfg.pad_token_id.or(generation.pad_token_id),
+        bos: cfg.bos_token_id.or(generation.bos_token_id),
+        decoder_start: cfg
+            .decoder_start_token_id
+            .or(generation.decoder_start_token_id),
+    })
+}
+
+/// Sizes checked against each other.
+struct Dims {
+    c: usize,
+    src_vocab: usize,
+    tgt_vocab: usize,
+    max_positions: usize,
+    activation: Activation,
+}
+
+impl MarianConfig {
+    fn validate(&self, dir: &Path) -> Result<Dims> {
+        let c = self.d_model;
+        if c == 0 {
+            return Err(bad_field(dir, "d_model", "must be positive"));
+        }
+        for (field, heads) in [
+            ("encoder_attention_heads", self.encoder_attention_heads),
+            ("decoder_attention_heads", self.decoder_attention_heads),
+        ] {
+            if heads == 0 || !c.is_multiple_of(heads) {
+                return Err(bad_field(
+                    dir,
+                    field,
+                    format!("{heads} heads must divide d_model = {c}"),
+                ));
+            }
+        }
+        for (field, v) in [
+            ("encoder_ffn_dim", self.encoder_ffn_dim),
+            ("decoder_ffn_dim", self.decoder_ffn_dim),
+            ("vocab_size", self.vocab_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ] {
+            if v == 0 {
+                return Err(bad_field(dir, field, "must be positive"));
+            }
+        }
+        let tgt_vocab = self.decoder_vocab_size.unwrap_or(self.vocab_size);
+        if self.share_encoder_decoder_embeddings && tgt_vocab != self.vocab_size {
+            return Err(bad_field(
+                dir,
+                "decoder_vocab_size",
+                format!(
+                    "{tgt_vocab} differs from vocab_size = {} while share_encoder_decoder_embeddings is true",
+                    self.vocab_size
+                ),
+            ));
+        }
+        let activation = Activation::from_hf_name(&self.activation_function)
+            .map_err(|e| bad_field(dir, "activation_function", e.to_string()))?;
+        Ok(Dims {
+            c,
+            src_vocab: self.vocab_size,
+            tgt_vocab,
+            max_positions: self.max_position_embeddings,
+            activation,
+        })
+    }
+}
+
+/// q/k/v/out_proj with biases, all `[C, C]`.
+fn attention(w: &Weights, name: &str, c: usize, heads: usize) -> Result<AttentionLayer> {
+    let proj = |p: &str| w.linear(&format!("{name}.{p}"), c, c, true);
+    Ok(AttentionLayer {
+        mha: MultiHeadAttention::new(
+            proj("q_proj")?,
+            proj("k_proj")?,
+            proj("v_proj")?,
+            proj("out_proj")?,
+            heads,
+            heads,
+        )?,
+        rope: None,
+    })
+}
+
+/// fc2(act(fc1(x))) with biases.
+fn feed_forward(
+    w: &Weights,
+    name: &str,
+    c: usize,
+    f: usize,
+    act: Activation,
+) -> Result<FeedForward> {
+    FeedForward::new(
+        w.linear(&format!("{name}.fc1"), f, c, true)?,
+        None,
+        w.linear(&format!("{name}.fc2"), c, f, true)?,
+        act,
+    )
+}
+
+/// y ← LN(x + y): the post-norm residual step, in place on the sub-layer output y.
+fn add_norm(x: &Tensor, mut y: Tensor, norm: &LayerNorm) -> Result<Tensor> {
+    for (a, b) in y.data_mut().iter_mut().zip(x.data()) {
+        *a += b;
+    }
+    norm.forward(&y)
+}
+
+struct EncoderLayer {
+    self_attn: AttentionLayer,
+    self_attn_norm: LayerNorm,
+    ffn: FeedForward,
+    final_norm: LayerNorm,
+}
+
+impl EncoderLayer {
+    fn load(w: &Weights, l: usize, d: &Dims, cfg: &MarianConfig) -> Result<Self> {
+        let p = format!("encoder.layers.{l}");
+        Ok(EncoderLayer {
+            self_attn: attention(
+                w,
+                &format!("{p}.self_attn"),
+                d.c,
+                cfg.encoder_attention_heads,
+            )?,
+            self_attn_norm: w.layer_norm(&format!("{p}.self_attn_layer_norm"), d.c, LN_EPS)?,
+            ffn: feed_forward(w, &p, d.c, cfg.encoder_ffn_dim, d.activation)?,
+            final_norm: w.layer_norm(&format!("{p}.final_layer_norm"), d.c, LN_EPS)?,
+        })
+    }
+
+    /// x: [B, S, C] → [B, S, C].
+    fn forward(&self, x: &Tensor, opts: &AttendOpts) -> Result<Tensor> {
+        let h = self.self_attn.self_attention(x, opts, None)?;
+        let x = add_norm(x, h, &self.self_attn_norm)?;
+        let h = self.ffn.forward(&x)?;
+        add_norm(&x, h, &self.final_norm)
+    }
+}
+
+struct DecoderLayer {
+    self_attn: AttentionLayer,
+    self_attn_norm: LayerNorm,
+    cross_attn: AttentionLayer,
+    cross_attn_norm: LayerNorm,
+    ffn: FeedForward,
+    final_norm: LayerNorm,
+}
+
+impl DecoderLayer {
+    fn load(w: &Weights, l: usize, d: &Dims, cfg: &MarianConfig) -> Result<Self> {
+        let p = format!("decoder.layers.{l}");
+        let heads = cfg.decoder_attention_heads;
+        Ok(DecoderLayer {
+            self_attn: attention(w, &format!("{p}.self_attn"), d.c, heads)?,
+            self_attn_norm: w.layer_norm(&format!("{p}.self_attn_layer_norm"), d.c, LN_EPS)?,
+            cross_attn: attention(w, &format!("{p}.encoder_attn"), d.c, heads)?,
+            cross_attn_norm: w.layer_norm(&format!("{p}.encoder_attn_layer_norm"), d.c, LN_EPS)?,
+            ffn: feed_forward(w, &p, d.c, cfg.decoder_ffn_dim, d.activation)?,
+            final_norm: w.layer_norm(&format!("{p}.final_layer_norm"), d.c, LN_EPS)?,
+        })
+    }
+}
+
+/// The decoder's input embedding, which the LM head reuses unless it has its own.
+enum LmHead {
+    Tied,
+    Own(Linear),
+}
+
+pub struct Marian {
+    info: ModelInfo,
+    special: SpecialTokens,
+    src_embed: Embedding,
+    /// `None`: the decoder reads `src_embed` (shared embeddings).
+    tgt_embed: Option<Embedding>,
+    /// √C or 1.
+    embed_scale: f32,
+    /// [P, C] sinusoidal encodings, split layout.
+    positions: Tensor,
+    encoder: Vec<EncoderLayer>,
+    decoder: Vec<DecoderLayer>,
+    lm_head: LmHead,
+    /// [V] added to every row of logits.
+    final_logits_bias: Vec<f32>,
+}
+
+fn describe(act: Activation) -> &'static str {
+    match act {
+        Activation::Relu => "ReLU",
+        Activation::Gelu => "GELU (erf)",
+        Activation::GeluTanh => "GELU (tanh)",
+        Activation::Silu => "SiLU (swish)",
+    }
+}
+
+/// An embedding table `{name}.weight`: [v, c], taken from the first name present.
+fn embedding(w: &Weights, names: &[&str], v: usize, c: usize) -> Result<Embedding> {
+    let name = names
+        .iter()
+        .find(|n| w.has(&format!("{n}.weight")))
+        .unwrap_or(&names[0]);
+    w.embedding(name, v, c)
+}
+
+/// Loads a `MarianMTModel` folder.
+pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
+    let cfg: MarianConfig = read_config(dir)?;
+    let d = cfg.validate(dir)?;
+    let special = special_tokens(dir, &cfg)?;
+    // MarianMTModel nests the encoder-decoder under `model.`; a bare MarianModel does not.
+    let w = Weights::detect(ckpt, &["model.", ""], "encoder.layers.0.fc1.weight");
+    let (c, p) = (d.c, d.max_positions);
+    let (src_embed, tgt_embed) = if cfg.share_encoder_decoder_embeddings {
+        let shared = embedding(&w, &["shared", "encoder.embed_tokens"], d.src_vocab, c)?;
+        (shared, None)
+    } else {
+        (
+            w.embedding("encoder.embed_tokens", d.src_vocab, c)?,
+            Some(w.embedding("decoder.embed_tokens", d.tgt_vocab, c)?),
+        )
+    };
+    // The table is fixed; a checkpoint that stored it is read so its exact values are
+    // used, as Hugging Face would load them.
+    let positions = if w.has("encoder.embed_positions.weight") {
+        w.tensor("encoder.embed_positions.weight", &[p, c])?
+    } else {
+        sinusoidal_table(p, c, SinusoidalLayout::Split)
+    };
+    let encoder = (0..cfg.encoder_layers)
+        .map(|l| EncoderLayer::load(&w, l, &d, &cfg))
+        .collect::<Result<Vec<_>>>()?;
+    let decoder = (0..cfg.decoder_layers)
+        .map(|l| DecoderLayer::load(&w, l, &d, &cfg))
+        .collect::<Result<Vec<_>>>()?;
+    // The LM head and its bias live outside `model.`.
+    let lm_head = if cfg.tie_word_embeddings {
+        LmHead::Tied
+    } else {
+        LmHead::Own(ckpt_linear(ckpt, "lm_head.weight", d.tgt_vocab, c)?)
+    };
+    let final_logits_bias = if ckpt.has("final_logits_bias") {
+        ckpt.tensor_shaped("final_logits_bias", &[1, d.tgt_vocab])?
+            .into_data()
+    } else {
+        vec![0.0; d.tgt_vocab]
+    };
+    let heads = cfg.encoder_attention_heads;
+    let info = ModelInfo {
+        family: "marian".into(),
+        architecture: cfg
+            .architectures
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "MarianMTModel".into()),
+        layers: cfg.encoder_layers,
+        decoder_layers: Some(cfg.decoder_layers),
+        hidden: c,
+        heads,
+        kv_heads: heads,
+        head_dim: c / heads,
+        ffn_dim: cfg.encoder_ffn_dim,
+        vocab: d.tgt_vocab,
+        max_positions: Some(p),
+        position: "sinusoidal (fixed, split sin | cos)".into(),
+        norm: format!("LayerNorm, post-norm, eps {LN_EPS:e}"),
+        ffn: describe(d.activation).into(),
+    };
+    Ok(Model::Seq2Seq(Box::new(Marian {
+        info,
+        special,
+        src_embed,
+        tgt_embed,
+        embed_scale: if cfg.scale_embedding {
+            (c as f32).sqrt()
+        } else {
+            1.0
+        },
+        positions,
+        encoder,
+        decoder,
+        lm_head,
+        final_logits_bias,
+    })))
+}
+
+/// `name`: [out, inp] as a bias-free linear map, read without the `model.` prefix.
+fn ckpt_linear(ckpt: &Checkpoint, name: &str, out: usize, inp: usize) -> Result<Linear> {
+    Linear::new(ckpt.tensor_shaped(name, &[out, inp])?, None)
+}
+
+impl Marian {
+    fn tgt_embed(&self) -> &Embedding {
+        self.tgt_embed.as_ref().unwrap_or(&self.src_embed)
+    }
+
+    /// tokens: [B, T] at `positions` (B·T) → embed(ids)·scale + PE(positions): [B, T, C].
+    /// Real tokens must fit the position table; padding may sit one past the last real
+    /// token, so it is clamped (its output is never used).
+    fn embed(&self, table: &Embedding, tokens: &TokenBatch, positions: &[usize]) -> Result<Tensor> {
+        let (c, max) = (self.info.hidden, self.positions.shape()[0]);
+        let mut x = table.forward(&tokens.ids)?;
+        for ((row, &pos), &real) in x
+            .data_mut()
+            .chunks_exact_mut(c)
+            .zip(positions)
+            .zip(&tokens.mask)
+        {
+            if real && pos >= max {
+                return Err(Error::OutOfRange {
+                    what: "position (sequence longer than the model's positions, max_position_embeddings)"
+                        .into(),
+                    index: pos,
+                    size: max,
+                });
+            }
+            let pe = &self.positions.data()[pos.min(max - 1) * c..][..c];
+            for (v, p) in row.iter_mut().zip(pe) {
+                *v = *v * self.embed_scale + p;
+            }
+        }
+        x.reshape(&[tokens.batch, tokens.len, c])
+    }
+
+    /// h: [B, T, C] → h · Eᵀ + final_logits_bias: [B, T, V].
+    fn logits(&self, h: &Tensor) -> Result<Tensor> {
+        let mut out = match &self.lm_head {
+            LmHead::Own(head) => head.forward(h)?,
+            LmHead::Tied => {
+                let table = &self.tgt_embed().table;
+                let (v, c) = (table.shape()[0], table.shape()[1]);
+                let rows = h.numel() / c;
+                let mut out = Tensor::zeros(&[h.shape()[0], h.shape()[1], v]);
+                // Reads the [V, C] table transposed in place instead of copying it.
+                gemm(
+                    MatMut::row_major(out.data_mut(), rows, v),
+                    MatRef::row_major(h.data(), rows, c),
+                    MatRef::row_major(table.data(), v, c).t(),
+                    1.0,
+                    false,
+                    Par::Auto,
+                );
+                out
+            }
+        };
+        for row in out
+            .data_mut()
+            .chunks_exact_mut(self.final_logits_bias.len())
+        {
+            for (x, b) in row.iter_mut().zip(&self.final_logits_bias) {
+                *x += b;
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Seq2SeqLm for Marian {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn special_tokens(&self) -> &SpecialTokens {
+        &self.special
+    }
+
+    /// src: [B, S] → encoder states [B, S, C] and each decoder layer's cross K/V.
+    fn encode(&self, src: &TokenBatch) -> Result<Encoded> {
+        src.check_vocab(self.src_embed.vocab_size())?;
+        let positions = src.positions(&vec![0; src.batch]);
+        let mut x = self.embed(&self.src_embed, src, &positions)?;
+        let opts = AttendOpts {
+            positions: &positions,
+            key_padding: Some(&src.mask),
+            ..Default::default()
+        };
+        for layer in &self.encoder {
+            x = layer.forward(&x, &opts)?;
+        }
+        let cross = self
+            .decoder
+            .iter()
+            .map(|l| l.cross_attn.cross_kv(&x))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Encoded {
+            hidden: x,
+            key_padding: src.mask.clone(),
+            cross,
+        })
+    }
+
+    fn new_cache(&self, batch: usize) -> KvCache {
+        let heads = self.decoder.first().map_or(1, |l| l.self_attn.mha.n_heads);
+        let hd = self.info.hidden / heads;
+        KvCache::new(self.decoder.len(), batch, heads, hd, hd)
+    }
+
+    /// tgt: [B, T] after the tokens in `cache` → logits [B, T, V].
+    fn decode_cached(
+        &self,
+        tgt: &TokenBatch,
+        enc: &Encoded,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        tgt.check_vocab(self.tgt_embed().vocab_size())?;
+        check_state(enc, cache, tgt.batch, self.decoder.len())?;
+        let step = cache.begin_step(&tgt.mask, tgt.len)?;
+        let mut x = self.embed(self.tgt_embed(), tgt, &step.positions)?;
+        let opts = AttendOpts {
+            positions: &step.positions,
+            key_padding: Some(&step.key_padding),
+            causal: true,
+            ..Default::default()
+        };
+        for ((layer, kv), lc) in self.decoder.iter().zip(&enc.cross).zip(&mut cache.layers) {
+            let h = layer.self_attn.self_attention(&x, &opts, Some(lc))?;
+            x = add_norm(&x, h, &layer.self_attn_norm)?;
+            let h = layer
+                .cross_attn
+                .cross_attention(&x, kv, Some(&enc.key_padding), None)?;
+            x = add_norm(&x, h, &layer.cross_attn_norm)?;
+            let h = layer.ffn.forward(&x)?;
+            x = add_norm(&x, h, &layer.final_norm)?;
+        }
+        self.logits(&x)
+    }
+}
+
+/// The encoder output and the cache must belong to this model and this batch.
+fn check_state(enc: &Encoded, cache: &KvCache, batch: usize, layers: usize) -> Result<()> {
+    if enc.hidden.shape().first() != Some(&batch) || enc.cross.len() != layers {
+        return Err(Error::invalid(
+            "encoder output",
+            format!(
+                "holds {:?} states and {} cross K/V; the decoder needs batch {batch} and {layers} layers",
+                enc.hidden.shape(),
+                enc.cross.len()
+            ),
+        ));
+    }
+    if cache.layers.len() != layers {
+        return Err(Error::invalid(
+            "kv cache",
+            format!("has {} layers, the decoder {layers}", cache.layers.len()),
+        ));
+    }
+    Ok(())
 }
