@@ -18,6 +18,7 @@ pub mod generate;
 pub mod gpt2;
 pub mod llama;
 pub mod marian;
+pub mod sentence;
 pub mod t5;
 pub mod weights;
 

@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use tokenizers::PostProcessor;
+
 use crate::error::{Error, Result};
 use crate::models::TokenBatch;
 
@@ -22,7 +24,14 @@ impl Tokenizer {
                 path.display()
             )));
         }
-        let inner = tokenizers::Tokenizer::from_file(&path)
+        let mut inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        // transformers overrides the file's padding and truncation on every call (a call
+        // without those arguments does neither); some files carry them anyway, e.g.
+        // all-MiniLM-L6-v2's pads every text to 128 with [PAD] that would count as real.
+        inner.with_padding(None);
+        inner
+            .with_truncation(None)
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
         Ok(Tokenizer { inner, path })
     }
@@ -36,8 +45,28 @@ impl Tokenizer {
         Ok(enc.get_ids().iter().map(|&i| i as usize).collect())
     }
 
+    /// Token ids of one text cut to at most `max_len` ids, special tokens included: the
+    /// text is cut first and the special tokens added after, so `[SEP]` survives, as
+    /// transformers' `truncation=True, max_length=…` does.
+    fn encode_truncated(&self, text: &str, special: bool, max_len: usize) -> Result<Vec<usize>> {
+        let err = |e| Error::Tokenizer(format!("{}: encoding {text:?}: {e}", self.path.display()));
+        let mut enc = self.inner.encode(text, false).map_err(err)?;
+        let added = match self.inner.get_post_processor() {
+            Some(p) if special => p.added_tokens(false),
+            _ => 0,
+        };
+        enc.truncate(
+            max_len.saturating_sub(added),
+            0,
+            tokenizers::TruncationDirection::Right,
+        );
+        let enc = self.inner.post_process(enc, None, special).map_err(err)?;
+        Ok(enc.get_ids().iter().map(|&i| i as usize).collect())
+    }
+
     /// Encodes several texts into one right-padded batch (`pad_id` fills the gaps,
-    /// masked out). Texts longer than `max_len`, if given, are truncated to it.
+    /// masked out). Texts longer than `max_len`, if given, are truncated to it
+    /// (special tokens kept).
     pub fn encode_batch(
         &self,
         texts: &[&str],
@@ -45,15 +74,13 @@ impl Tokenizer {
         pad_id: usize,
         max_len: Option<usize>,
     ) -> Result<TokenBatch> {
-        let mut rows = texts
+        let rows = texts
             .iter()
-            .map(|t| self.encode(t, special))
+            .map(|t| match max_len {
+                Some(max) => self.encode_truncated(t, special, max),
+                None => self.encode(t, special),
+            })
             .collect::<Result<Vec<_>>>()?;
-        if let Some(max) = max_len {
-            for row in &mut rows {
-                row.truncate(max);
-            }
-        }
         let len = rows.iter().map(Vec::len).max().unwrap_or(0);
         let mut ids = Vec::with_capacity(rows.len() * len);
         let mut mask = Vec::with_capacity(rows.len() * len);

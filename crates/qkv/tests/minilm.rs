@@ -1,0 +1,229 @@
+//! The real all-MiniLM-L6-v2 (BERT, 6 layers, 384 wide) against sentence-transformers:
+//! tokenisation and embeddings from `tests/fixtures/minilm/reference.json`
+//! (tools/fixtures/gen_minilm.py). The model is too large to commit; `.ci/run` fetches it
+//! with `tools/fetch_minilm.sh DIR` and points `QKV_MINILM_DIR` at the folder. Without
+//! that variable every test here says so and returns.
+
+use std::path::{Path, PathBuf};
+
+use qkv::models::sentence::{PoolingMode, SentenceEncoder};
+
+/// Every embedding must point the same way as sentence-transformers' (float32 noise
+/// alone stays above 0.999999).
+const MIN_COSINE: f64 = 0.99999;
+
+fn model_dir(test: &str) -> Option<PathBuf> {
+    match std::env::var_os("QKV_MINILM_DIR") {
+        Some(d) if !d.is_empty() => Some(PathBuf::from(d)),
+        _ => {
+            println!(
+                "{test}: skipped, QKV_MINILM_DIR is not set (run `tools/fetch_minilm.sh DIR` and set QKV_MINILM_DIR=DIR, as .ci/run does)"
+            );
+            None
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Reference {
+    sentences: Vec<String>,
+    input_ids: Vec<Vec<usize>>,
+    embeddings: Vec<Vec<f32>>,
+    max_seq_length: usize,
+    normalize: bool,
+}
+
+fn reference() -> Reference {
+    let path: PathBuf = [
+        env!("CARGO_MANIFEST_DIR"),
+        "tests",
+        "fixtures",
+        "minilm",
+        "reference.json",
+    ]
+    .iter()
+    .collect();
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn load(dir: &Path) -> SentenceEncoder {
+    SentenceEncoder::load(dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
+    let na: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+/// The lowest cosine between `got` and the reference, asserting each is ≥ MIN_COSINE.
+fn check_embeddings(what: &str, r: &Reference, got: &[Vec<f32>]) -> f64 {
+    assert_eq!(got.len(), r.embeddings.len(), "{what}: count");
+    let mut min = f64::INFINITY;
+    for ((s, g), want) in r.sentences.iter().zip(got).zip(&r.embeddings) {
+        assert_eq!(g.len(), want.len(), "{what}: dimension of {s:?}");
+        let c = cosine(g, want);
+        assert!(
+            c >= MIN_COSINE,
+            "{what}: cosine {c} < {MIN_COSINE} for {s:?}"
+        );
+        min = min.min(c);
+    }
+    min
+}
+
+fn texts(r: &Reference) -> Vec<&str> {
+    r.sentences.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn configuration_is_read_from_the_folder() {
+    let Some(dir) = model_dir("configuration_is_read_from_the_folder") else {
+        return;
+    };
+    let r = reference();
+    let enc = load(&dir);
+    assert_eq!(enc.max_seq_length(), r.max_seq_length);
+    assert_eq!(enc.pooling(), [PoolingMode::Mean]);
+    assert_eq!(enc.normalizes(), r.normalize);
+    assert_eq!(enc.dim(), 384);
+    let info = enc.encoder().info();
+    assert_eq!(
+        (info.family.as_str(), info.layers, info.hidden),
+        ("bert", 6, 384)
+    );
+}
+
+#[test]
+fn tokenization_matches_sentence_transformers() {
+    let Some(dir) = model_dir("tokenization_matches_sentence_transformers") else {
+        return;
+    };
+    let r = reference();
+    let enc = load(&dir);
+    for (s, want) in r.sentences.iter().zip(&r.input_ids) {
+        let got = enc.tokenize(&[s]).unwrap();
+        assert_eq!(&got.ids, want, "input_ids of {s:?}");
+        assert!(
+            got.mask.iter().all(|&m| m),
+            "{s:?}: unpadded row has padding"
+        );
+    }
+    // In one batch each row is its ids followed by masked padding.
+    let batch = enc.tokenize(&texts(&r)).unwrap();
+    for (row, want) in r.input_ids.iter().enumerate() {
+        let ids = &batch.ids[row * batch.len..(row + 1) * batch.len];
+        let mask = &batch.mask[row * batch.len..(row + 1) * batch.len];
+        assert_eq!(&ids[..want.len()], want.as_slice(), "batched row {row}");
+        assert!(mask[..want.len()].iter().all(|&m| m) && mask[want.len()..].iter().all(|&m| !m));
+    }
+}
+
+/// Truncation to max_seq_length keeps [SEP] last, as the HF tokenizer does.
+#[test]
+fn long_text_is_cut_to_max_seq_length_keeping_sep() {
+    let Some(dir) = model_dir("long_text_is_cut_to_max_seq_length_keeping_sep") else {
+        return;
+    };
+    let enc = load(&dir);
+    let long = "attention is all you need ".repeat(100);
+    let cut = enc.tokenize(&[&long]).unwrap();
+    assert_eq!(cut.len, enc.max_seq_length());
+    let (cls, sep) = (101, 102);
+    assert_eq!(cut.ids[0], cls);
+    assert_eq!(*cut.ids.last().unwrap(), sep);
+    // the kept text tokens are the first ones of the untruncated text
+    let short = enc.tokenize(&["attention is all you need"]).unwrap();
+    assert_eq!(cut.ids[1..6], short.ids[1..6]);
+    let v = enc.embed(&[&long]).unwrap();
+    assert_eq!(v[0].len(), 384);
+}
+
+#[test]
+fn embeddings_match_sentence_transformers() {
+    let Some(dir) = model_dir("embeddings_match_sentence_transformers") else {
+        return;
+    };
+    let r = reference();
+    let enc = load(&dir);
+    let got = enc.embed(&texts(&r)).unwrap();
+    let min = check_embeddings("batched", &r, &got);
+    let worst = got
+        .iter()
+        .flatten()
+        .zip(r.embeddings.iter().flatten())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    println!(
+        "minilm: {} sentences, min cosine {min:.12} (1 - cos = {:.1e}), max |diff| {worst:e}",
+        got.len(),
+        1.0 - min
+    );
+    for (s, v) in r.sentences.iter().zip(&got) {
+        let norm = v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "{s:?}: norm {norm}");
+    }
+}
+
+/// Each text alone gives the embedding it gets in a padded batch.
+#[test]
+fn batching_does_not_change_embeddings() {
+    let Some(dir) = model_dir("batching_does_not_change_embeddings") else {
+        return;
+    };
+    let r = reference();
+    let enc = load(&dir);
+    let alone: Vec<Vec<f32>> = r
+        .sentences
+        .iter()
+        .map(|s| enc.embed(&[s]).unwrap().remove(0))
+        .collect();
+    check_embeddings("one at a time", &r, &alone);
+    let batched = enc.embed(&texts(&r)).unwrap();
+    for ((s, a), b) in r.sentences.iter().zip(&alone).zip(&batched) {
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() < 1e-5, "{s:?}: {x} alone vs {y} batched");
+        }
+    }
+    assert!(enc.embed(&[]).unwrap().is_empty());
+}
+
+/// Without modules.json the folder is a plain BERT model; sentence-transformers then
+/// builds Transformer + mean pooling without Normalize, and so does qkv.
+#[cfg(unix)]
+#[test]
+fn folder_without_modules_json_is_mean_pooled_unnormalized() {
+    let Some(dir) = model_dir("folder_without_modules_json_is_mean_pooled_unnormalized") else {
+        return;
+    };
+    let plain = std::env::temp_dir().join(format!("qkv-minilm-plain-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&plain);
+    std::fs::create_dir_all(&plain).unwrap();
+    for name in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::os::unix::fs::symlink(dir.join(name), plain.join(name)).unwrap();
+    }
+    let enc = load(&plain);
+    assert_eq!(enc.pooling(), [PoolingMode::Mean]);
+    assert!(!enc.normalizes());
+    // min(max_position_embeddings, tokenizer model_max_length) = min(512, 512)
+    assert_eq!(enc.max_seq_length(), 512);
+    let r = reference();
+    let got = enc.embed(&texts(&r)).unwrap();
+    std::fs::remove_dir_all(&plain).unwrap();
+    for v in &got {
+        let norm = v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+        assert!(
+            (norm - 1.0).abs() > 1e-2,
+            "mean pooling alone is not unit length"
+        );
+    }
+    // normalising the plain mean gives the sentence-transformers embedding back
+    check_embeddings("plain mean, direction", &r, &got);
+}
