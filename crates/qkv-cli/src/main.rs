@@ -1,5 +1,6 @@
 //! The `qkv` command: thin subcommands over the qkv library.
 
+mod cmd;
 mod demo;
 
 use std::io::{self, Write};
@@ -22,6 +23,14 @@ struct Cli {
 enum Command {
     /// Deterministic experiments behind the articles' claims: a soft lookup, word order, √d_k scaling
     Demo(demo::DemoArgs),
+    /// Run a batch through a checkpoint: input ids in, logits (or hidden states) out
+    Forward(cmd::forward::ForwardArgs),
+    /// Continue a prompt, or transform a source sentence, greedily or by sampling
+    Generate(cmd::generate::GenerateArgs),
+    /// Sentence embeddings following the folder's sentence-transformers files
+    Embed(cmd::embed::EmbedArgs),
+    /// Describe a checkpoint: family, sizes, position encoding, norm, FFN, parameters
+    Inspect(cmd::inspect::InspectArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +49,10 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
     let mut out = io::stdout().lock();
     match &cli.command {
         Command::Demo(args) => demo::run(args, &mut out)?,
+        Command::Forward(args) => cmd::forward::run(args)?,
+        Command::Generate(args) => cmd::generate::run(args, &mut out)?,
+        Command::Embed(args) => cmd::embed::run(args, &mut out)?,
+        Command::Inspect(args) => cmd::inspect::run(args, &mut out)?,
     }
     out.flush()?;
     Ok(())

@@ -1,0 +1,271 @@
+//! The checkpoint commands end to end, on the tiny Hugging Face fixtures of the library:
+//! `forward` output equals the reference logits, `generate --json` equals HF's greedy
+//! tokens, `inspect` describes the model, and bad input fails with one clear line and
+//! leaves no output file behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use qkv::io::TensorFile;
+
+fn qkv(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_qkv"))
+        .args(args)
+        .output()
+        .expect("the qkv binary runs")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../qkv/tests/fixtures/models")
+        .join(name)
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("qkv-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `qkv forward` with the fixture's own reference file as input (it holds `input_ids`,
+/// `attention_mask` and, for encoder-decoders, `decoder_input_ids`); the output must
+/// equal the reference at real positions.
+fn forward_matches(name: &str, output_name: &str, mask_name: &str) {
+    let dir = fixture(name);
+    let reference = dir.join("reference.safetensors");
+    let out_path = scratch(name).join("out.safetensors");
+    let out = qkv(&[
+        "forward",
+        "--model",
+        dir.to_str().unwrap(),
+        "--input",
+        reference.to_str().unwrap(),
+        "--output",
+        out_path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{name}: {}", stderr(&out));
+    let got = TensorFile::open(&out_path)
+        .unwrap()
+        .tensor(output_name)
+        .unwrap();
+    let reference = TensorFile::open(&reference).unwrap();
+    let want = reference.tensor(output_name).unwrap();
+    assert_eq!(got.shape(), want.shape(), "{name}");
+    let (_, mask) = reference.ints(mask_name).unwrap();
+    let width = want.last_dim();
+    for (pos, &real) in mask.iter().enumerate() {
+        if real == 1 {
+            for c in 0..width {
+                let (g, w) = (got.data()[pos * width + c], want.data()[pos * width + c]);
+                assert!(
+                    (g - w).abs() <= 1e-4 + 1e-3 * w.abs(),
+                    "{name} position {pos}: {g} vs {w}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn forward_writes_reference_logits_for_each_kind_of_model() {
+    forward_matches("gpt2", "logits", "attention_mask");
+    forward_matches("llama_gqa", "logits", "attention_mask");
+    forward_matches("bert", "last_hidden_state", "attention_mask");
+    // Every decoder row of the encoder-decoder fixtures is real: the decoder ids act as
+    // an all-ones mask of the right shape.
+    forward_matches("t5", "logits", "decoder_input_ids");
+}
+
+#[test]
+fn generate_json_prints_hf_greedy_tokens() {
+    let dir = fixture("llama_gqa");
+    let reference = TensorFile::open(dir.join("reference.safetensors")).unwrap();
+    let (_, prompt) = reference.ints("gen_prompt").unwrap();
+    let (shape, output) = reference.ints("gen_output").unwrap();
+    let ids: Vec<String> = prompt.iter().map(|i| i.to_string()).collect();
+    let out = qkv(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--input-ids",
+        &ids.join(","),
+        "--max-new-tokens",
+        "8",
+        "--greedy",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got: Vec<i64> = serde_json::from_slice(&out.stdout).expect("a JSON list of ids");
+    assert_eq!(got, output[prompt.len()..shape[1]].to_vec());
+}
+
+#[test]
+fn sampling_is_reproducible_for_a_seed() {
+    let dir = fixture("gpt2");
+    let run = |seed: &str| {
+        let out = qkv(&[
+            "generate",
+            "--model",
+            dir.to_str().unwrap(),
+            "--input-ids",
+            "5,6,7",
+            "--max-new-tokens",
+            "6",
+            "--temperature",
+            "0.8",
+            "--top-k",
+            "20",
+            "--top-p",
+            "0.9",
+            "--seed",
+            seed,
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        out.stdout
+    };
+    assert_eq!(run("3"), run("3"));
+}
+
+#[test]
+fn inspect_describes_the_architecture() {
+    let out = qkv(&["inspect", "--model", fixture("llama_gqa").to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "llama",
+        "key/value heads",
+        "RoPE",
+        "RMSNorm",
+        "parameters",
+        "F32",
+    ] {
+        assert!(
+            text.contains(needle),
+            "inspect output lacks {needle}:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn bad_input_fails_with_one_line_and_no_output_file() {
+    let dir = scratch("bad");
+    let out_path = dir.join("never.safetensors");
+    let model = fixture("gpt2");
+    // A corrupt input file.
+    let corrupt = dir.join("corrupt.safetensors");
+    std::fs::write(&corrupt, b"not a safetensors file").unwrap();
+    // A folder whose config names an unknown architecture.
+    let unknown = dir.join("unknown");
+    std::fs::create_dir_all(&unknown).unwrap();
+    std::fs::write(
+        unknown.join("config.json"),
+        r#"{"architectures": ["FooForBar"]}"#,
+    )
+    .unwrap();
+    std::fs::copy(
+        model.join("model.safetensors"),
+        unknown.join("model.safetensors"),
+    )
+    .unwrap();
+    // Invalid JSON.
+    let broken = dir.join("broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("config.json"), "{ not json").unwrap();
+    let reference = model.join("reference.safetensors");
+
+    let cases: [(Vec<&str>, &str); 4] = [
+        (
+            vec![
+                "--model",
+                model.to_str().unwrap(),
+                "--input",
+                corrupt.to_str().unwrap(),
+            ],
+            "corrupt.safetensors",
+        ),
+        (
+            vec![
+                "--model",
+                unknown.to_str().unwrap(),
+                "--input",
+                reference.to_str().unwrap(),
+            ],
+            "GPT2LMHeadModel",
+        ),
+        (
+            vec![
+                "--model",
+                broken.to_str().unwrap(),
+                "--input",
+                reference.to_str().unwrap(),
+            ],
+            "config.json",
+        ),
+        (
+            vec![
+                "--model",
+                "/no/such/folder",
+                "--input",
+                reference.to_str().unwrap(),
+            ],
+            "/no/such/folder",
+        ),
+    ];
+    for (args, needle) in cases {
+        let mut full = vec!["forward"];
+        full.extend(args);
+        full.extend(["--output", out_path.to_str().unwrap()]);
+        let out = qkv(&full);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{full:?} should fail");
+        assert_eq!(err.trim().lines().count(), 1, "one line expected: {err}");
+        assert!(err.contains(needle), "{err} should mention {needle}");
+        assert!(!out_path.exists(), "a failed run left {out_path:?}");
+    }
+}
+
+#[test]
+fn text_prompt_without_tokenizer_says_what_is_missing() {
+    let out = qkv(&[
+        "generate",
+        "--model",
+        fixture("marian").to_str().unwrap(),
+        "--prompt",
+        "hello",
+        "--max-new-tokens",
+        "2",
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--input-ids"), "{}", stderr(&out));
+}
+
+#[test]
+fn embed_json_is_unit_vectors_for_minilm() {
+    let Some(dir) = std::env::var_os("QKV_MINILM_DIR") else {
+        eprintln!(
+            "skipped: QKV_MINILM_DIR is not set (.ci/run fetches all-MiniLM-L6-v2 and sets it)"
+        );
+        return;
+    };
+    let out = qkv(&[
+        "embed",
+        "--model",
+        dir.to_str().unwrap(),
+        "--json",
+        "attention is all you need",
+        "注意力",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let vectors: Vec<Vec<f32>> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(vectors.len(), 2);
+    for v in vectors {
+        assert_eq!(v.len(), 384);
+        let norm: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5);
+    }
+}
