@@ -3,3 +3,4 @@
 //! the trainer).
 
 pub mod gradcheck;
+pub mod trainable;
