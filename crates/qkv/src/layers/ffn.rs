@@ -1,8 +1,13 @@
 //! The position-wise feed-forward network: the same two-layer MLP applied to every
 //! token. Plain form W₂·act(W₁x) (original Transformer, BERT, GPT-2) or gated form
 //! W_down·(act(W_gate x) ⊙ W_up x) (SwiGLU in Llama, gated-GELU in T5 v1.1).
+//!
+//! In a block the FFN sits inside a residual, x + ffn(norm(x)); the residual add
+//! needs no backward code of its own: its gradient passes to both branches unchanged,
+//! so the caller adds the FFN's dx to the residual stream's gradient.
 
 use crate::error::{Error, Result};
+use crate::layers::linear::LinearGrads;
 use crate::layers::Linear;
 use crate::ops::Activation;
 use crate::tensor::Tensor;
@@ -52,14 +57,160 @@ impl FeedForward {
 
     /// x: [.., C] → [.., C].
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut h = self.up.forward(x)?;
-        self.activation.apply_slice(h.data_mut());
-        if let Some(g) = &self.gate_up {
-            let u = g.forward(x)?;
-            for (a, b) in h.data_mut().iter_mut().zip(u.data()) {
+        self.forward_impl(x, None)
+    }
+
+    /// As [`FeedForward::forward`], and saves the intermediate values into `cache`
+    /// (replacing what it held) for [`FeedForward::backward`].
+    pub fn forward_with_cache(&self, x: &Tensor, cache: &mut FeedForwardCache) -> Result<Tensor> {
+        self.forward_impl(x, Some(cache))
+    }
+
+    /// The one forward: h = up(x); a = act(h); m = a ⊙ gate_up(x) (gated) or a;
+    /// y = down(m).
+    fn forward_impl(&self, x: &Tensor, cache: Option<&mut FeedForwardCache>) -> Result<Tensor> {
+        let mut m = self.up.forward(x)?;
+        let h = cache.is_some().then(|| m.clone());
+        self.activation.apply_slice(m.data_mut());
+        let u = self.gate_up.as_ref().map(|g| g.forward(x)).transpose()?;
+        if let Some(u) = &u {
+            for (a, b) in m.data_mut().iter_mut().zip(u.data()) {
                 *a *= b;
             }
         }
-        self.down.forward(&h)
+        match (cache, h) {
+            (Some(cache), Some(h)) => {
+                cache.h = h;
+                cache.u = u;
+                cache.m = m;
+                self.down.forward(&cache.m)
+            }
+            _ => self.down.forward(&m),
+        }
+    }
+
+    /// Backward of [`FeedForward::forward_with_cache`]. dy: [.., C]; x: [.., C] as
+    /// given to the forward, `cache` as it filled. **Accumulates** into every
+    /// gradient in `grads`; returns dx: [.., C].
+    pub fn backward(
+        &self,
+        dy: &Tensor,
+        x: &Tensor,
+        cache: &FeedForwardCache,
+        grads: &mut FeedForwardGrads,
+    ) -> Result<Tensor> {
+        // Everything is checked before the first gradient is touched, so an error
+        // leaves `grads` as it was.
+        let leading = |t: &Tensor| t.shape().split_last().map(|(_, l)| l.to_vec());
+        if x.rank() == 0
+            || leading(x) != leading(&cache.h)
+            || cache.h.last_dim() != self.up.out_features()
+            || cache.h.shape() != cache.m.shape()
+            || cache
+                .u
+                .as_ref()
+                .is_some_and(|u| u.shape() != cache.h.shape())
+            || cache.u.is_some() != self.gate_up.is_some()
+        {
+            return Err(Error::invalid(
+                "ffn cache",
+                "does not hold this layer's intermediates for this x: run forward_with_cache first",
+            ));
+        }
+        match (&self.gate_up, &grads.gate_up) {
+            (Some(layer), Some(g)) => g.check(layer)?,
+            (None, None) => {}
+            _ => {
+                return Err(Error::invalid(
+                    "ffn grads.gate_up",
+                    "must be present exactly when the layer is gated",
+                ))
+            }
+        }
+        grads.up.check(&self.up)?;
+        grads.down.check(&self.down)?;
+        if dy.shape() != x.shape() {
+            return Err(Error::shape(
+                "ffn dy",
+                format!("{:?} (the shape of x)", x.shape()),
+                dy.shape(),
+            ));
+        }
+        // forward: y = down(m)
+        let dm = self.down.backward(&cache.m, dy, &mut grads.down)?;
+        let h = cache.h.data();
+        let mut dh = Tensor::zeros(cache.h.shape());
+        let dx_gate = match (&self.gate_up, &cache.u, &mut grads.gate_up) {
+            (Some(gate_up), Some(u), Some(g_grads)) => {
+                // forward: m = act(h) ⊙ u  →  du = dm ⊙ act(h),
+                //          and through a = act(h): dh = dm ⊙ u ⊙ act′(h)
+                let mut du = Tensor::zeros(u.shape());
+                for ((((dui, dhi), &hi), &ui), &dmi) in du
+                    .data_mut()
+                    .iter_mut()
+                    .zip(dh.data_mut())
+                    .zip(h)
+                    .zip(u.data())
+                    .zip(dm.data())
+                {
+                    *dui = dmi * self.activation.apply(hi);
+                    *dhi = dmi * ui * self.activation.derivative(hi);
+                }
+                // forward: u = gate_up(x)
+                Some(gate_up.backward(x, &du, g_grads)?)
+            }
+            _ => {
+                // forward: m = act(h)  →  dh = dm ⊙ act′(h)
+                self.activation.backward_slice(h, dm.data(), dh.data_mut());
+                None
+            }
+        };
+        // forward: h = up(x). x feeds both up and gate_up, so their dx add up.
+        let mut dx = self.up.backward(x, &dh, &mut grads.up)?;
+        if let Some(dx_gate) = dx_gate {
+            for (a, b) in dx.data_mut().iter_mut().zip(dx_gate.data()) {
+                *a += b;
+            }
+        }
+        Ok(dx)
+    }
+}
+
+/// What [`FeedForward::backward`] needs from the forward, each [.., F]: the
+/// pre-activation `h = up(x)` (for act′), the gate branch `u = gate_up(x)` in the gated
+/// form, and the input `m` of `down` (for down's weight gradient).
+#[derive(Clone, Debug)]
+pub struct FeedForwardCache {
+    pub h: Tensor,
+    pub u: Option<Tensor>,
+    pub m: Tensor,
+}
+
+impl Default for FeedForwardCache {
+    fn default() -> Self {
+        FeedForwardCache {
+            h: Tensor::zeros(&[0]),
+            u: None,
+            m: Tensor::zeros(&[0]),
+        }
+    }
+}
+
+/// Gradients of a [`FeedForward`]'s three (or two) linear layers.
+#[derive(Clone, Debug)]
+pub struct FeedForwardGrads {
+    pub up: LinearGrads,
+    /// present exactly when the layer is gated
+    pub gate_up: Option<LinearGrads>,
+    pub down: LinearGrads,
+}
+
+impl FeedForwardGrads {
+    pub fn zeros(layer: &FeedForward) -> Self {
+        FeedForwardGrads {
+            up: LinearGrads::zeros(&layer.up),
+            gate_up: layer.gate_up.as_ref().map(LinearGrads::zeros),
+            down: LinearGrads::zeros(&layer.down),
+        }
     }
 }

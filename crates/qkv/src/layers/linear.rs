@@ -1,4 +1,8 @@
 //! y = x·Wᵀ + b, with W stored `[out, in]` as PyTorch and checkpoints store it.
+//!
+//! Backward (x: [N, in] with the leading axes flattened into N rows):
+//! dW += dyᵀ·x, db += Σ_rows dy, dx = dy·W. The forward saves nothing: its input `x`
+//! is all the backward needs, and the caller holds it anyway.
 
 use crate::error::{Error, Result};
 use crate::ops::{gemm, MatMut, MatRef, Par};
@@ -37,9 +41,9 @@ impl Linear {
         self.weight.shape()[0]
     }
 
-    /// x: [..., in] → [..., out].
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (n_in, n_out) = (self.in_features(), self.out_features());
+    /// Checks that `x` is `[.., in]` and returns its number of rows.
+    fn rows_of(&self, x: &Tensor) -> Result<usize> {
+        let n_in = self.in_features();
         if x.rank() == 0 || x.last_dim() != n_in {
             return Err(Error::shape(
                 "linear input",
@@ -47,7 +51,13 @@ impl Linear {
                 x.shape(),
             ));
         }
-        let rows = x.numel() / n_in;
+        Ok(x.numel() / n_in)
+    }
+
+    /// x: [..., in] → [..., out].
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (n_in, n_out) = (self.in_features(), self.out_features());
+        let rows = self.rows_of(x)?;
         let mut shape = x.shape().to_vec();
         *shape.last_mut().expect("rank checked") = n_out;
         let mut y = Tensor::zeros(&shape);
@@ -65,5 +75,94 @@ impl Linear {
             Par::Auto,
         );
         Ok(y)
+    }
+}
+
+/// Gradients of a [`Linear`]'s parameters, shaped as the parameters.
+#[derive(Clone, Debug)]
+pub struct LinearGrads {
+    /// [out, in]
+    pub weight: Tensor,
+    /// [out], present exactly when the layer has a bias
+    pub bias: Option<Tensor>,
+}
+
+impl LinearGrads {
+    /// Zero gradients for `layer`.
+    pub fn zeros(layer: &Linear) -> Self {
+        LinearGrads {
+            weight: Tensor::zeros(layer.weight.shape()),
+            bias: layer.bias.as_ref().map(|b| Tensor::zeros(b.shape())),
+        }
+    }
+
+    /// Errors unless these gradients are shaped as `layer`'s parameters (a bias
+    /// gradient exactly when the layer has a bias).
+    pub fn check(&self, layer: &Linear) -> Result<()> {
+        let (n_in, n_out) = (layer.in_features(), layer.out_features());
+        self.weight
+            .expect_shape("linear grads.weight", &[Some(n_out), Some(n_in)])?;
+        match (&layer.bias, &self.bias) {
+            (Some(_), Some(db)) => db.expect_shape("linear grads.bias", &[Some(n_out)]),
+            (None, None) => Ok(()),
+            (Some(_), None) => Err(Error::invalid(
+                "linear grads.bias",
+                "the layer has a bias but its gradient is missing",
+            )),
+            (None, Some(_)) => Err(Error::invalid(
+                "linear grads.bias",
+                "the layer has no bias but a bias gradient was given",
+            )),
+        }
+    }
+}
+
+impl Linear {
+    /// Backward of [`Linear::forward`]. x: [.., in] as given to the forward;
+    /// dy: [.., out] with the same leading axes. **Accumulates** into `grads.weight`
+    /// ([out, in]) and `grads.bias` ([out]); returns dx: [.., in].
+    pub fn backward(&self, x: &Tensor, dy: &Tensor, grads: &mut LinearGrads) -> Result<Tensor> {
+        let (n_in, n_out) = (self.in_features(), self.out_features());
+        let rows = self.rows_of(x)?;
+        let mut dy_shape = x.shape().to_vec();
+        *dy_shape.last_mut().expect("rank checked") = n_out;
+        if dy.shape() != dy_shape.as_slice() {
+            return Err(Error::shape(
+                "linear dy",
+                format!("{dy_shape:?}"),
+                dy.shape(),
+            ));
+        }
+        grads.check(self)?;
+        if let Some(db) = &mut grads.bias {
+            // forward: y = … + b on every row  →  db += Σ_rows dy
+            let db = db.data_mut();
+            for row in dy.data().chunks_exact(n_out) {
+                for (g, &d) in db.iter_mut().zip(row) {
+                    *g += d;
+                }
+            }
+        }
+        let dy_m = MatRef::row_major(dy.data(), rows, n_out);
+        // forward: y = x·Wᵀ  →  dW += dyᵀ·x   ([out, N]·[N, in])
+        gemm(
+            MatMut::row_major(grads.weight.data_mut(), n_out, n_in),
+            dy_m.t(),
+            MatRef::row_major(x.data(), rows, n_in),
+            1.0,
+            true,
+            Par::Auto,
+        );
+        // forward: y = x·Wᵀ  →  dx = dy·W   ([N, out]·[out, in])
+        let mut dx = Tensor::zeros(x.shape());
+        gemm(
+            MatMut::row_major(dx.data_mut(), rows, n_in),
+            dy_m,
+            MatRef::row_major(self.weight.data(), n_out, n_in),
+            1.0,
+            false,
+            Par::Auto,
+        );
+        Ok(dx)
     }
 }

@@ -5,7 +5,7 @@ pub mod ffn;
 pub mod linear;
 pub mod norm;
 
-pub use embedding::Embedding;
-pub use ffn::FeedForward;
-pub use linear::Linear;
-pub use norm::{LayerNorm, RmsNorm};
+pub use embedding::{Embedding, EmbeddingGrads};
+pub use ffn::{FeedForward, FeedForwardCache, FeedForwardGrads};
+pub use linear::{Linear, LinearGrads};
+pub use norm::{LayerNorm, LayerNormCache, LayerNormGrads, RmsNorm, RmsNormCache, RmsNormGrads};

@@ -48,6 +48,79 @@ impl Activation {
             *x = self.apply(*x);
         }
     }
+
+    /// The derivative f′(x) at the pre-activation value `x` (what `apply` was given).
+    ///
+    /// Each form is the analytic derivative of the formula in [`Activation::apply`],
+    /// written as PyTorch's own backward kernels write it:
+    /// - ReLU: 1 for x > 0, else 0 (0 at the kink, as `threshold_backward`).
+    /// - GELU: Φ(x) + x·φ(x), with φ the standard normal density.
+    /// - GELU tanh: with u = √(2/π)·(x + 0.044715·x³) and t = tanh(u),
+    ///   ½(1 + t) + ½x·(1 − t²)·√(2/π)·(1 + 3·0.044715·x²).
+    /// - SiLU: σ(x)·(1 + x·(1 − σ(x))).
+    ///
+    /// All are finite for every finite x: the exponentials saturate to 0 or 1 rather
+    /// than overflow into NaN.
+    pub fn derivative(self, x: f32) -> f32 {
+        match self {
+            Activation::Relu => {
+                if x > 0.0 {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
+            Activation::Gelu => {
+                // 1/√(2π)
+                const INV_SQRT_2PI: f32 = 0.398_942_3;
+                let cdf = 0.5 * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2));
+                let pdf = INV_SQRT_2PI * (-0.5 * x * x).exp();
+                cdf + x * pdf
+            }
+            Activation::GeluTanh => {
+                const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+                const KAPPA: f32 = 0.044_715;
+                let x2 = x * x;
+                let t = (SQRT_2_OVER_PI * (x + KAPPA * x2 * x)).tanh();
+                0.5 * (1.0 + t)
+                    + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * KAPPA * x2)
+            }
+            Activation::Silu => {
+                // For x ≪ 0, exp(−x) overflows to +∞ and σ to 0: the result is ±0, not NaN.
+                let s = 1.0 / (1.0 + (-x).exp());
+                s * (1.0 + x * (1.0 - s))
+            }
+        }
+    }
+
+    /// Backward of `y = f(x)` elementwise: **accumulates** `dx += dy ∘ f′(x)`.
+    /// `x` holds the pre-activation values the forward was given; all three slices
+    /// have the same length.
+    pub fn backward_slice(self, x: &[f32], dy: &[f32], dx: &mut [f32]) {
+        assert!(
+            x.len() == dy.len() && x.len() == dx.len(),
+            "activation backward: x {}, dy {}, dx {} elements",
+            x.len(),
+            dy.len(),
+            dx.len()
+        );
+        for ((d, &xi), &g) in dx.iter_mut().zip(x).zip(dy) {
+            *d += g * self.derivative(xi);
+        }
+    }
+}
+
+/// The label model summaries use (`ModelInfo.ffn`, `qkv inspect`): "ReLU", "GELU (erf)",
+/// "GELU (tanh approximation)", "SiLU".
+impl std::fmt::Display for Activation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Activation::Relu => "ReLU",
+            Activation::Gelu => "GELU (erf)",
+            Activation::GeluTanh => "GELU (tanh approximation)",
+            Activation::Silu => "SiLU",
+        })
+    }
 }
 
 #[cfg(test)]
@@ -62,6 +135,28 @@ mod tests {
         );
         let err = Activation::from_hf_name("mish").unwrap_err().to_string();
         assert!(err.contains("mish"));
+    }
+
+    #[test]
+    fn derivatives_at_known_points() {
+        // ReLU′(0) = 0 as in PyTorch; GELU′(0) = ½; SiLU′(0) = ½.
+        assert_eq!(Activation::Relu.derivative(0.0), 0.0);
+        assert_eq!(Activation::Relu.derivative(0.5), 1.0);
+        for act in [Activation::Gelu, Activation::GeluTanh, Activation::Silu] {
+            assert!((act.derivative(0.0) - 0.5).abs() < 1e-7, "{act:?}");
+        }
+        // GELU′(1) = Φ(1) + 1·φ(1) = 0.8413447 + 0.2419707
+        assert!((Activation::Gelu.derivative(1.0) - 1.083_315_5).abs() < 1e-6);
+        for act in [Activation::Gelu, Activation::GeluTanh, Activation::Silu] {
+            for x in [-1e4f32, -100.0, -30.0, 30.0, 100.0, 1e4] {
+                let d = act.derivative(x);
+                assert!(d.is_finite(), "{act:?}′({x}) = {d}");
+                assert!(
+                    (d - if x > 0.0 { 1.0 } else { 0.0 }).abs() < 1e-6,
+                    "{act:?}′({x}) = {d}"
+                );
+            }
+        }
     }
 
     #[test]

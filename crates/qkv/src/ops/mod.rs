@@ -6,4 +6,4 @@ pub mod softmax;
 
 pub use activation::Activation;
 pub use matmul::{gemm, matmul, MatMut, MatRef, Par};
-pub use softmax::{softmax, softmax_rows};
+pub use softmax::{softmax, softmax_backward, softmax_rows};

@@ -35,9 +35,56 @@ pub fn softmax(x: &Tensor) -> Tensor {
     y
 }
 
+/// Backward of [`softmax_rows`]: for each `n`-wide row, **accumulates**
+/// `dx += y ∘ (dy − Σⱼ dyⱼ·yⱼ)`, where `y` is the softmax output the forward returned
+/// (the Jacobian of softmax is diag(y) − y·yᵀ, so only `y` is needed, not the input).
+/// A fully masked row (all-zero `y`) gets zero gradient. `y`, `dy` and `dx` have the
+/// same length, a multiple of `n`.
+pub fn softmax_backward(y: &[f32], dy: &[f32], n: usize, dx: &mut [f32]) {
+    assert!(
+        y.len() == dy.len() && y.len() == dx.len(),
+        "softmax backward: y {}, dy {}, dx {} elements",
+        y.len(),
+        dy.len(),
+        dx.len()
+    );
+    if n == 0 {
+        return;
+    }
+    assert!(
+        y.len().is_multiple_of(n),
+        "softmax backward: {} elements are not rows of {n}",
+        y.len()
+    );
+    for ((yr, gr), dr) in y
+        .chunks_exact(n)
+        .zip(dy.chunks_exact(n))
+        .zip(dx.chunks_exact_mut(n))
+    {
+        let dot: f32 = yr.iter().zip(gr).map(|(a, b)| a * b).sum();
+        for ((d, &yi), &gi) in dr.iter_mut().zip(yr).zip(gr) {
+            *d += yi * (gi - dot);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backward_of_masked_row_is_zero_and_accumulates() {
+        let y = vec![0.0; 3];
+        let mut dx = vec![1.0; 3];
+        softmax_backward(&y, &[1.0, -2.0, 3.0], 3, &mut dx);
+        assert_eq!(dx, vec![1.0; 3]);
+        // a uniform upstream gradient has no effect: softmax is shift-invariant
+        let mut x = vec![0.3, -1.0, 2.0];
+        softmax_rows(&mut x, 3);
+        let mut dx = vec![0.0; 3];
+        softmax_backward(&x, &[0.7; 3], 3, &mut dx);
+        assert!(dx.iter().all(|d| d.abs() < 1e-7), "{dx:?}");
+    }
 
     #[test]
     fn rows_sum_to_one_even_for_huge_values() {
