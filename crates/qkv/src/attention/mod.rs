@@ -5,12 +5,14 @@
 //! heads serve H query heads (G = H: multi-head, 1 < G < H: grouped-query, G = 1:
 //! multi-query); kernels read the shared heads through strides, never copying K/V.
 
+mod backward;
 mod multi_head;
 mod reference;
 mod spec;
 mod tiled;
 mod view;
 
+pub use backward::{attention_backward, attention_backward_views, AttentionGrads};
 pub use multi_head::MultiHeadAttention;
 pub use spec::{validate, AttentionSpec, Bias, Broadcast, CausalAlign, Dims, Kernel};
 pub use view::HeadsView;

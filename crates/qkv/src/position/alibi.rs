@@ -2,6 +2,11 @@
 //! head h adds m_h · (j − i) to the score of query i on key j, a penalty growing
 //! linearly with distance, with a different slope m_h per head. Attention applies it
 //! on the fly through [`crate::attention::Bias::Alibi`].
+//!
+//! Training: ALiBi has no parameters (the slopes are fixed by the head count), so it
+//! has no backward of its own. Its bias is added to the scores inside attention, and
+//! the gradient through it is part of the attention backward's dS, which flows on to Q
+//! and K unchanged by the (constant) bias.
 
 use crate::tensor::Tensor;
 

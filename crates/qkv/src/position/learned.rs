@@ -1,5 +1,13 @@
 //! Learned absolute positions (BERT, GPT-2): row p of a trained `[P, C]` table is added
 //! to the token embedding at position p. P caps the sequence length.
+//!
+//! Training: the table is a parameter. The forward is `x += table[pos]` (see
+//! [`LearnedPositions::add_to`]), so the gradient of the looked-up rows is the gradient
+//! of x itself, unchanged, and the table's gradient is exactly
+//! [`Embedding::backward`] on `self.table`, called with `positions` as the ids and that
+//! same dx as dy: row p accumulates the sum of dx over every token at position p. The
+//! residual stream's dx passes through the addition untouched. Nothing here duplicates
+//! it.
 
 use crate::error::{Error, Result};
 use crate::layers::Embedding;

@@ -2,6 +2,10 @@
 //! to one of `num_buckets` buckets (exact for small distances, logarithmic up to
 //! `max_distance`, one bucket beyond), and each bucket has a learned bias per head.
 //! Bidirectional (encoder) buckets keep the sign; causal (decoder) ones only look back.
+//!
+//! Training: the table is a parameter. The attention backward returns the gradient of
+//! the dense bias it was given (`attention_backward(.., want_dbias = true)`), and
+//! [`RelativeBias::backward`] scatters it back onto the buckets.
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -81,5 +85,35 @@ impl RelativeBias {
             }
         }
         out
+    }
+
+    /// Backward of [`RelativeBias::compute`]: `dbias` `[N, H, T, S]` (N ≥ 1, usually 1:
+    /// the gradient the attention backward returns for the dense bias, already summed
+    /// over the batch it was broadcast along) is **added** into `grads` `[num_buckets, H]`,
+    /// the gradient of the table. `offset` is the forward's query offset.
+    ///
+    /// The forward copied table[bucket(j − (i + offset)), h] to bias[·, h, i, j], so each
+    /// table entry's gradient is the sum of dbias over every (i, j) that falls in its
+    /// bucket (and over N).
+    pub fn backward(&self, dbias: &Tensor, offset: usize, grads: &mut Tensor) -> Result<()> {
+        let (nb, h_n) = (self.table.shape()[0], self.num_heads());
+        dbias.expect_shape("relative bias gradient", &[None, Some(h_n), None, None])?;
+        grads.expect_shape("relative bias table gradient", &[Some(nb), Some(h_n)])?;
+        let (n, t, s) = (dbias.shape()[0], dbias.shape()[2], dbias.shape()[3]);
+        let g = grads.data_mut();
+        for i in 0..t {
+            for j in 0..s {
+                let rel = j as i64 - (i + offset) as i64;
+                let bucket =
+                    relative_position_bucket(rel, self.bidirectional, nb, self.max_distance);
+                for r in 0..n {
+                    for h in 0..h_n {
+                        // from compute(): bias[r, h, i, j] = table[bucket, h]
+                        g[bucket * h_n + h] += dbias.data()[((r * h_n + h) * t + i) * s + j];
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }

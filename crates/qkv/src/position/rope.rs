@@ -8,6 +8,9 @@
 //! - [`RopeLayout::Interleaved`]: pairs (x_{2i}, x_{2i+1}), the RoFormer paper and GPT-J.
 //!
 //! Only the first R of the D dimensions rotate (R = D unless partial rotary is asked).
+//!
+//! Backward ([`Rope::backward`]): a rotation is orthogonal, so the gradient of the
+//! input is the gradient of the output rotated back by −pos·θ. No parameters.
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -136,5 +139,48 @@ impl Rope {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let positions: Vec<usize> = (0..b * t).map(|i| offset + i % t).collect();
         self.apply(x, &positions)
+    }
+
+    /// Backward of [`Rope::apply`], in place: dy `[B, T, H, D]` (the gradient of the
+    /// rotated vectors) becomes dx, the gradient of the vectors before rotation, for
+    /// the same `positions` `[B·T]`.
+    ///
+    /// The forward is y = R(pos·θ)·x per pair, a rotation, so dx = R(pos·θ)ᵀ·dy =
+    /// R(−pos·θ)·dy: the same rotation with the sine negated, and the pass-through
+    /// dimensions beyond R pass their gradient through unchanged. RoPE has no
+    /// parameters (θ is fixed), so there is nothing to accumulate.
+    pub fn backward(&self, dy: &mut Tensor, positions: &[usize]) -> Result<()> {
+        dy.expect_shape("rope gradient", &[None, None, None, Some(self.head_dim)])?;
+        let (b, t, h) = (dy.shape()[0], dy.shape()[1], dy.shape()[2]);
+        if positions.len() != b * t {
+            return Err(Error::Shape {
+                tensor: "rope positions".into(),
+                expected: format!("[{b}, {t}] = {} entries", b * t),
+                got: vec![positions.len()],
+            });
+        }
+        let d = self.head_dim;
+        if dy.numel() == 0 {
+            return Ok(());
+        }
+        for (token, &pos) in dy.data_mut().chunks_exact_mut(h * d).zip(positions) {
+            let (cos, mut sin) = self.cos_sin(pos);
+            // R(−a): cos(−a) = cos a, sin(−a) = −sin a.
+            for s in &mut sin {
+                *s = -*s;
+            }
+            for head in token.chunks_exact_mut(d) {
+                self.rotate(head, &cos, &sin);
+            }
+        }
+        Ok(())
+    }
+
+    /// Like [`Rope::backward`] with every row at positions offset..offset+T.
+    pub fn backward_offset(&self, dy: &mut Tensor, offset: usize) -> Result<()> {
+        dy.expect_shape("rope gradient", &[None, None, None, Some(self.head_dim)])?;
+        let (b, t) = (dy.shape()[0], dy.shape()[1]);
+        let positions: Vec<usize> = (0..b * t).map(|i| offset + i % t).collect();
+        self.backward(dy, &positions)
     }
 }

@@ -2,6 +2,10 @@
 //! PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
 //! Each frequency pair rotates with pos, so PE(pos + k) is a fixed linear map of
 //! PE(pos) (see [`shift_matrix`]): relative offsets are linearly reachable.
+//!
+//! Training: the table is fixed, so there is no parameter and no backward: the forward
+//! adds a constant, and the gradient of the embeddings flows through the addition
+//! unchanged.
 
 use crate::tensor::Tensor;
 

@@ -1,0 +1,133 @@
+//! The backward pass of [`attention`](super::attention): given the upstream gradient
+//! dO of the output, the gradients of Q, K, V and (for a learnable dense bias such as
+//! T5's) of the additive bias.
+//!
+//! Forward, per batch row b and query head h (g = the key/value head h reads):
+//!
+//! ```text
+//! S = scale·Q·Kᵀ + bias, masked to −∞      (1)   [T, S]
+//! P = softmax(S) row by row                (2)   [T, S]
+//! O = P·V                                  (3)   [T, Dv]
+//! ```
+//!
+//! Backward, from the last line up:
+//!
+//! ```text
+//! dV = Pᵀ·dO                     from (3)
+//! dP = dO·Vᵀ                     from (3)
+//! dS = P∘(dP − D),  D_i = Σ_j P_ij·dP_ij = Σ_c dO_ic·O_ic      from (2), softmax's Jacobian
+//! dQ = scale·dS·K,  dK = scale·dSᵀ·Q,  dbias = dS               from (1)
+//! ```
+//!
+//! Masked entries have P = 0, hence dS = 0: no gradient flows through a masked score,
+//! and a fully masked query row (output defined as zeros) gives zero gradient to
+//! everything, never NaN. Under GQA the H/G query heads sharing one key/value head
+//! each add their dK and dV into it.
+//!
+//! Two kernels, as in the forward: `reference` materialises P per (batch, head) and
+//! is written to be read; `tiled` is the FlashAttention-2 backward (P recomputed tile
+//! by tile from the saved log-sum-exp, never stored whole). Tests hold them equal.
+
+mod reference;
+mod tiled;
+
+use super::spec::Scorer;
+use super::{validate, AttentionOutput, AttentionSpec, Bias, HeadsView, Kernel};
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// Gradients of one attention call. Freshly allocated (Q, K, V are activations, not
+/// parameters, so there is nothing to accumulate into); a caller that owns a
+/// parameter upstream of them (a projection, a bias table) accumulates from these.
+#[derive(Clone, Debug)]
+pub struct AttentionGrads {
+    /// [B, T, H, D]
+    pub dq: Tensor,
+    /// [B, S, G, D]: summed over the H/G query heads that share each key head.
+    pub dk: Tensor,
+    /// [B, S, G, Dv]: summed likewise.
+    pub dv: Tensor,
+    /// Same shape as the [`Bias::Dense`] of the spec, `[Bm, Hm, T, S]`: dS summed over
+    /// the axes the bias is broadcast along. `Some` only when asked for.
+    pub dbias: Option<Tensor>,
+}
+
+/// Backward of [`attention`](super::attention) for q: `[B,T,H,D]`, k: `[B,S,G,D]`,
+/// v: `[B,S,G,Dv]`, the forward's result `fwd` (its `out` `[B,T,H,Dv]` and `lse`
+/// `[B,H,T]` are used; the weights are not needed) and the upstream gradient
+/// d_out: `[B,T,H,Dv]`, under the same `spec` as the forward.
+///
+/// `want_dbias` asks for the gradient of a [`Bias::Dense`] (a learnable bias such as
+/// T5's relative bias, or a float mask that requires grad); it is an error without
+/// one. ALiBi has no parameters: its slopes are fixed, so there is nothing to return.
+///
+/// Dispatches on `spec.kernel`. The reference kernel recomputes P from Q and K and so
+/// uses neither `fwd.out` nor `fwd.lse`; the tiled kernel uses both.
+pub fn attention_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    fwd: &AttentionOutput,
+    d_out: &Tensor,
+    spec: &AttentionSpec,
+    want_dbias: bool,
+) -> Result<AttentionGrads> {
+    attention_backward_views(
+        &HeadsView::of(q, "q")?,
+        &HeadsView::of(k, "k")?,
+        &HeadsView::of(v, "v")?,
+        fwd,
+        d_out,
+        spec,
+        want_dbias,
+    )
+}
+
+/// [`attention_backward`] over views, mirroring [`super::attention_views`].
+pub fn attention_backward_views(
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    fwd: &AttentionOutput,
+    d_out: &Tensor,
+    spec: &AttentionSpec,
+    want_dbias: bool,
+) -> Result<AttentionGrads> {
+    let dims = validate(q, k, v, spec)?;
+    let (b, t, h, dv) = (dims.b, dims.t, dims.h, dims.dv);
+    d_out.expect_shape("d_out", &[Some(b), Some(t), Some(h), Some(dv)])?;
+    d_out.check_finite("d_out")?;
+    fwd.out
+        .expect_shape("forward out", &[Some(b), Some(t), Some(h), Some(dv)])?;
+    fwd.out.check_finite("forward out")?;
+    fwd.lse
+        .expect_shape("forward lse", &[Some(b), Some(h), Some(t)])?;
+    if let Some(i) = fwd
+        .lse
+        .data()
+        .iter()
+        .position(|x| x.is_nan() || *x == f32::INFINITY)
+    {
+        return Err(Error::NonFinite {
+            tensor: "forward lse".into(),
+            index: i,
+            value: fwd.lse.data()[i],
+        });
+    }
+    let dbias_shape = match (want_dbias, &spec.bias) {
+        (false, _) => None,
+        (true, Some(Bias::Dense(bias))) => Some(bias.shape),
+        (true, _) => {
+            return Err(Error::invalid(
+                "want_dbias",
+                "the spec has no dense bias to differentiate (ALiBi slopes are fixed)",
+            ))
+        }
+    };
+    let scorer = Scorer::new(dims, spec);
+    let d_out = HeadsView::of(d_out, "d_out")?;
+    Ok(match spec.kernel {
+        Kernel::Reference => reference::backward(q, k, v, &d_out, &scorer, dbias_shape),
+        Kernel::Tiled => tiled::backward(q, k, v, fwd, &d_out, &scorer, dbias_shape),
+    })
+}
