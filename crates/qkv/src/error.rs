@@ -27,13 +27,11 @@ pub enum Error {
         index: usize,
         size: usize,
     },
-    /// Reading or writing a file failed.
-    #[error("{path}: {source}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// Reading or writing a file failed. The OS message is part of the Display text
+    /// and deliberately not also the `source()`, so a chain printer (anyhow's `{:#}`)
+    /// says it once.
+    #[error("{path}: {error}")]
+    Io { path: String, error: std::io::Error },
     /// A config file is invalid JSON, lacks a field or holds a value qkv cannot use.
     #[error("{path}: field `{field}`: {reason}")]
     Config {
@@ -64,6 +62,14 @@ impl Error {
             tensor: tensor.into(),
             expected: expected.into(),
             got: got.to_vec(),
+        }
+    }
+
+    /// A failed read or write of `path`.
+    pub(crate) fn io(path: &std::path::Path, error: std::io::Error) -> Self {
+        Error::Io {
+            path: path.display().to_string(),
+            error,
         }
     }
 

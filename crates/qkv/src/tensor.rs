@@ -105,6 +105,20 @@ impl Tensor {
         check_finite(name, &self.data)
     }
 
+    /// self += other, elementwise: a residual connection. Both must have the same
+    /// shape; callers pair tensors that have it by construction, so a mismatch is a
+    /// broken invariant and panics.
+    pub fn add_assign(&mut self, other: &Tensor) {
+        assert_eq!(
+            self.shape, other.shape,
+            "add_assign: shapes {:?} and {:?} differ",
+            self.shape, other.shape
+        );
+        for (a, &b) in self.data.iter_mut().zip(&other.data) {
+            *a += b;
+        }
+    }
+
     /// Largest absolute elementwise difference to `other` (same shape assumed).
     pub fn max_abs_diff(&self, other: &Tensor) -> f32 {
         self.data
@@ -146,6 +160,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("`x`") && err.contains("[3, _]"), "{err}");
+    }
+
+    #[test]
+    fn add_assign_adds_elementwise() {
+        let mut a = Tensor::new(&[2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
+        a.add_assign(&Tensor::new(&[2, 2], vec![0.5, -2.0, 0.0, 1.0]).unwrap());
+        assert_eq!(a.data(), &[1.5, 0.0, 3.0, 5.0]);
+    }
+
+    #[test]
+    #[should_panic(expected = "add_assign")]
+    fn add_assign_rejects_other_shapes() {
+        Tensor::zeros(&[2, 3]).add_assign(&Tensor::zeros(&[3, 2]));
     }
 
     #[test]

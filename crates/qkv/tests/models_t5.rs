@@ -30,7 +30,7 @@ fn t5_info_and_special_tokens() {
         (32, 4, 8, 64)
     );
     assert_eq!((info.vocab, info.max_positions), (99, None));
-    assert_eq!(info.ffn, "gated GELU (tanh)");
+    assert_eq!(info.ffn, "gated GELU (tanh approximation)");
     assert_eq!(load_seq2seq("t5").info().ffn, "ReLU");
     let special = m.special_tokens();
     assert_eq!(special.eos, vec![1]);

@@ -72,23 +72,14 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
         _ => bail!("give --prompt or --input-ids"),
     };
     let prompt = TokenBatch::single(ids)?;
+    let opts = |eos: &[usize]| GenerateOptions {
+        max_new_tokens: args.max_new_tokens,
+        sampling: args.sampling(),
+        eos: eos.to_vec(),
+    };
     let new = match &loaded.model {
-        Model::Causal(m) => {
-            let opts = GenerateOptions {
-                max_new_tokens: args.max_new_tokens,
-                sampling: args.sampling(),
-                eos: m.special_tokens().eos.clone(),
-            };
-            generate_causal(m.as_ref(), &prompt, &opts)?
-        }
-        Model::Seq2Seq(m) => {
-            let opts = GenerateOptions {
-                max_new_tokens: args.max_new_tokens,
-                sampling: args.sampling(),
-                eos: m.special_tokens().eos.clone(),
-            };
-            generate_seq2seq(m.as_ref(), &prompt, &opts)?
-        }
+        Model::Causal(m) => generate_causal(m.as_ref(), &prompt, &opts(&m.special_tokens().eos))?,
+        Model::Seq2Seq(m) => generate_seq2seq(m.as_ref(), &prompt, &opts(&m.special_tokens().eos))?,
         Model::Encoder(_) => bail!(
             "{} is an encoder ({}); it has no language-model head to generate with",
             args.model.display(),

@@ -8,10 +8,6 @@ use std::path::Path;
 use crate::error::{Error, Result};
 
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let io_err = |source| Error::Io {
-        path: path.display().to_string(),
-        source,
-    };
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -27,7 +23,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         // Best effort: the temporary file is ours and useless after a failure.
         let _ = std::fs::remove_file(&tmp);
     }
-    result.map_err(io_err)
+    result.map_err(|e| Error::io(path, e))
 }
 
 #[cfg(test)]

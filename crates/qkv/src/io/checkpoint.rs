@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::TensorFile;
+use super::{read_json, TensorFile};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -27,15 +27,7 @@ impl Checkpoint {
         let paths: Vec<PathBuf> = if single.is_file() {
             vec![single]
         } else if index_path.is_file() {
-            let text = std::fs::read_to_string(&index_path).map_err(|source| Error::Io {
-                path: index_path.display().to_string(),
-                source,
-            })?;
-            let index: ShardIndex = serde_json::from_str(&text).map_err(|e| Error::Config {
-                path: index_path.display().to_string(),
-                field: "weight_map".into(),
-                reason: e.to_string(),
-            })?;
+            let index: ShardIndex = read_json(&index_path)?;
             let mut shards: Vec<&String> = index.weight_map.values().collect();
             shards.sort();
             shards.dedup();

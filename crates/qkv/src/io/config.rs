@@ -1,5 +1,6 @@
-//! Reading a model folder's `config.json` into a family's serde struct, with errors
-//! that name the file and the field.
+//! Reading a model folder's JSON files (`config.json`, `generation_config.json`,
+//! sentence-transformers' configs) into serde structs, with errors that name the file
+//! and the field.
 
 use std::path::Path;
 
@@ -7,18 +8,32 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
 
+/// The whole of the text file `path`; an error names the file.
+pub fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| Error::io(path, e))
+}
+
+/// Parses the JSON file `path` as `T`.
+pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
+    let text = read_text(path)?;
+    serde_json::from_str(&text).map_err(|e| {
+        let reason = e.to_string();
+        field_error(path, &serde_field(&reason), reason)
+    })
+}
+
+/// Like [`read_json`], with `T::default()` for a file that does not exist.
+pub fn read_json_or_default<T: DeserializeOwned + Default>(path: &Path) -> Result<T> {
+    if path.is_file() {
+        read_json(path)
+    } else {
+        Ok(T::default())
+    }
+}
+
 /// Parses `dir/config.json` as `T`.
 pub fn read_config<T: DeserializeOwned>(dir: &Path) -> Result<T> {
-    let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    serde_json::from_str(&text).map_err(|e| Error::Config {
-        path: path.display().to_string(),
-        field: serde_field(&e.to_string()),
-        reason: e.to_string(),
-    })
+    read_json(&dir.join("config.json"))
 }
 
 /// serde_json names the field in "missing field `x`" / "unknown variant" messages;
@@ -27,11 +42,113 @@ fn serde_field(msg: &str) -> String {
     msg.split('`').nth(1).unwrap_or("(json)").to_string()
 }
 
-/// An error for a field whose value parsed but cannot be used.
-pub fn bad_field(dir: &Path, field: &str, reason: impl Into<String>) -> Error {
+/// An error for a field of the JSON file `path` whose value parsed but cannot be used.
+pub fn field_error(path: &Path, field: &str, reason: impl Into<String>) -> Error {
     Error::Config {
-        path: dir.join("config.json").display().to_string(),
+        path: path.display().to_string(),
         field: field.into(),
         reason: reason.into(),
+    }
+}
+
+/// [`field_error`] for a field of `dir/config.json`.
+pub fn bad_field(dir: &Path, field: &str, reason: impl Into<String>) -> Error {
+    field_error(&dir.join("config.json"), field, reason)
+}
+
+/// Errors naming the first of `fields` (name, value) of `dir/config.json` that is zero.
+pub fn check_positive(dir: &Path, fields: &[(&str, usize)]) -> Result<()> {
+    match fields.iter().find(|(_, v)| *v == 0) {
+        Some((field, _)) => Err(bad_field(dir, field, "must be at least 1")),
+        None => Ok(()),
+    }
+}
+
+/// Errors on `field` of `dir/config.json` unless `heads` (≥ 1) divides `width`, the
+/// value of `width_field` (the heads split the width evenly).
+pub fn check_heads(
+    dir: &Path,
+    field: &str,
+    heads: usize,
+    width_field: &str,
+    width: usize,
+) -> Result<()> {
+    if heads == 0 || !width.is_multiple_of(heads) {
+        return Err(bad_field(
+            dir,
+            field,
+            format!("{heads} heads must divide {width_field} = {width}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A size that `dir/config.json` may give under its own `name` or under `alias`
+/// (`n_embd` or `hidden_size`): the first present, which must be at least `min`.
+pub fn aliased_size(
+    dir: &Path,
+    (name, value): (&str, Option<usize>),
+    (alias, alias_value): (&str, Option<usize>),
+    min: usize,
+) -> Result<usize> {
+    match value.or(alias_value) {
+        Some(n) if n < min => Err(bad_field(dir, name, format!("must be at least {min}"))),
+        Some(n) => Ok(n),
+        None => Err(bad_field(
+            dir,
+            name,
+            format!("missing (nor is `{alias}` set)"),
+        )),
+    }
+}
+
+/// A norm's epsilon from `field` of `dir/config.json`: finite and ≥ 0.
+pub fn epsilon(dir: &Path, field: &str, value: f64) -> Result<f32> {
+    let eps = value as f32;
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(bad_field(
+            dir,
+            field,
+            format!("must be finite and ≥ 0, got {value}"),
+        ));
+    }
+    Ok(eps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_file_names_the_path_and_reports_the_os_error_once() {
+        let path = std::env::temp_dir().join(format!("qkv-no-such-{}.json", std::process::id()));
+        let err = read_text(&path).unwrap_err();
+        assert!(matches!(err, Error::Io { .. }), "{err:?}");
+        // The io::Error is in the message, not also the source(): a chain printer
+        // such as anyhow's `{:#}` would otherwise print the OS message twice.
+        assert!(std::error::Error::source(&err).is_none());
+        let msg = err.to_string();
+        assert!(msg.starts_with(&path.display().to_string()), "{msg}");
+        assert!(msg.len() > path.display().to_string().len() + 2, "{msg}");
+    }
+
+    #[test]
+    fn json_errors_name_file_and_field() {
+        #[derive(serde::Deserialize, Debug, Default)]
+        #[allow(dead_code)]
+        struct Needs {
+            size: usize,
+        }
+        let dir = std::env::temp_dir().join(format!("qkv-json-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("x.json");
+        std::fs::write(&path, "{}").unwrap();
+        let msg = read_json::<Needs>(&path).unwrap_err().to_string();
+        assert!(
+            msg.contains("x.json") && msg.contains("field `size`"),
+            "{msg}"
+        );
+        assert!(read_json_or_default::<Needs>(&dir.join("absent.json")).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

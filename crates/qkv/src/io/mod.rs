@@ -7,5 +7,8 @@ pub mod safetensors;
 
 pub use self::atomic::write_atomic;
 pub use self::checkpoint::Checkpoint;
-pub use self::config::{bad_field, read_config};
+pub use self::config::{
+    aliased_size, bad_field, check_heads, check_positive, epsilon, field_error, read_config,
+    read_json, read_json_or_default, read_text,
+};
 pub use self::safetensors::{save, TensorFile};

@@ -20,10 +20,7 @@ impl TensorFile {
     /// Reads and parses the header; a truncated or corrupt file is an error naming it.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let io_err = |source| Error::Io {
-            path: path.display().to_string(),
-            source,
-        };
+        let io_err = |e| Error::io(&path, e);
         let file = std::fs::File::open(&path).map_err(io_err)?;
         // SAFETY: the map is read-only; a file truncated or rewritten by another process
         // while mapped is outside what this library can defend against, as for any mmap.

@@ -83,3 +83,29 @@ pub(crate) fn real_positions(mask: &[bool], t: usize, start: &[usize]) -> Vec<us
     }
     out
 }
+
+/// The error for a real token at `position` in a model with `size` positions.
+pub(crate) fn too_long(position: usize, size: usize) -> Error {
+    Error::OutOfRange {
+        what: "position (sequence longer than the model's positions)".into(),
+        index: position,
+        size,
+    }
+}
+
+/// Fits positions (`[B·T]`, one per token of `mask`) to a table of `max` positions: a
+/// real token past the table is an error ([`too_long`]); padding, which may sit one
+/// past the last real token, is clamped to the last row (its output is never used).
+pub(crate) fn limit_positions(positions: &mut [usize], mask: &[bool], max: usize) -> Result<()> {
+    if let Some((&p, _)) = positions
+        .iter()
+        .zip(mask)
+        .find(|&(&p, &real)| real && p >= max)
+    {
+        return Err(too_long(p, max));
+    }
+    for p in positions.iter_mut() {
+        *p = (*p).min(max.saturating_sub(1));
+    }
+    Ok(())
+}

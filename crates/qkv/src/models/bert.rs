@@ -14,11 +14,12 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{Encoder, Model, ModelInfo, TokenBatch, Weights};
+use super::batch::too_long;
+use super::{architecture, ffn_label, Encoder, Model, ModelInfo, TokenBatch, Weights};
 use crate::attention::MultiHeadAttention;
 use crate::block::{AttendOpts, AttentionLayer};
 use crate::error::{Error, Result};
-use crate::io::{bad_field, read_config, Checkpoint};
+use crate::io::{bad_field, check_heads, check_positive, read_config, Checkpoint};
 use crate::layers::{Embedding, FeedForward, LayerNorm};
 use crate::ops::Activation;
 use crate::position::LearnedPositions;
@@ -78,18 +79,11 @@ impl BertLayer {
     /// x: [B, T, C] → [B, T, C].
     fn forward(&self, x: &Tensor, opts: &AttendOpts) -> Result<Tensor> {
         let mut h = self.attention.self_attention(x, opts, None)?;
-        add_into(&mut h, x);
+        h.add_assign(x);
         let x = self.attention_norm.forward(&h)?;
         let mut h = self.ffn.forward(&x)?;
-        add_into(&mut h, &x);
+        h.add_assign(&x);
         self.output_norm.forward(&h)
-    }
-}
-
-/// The residual connection: acc += x (same shapes).
-fn add_into(acc: &mut Tensor, x: &Tensor) {
-    for (a, b) in acc.data_mut().iter_mut().zip(x.data()) {
-        *a += b;
     }
 }
 
@@ -119,31 +113,17 @@ fn layer_norm(w: &Weights, name: &str, c: usize, eps: f32) -> Result<LayerNorm> 
     }
 }
 
-fn activation_label(act: Activation) -> &'static str {
-    match act {
-        Activation::Relu => "ReLU",
-        Activation::Gelu => "GELU (erf)",
-        Activation::GeluTanh => "GELU (tanh)",
-        Activation::Silu => "SiLU",
-    }
-}
-
 pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
     let cfg: BertConfig = read_config(dir)?;
     let (c, n_heads) = (cfg.hidden_size, cfg.num_attention_heads);
-    if n_heads == 0 || c % n_heads != 0 {
-        return Err(bad_field(
-            dir,
-            "num_attention_heads",
-            format!("{n_heads} heads must divide hidden_size {c}"),
-        ));
-    }
-    if cfg.max_position_embeddings == 0 {
-        return Err(bad_field(dir, "max_position_embeddings", "must be ≥ 1"));
-    }
-    if cfg.type_vocab_size == 0 {
-        return Err(bad_field(dir, "type_vocab_size", "must be ≥ 1"));
-    }
+    check_heads(dir, "num_attention_heads", n_heads, "hidden_size", c)?;
+    check_positive(
+        dir,
+        &[
+            ("max_position_embeddings", cfg.max_position_embeddings),
+            ("type_vocab_size", cfg.type_vocab_size),
+        ],
+    )?;
     match cfg.position_embedding_type.as_deref() {
         None | Some("absolute") => {}
         Some(other) => {
@@ -201,11 +181,7 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
 
     let info = ModelInfo {
         family: "bert".into(),
-        architecture: cfg
-            .architectures
-            .first()
-            .cloned()
-            .unwrap_or_else(|| "BertModel".into()),
+        architecture: architecture(&cfg.architectures, "BertModel"),
         layers: cfg.num_hidden_layers,
         decoder_layers: None,
         hidden: c,
@@ -217,7 +193,7 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
         max_positions: Some(cfg.max_position_embeddings),
         position: format!("learned absolute + {} token types", cfg.type_vocab_size),
         norm: format!("LayerNorm, post-norm, eps {:e}", cfg.layer_norm_eps),
-        ffn: activation_label(activation).into(),
+        ffn: ffn_label(activation, false),
     };
     Ok(Model::Encoder(Box::new(Bert {
         info,
@@ -283,14 +259,9 @@ impl Encoder for Bert {
         let (b, t) = (tokens.batch, tokens.len);
         tokens.check_vocab(self.info.vocab)?;
         let max = self.positions.max_positions();
+        // Positions are 0..T in every row, padding or not.
         if t > max {
-            return Err(Error::OutOfRange {
-                what:
-                    "position (sequence longer than the model's positions, max_position_embeddings)"
-                        .into(),
-                index: t - 1,
-                size: max,
-            });
+            return Err(too_long(t - 1, max));
         }
         let mut x = self
             .embed(tokens, token_types)?

@@ -13,44 +13,21 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{CausalLm, KvCache, LayerKv, Model, ModelInfo, SpecialTokens, TokenBatch, Weights};
+use super::head::{lm_logits, load_lm_head};
+use super::special::{special_tokens, TokenIds};
+use super::{
+    architecture, ffn_label, CausalLm, KvCache, LayerKv, Model, ModelInfo, SpecialTokens,
+    TokenBatch, Weights,
+};
 use crate::attention::Bias;
 use crate::block::{AttendOpts, AttentionLayer};
-use crate::error::{Error, Result};
-use crate::io::{bad_field, read_config, Checkpoint};
+use crate::error::Result;
+use crate::io::{aliased_size, check_heads, check_positive, epsilon, read_config, Checkpoint};
 use crate::layers::{Embedding, FeedForward, LayerNorm, Linear};
-use crate::ops::{gemm, Activation, MatMut, MatRef, Par};
+use crate::ops::Activation;
 use crate::position::alibi_slopes;
 use crate::tensor::Tensor;
 use crate::MultiHeadAttention;
-
-/// `eos_token_id` is one id or a list of them.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Ids {
-    One(usize),
-    Many(Vec<usize>),
-}
-
-impl Ids {
-    fn into_vec(self) -> Vec<usize> {
-        match self {
-            Ids::One(id) => vec![id],
-            Ids::Many(ids) => ids,
-        }
-    }
-}
-
-/// The special-token fields shared by config.json and generation_config.json.
-#[derive(Deserialize, Default)]
-struct TokenIds {
-    #[serde(default)]
-    eos_token_id: Option<Ids>,
-    #[serde(default)]
-    bos_token_id: Option<usize>,
-    #[serde(default)]
-    pad_token_id: Option<usize>,
-}
 
 /// Hugging Face `BloomConfig`. Released configs disagree on names (`bloom-560m` writes
 /// `hidden_size` and `n_head`, the 176B model `n_embed` and `num_attention_heads`), so
@@ -95,50 +72,27 @@ struct Dims {
 
 impl BloomConfig {
     fn validate(&self, dir: &Path) -> Result<Dims> {
-        let c = match self.hidden_size.or(self.n_embed) {
-            Some(0) => return Err(bad_field(dir, "hidden_size", "must be at least 1")),
-            Some(c) => c,
-            None => {
-                return Err(bad_field(
-                    dir,
-                    "hidden_size",
-                    "missing (nor is `n_embed` set)",
-                ))
-            }
-        };
-        let heads = match self.n_head.or(self.num_attention_heads) {
-            Some(0) => return Err(bad_field(dir, "n_head", "must be at least 1")),
-            Some(h) => h,
-            None => {
-                return Err(bad_field(
-                    dir,
-                    "n_head",
-                    "missing (nor is `num_attention_heads` set)",
-                ))
-            }
-        };
-        if c % heads != 0 {
-            return Err(bad_field(
-                dir,
-                "n_head",
-                format!("{heads} heads do not divide hidden_size = {c}"),
-            ));
-        }
-        let layers = self
-            .n_layer
-            .or(self.num_hidden_layers)
-            .ok_or_else(|| bad_field(dir, "n_layer", "missing (nor is `num_hidden_layers` set)"))?;
-        if self.vocab_size == 0 {
-            return Err(bad_field(dir, "vocab_size", "must be at least 1"));
-        }
-        let eps = self.layer_norm_epsilon as f32;
-        if !(eps.is_finite() && eps >= 0.0) {
-            return Err(bad_field(
-                dir,
-                "layer_norm_epsilon",
-                format!("must be finite and ≥ 0, got {}", self.layer_norm_epsilon),
-            ));
-        }
+        let c = aliased_size(
+            dir,
+            ("hidden_size", self.hidden_size),
+            ("n_embed", self.n_embed),
+            1,
+        )?;
+        let heads = aliased_size(
+            dir,
+            ("n_head", self.n_head),
+            ("num_attention_heads", self.num_attention_heads),
+            1,
+        )?;
+        check_heads(dir, "n_head", heads, "hidden_size", c)?;
+        let layers = aliased_size(
+            dir,
+            ("n_layer", self.n_layer),
+            ("num_hidden_layers", self.num_hidden_layers),
+            0,
+        )?;
+        check_positive(dir, &[("vocab_size", self.vocab_size)])?;
+        let eps = epsilon(dir, "layer_norm_epsilon", self.layer_norm_epsilon)?;
         Ok(Dims {
             c,
             layers,
@@ -149,38 +103,11 @@ impl BloomConfig {
     }
 }
 
-/// `eos`, `bos` and `pad` from config.json, each filled from generation_config.json
-/// (when the folder has one) where config.json leaves it unset.
-fn special_tokens(dir: &Path, config: TokenIds) -> Result<SpecialTokens> {
-    let path = dir.join("generation_config.json");
-    let generation: TokenIds = if path.is_file() {
-        let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        serde_json::from_str(&text).map_err(|e| Error::Config {
-            path: path.display().to_string(),
-            field: "eos_token_id / bos_token_id / pad_token_id".into(),
-            reason: e.to_string(),
-        })?
-    } else {
-        TokenIds::default()
-    };
-    Ok(SpecialTokens {
-        eos: config
-            .eos_token_id
-            .or(generation.eos_token_id)
-            .map_or_else(Vec::new, Ids::into_vec),
-        bos: config.bos_token_id.or(generation.bos_token_id),
-        pad: config.pad_token_id.or(generation.pad_token_id),
-        decoder_start: None,
-    })
-}
-
-/// One of Q (k = 0), K (1), V (2) out of the fused `query_key_value` weight [3C, C] and
-/// bias [3C]. Hugging Face's `_reshape` views the fused output as [.., H, 3, D] and takes
-/// `[..., k, :]`, so output row `(h·3 + k)·D + d` belongs to projection k, head h.
-/// Returns a Linear [H·D, C] whose rows are in the usual head-major order.
+/// One of Q (k = 0), K (1), V (2) out of the fused `query_key_value` weight `[3C, C]`
+/// and bias `[3C]`. Hugging Face's `_reshape` views the fused output as
+/// `[.., H, 3, D]` and takes `[..., k, :]`, so output row `(h·3 + k)·D + d` belongs to
+/// projection k, head h. Returns a Linear `[H·D, C]` whose rows are in the usual
+/// head-major order.
 fn split_fused(weight: &Tensor, bias: &Tensor, k: usize, heads: usize) -> Result<Linear> {
     let c = weight.shape()[1];
     let d = c / heads;
@@ -241,19 +168,12 @@ impl Block {
         let ln = self.input_layernorm.forward(&x)?;
         let a = self.attn.self_attention(&ln, opts, Some(kv))?;
         let mut h = if post_ln_residual { ln } else { x };
-        add_into(&mut h, &a);
+        h.add_assign(&a);
         let ln = self.post_attention_layernorm.forward(&h)?;
         let m = self.mlp.forward(&ln)?;
         let mut out = if post_ln_residual { ln } else { h };
-        add_into(&mut out, &m);
+        out.add_assign(&m);
         Ok(out)
-    }
-}
-
-/// x += y (a residual connection; both have the same shape by construction).
-fn add_into(x: &mut Tensor, y: &Tensor) {
-    for (a, b) in x.data_mut().iter_mut().zip(y.data()) {
-        *a += b;
     }
 }
 
@@ -269,7 +189,7 @@ pub struct Bloom {
     /// [V, C] for an untied head; `None` when tied to `word_embeddings`, whose table is
     /// then read in place rather than copied.
     lm_head: Option<Linear>,
-    /// [H] ALiBi slope per head
+    /// `[H]` ALiBi slope per head
     slopes: Vec<f32>,
     post_ln_residual: bool,
 }
@@ -286,21 +206,10 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
         .map(|l| Block::load(&w, l, &d))
         .collect::<Result<Vec<_>>>()?;
     let ln_f = w.layer_norm("ln_f", d.c, d.eps)?;
-    let lm_head = if cfg.tie_word_embeddings {
-        None
-    } else {
-        Some(Linear::new(
-            ckpt.tensor_shaped("lm_head.weight", &[d.vocab, d.c])?,
-            None,
-        )?)
-    };
+    let lm_head = load_lm_head(ckpt, cfg.tie_word_embeddings, d.vocab, d.c)?;
     let info = ModelInfo {
         family: "bloom".into(),
-        architecture: cfg
-            .architectures
-            .first()
-            .cloned()
-            .unwrap_or_else(|| "BloomForCausalLM".into()),
+        architecture: architecture(&cfg.architectures, "BloomForCausalLM"),
         layers: d.layers,
         decoder_layers: None,
         hidden: d.c,
@@ -320,7 +229,7 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
             },
             d.eps
         ),
-        ffn: "GELU (tanh approximation)".into(),
+        ffn: ffn_label(Activation::GeluTanh, false),
     };
     let special = special_tokens(dir, cfg.tokens)?;
     Ok(Model::Causal(Box::new(Bloom {
@@ -336,31 +245,6 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
     })))
 }
 
-impl Bloom {
-    /// h: [B, T, C] → logits [B, T, V].
-    fn logits(&self, h: &Tensor) -> Result<Tensor> {
-        if let Some(head) = &self.lm_head {
-            return head.forward(h);
-        }
-        let table = &self.word_embeddings.table;
-        let (v, c) = (table.shape()[0], table.shape()[1]);
-        let rows = h.numel() / c;
-        let mut shape = h.shape().to_vec();
-        *shape.last_mut().expect("[B, T, C]") = v;
-        let mut out = Tensor::zeros(&shape);
-        // logits = h · tableᵀ, reading the [V, C] table transposed in place.
-        gemm(
-            MatMut::row_major(out.data_mut(), rows, v),
-            MatRef::row_major(h.data(), rows, c),
-            MatRef::row_major(table.data(), v, c).t(),
-            1.0,
-            false,
-            Par::Auto,
-        );
-        Ok(out)
-    }
-}
-
 impl CausalLm for Bloom {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -370,27 +254,13 @@ impl CausalLm for Bloom {
         &self.special
     }
 
-    fn new_cache(&self, batch: usize) -> KvCache {
-        let hd = self.info.head_dim;
-        KvCache::new(self.blocks.len(), batch, self.info.heads, hd, hd)
-    }
-
     /// tokens: [B, T] → logits [B, T, V], appending to `cache`. No length limit: ALiBi
     /// has no table of positions to run out of.
     fn forward_cached(&self, tokens: &TokenBatch, cache: &mut KvCache) -> Result<Tensor> {
         tokens.check_vocab(self.info.vocab)?;
-        if cache.layers.len() != self.blocks.len() {
-            return Err(Error::invalid(
-                "kv cache",
-                format!(
-                    "has {} layers, the model {}",
-                    cache.layers.len(),
-                    self.blocks.len()
-                ),
-            ));
-        }
+        cache.check_layers(self.blocks.len())?;
         let (b, t, c) = (tokens.batch, tokens.len, self.info.hidden);
-        let step = cache.begin_step(&tokens.mask, t)?;
+        let step = cache.begin_step(&tokens.mask, t, None)?;
         let x = self.word_embeddings.forward(&tokens.ids)?;
         let mut x = self
             .word_embeddings_layernorm
@@ -418,6 +288,7 @@ impl CausalLm for Bloom {
         for (block, kv) in self.blocks.iter().zip(cache.layers.iter_mut()) {
             x = block.forward(x, &opts, kv, self.post_ln_residual)?;
         }
-        self.logits(&self.ln_f.forward(&x)?)
+        let h = self.ln_f.forward(&x)?;
+        lm_logits(&h, self.lm_head.as_ref(), &self.word_embeddings.table, 1.0)
     }
 }

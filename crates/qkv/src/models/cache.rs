@@ -3,7 +3,7 @@
 //! a step copies only its own new rows (the whole cache moves only on the rare growth).
 //! Attention reads the first `len` positions in place through [`HeadsView`].
 
-use super::batch::real_positions;
+use super::batch::{limit_positions, real_positions};
 use crate::attention::HeadsView;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -105,7 +105,7 @@ impl LayerKv {
 pub struct KvCache {
     pub layers: Vec<LayerKv>,
     batch: usize,
-    /// [B][len]: `true` where the cached position holds a real token
+    /// `[B][len]`: `true` where the cached position holds a real token
     real: Vec<Vec<bool>>,
 }
 
@@ -144,9 +144,37 @@ impl KvCache {
         self.len() == 0
     }
 
+    /// Errors unless the cache has one [`LayerKv`] per layer of a model with `layers`
+    /// layers (a cache made by another model).
+    pub fn check_layers(&self, layers: usize) -> Result<()> {
+        if self.layers.len() != layers {
+            return Err(Error::invalid(
+                "kv cache",
+                format!("has {} layers, the model {layers}", self.layers.len()),
+            ));
+        }
+        Ok(())
+    }
+
     /// Records new tokens' mask (`[B, T]`) and returns their positions and the key
     /// padding the layers use for this step. Layers then append their K/V.
-    pub fn begin_step(&mut self, mask: &[bool], t: usize) -> Result<Step> {
+    ///
+    /// With `max_positions` (a model with a table of positions), every real token must
+    /// fall inside it, else the step is rejected with [`Error::OutOfRange`]; padding
+    /// positions are clamped into it, so all of [`Step::positions`] index the table. A
+    /// rejected step changes nothing: the cache stays usable.
+    pub fn begin_step(
+        &mut self,
+        mask: &[bool],
+        t: usize,
+        max_positions: Option<usize>,
+    ) -> Result<Step> {
+        if t == 0 {
+            return Err(Error::invalid(
+                "attention_mask",
+                "a step needs at least one new token",
+            ));
+        }
         if mask.len() != self.batch * t {
             return Err(Error::Shape {
                 tensor: "attention_mask".into(),
@@ -160,7 +188,11 @@ impl KvCache {
             .iter()
             .map(|row| row.iter().filter(|&&r| r).count())
             .collect();
-        let positions = real_positions(mask, t, &starts);
+        let mut positions = real_positions(mask, t, &starts);
+        if let Some(max) = max_positions {
+            limit_positions(&mut positions, mask, max)?;
+        }
+        // Only now, with every check passed, does the cache change.
         for (row, new) in self.real.iter_mut().zip(mask.chunks_exact(t)) {
             row.extend_from_slice(new);
         }
@@ -170,5 +202,65 @@ impl KvCache {
             key_padding,
             past,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rejected_step_leaves_the_cache_usable() {
+        // batch 2, a table of 4 positions; row 1 is left-padded.
+        let mut cache = KvCache::new(1, 2, 1, 2, 2);
+        let mask = [true, true, true, false, true, true];
+        let step = cache.begin_step(&mask, 3, Some(4)).unwrap();
+        assert_eq!(step.positions, [0, 1, 2, 0, 0, 1]);
+        assert_eq!(cache.len(), 3);
+
+        // Two more real tokens in row 0 would reach position 4: rejected, nothing kept.
+        let err = cache
+            .begin_step(&[true, true, true, true], 2, Some(4))
+            .unwrap_err();
+        match &err {
+            Error::OutOfRange { index, size, what } => {
+                assert_eq!((*index, *size), (4, 4));
+                assert!(what.contains("sequence longer"), "{what}");
+            }
+            other => panic!("expected OutOfRange, got {other:?}"),
+        }
+        // A mask of the wrong size is rejected the same way.
+        assert!(cache.begin_step(&[true; 3], 2, Some(4)).is_err());
+        assert!(cache.begin_step(&[], 0, None).is_err());
+        assert_eq!(cache.len(), 3);
+
+        // The cache goes on as if the bad steps never happened. Padding may sit one
+        // past the last real token; it is clamped into the table, not rejected.
+        let step = cache.begin_step(&[true, false], 1, Some(4)).unwrap();
+        assert_eq!(step.past, 3);
+        assert_eq!(step.positions, [3, 2]);
+        assert_eq!(
+            step.key_padding,
+            [true, true, true, true, false, true, true, false]
+        );
+        let step = cache.begin_step(&[false, true], 1, Some(4)).unwrap();
+        assert_eq!(step.positions, [3, 2]);
+        assert_eq!(cache.len(), 5);
+    }
+
+    #[test]
+    fn without_a_limit_positions_grow_freely() {
+        let mut cache = KvCache::new(1, 1, 1, 2, 2);
+        cache.begin_step(&[true; 5], 5, None).unwrap();
+        let step = cache.begin_step(&[true], 1, None).unwrap();
+        assert_eq!(step.positions, [5]);
+    }
+
+    #[test]
+    fn a_cache_from_another_model_is_named() {
+        let cache = KvCache::new(2, 1, 1, 2, 2);
+        assert!(cache.check_layers(2).is_ok());
+        let msg = cache.check_layers(3).unwrap_err().to_string();
+        assert!(msg.contains("kv cache"), "{msg}");
     }
 }

@@ -17,43 +17,22 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{CausalLm, KvCache, LayerKv, Model, ModelInfo, SpecialTokens, TokenBatch, Weights};
+use super::head::{lm_logits, load_lm_head};
+use super::special::{special_tokens, TokenIds};
+use super::{
+    architecture, ffn_label, CausalLm, KvCache, LayerKv, Model, ModelInfo, SpecialTokens,
+    TokenBatch, Weights,
+};
 use crate::block::{AttendOpts, AttentionLayer};
-use crate::error::{Error, Result};
-use crate::io::{bad_field, read_config, Checkpoint};
+use crate::error::Result;
+use crate::io::{
+    aliased_size, bad_field, check_heads, check_positive, epsilon, read_config, Checkpoint,
+};
 use crate::layers::{Embedding, FeedForward, LayerNorm, Linear};
-use crate::ops::{gemm, Activation, MatMut, MatRef, Par};
+use crate::ops::Activation;
 use crate::position::LearnedPositions;
 use crate::tensor::Tensor;
 use crate::MultiHeadAttention;
-
-/// `eos_token_id` is one id or a list of them.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Ids {
-    One(usize),
-    Many(Vec<usize>),
-}
-
-impl Ids {
-    fn into_vec(self) -> Vec<usize> {
-        match self {
-            Ids::One(id) => vec![id],
-            Ids::Many(ids) => ids,
-        }
-    }
-}
-
-/// The special-token fields shared by config.json and generation_config.json.
-#[derive(Deserialize, Default)]
-struct TokenIds {
-    #[serde(default)]
-    eos_token_id: Option<Ids>,
-    #[serde(default)]
-    bos_token_id: Option<usize>,
-    #[serde(default)]
-    pad_token_id: Option<usize>,
-}
 
 /// Hugging Face `GPT2Config`. Sizes are required; the alternative names are those of
 /// `attribute_map` (`hidden_size` → `n_embd`, …), which some tools write instead.
@@ -102,19 +81,6 @@ fn yes() -> bool {
     true
 }
 
-/// A required size under its GPT-2 name or its alias; zero is rejected.
-fn size(dir: &Path, name: &str, alias: &str, v: Option<usize>, w: Option<usize>) -> Result<usize> {
-    match v.or(w) {
-        Some(0) => Err(bad_field(dir, name, "must be at least 1")),
-        Some(n) => Ok(n),
-        None => Err(bad_field(
-            dir,
-            name,
-            format!("missing (nor is `{alias}` set)"),
-        )),
-    }
-}
-
 /// Runtime sizes, validated.
 struct Dims {
     c: usize,
@@ -129,47 +95,34 @@ struct Dims {
 
 impl Gpt2Config {
     fn validate(&self, dir: &Path) -> Result<Dims> {
-        let c = size(dir, "n_embd", "hidden_size", self.n_embd, self.hidden_size)?;
-        let heads = size(
+        let c = aliased_size(
             dir,
-            "n_head",
-            "num_attention_heads",
-            self.n_head,
-            self.num_attention_heads,
+            ("n_embd", self.n_embd),
+            ("hidden_size", self.hidden_size),
+            1,
         )?;
-        if c % heads != 0 {
-            return Err(bad_field(
-                dir,
-                "n_head",
-                format!("{heads} heads do not divide n_embd = {c}"),
-            ));
-        }
-        let layers = self
-            .n_layer
-            .or(self.num_hidden_layers)
-            .ok_or_else(|| bad_field(dir, "n_layer", "missing (nor is `num_hidden_layers` set)"))?;
-        let positions = size(
+        let heads = aliased_size(
             dir,
-            "n_positions",
-            "max_position_embeddings",
-            self.n_positions,
-            self.max_position_embeddings,
+            ("n_head", self.n_head),
+            ("num_attention_heads", self.num_attention_heads),
+            1,
         )?;
-        if self.vocab_size == 0 {
-            return Err(bad_field(dir, "vocab_size", "must be at least 1"));
-        }
+        check_heads(dir, "n_head", heads, "n_embd", c)?;
+        let layers = aliased_size(
+            dir,
+            ("n_layer", self.n_layer),
+            ("num_hidden_layers", self.num_hidden_layers),
+            0,
+        )?;
+        let positions = aliased_size(
+            dir,
+            ("n_positions", self.n_positions),
+            ("max_position_embeddings", self.max_position_embeddings),
+            1,
+        )?;
         let ffn = self.n_inner.unwrap_or(4 * c);
-        if ffn == 0 {
-            return Err(bad_field(dir, "n_inner", "must be at least 1"));
-        }
-        let eps = self.layer_norm_epsilon as f32;
-        if !(eps.is_finite() && eps >= 0.0) {
-            return Err(bad_field(
-                dir,
-                "layer_norm_epsilon",
-                format!("must be finite and ≥ 0, got {}", self.layer_norm_epsilon),
-            ));
-        }
+        check_positive(dir, &[("vocab_size", self.vocab_size), ("n_inner", ffn)])?;
+        let eps = epsilon(dir, "layer_norm_epsilon", self.layer_norm_epsilon)?;
         let act = Activation::from_hf_name(&self.activation_function)
             .map_err(|e| bad_field(dir, "activation_function", e.to_string()))?;
         Ok(Dims {
@@ -185,34 +138,6 @@ impl Gpt2Config {
     }
 }
 
-/// `eos`, `bos` and `pad` from config.json, each filled from generation_config.json
-/// (when the folder has one) where config.json leaves it unset.
-fn special_tokens(dir: &Path, config: TokenIds) -> Result<SpecialTokens> {
-    let path = dir.join("generation_config.json");
-    let generation: TokenIds = if path.is_file() {
-        let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        serde_json::from_str(&text).map_err(|e| Error::Config {
-            path: path.display().to_string(),
-            field: "eos_token_id / bos_token_id / pad_token_id".into(),
-            reason: e.to_string(),
-        })?
-    } else {
-        TokenIds::default()
-    };
-    Ok(SpecialTokens {
-        eos: config
-            .eos_token_id
-            .or(generation.eos_token_id)
-            .map_or_else(Vec::new, Ids::into_vec),
-        bos: config.bos_token_id.or(generation.bos_token_id),
-        pad: config.pad_token_id.or(generation.pad_token_id),
-        decoder_start: None,
-    })
-}
-
 /// Columns `[col0, col0 + n)` of a Conv1D weight `w`: [in, out_total], transposed into
 /// an nn.Linear weight [n, in].
 fn conv1d_columns(w: &Tensor, col0: usize, n: usize) -> Tensor {
@@ -224,7 +149,7 @@ fn conv1d_columns(w: &Tensor, col0: usize, n: usize) -> Tensor {
     })
 }
 
-/// Conv1D `{name}.weight` [inp, out] and `{name}.bias` [out] as a Linear [out, inp].
+/// Conv1D `{name}.weight` `[inp, out]` and `{name}.bias` `[out]` as a Linear `[out, inp]`.
 fn conv1d(w: &Weights, name: &str, inp: usize, out: usize) -> Result<Linear> {
     let weight = w.tensor(&format!("{name}.weight"), &[inp, out])?;
     let bias = w.tensor(&format!("{name}.bias"), &[out])?;
@@ -296,17 +221,10 @@ impl Block {
         let a = self
             .attn
             .self_attention(&self.ln_1.forward(&x)?, &opts, Some(kv))?;
-        add_into(&mut x, &a);
+        x.add_assign(&a);
         let m = self.mlp.forward(&self.ln_2.forward(&x)?)?;
-        add_into(&mut x, &m);
+        x.add_assign(&m);
         Ok(x)
-    }
-}
-
-/// x += y (a residual connection; both have the same shape by construction).
-fn add_into(x: &mut Tensor, y: &Tensor) {
-    for (a, b) in x.data_mut().iter_mut().zip(y.data()) {
-        *a += b;
     }
 }
 
@@ -325,15 +243,6 @@ pub struct Gpt2 {
     lm_head: Option<Linear>,
 }
 
-fn describe(act: Activation) -> &'static str {
-    match act {
-        Activation::Relu => "ReLU",
-        Activation::Gelu => "GELU (erf)",
-        Activation::GeluTanh => "GELU (tanh approximation)",
-        Activation::Silu => "SiLU",
-    }
-}
-
 /// Loads a `GPT2LMHeadModel` or `GPT2Model` folder.
 pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
     let cfg: Gpt2Config = read_config(dir)?;
@@ -345,22 +254,10 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
         .map(|l| Block::load(&w, l, &d, &cfg))
         .collect::<Result<Vec<_>>>()?;
     let ln_f = w.layer_norm("ln_f", d.c, d.eps)?;
-    // The head sits outside the `transformer.` prefix.
-    let lm_head = if cfg.tie_word_embeddings {
-        None
-    } else {
-        Some(Linear::new(
-            ckpt.tensor_shaped("lm_head.weight", &[d.vocab, d.c])?,
-            None,
-        )?)
-    };
+    let lm_head = load_lm_head(ckpt, cfg.tie_word_embeddings, d.vocab, d.c)?;
     let info = ModelInfo {
         family: "gpt2".into(),
-        architecture: cfg
-            .architectures
-            .first()
-            .cloned()
-            .unwrap_or_else(|| "GPT2LMHeadModel".into()),
+        architecture: architecture(&cfg.architectures, "GPT2LMHeadModel"),
         layers: d.layers,
         decoder_layers: None,
         hidden: d.c,
@@ -372,7 +269,7 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
         max_positions: Some(d.positions),
         position: "learned absolute".into(),
         norm: format!("LayerNorm, pre-norm, eps {:e}", d.eps),
-        ffn: describe(d.act).into(),
+        ffn: ffn_label(d.act, false),
     };
     let special = special_tokens(dir, cfg.tokens)?;
     Ok(Model::Causal(Box::new(Gpt2 {
@@ -386,51 +283,6 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
     })))
 }
 
-impl Gpt2 {
-    /// Position ids for `wpe`: real tokens must fit the table ("sequence longer than
-    /// the model's positions"); padding may sit one past the last real token, so it
-    /// is clamped (its output is never used).
-    fn checked_positions(&self, positions: &[usize], mask: &[bool]) -> Result<Vec<usize>> {
-        let max = self.wpe.max_positions();
-        positions
-            .iter()
-            .zip(mask)
-            .map(|(&p, &real)| match (real, p < max) {
-                (_, true) => Ok(p),
-                (false, false) => Ok(max - 1),
-                (true, false) => Err(Error::OutOfRange {
-                    what: "position (sequence longer than the model's positions, n_positions)"
-                        .into(),
-                    index: p,
-                    size: max,
-                }),
-            })
-            .collect()
-    }
-
-    /// h: [B, T, C] → logits [B, T, V].
-    fn logits(&self, h: &Tensor) -> Result<Tensor> {
-        if let Some(head) = &self.lm_head {
-            return head.forward(h);
-        }
-        let (c, v) = (self.wte.dim(), self.wte.vocab_size());
-        let rows = h.numel() / c;
-        let mut shape = h.shape().to_vec();
-        *shape.last_mut().expect("[B, T, C]") = v;
-        let mut out = Tensor::zeros(&shape);
-        // logits = h · wteᵀ, reading the [V, C] table transposed in place.
-        gemm(
-            MatMut::row_major(out.data_mut(), rows, v),
-            MatRef::row_major(h.data(), rows, c),
-            MatRef::row_major(self.wte.table.data(), v, c).t(),
-            1.0,
-            false,
-            Par::Auto,
-        );
-        Ok(out)
-    }
-}
-
 impl CausalLm for Gpt2 {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -440,29 +292,15 @@ impl CausalLm for Gpt2 {
         &self.special
     }
 
-    fn new_cache(&self, batch: usize) -> KvCache {
-        let hd = self.info.head_dim;
-        KvCache::new(self.blocks.len(), batch, self.info.heads, hd, hd)
-    }
-
     /// tokens: [B, T] → logits [B, T, V], appending to `cache`.
     fn forward_cached(&self, tokens: &TokenBatch, cache: &mut KvCache) -> Result<Tensor> {
         tokens.check_vocab(self.info.vocab)?;
-        if cache.layers.len() != self.blocks.len() {
-            return Err(Error::invalid(
-                "kv cache",
-                format!(
-                    "has {} layers, the model {}",
-                    cache.layers.len(),
-                    self.blocks.len()
-                ),
-            ));
-        }
+        cache.check_layers(self.blocks.len())?;
         let (b, t, c) = (tokens.batch, tokens.len, self.info.hidden);
-        let step = cache.begin_step(&tokens.mask, t)?;
-        let positions = self.checked_positions(&step.positions, &tokens.mask)?;
+        // Real tokens must fit `wpe`; padding positions come back clamped into it.
+        let step = cache.begin_step(&tokens.mask, t, Some(self.wpe.max_positions()))?;
         let mut x = self.wte.forward(&tokens.ids)?;
-        self.wpe.add_to(&mut x, &positions)?;
+        self.wpe.add_to(&mut x, &step.positions)?;
         let mut x = x.reshape(&[b, t, c])?;
         let opts = AttendOpts {
             positions: &step.positions,
@@ -473,6 +311,7 @@ impl CausalLm for Gpt2 {
         for (block, kv) in self.blocks.iter().zip(cache.layers.iter_mut()) {
             x = block.forward(x, &opts, kv)?;
         }
-        self.logits(&self.ln_f.forward(&x)?)
+        let h = self.ln_f.forward(&x)?;
+        lm_logits(&h, self.lm_head.as_ref(), &self.wte.table, 1.0)
     }
 }

@@ -20,13 +20,15 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{CausalLm, KvCache, Model, ModelInfo, SpecialTokens, TokenBatch, Weights};
+use super::head::{lm_logits, load_lm_head};
+use super::special::{special_tokens, TokenIds};
+use super::{ffn_label, CausalLm, KvCache, Model, ModelInfo, SpecialTokens, TokenBatch, Weights};
 use crate::attention::MultiHeadAttention;
 use crate::block::{AttendOpts, AttentionLayer};
 use crate::error::{Error, Result};
-use crate::io::{bad_field, read_config, Checkpoint};
+use crate::io::{bad_field, check_positive, epsilon, read_config, Checkpoint};
 use crate::layers::{Embedding, FeedForward, Linear, RmsNorm};
-use crate::ops::{gemm, Activation, MatMut, MatRef, Par};
+use crate::ops::Activation;
 use crate::position::{Rope, RopeLayout};
 use crate::tensor::Tensor;
 
@@ -75,12 +77,8 @@ struct LlamaConfig {
     /// Mistral: query position p sees key j only when p − j < sliding_window.
     #[serde(default)]
     sliding_window: Option<usize>,
-    #[serde(default)]
-    eos_token_id: Option<TokenIds>,
-    #[serde(default)]
-    bos_token_id: Option<TokenIds>,
-    #[serde(default)]
-    pad_token_id: Option<TokenIds>,
+    #[serde(flatten)]
+    tokens: TokenIds,
 }
 
 fn default_rms_norm_eps() -> f64 {
@@ -104,58 +102,6 @@ struct RopeConfig {
     rope_theta: Option<f64>,
     #[serde(default)]
     factor: Option<f64>,
-}
-
-/// A token id field: one id, a list (several EOS ids), or negative for "none" (some
-/// converted Llama configs write `pad_token_id: -1`).
-#[derive(Clone, Deserialize)]
-#[serde(untagged)]
-enum TokenIds {
-    One(i64),
-    Many(Vec<i64>),
-}
-
-impl TokenIds {
-    fn ids(&self) -> Vec<usize> {
-        let all = match self {
-            TokenIds::One(id) => std::slice::from_ref(id),
-            TokenIds::Many(ids) => ids.as_slice(),
-        };
-        all.iter()
-            .filter_map(|&id| usize::try_from(id).ok())
-            .collect()
-    }
-
-    fn first(&self) -> Option<usize> {
-        self.ids().first().copied()
-    }
-}
-
-/// The special ids of `generation_config.json`, used where config.json lacks them.
-#[derive(Default, Deserialize)]
-struct GenerationConfig {
-    #[serde(default)]
-    eos_token_id: Option<TokenIds>,
-    #[serde(default)]
-    bos_token_id: Option<TokenIds>,
-    #[serde(default)]
-    pad_token_id: Option<TokenIds>,
-}
-
-fn read_generation_config(dir: &Path) -> Result<GenerationConfig> {
-    let path = dir.join("generation_config.json");
-    if !path.is_file() {
-        return Ok(GenerationConfig::default());
-    }
-    let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    serde_json::from_str(&text).map_err(|e| Error::Config {
-        path: path.display().to_string(),
-        field: "(special token ids)".into(),
-        reason: e.to_string(),
-    })
 }
 
 /// How RoPE's frequencies are scaled.
@@ -221,20 +167,19 @@ struct Dims {
     head_dim: usize,
     ffn: usize,
     vocab: usize,
+    eps: f32,
 }
 
 fn validate(cfg: &LlamaConfig, dir: &Path) -> Result<Dims> {
-    let positive = [
-        ("vocab_size", cfg.vocab_size),
-        ("hidden_size", cfg.hidden_size),
-        ("intermediate_size", cfg.intermediate_size),
-        ("num_attention_heads", cfg.num_attention_heads),
-    ];
-    for (field, value) in positive {
-        if value == 0 {
-            return Err(bad_field(dir, field, "must be at least 1"));
-        }
-    }
+    check_positive(
+        dir,
+        &[
+            ("vocab_size", cfg.vocab_size),
+            ("hidden_size", cfg.hidden_size),
+            ("intermediate_size", cfg.intermediate_size),
+            ("num_attention_heads", cfg.num_attention_heads),
+        ],
+    )?;
     let heads = cfg.num_attention_heads;
     let kv_heads = cfg.num_key_value_heads.unwrap_or(heads);
     if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
@@ -266,13 +211,7 @@ fn validate(cfg: &LlamaConfig, dir: &Path) -> Result<Dims> {
             format!("RoPE needs an even, non-zero head width, got {head_dim}"),
         ));
     }
-    if !(cfg.rms_norm_eps.is_finite() && cfg.rms_norm_eps >= 0.0) {
-        return Err(bad_field(
-            dir,
-            "rms_norm_eps",
-            format!("must be finite and ≥ 0, got {}", cfg.rms_norm_eps),
-        ));
-    }
+    let eps = epsilon(dir, "rms_norm_eps", cfg.rms_norm_eps)?;
     if cfg.sliding_window == Some(0) {
         return Err(bad_field(dir, "sliding_window", "must be at least 1"));
     }
@@ -283,6 +222,7 @@ fn validate(cfg: &LlamaConfig, dir: &Path) -> Result<Dims> {
         head_dim,
         ffn: cfg.intermediate_size,
         vocab: cfg.vocab_size,
+        eps,
     })
 }
 
@@ -342,7 +282,7 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
     let layers = (0..cfg.num_hidden_layers)
         .map(|l| {
             let p = format!("layers.{l}");
-            let eps = cfg.rms_norm_eps as f32;
+            let eps = dims.eps;
             let bias = cfg.attention_bias;
             let mha = MultiHeadAttention::new(
                 w.linear(&format!("{p}.self_attn.q_proj"), h * d, c, bias)?,
@@ -373,27 +313,12 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let norm = w.rms_norm("norm", c, cfg.rms_norm_eps as f32)?;
-    // lm_head sits outside the `model.` prefix. A tied checkpoint stores no lm_head;
-    // an untied one without it can only mean the embedding table is the head.
-    let lm_head = if cfg.tie_word_embeddings || !ckpt.has("lm_head.weight") {
-        None
-    } else {
-        Some(Linear::new(
-            ckpt.tensor_shaped("lm_head.weight", &[dims.vocab, c])?,
-            None,
-        )?)
-    };
-
-    let generation = read_generation_config(dir)?;
-    let pick =
-        |own: &Option<TokenIds>, fallback: &Option<TokenIds>| own.clone().or(fallback.clone());
-    let special = SpecialTokens {
-        eos: pick(&cfg.eos_token_id, &generation.eos_token_id).map_or_else(Vec::new, |t| t.ids()),
-        bos: pick(&cfg.bos_token_id, &generation.bos_token_id).and_then(|t| t.first()),
-        pad: pick(&cfg.pad_token_id, &generation.pad_token_id).and_then(|t| t.first()),
-        decoder_start: None,
-    };
+    let norm = w.rms_norm("norm", c, dims.eps)?;
+    // A tied checkpoint stores no lm_head; an untied one without it can only mean the
+    // embedding table is the head.
+    let tied = cfg.tie_word_embeddings || !ckpt.has("lm_head.weight");
+    let lm_head = load_lm_head(ckpt, tied, dims.vocab, c)?;
+    let special = special_tokens(dir, cfg.tokens)?;
 
     let mut position = format!("RoPE (half-split, θ={theta})");
     if let RopeScaling::Linear(factor) = scaling {
@@ -416,11 +341,7 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
         max_positions: cfg.max_position_embeddings,
         position,
         norm: format!("RMSNorm, pre-norm, eps {}", cfg.rms_norm_eps),
-        ffn: if activation == Activation::Silu {
-            "SwiGLU".into()
-        } else {
-            format!("gated {}", cfg.hidden_act)
-        },
+        ffn: ffn_label(activation, true),
     };
     Ok(Model::Causal(Box::new(Llama {
         info,
@@ -433,37 +354,6 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
     })))
 }
 
-/// x += y, elementwise (the residual connections).
-fn add_assign(x: &mut Tensor, y: &Tensor) {
-    for (a, b) in x.data_mut().iter_mut().zip(y.data()) {
-        *a += b;
-    }
-}
-
-impl Llama {
-    /// x: [B, T, C] → logits [B, T, V] through `lm_head` or the tied embedding table.
-    fn logits(&self, x: &Tensor) -> Result<Tensor> {
-        if let Some(head) = &self.lm_head {
-            return head.forward(x);
-        }
-        // Tied: logits = x·Eᵀ read from the one stored table instead of a second copy.
-        let (c, v) = (self.embed.dim(), self.embed.vocab_size());
-        let rows = x.numel() / c;
-        let mut shape = x.shape().to_vec();
-        *shape.last_mut().expect("x is [B, T, C]") = v;
-        let mut y = Tensor::zeros(&shape);
-        gemm(
-            MatMut::row_major(y.data_mut(), rows, v),
-            MatRef::row_major(x.data(), rows, c),
-            MatRef::row_major(self.embed.table.data(), v, c).t(),
-            1.0,
-            false,
-            Par::Auto,
-        );
-        Ok(y)
-    }
-}
-
 impl CausalLm for Llama {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -473,30 +363,14 @@ impl CausalLm for Llama {
         &self.special
     }
 
-    fn new_cache(&self, batch: usize) -> KvCache {
-        let d = self.info.head_dim;
-        KvCache::new(self.layers.len(), batch, self.info.kv_heads, d, d)
-    }
-
     /// tokens: [B, T] → logits [B, T, V]. Positions are counted over real tokens, so a
     /// left-padded row is computed as if alone. `max_position_embeddings` is not a
     /// limit: RoPE extends to any position, and transformers does not reject longer
     /// inputs either (quality beyond the trained length is the user's concern).
     fn forward_cached(&self, tokens: &TokenBatch, cache: &mut KvCache) -> Result<Tensor> {
         tokens.check_vocab(self.info.vocab)?;
-        if cache.layers.len() != self.layers.len() || cache.batch() != tokens.batch {
-            return Err(Error::invalid(
-                "kv cache",
-                format!(
-                    "made for {} layers and batch {}, but the model has {} layers and the input batch {}",
-                    cache.layers.len(),
-                    cache.batch(),
-                    self.layers.len(),
-                    tokens.batch
-                ),
-            ));
-        }
-        let step = cache.begin_step(&tokens.mask, tokens.len)?;
+        cache.check_layers(self.layers.len())?;
+        let step = cache.begin_step(&tokens.mask, tokens.len, None)?;
         let (b, t, c) = (tokens.batch, tokens.len, self.info.hidden);
         let mut x = self.embed.forward(&tokens.ids)?.reshape(&[b, t, c])?;
         let opts = AttendOpts {
@@ -509,11 +383,12 @@ impl CausalLm for Llama {
         for (layer, kv) in self.layers.iter().zip(cache.layers.iter_mut()) {
             let h = layer.input_norm.forward(&x)?;
             let a = layer.attn.self_attention(&h, &opts, Some(kv))?;
-            add_assign(&mut x, &a);
+            x.add_assign(&a);
             let h = layer.post_attention_norm.forward(&x)?;
             let m = layer.mlp.forward(&h)?;
-            add_assign(&mut x, &m);
+            x.add_assign(&m);
         }
-        self.logits(&self.norm.forward(&x)?)
+        let h = self.norm.forward(&x)?;
+        lm_logits(&h, self.lm_head.as_ref(), &self.embed.table, 1.0)
     }
 }

@@ -20,45 +20,21 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{Encoded, KvCache, Model, ModelInfo, Seq2SeqLm, SpecialTokens, TokenBatch, Weights};
+use super::batch::limit_positions;
+use super::head::{lm_logits, load_lm_head};
+use super::special::{special_tokens, Ids, TokenIds};
+use super::{
+    architecture, ffn_label, Encoded, KvCache, Model, ModelInfo, Seq2SeqLm, SpecialTokens,
+    TokenBatch, Weights,
+};
 use crate::block::{AttendOpts, AttentionLayer};
-use crate::error::{Error, Result};
-use crate::io::{bad_field, read_config, Checkpoint};
+use crate::error::Result;
+use crate::io::{bad_field, check_heads, check_positive, read_config, Checkpoint};
 use crate::layers::{Embedding, FeedForward, LayerNorm, Linear};
-use crate::ops::{gemm, Activation, MatMut, MatRef, Par};
+use crate::ops::Activation;
 use crate::position::{sinusoidal_table, SinusoidalLayout};
 use crate::tensor::Tensor;
 use crate::MultiHeadAttention;
-
-/// `eos_token_id` is one id or a list of them.
-#[derive(Clone, Deserialize)]
-#[serde(untagged)]
-enum Ids {
-    One(usize),
-    Many(Vec<usize>),
-}
-
-impl Ids {
-    fn into_vec(self) -> Vec<usize> {
-        match self {
-            Ids::One(id) => vec![id],
-            Ids::Many(ids) => ids,
-        }
-    }
-}
-
-/// The special-token fields of generation_config.json.
-#[derive(Deserialize, Default)]
-struct GenerationIds {
-    #[serde(default)]
-    eos_token_id: Option<Ids>,
-    #[serde(default)]
-    bos_token_id: Option<usize>,
-    #[serde(default)]
-    pad_token_id: Option<usize>,
-    #[serde(default)]
-    decoder_start_token_id: Option<usize>,
-}
 
 /// Hugging Face `MarianConfig`, with its defaults for absent fields and the
 /// `attribute_map` names (`hidden_size`, `num_attention_heads`) as aliases.
@@ -95,14 +71,17 @@ struct MarianConfig {
     share_encoder_decoder_embeddings: bool,
     #[serde(default = "yes")]
     tie_word_embeddings: bool,
+    /// The special ids default as `MarianConfig` has them (an explicit `null` is unset
+    /// and taken from generation_config.json), so they are not the shared flattened
+    /// [`TokenIds`].
     #[serde(default = "default_pad")]
-    pad_token_id: Option<usize>,
+    pad_token_id: Option<Ids>,
     #[serde(default = "default_eos")]
     eos_token_id: Option<Ids>,
     #[serde(default)]
-    bos_token_id: Option<usize>,
+    bos_token_id: Option<Ids>,
     #[serde(default = "default_pad")]
-    decoder_start_token_id: Option<usize>,
+    decoder_start_token_id: Option<Ids>,
 }
 
 fn default_vocab() -> usize {
@@ -129,8 +108,8 @@ fn default_activation() -> String {
 fn yes() -> bool {
     true
 }
-fn default_pad() -> Option<usize> {
-    Some(58100)
+fn default_pad() -> Option<Ids> {
+    Some(Ids::One(58100))
 }
 fn default_eos() -> Option<Ids> {
     Some(Ids::One(0))
@@ -138,37 +117,6 @@ fn default_eos() -> Option<Ids> {
 
 /// nn.LayerNorm's default: Marian's config has no epsilon field.
 const LN_EPS: f32 = 1e-5;
-
-/// Special tokens from config.json, each filled from generation_config.json (when the
-/// folder has one) where config.json leaves it unset.
-fn special_tokens(dir: &Path, cfg: &MarianConfig) -> Result<SpecialTokens> {
-    let path = dir.join("generation_config.json");
-    let generation: GenerationIds = if path.is_file() {
-        let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        serde_json::from_str(&text).map_err(|e| Error::Config {
-            path: path.display().to_string(),
-            field: e.to_string().split('`').nth(1).unwrap_or("(json)").into(),
-            reason: e.to_string(),
-        })?
-    } else {
-        GenerationIds::default()
-    };
-    Ok(SpecialTokens {
-        eos: cfg
-            .eos_token_id
-            .clone()
-            .or(generation.eos_token_id)
-            .map_or_else(Vec::new, Ids::into_vec),
-        pad: cfg.pad_token_id.or(generation.pad_token_id),
-        bos: cfg.bos_token_id.or(generation.bos_token_id),
-        decoder_start: cfg
-            .decoder_start_token_id
-            .or(generation.decoder_start_token_id),
-    })
-}
 
 /// Sizes checked against each other.
 struct Dims {
@@ -182,31 +130,22 @@ struct Dims {
 impl MarianConfig {
     fn validate(&self, dir: &Path) -> Result<Dims> {
         let c = self.d_model;
-        if c == 0 {
-            return Err(bad_field(dir, "d_model", "must be positive"));
-        }
+        check_positive(dir, &[("d_model", c)])?;
         for (field, heads) in [
             ("encoder_attention_heads", self.encoder_attention_heads),
             ("decoder_attention_heads", self.decoder_attention_heads),
         ] {
-            if heads == 0 || !c.is_multiple_of(heads) {
-                return Err(bad_field(
-                    dir,
-                    field,
-                    format!("{heads} heads must divide d_model = {c}"),
-                ));
-            }
+            check_heads(dir, field, heads, "d_model", c)?;
         }
-        for (field, v) in [
-            ("encoder_ffn_dim", self.encoder_ffn_dim),
-            ("decoder_ffn_dim", self.decoder_ffn_dim),
-            ("vocab_size", self.vocab_size),
-            ("max_position_embeddings", self.max_position_embeddings),
-        ] {
-            if v == 0 {
-                return Err(bad_field(dir, field, "must be positive"));
-            }
-        }
+        check_positive(
+            dir,
+            &[
+                ("encoder_ffn_dim", self.encoder_ffn_dim),
+                ("decoder_ffn_dim", self.decoder_ffn_dim),
+                ("vocab_size", self.vocab_size),
+                ("max_position_embeddings", self.max_position_embeddings),
+            ],
+        )?;
         let tgt_vocab = self.decoder_vocab_size.unwrap_or(self.vocab_size);
         if self.share_encoder_decoder_embeddings && tgt_vocab != self.vocab_size {
             return Err(bad_field(
@@ -227,6 +166,15 @@ impl MarianConfig {
             max_positions: self.max_position_embeddings,
             activation,
         })
+    }
+
+    fn token_ids(&self) -> TokenIds {
+        TokenIds {
+            eos_token_id: self.eos_token_id.clone(),
+            bos_token_id: self.bos_token_id.clone(),
+            pad_token_id: self.pad_token_id.clone(),
+            decoder_start_token_id: self.decoder_start_token_id.clone(),
+        }
     }
 }
 
@@ -264,9 +212,7 @@ fn feed_forward(
 
 /// y ← LN(x + y): the post-norm residual step, in place on the sub-layer output y.
 fn add_norm(x: &Tensor, mut y: Tensor, norm: &LayerNorm) -> Result<Tensor> {
-    for (a, b) in y.data_mut().iter_mut().zip(x.data()) {
-        *a += b;
-    }
+    y.add_assign(x);
     norm.forward(&y)
 }
 
@@ -326,12 +272,6 @@ impl DecoderLayer {
     }
 }
 
-/// The decoder's input embedding, which the LM head reuses unless it has its own.
-enum LmHead {
-    Tied,
-    Own(Linear),
-}
-
 pub struct Marian {
     info: ModelInfo,
     special: SpecialTokens,
@@ -344,18 +284,10 @@ pub struct Marian {
     positions: Tensor,
     encoder: Vec<EncoderLayer>,
     decoder: Vec<DecoderLayer>,
-    lm_head: LmHead,
-    /// [V] added to every row of logits.
+    /// [V, C]; `None` when tied to the decoder's input embedding.
+    lm_head: Option<Linear>,
+    /// `[V]` added to every row of logits.
     final_logits_bias: Vec<f32>,
-}
-
-fn describe(act: Activation) -> &'static str {
-    match act {
-        Activation::Relu => "ReLU",
-        Activation::Gelu => "GELU (erf)",
-        Activation::GeluTanh => "GELU (tanh)",
-        Activation::Silu => "SiLU (swish)",
-    }
 }
 
 /// An embedding table `{name}.weight`: [v, c], taken from the first name present.
@@ -371,7 +303,7 @@ fn embedding(w: &Weights, names: &[&str], v: usize, c: usize) -> Result<Embeddin
 pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
     let cfg: MarianConfig = read_config(dir)?;
     let d = cfg.validate(dir)?;
-    let special = special_tokens(dir, &cfg)?;
+    let special = special_tokens(dir, cfg.token_ids())?;
     // MarianMTModel nests the encoder-decoder under `model.`; a bare MarianModel does not.
     let w = Weights::detect(ckpt, &["model.", ""], "encoder.layers.0.fc1.weight");
     let (c, p) = (d.c, d.max_positions);
@@ -398,11 +330,7 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
         .map(|l| DecoderLayer::load(&w, l, &d, &cfg))
         .collect::<Result<Vec<_>>>()?;
     // The LM head and its bias live outside `model.`.
-    let lm_head = if cfg.tie_word_embeddings {
-        LmHead::Tied
-    } else {
-        LmHead::Own(ckpt_linear(ckpt, "lm_head.weight", d.tgt_vocab, c)?)
-    };
+    let lm_head = load_lm_head(ckpt, cfg.tie_word_embeddings, d.tgt_vocab, c)?;
     let final_logits_bias = if ckpt.has("final_logits_bias") {
         ckpt.tensor_shaped("final_logits_bias", &[1, d.tgt_vocab])?
             .into_data()
@@ -412,11 +340,7 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
     let heads = cfg.encoder_attention_heads;
     let info = ModelInfo {
         family: "marian".into(),
-        architecture: cfg
-            .architectures
-            .first()
-            .cloned()
-            .unwrap_or_else(|| "MarianMTModel".into()),
+        architecture: architecture(&cfg.architectures, "MarianMTModel"),
         layers: cfg.encoder_layers,
         decoder_layers: Some(cfg.decoder_layers),
         hidden: c,
@@ -428,7 +352,7 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
         max_positions: Some(p),
         position: "sinusoidal (fixed, split sin | cos)".into(),
         norm: format!("LayerNorm, post-norm, eps {LN_EPS:e}"),
-        ffn: describe(d.activation).into(),
+        ffn: ffn_label(d.activation, false),
     };
     Ok(Model::Seq2Seq(Box::new(Marian {
         info,
@@ -448,37 +372,24 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
     })))
 }
 
-/// `name`: [out, inp] as a bias-free linear map, read without the `model.` prefix.
-fn ckpt_linear(ckpt: &Checkpoint, name: &str, out: usize, inp: usize) -> Result<Linear> {
-    Linear::new(ckpt.tensor_shaped(name, &[out, inp])?, None)
-}
-
 impl Marian {
     fn tgt_embed(&self) -> &Embedding {
         self.tgt_embed.as_ref().unwrap_or(&self.src_embed)
     }
 
-    /// tokens: [B, T] at `positions` (B·T) → embed(ids)·scale + PE(positions): [B, T, C].
-    /// Real tokens must fit the position table; padding may sit one past the last real
-    /// token, so it is clamped (its output is never used).
+    /// Rows of the position table.
+    fn max_positions(&self) -> usize {
+        self.positions.shape()[0]
+    }
+
+    /// tokens: `[B, T]` at `positions` (B·T, each inside the table, as
+    /// [`limit_positions`] and [`KvCache::begin_step`] leave them) →
+    /// embed(ids)·scale + PE(positions): `[B, T, C]`.
     fn embed(&self, table: &Embedding, tokens: &TokenBatch, positions: &[usize]) -> Result<Tensor> {
-        let (c, max) = (self.info.hidden, self.positions.shape()[0]);
+        let c = self.info.hidden;
         let mut x = table.forward(&tokens.ids)?;
-        for ((row, &pos), &real) in x
-            .data_mut()
-            .chunks_exact_mut(c)
-            .zip(positions)
-            .zip(&tokens.mask)
-        {
-            if real && pos >= max {
-                return Err(Error::OutOfRange {
-                    what: "position (sequence longer than the model's positions, max_position_embeddings)"
-                        .into(),
-                    index: pos,
-                    size: max,
-                });
-            }
-            let pe = &self.positions.data()[pos.min(max - 1) * c..][..c];
+        for (row, &pos) in x.data_mut().chunks_exact_mut(c).zip(positions) {
+            let pe = &self.positions.data()[pos * c..][..c];
             for (v, p) in row.iter_mut().zip(pe) {
                 *v = *v * self.embed_scale + p;
             }
@@ -486,27 +397,9 @@ impl Marian {
         x.reshape(&[tokens.batch, tokens.len, c])
     }
 
-    /// h: [B, T, C] → h · Eᵀ + final_logits_bias: [B, T, V].
+    /// h: `[B, T, C]` → h · Eᵀ + final_logits_bias: `[B, T, V]`.
     fn logits(&self, h: &Tensor) -> Result<Tensor> {
-        let mut out = match &self.lm_head {
-            LmHead::Own(head) => head.forward(h)?,
-            LmHead::Tied => {
-                let table = &self.tgt_embed().table;
-                let (v, c) = (table.shape()[0], table.shape()[1]);
-                let rows = h.numel() / c;
-                let mut out = Tensor::zeros(&[h.shape()[0], h.shape()[1], v]);
-                // Reads the [V, C] table transposed in place instead of copying it.
-                gemm(
-                    MatMut::row_major(out.data_mut(), rows, v),
-                    MatRef::row_major(h.data(), rows, c),
-                    MatRef::row_major(table.data(), v, c).t(),
-                    1.0,
-                    false,
-                    Par::Auto,
-                );
-                out
-            }
-        };
+        let mut out = lm_logits(h, self.lm_head.as_ref(), &self.tgt_embed().table, 1.0)?;
         for row in out
             .data_mut()
             .chunks_exact_mut(self.final_logits_bias.len())
@@ -531,7 +424,8 @@ impl Seq2SeqLm for Marian {
     /// src: [B, S] → encoder states [B, S, C] and each decoder layer's cross K/V.
     fn encode(&self, src: &TokenBatch) -> Result<Encoded> {
         src.check_vocab(self.src_embed.vocab_size())?;
-        let positions = src.positions(&vec![0; src.batch]);
+        let mut positions = src.positions(&vec![0; src.batch]);
+        limit_positions(&mut positions, &src.mask, self.max_positions())?;
         let mut x = self.embed(&self.src_embed, src, &positions)?;
         let opts = AttendOpts {
             positions: &positions,
@@ -541,16 +435,7 @@ impl Seq2SeqLm for Marian {
         for layer in &self.encoder {
             x = layer.forward(&x, &opts)?;
         }
-        let cross = self
-            .decoder
-            .iter()
-            .map(|l| l.cross_attn.cross_kv(&x))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Encoded {
-            hidden: x,
-            key_padding: src.mask.clone(),
-            cross,
-        })
+        Encoded::from_states(x, &src.mask, self.decoder.iter().map(|l| &l.cross_attn))
     }
 
     fn new_cache(&self, batch: usize) -> KvCache {
@@ -567,8 +452,10 @@ impl Seq2SeqLm for Marian {
         cache: &mut KvCache,
     ) -> Result<Tensor> {
         tgt.check_vocab(self.tgt_embed().vocab_size())?;
-        check_state(enc, cache, tgt.batch, self.decoder.len())?;
-        let step = cache.begin_step(&tgt.mask, tgt.len)?;
+        enc.check(tgt.batch, self.decoder.len())?;
+        cache.check_layers(self.decoder.len())?;
+        // Real tokens must fit the position table; padding comes back clamped into it.
+        let step = cache.begin_step(&tgt.mask, tgt.len, Some(self.max_positions()))?;
         let mut x = self.embed(self.tgt_embed(), tgt, &step.positions)?;
         let opts = AttendOpts {
             positions: &step.positions,
@@ -588,25 +475,4 @@ impl Seq2SeqLm for Marian {
         }
         self.logits(&x)
     }
-}
-
-/// The encoder output and the cache must belong to this model and this batch.
-fn check_state(enc: &Encoded, cache: &KvCache, batch: usize, layers: usize) -> Result<()> {
-    if enc.hidden.shape().first() != Some(&batch) || enc.cross.len() != layers {
-        return Err(Error::invalid(
-            "encoder output",
-            format!(
-                "holds {:?} states and {} cross K/V; the decoder needs batch {batch} and {layers} layers",
-                enc.hidden.shape(),
-                enc.cross.len()
-            ),
-        ));
-    }
-    if cache.layers.len() != layers {
-        return Err(Error::invalid(
-            "kv cache",
-            format!("has {} layers, the decoder {layers}", cache.layers.len()),
-        ));
-    }
-    Ok(())
 }

@@ -16,9 +16,11 @@ pub mod bloom;
 pub mod cache;
 pub mod generate;
 pub mod gpt2;
+mod head;
 pub mod llama;
 pub mod marian;
 pub mod sentence;
+mod special;
 pub mod t5;
 pub mod weights;
 
@@ -28,9 +30,10 @@ pub use batch::TokenBatch;
 pub use cache::{KvCache, LayerKv, Step};
 pub use weights::Weights;
 
-use crate::block::CrossKv;
+use crate::block::{AttentionLayer, CrossKv};
 use crate::error::{Error, Result};
 use crate::io::Checkpoint;
+use crate::ops::Activation;
 use crate::tensor::Tensor;
 
 /// What `qkv inspect` reports about an architecture.
@@ -60,6 +63,22 @@ pub struct ModelInfo {
     pub ffn: String,
 }
 
+/// [`ModelInfo::ffn`] for a feed-forward block with activation `act`, gated
+/// (`act(x·W₁) ⊙ x·W₂`) or not: "GELU (erf)", "SwiGLU", "gated GELU (tanh
+/// approximation)".
+pub(crate) fn ffn_label(act: Activation, gated: bool) -> String {
+    match (gated, act) {
+        (false, act) => act.to_string(),
+        (true, Activation::Silu) => "SwiGLU".into(),
+        (true, act) => format!("gated {act}"),
+    }
+}
+
+/// `architectures[0]` of a config, or `default` when the list is empty.
+pub(crate) fn architecture(listed: &[String], default: &str) -> String {
+    listed.first().map_or_else(|| default.into(), Clone::clone)
+}
+
 /// Token ids with special meaning for generation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SpecialTokens {
@@ -81,7 +100,12 @@ pub trait Encoder: Send + Sync {
 pub trait CausalLm: Send + Sync {
     fn info(&self) -> &ModelInfo;
     fn special_tokens(&self) -> &SpecialTokens;
-    fn new_cache(&self, batch: usize) -> KvCache;
+    /// An empty cache for `batch` rows: one layer per [`ModelInfo::layers`], each with
+    /// [`ModelInfo::kv_heads`] heads of width [`ModelInfo::head_dim`].
+    fn new_cache(&self, batch: usize) -> KvCache {
+        let i = self.info();
+        KvCache::new(i.layers, batch, i.kv_heads, i.head_dim, i.head_dim)
+    }
     /// tokens: [B, T] placed after everything in `cache` (which grows by T) → logits
     /// [B, T, V]. A whole sequence is one call on an empty cache.
     fn forward_cached(&self, tokens: &TokenBatch, cache: &mut KvCache) -> Result<Tensor>;
@@ -96,6 +120,42 @@ pub struct Encoded {
     pub key_padding: Vec<bool>,
     /// Cross-attention K/V for each decoder layer, computed once per source.
     pub cross: Vec<CrossKv>,
+}
+
+impl Encoded {
+    /// Encoder states `[B, S, C]` with their mask `[B, S]`, and the cross-attention K/V
+    /// that each of `cross_layers` (the decoder's, in order) computes from them, once
+    /// per source.
+    pub(crate) fn from_states<'a>(
+        hidden: Tensor,
+        key_padding: &[bool],
+        cross_layers: impl Iterator<Item = &'a AttentionLayer>,
+    ) -> Result<Self> {
+        let cross = cross_layers
+            .map(|layer| layer.cross_kv(&hidden))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Encoded {
+            hidden,
+            key_padding: key_padding.to_vec(),
+            cross,
+        })
+    }
+
+    /// Errors unless this encoder output fits a decoder of `layers` layers run on a
+    /// batch of `batch` rows (it came from this model and this batch).
+    pub fn check(&self, batch: usize, layers: usize) -> Result<()> {
+        if self.hidden.shape().first() != Some(&batch) || self.cross.len() != layers {
+            return Err(Error::invalid(
+                "encoder output",
+                format!(
+                    "holds {:?} states and {} cross K/V; the decoder needs batch {batch} and {layers} layers",
+                    self.hidden.shape(),
+                    self.cross.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// An encoder-decoder (Marian, T5).
@@ -161,13 +221,13 @@ impl Model {
 /// Loads the model in folder `dir`, dispatching on `architectures` (or `model_type`).
 pub fn load(dir: &Path) -> Result<Loaded> {
     if !dir.is_dir() {
-        return Err(Error::Io {
-            path: dir.display().to_string(),
-            source: std::io::Error::new(
+        return Err(Error::io(
+            dir,
+            std::io::Error::new(
                 std::io::ErrorKind::NotFound,
                 "not a local model folder (qkv reads Hugging Face folders from disk; it does not download from the hub)",
             ),
-        });
+        ));
     }
     let arch: ArchitectureOnly = crate::io::read_config(dir)?;
     let name = arch

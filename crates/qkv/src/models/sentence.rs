@@ -15,12 +15,11 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use super::{Encoder, Model, TokenBatch};
 use crate::error::{Error, Result};
-use crate::io::read_config;
+use crate::io::{field_error, read_config, read_json, read_json_or_default};
 use crate::tensor::Tensor;
 use crate::text::Tokenizer;
 
@@ -132,36 +131,6 @@ struct PadOnly {
     pad_token_id: Option<usize>,
 }
 
-/// Reads `path` as JSON `T`, errors naming the file.
-fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    serde_json::from_str(&text).map_err(|e| Error::Config {
-        path: path.display().to_string(),
-        field: e.to_string().split('`').nth(1).unwrap_or("(json)").into(),
-        reason: e.to_string(),
-    })
-}
-
-/// Like [`read_json`], with `T::default()` for a file that does not exist.
-fn read_json_or_default<T: DeserializeOwned + Default>(path: &Path) -> Result<T> {
-    if path.is_file() {
-        read_json(path)
-    } else {
-        Ok(T::default())
-    }
-}
-
-fn config_error(path: &Path, field: &str, reason: impl Into<String>) -> Error {
-    Error::Config {
-        path: path.display().to_string(),
-        field: field.into(),
-        reason: reason.into(),
-    }
-}
-
 /// Tokenizer + encoder + pooling (+ normalisation): texts → one vector each.
 pub struct SentenceEncoder {
     model: Box<dyn Encoder>,
@@ -210,7 +179,7 @@ impl SentenceEncoder {
                 .map_or(model_max, |n| n as usize),
         };
         if max_seq_length < 2 {
-            return Err(config_error(
+            return Err(field_error(
                 &st_path,
                 "max_seq_length",
                 format!("{max_seq_length} leaves no room for a token between [CLS] and [SEP]"),
@@ -353,7 +322,7 @@ fn read_pooling(path: &Path, hidden: usize) -> Result<Vec<PoolingMode>> {
     let cfg: PoolingConfig = read_json(path)?;
     if let Some(d) = cfg.embedding_dimension {
         if d != hidden {
-            return Err(config_error(
+            return Err(field_error(
                 path,
                 "word_embedding_dimension",
                 format!("{d} but the encoder's hidden size is {hidden}"),
@@ -370,7 +339,7 @@ fn read_pooling(path: &Path, hidden: usize) -> Result<Vec<PoolingMode>> {
                 .iter()
                 .map(|n| {
                     PoolingMode::from_name(n).ok_or_else(|| {
-                        config_error(
+                        field_error(
                             path,
                             "pooling_mode",
                             format!("unknown mode `{n}` (known: cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken)"),

@@ -20,45 +20,20 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{Encoded, KvCache, Model, ModelInfo, Seq2SeqLm, SpecialTokens, TokenBatch, Weights};
+use super::head::{lm_logits, load_lm_head};
+use super::special::{special_tokens, TokenIds};
+use super::{
+    architecture, ffn_label, Encoded, KvCache, Model, ModelInfo, Seq2SeqLm, SpecialTokens,
+    TokenBatch, Weights,
+};
 use crate::block::{AttendOpts, AttentionLayer};
-use crate::error::{Error, Result};
-use crate::io::{bad_field, read_config, Checkpoint};
+use crate::error::Result;
+use crate::io::{bad_field, check_positive, epsilon, read_config, Checkpoint};
 use crate::layers::{Embedding, FeedForward, Linear, RmsNorm};
-use crate::ops::{gemm, Activation, MatMut, MatRef, Par};
+use crate::ops::Activation;
 use crate::position::RelativeBias;
 use crate::tensor::Tensor;
 use crate::{Bias, MultiHeadAttention};
-
-/// `eos_token_id` is one id or a list of them.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Ids {
-    One(usize),
-    Many(Vec<usize>),
-}
-
-impl Ids {
-    fn into_vec(self) -> Vec<usize> {
-        match self {
-            Ids::One(id) => vec![id],
-            Ids::Many(ids) => ids,
-        }
-    }
-}
-
-/// The special-token fields shared by config.json and generation_config.json.
-#[derive(Deserialize, Default)]
-struct TokenIds {
-    #[serde(default)]
-    eos_token_id: Option<Ids>,
-    #[serde(default)]
-    bos_token_id: Option<usize>,
-    #[serde(default)]
-    pad_token_id: Option<usize>,
-    #[serde(default)]
-    decoder_start_token_id: Option<usize>,
-}
 
 /// Hugging Face `T5Config`, with its defaults for absent fields (early checkpoints such
 /// as `t5-small` predate `relative_attention_max_distance`) and the `attribute_map`
@@ -136,39 +111,6 @@ fn yes() -> bool {
     true
 }
 
-/// Special tokens from config.json, each filled from generation_config.json (when the
-/// folder has one) where config.json leaves it unset. Without a decoder start token,
-/// generation starts from BOS, as Hugging Face's `generate` does.
-fn special_tokens(dir: &Path, config: TokenIds) -> Result<SpecialTokens> {
-    let path = dir.join("generation_config.json");
-    let generation: TokenIds = if path.is_file() {
-        let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        serde_json::from_str(&text).map_err(|e| Error::Config {
-            path: path.display().to_string(),
-            field: e.to_string().split('`').nth(1).unwrap_or("(json)").into(),
-            reason: e.to_string(),
-        })?
-    } else {
-        TokenIds::default()
-    };
-    let bos = config.bos_token_id.or(generation.bos_token_id);
-    Ok(SpecialTokens {
-        eos: config
-            .eos_token_id
-            .or(generation.eos_token_id)
-            .map_or_else(Vec::new, Ids::into_vec),
-        pad: config.pad_token_id.or(generation.pad_token_id),
-        bos,
-        decoder_start: config
-            .decoder_start_token_id
-            .or(generation.decoder_start_token_id)
-            .or(bos),
-    })
-}
-
 /// Sizes checked against each other.
 struct Dims {
     c: usize,
@@ -183,21 +125,20 @@ struct Dims {
 
 impl T5Config {
     fn validate(&self, dir: &Path) -> Result<Dims> {
-        for (field, v) in [
-            ("d_model", self.d_model),
-            ("d_kv", self.d_kv),
-            ("d_ff", self.d_ff),
-            ("num_heads", self.num_heads),
-            ("vocab_size", self.vocab_size),
-            (
-                "relative_attention_max_distance",
-                self.relative_attention_max_distance,
-            ),
-        ] {
-            if v == 0 {
-                return Err(bad_field(dir, field, "must be positive"));
-            }
-        }
+        check_positive(
+            dir,
+            &[
+                ("d_model", self.d_model),
+                ("d_kv", self.d_kv),
+                ("d_ff", self.d_ff),
+                ("num_heads", self.num_heads),
+                ("vocab_size", self.vocab_size),
+                (
+                    "relative_attention_max_distance",
+                    self.relative_attention_max_distance,
+                ),
+            ],
+        )?;
         if self.relative_attention_num_buckets < 2 {
             return Err(bad_field(
                 dir,
@@ -205,14 +146,7 @@ impl T5Config {
                 "need at least 2 buckets",
             ));
         }
-        let eps = self.layer_norm_epsilon as f32;
-        if !(eps.is_finite() && eps >= 0.0) {
-            return Err(bad_field(
-                dir,
-                "layer_norm_epsilon",
-                format!("must be finite and ≥ 0, got {}", self.layer_norm_epsilon),
-            ));
-        }
+        let eps = epsilon(dir, "layer_norm_epsilon", self.layer_norm_epsilon)?;
         // T5Config: "gated-<act>" or "<act>"; "gated-gelu" means the tanh GELU.
         let parts: Vec<&str> = self.feed_forward_proj.split('-').collect();
         let derived_gated = match parts.as_slice() {
@@ -286,13 +220,6 @@ fn feed_forward(w: &Weights, name: &str, d: &Dims) -> Result<FeedForward> {
     }
 }
 
-/// x += y: the residual connection.
-fn add_into(x: &mut Tensor, y: &Tensor) {
-    for (a, b) in x.data_mut().iter_mut().zip(y.data()) {
-        *a += b;
-    }
-}
-
 struct EncoderBlock {
     self_attn_norm: RmsNorm,
     self_attn: AttentionLayer,
@@ -309,7 +236,7 @@ struct DecoderBlock {
     ffn: FeedForward,
 }
 
-/// `{name}.layer_norm.weight` [C].
+/// `{name}.layer_norm.weight` `[C]`.
 fn norm(w: &Weights, name: &str, d: &Dims) -> Result<RmsNorm> {
     w.rms_norm(&format!("{name}.layer_norm"), d.c, d.eps)
 }
@@ -330,9 +257,9 @@ impl EncoderBlock {
         let h = self
             .self_attn
             .self_attention(&self.self_attn_norm.forward(x)?, opts, None)?;
-        add_into(x, &h);
+        x.add_assign(&h);
         let h = self.ffn.forward(&self.ffn_norm.forward(x)?)?;
-        add_into(x, &h);
+        x.add_assign(&h);
         Ok(())
     }
 }
@@ -366,20 +293,6 @@ pub struct T5 {
     lm_head: Option<Linear>,
 }
 
-fn describe(act: Activation, gated: bool) -> String {
-    let name = match act {
-        Activation::Relu => "ReLU",
-        Activation::Gelu => "GELU (erf)",
-        Activation::GeluTanh => "GELU (tanh)",
-        Activation::Silu => "SiLU",
-    };
-    if gated {
-        format!("gated {name}")
-    } else {
-        name.into()
-    }
-}
-
 /// Loads a `T5ForConditionalGeneration` folder.
 pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
     let cfg: T5Config = read_config(dir)?;
@@ -402,18 +315,14 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
     let decoder = (0..dec_layers)
         .map(|l| DecoderBlock::load(&w, l, &d))
         .collect::<Result<Vec<_>>>()?;
-    let lm_head = if cfg.tie_word_embeddings {
-        None
-    } else {
-        Some(w.linear("lm_head", d.vocab, d.c, false)?)
-    };
+    let lm_head = load_lm_head(ckpt, cfg.tie_word_embeddings, d.vocab, d.c)?;
+    let mut special = special_tokens(dir, cfg.ids)?;
+    // Without a decoder start token, generation starts from BOS, as Hugging Face's
+    // `generate` does.
+    special.decoder_start = special.decoder_start.or(special.bos);
     let info = ModelInfo {
         family: "t5".into(),
-        architecture: cfg
-            .architectures
-            .first()
-            .cloned()
-            .unwrap_or_else(|| "T5ForConditionalGeneration".into()),
+        architecture: architecture(&cfg.architectures, "T5ForConditionalGeneration"),
         layers: cfg.num_layers,
         decoder_layers: Some(dec_layers),
         hidden: d.c,
@@ -427,11 +336,11 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
             "relative bias ({buckets} buckets, max distance {max_distance}, unscaled scores)"
         ),
         norm: format!("RMSNorm (T5LayerNorm), pre-norm, eps {:e}", d.eps),
-        ffn: describe(d.activation, d.gated),
+        ffn: ffn_label(d.activation, d.gated),
     };
     Ok(Model::Seq2Seq(Box::new(T5 {
         info,
-        special: special_tokens(dir, cfg.ids)?,
+        special,
         shared: w.embedding("shared", d.vocab, d.c)?,
         encoder_bias: bias("encoder", true)?,
         encoder_norm: w.rms_norm("encoder.final_layer_norm", d.c, d.eps)?,
@@ -454,25 +363,10 @@ impl T5 {
             .reshape(&[tokens.batch, tokens.len, self.info.hidden])
     }
 
-    /// h: [B, T, C] → logits [B, T, V].
+    /// h: `[B, T, C]` → logits `[B, T, V]`; tied: (h · C^−½) · sharedᵀ.
     fn logits(&self, h: &Tensor) -> Result<Tensor> {
-        if let Some(head) = &self.lm_head {
-            return head.forward(h);
-        }
-        let (c, v) = (self.info.hidden, self.info.vocab);
-        let rows = h.numel() / c;
-        let mut out = Tensor::zeros(&[h.shape()[0], h.shape()[1], v]);
-        // (h · C^−½) · sharedᵀ, the rescale as gemm's alpha and the [V, C] table read
-        // transposed in place.
-        gemm(
-            MatMut::row_major(out.data_mut(), rows, v),
-            MatRef::row_major(h.data(), rows, c),
-            MatRef::row_major(self.shared.table.data(), v, c).t(),
-            (c as f32).powf(-0.5),
-            false,
-            Par::Auto,
-        );
-        Ok(out)
+        let rescale = (self.info.hidden as f32).powf(-0.5);
+        lm_logits(h, self.lm_head.as_ref(), &self.shared.table, rescale)
     }
 }
 
@@ -502,16 +396,7 @@ impl Seq2SeqLm for T5 {
             block.forward(&mut x, &opts)?;
         }
         let x = self.encoder_norm.forward(&x)?;
-        let cross = self
-            .decoder
-            .iter()
-            .map(|l| l.cross_attn.cross_kv(&x))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Encoded {
-            hidden: x,
-            key_padding: src.mask.clone(),
-            cross,
-        })
+        Encoded::from_states(x, &src.mask, self.decoder.iter().map(|l| &l.cross_attn))
     }
 
     fn new_cache(&self, batch: usize) -> KvCache {
@@ -527,8 +412,9 @@ impl Seq2SeqLm for T5 {
         cache: &mut KvCache,
     ) -> Result<Tensor> {
         tgt.check_vocab(self.info.vocab)?;
-        check_state(enc, cache, tgt.batch, self.decoder.len())?;
-        let step = cache.begin_step(&tgt.mask, tgt.len)?;
+        enc.check(tgt.batch, self.decoder.len())?;
+        cache.check_layers(self.decoder.len())?;
+        let step = cache.begin_step(&tgt.mask, tgt.len, None)?;
         let t = tgt.len;
         // Queries sit at past..past + T, as Hugging Face's cache_position places them.
         let bias = self.decoder_bias.compute(t, step.past + t, step.past);
@@ -547,38 +433,17 @@ impl Seq2SeqLm for T5 {
                 &opts,
                 Some(lc),
             )?;
-            add_into(&mut x, &h);
+            x.add_assign(&h);
             let h = block.cross_attn.cross_attention(
                 &block.cross_attn_norm.forward(&x)?,
                 kv,
                 Some(&enc.key_padding),
                 UNSCALED,
             )?;
-            add_into(&mut x, &h);
+            x.add_assign(&h);
             let h = block.ffn.forward(&block.ffn_norm.forward(&x)?)?;
-            add_into(&mut x, &h);
+            x.add_assign(&h);
         }
         self.logits(&self.decoder_norm.forward(&x)?)
     }
-}
-
-/// The encoder output and the cache must belong to this model and this batch.
-fn check_state(enc: &Encoded, cache: &KvCache, batch: usize, layers: usize) -> Result<()> {
-    if enc.hidden.shape().first() != Some(&batch) || enc.cross.len() != layers {
-        return Err(Error::invalid(
-            "encoder output",
-            format!(
-                "holds {:?} states and {} cross K/V; the decoder needs batch {batch} and {layers} layers",
-                enc.hidden.shape(),
-                enc.cross.len()
-            ),
-        ));
-    }
-    if cache.layers.len() != layers {
-        return Err(Error::invalid(
-            "kv cache",
-            format!("has {} layers, the decoder {layers}", cache.layers.len()),
-        ));
-    }
-    Ok(())
 }

@@ -39,7 +39,7 @@ impl<'a> Weights<'a> {
         self.ckpt.tensor_shaped(&self.name(name), shape)
     }
 
-    /// `{name}.weight` [out, in] and, if `bias`, `{name}.bias` [out].
+    /// `{name}.weight` `[out, in]` and, if `bias`, `{name}.bias` `[out]`.
     pub fn linear(&self, name: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
         let w = self.tensor(&format!("{name}.weight"), &[out, inp])?;
         let b = if bias {
@@ -50,7 +50,7 @@ impl<'a> Weights<'a> {
         Linear::new(w, b)
     }
 
-    /// LayerNorm `{name}.weight` and `{name}.bias`, both [c].
+    /// LayerNorm `{name}.weight` and `{name}.bias`, both `[c]`.
     pub fn layer_norm(&self, name: &str, c: usize, eps: f32) -> Result<LayerNorm> {
         LayerNorm::new(
             self.tensor(&format!("{name}.weight"), &[c])?,
@@ -59,12 +59,12 @@ impl<'a> Weights<'a> {
         )
     }
 
-    /// RMSNorm `{name}.weight` [c].
+    /// RMSNorm `{name}.weight` `[c]`.
     pub fn rms_norm(&self, name: &str, c: usize, eps: f32) -> Result<RmsNorm> {
         RmsNorm::new(self.tensor(&format!("{name}.weight"), &[c])?, eps)
     }
 
-    /// Embedding table `{name}.weight` [v, c].
+    /// Embedding table `{name}.weight` `[v, c]`.
     pub fn embedding(&self, name: &str, v: usize, c: usize) -> Result<Embedding> {
         Embedding::new(self.tensor(&format!("{name}.weight"), &[v, c])?)
     }

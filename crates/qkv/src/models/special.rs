@@ -1,0 +1,141 @@
+//! Special token ids (EOS, BOS, padding, decoder start) as Hugging Face folders write
+//! them: in `config.json`, and again in `generation_config.json`, which fills what the
+//! config leaves unset.
+//!
+//! Each field is one id, a list (several EOS ids), or a negative number for "none"
+//! (some converted Llama configs write `pad_token_id: -1`). Every id of a list is an
+//! EOS; for the other fields the first valid id counts.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::SpecialTokens;
+use crate::error::Result;
+use crate::io::read_json_or_default;
+
+/// A token id field: one id or a list; negative ids mean none.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub(crate) enum Ids {
+    One(i64),
+    Many(Vec<i64>),
+}
+
+impl Ids {
+    /// The valid (non-negative) ids, in order.
+    fn valid(&self) -> Vec<usize> {
+        let all = match self {
+            Ids::One(id) => std::slice::from_ref(id),
+            Ids::Many(ids) => ids.as_slice(),
+        };
+        all.iter()
+            .filter_map(|&id| usize::try_from(id).ok())
+            .collect()
+    }
+}
+
+/// The special-token fields of `config.json` and `generation_config.json`. Families
+/// `#[serde(flatten)]` it into their config struct.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub(crate) struct TokenIds {
+    #[serde(default)]
+    pub eos_token_id: Option<Ids>,
+    #[serde(default)]
+    pub bos_token_id: Option<Ids>,
+    #[serde(default)]
+    pub pad_token_id: Option<Ids>,
+    #[serde(default)]
+    pub decoder_start_token_id: Option<Ids>,
+}
+
+/// The special tokens of the folder `dir`: each field from `from_config` (what
+/// config.json says), or where config.json leaves it unset, from
+/// `dir/generation_config.json` when the folder has one. A field set to a negative id
+/// counts as set: it means "none" and is not filled from the other file.
+pub(crate) fn special_tokens(dir: &Path, from_config: TokenIds) -> Result<SpecialTokens> {
+    let generation: TokenIds = read_json_or_default(&dir.join("generation_config.json"))?;
+    let pick = |own: Option<Ids>, fallback: Option<Ids>| own.or(fallback).map(|ids| ids.valid());
+    let first = |own, fallback| pick(own, fallback).and_then(|ids| ids.first().copied());
+    Ok(SpecialTokens {
+        eos: pick(from_config.eos_token_id, generation.eos_token_id).unwrap_or_default(),
+        bos: first(from_config.bos_token_id, generation.bos_token_id),
+        pad: first(from_config.pad_token_id, generation.pad_token_id),
+        decoder_start: first(
+            from_config.decoder_start_token_id,
+            generation.decoder_start_token_id,
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(json: &str) -> TokenIds {
+        serde_json::from_str(json).unwrap()
+    }
+
+    /// A scratch folder, with a generation_config.json when `generation` is given.
+    fn folder(tag: &str, generation: Option<&str>) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("qkv-special-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        if let Some(text) = generation {
+            std::fs::write(dir.join("generation_config.json"), text).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn config_wins_and_generation_config_fills_the_rest() {
+        let dir = folder(
+            "fill",
+            Some(
+                r#"{"eos_token_id": 9, "bos_token_id": 8, "pad_token_id": 7, "decoder_start_token_id": 6}"#,
+            ),
+        );
+        let s =
+            special_tokens(&dir, ids(r#"{"eos_token_id": [2, 3], "bos_token_id": 1}"#)).unwrap();
+        assert_eq!(
+            s,
+            SpecialTokens {
+                eos: vec![2, 3],
+                bos: Some(1),
+                pad: Some(7),
+                decoder_start: Some(6),
+            }
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn negative_ids_mean_none_and_are_not_filled() {
+        let dir = folder("negative", Some(r#"{"pad_token_id": 0}"#));
+        let s = special_tokens(
+            &dir,
+            ids(r#"{"pad_token_id": -1, "eos_token_id": [-1, 4], "bos_token_id": [5, 6]}"#),
+        )
+        .unwrap();
+        assert_eq!((s.pad, s.eos, s.bos), (None, vec![4], Some(5)));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn without_generation_config_only_the_config_counts() {
+        let dir = folder("absent", None);
+        let s = special_tokens(&dir, TokenIds::default()).unwrap();
+        assert_eq!(s, SpecialTokens::default());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_broken_generation_config_is_named() {
+        let dir = folder("broken", Some(r#"{"eos_token_id": "x"}"#));
+        let msg = special_tokens(&dir, TokenIds::default())
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("generation_config.json"), "{msg}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
