@@ -3,4 +3,10 @@
 //! the trainer).
 
 pub mod gradcheck;
+pub mod loss;
+pub mod model;
+pub mod optim;
+pub mod schedule;
+pub mod tasks;
+pub mod text_data;
 pub mod trainable;
