@@ -83,8 +83,8 @@ impl MultiHeadAttention {
         self.wq.out_features() / self.n_heads
     }
 
-    /// x: [B,T,C] attends over `context`: [B,S,Ckv] (cross-attention), or over itself
-    /// when `context` is `None`. Output `out`: [B,T,C]; weights, if asked: [B,H,T,S].
+    /// x: `[B,T,C]` attends over `context`: `[B,S,Ckv]` (cross-attention), or over itself
+    /// when `context` is `None`. Output `out`: `[B,T,C]`; weights, if asked: `[B,H,T,S]`.
     pub fn forward(
         &self,
         x: &Tensor,
@@ -96,7 +96,7 @@ impl MultiHeadAttention {
     }
 
     /// Self-attention with RoPE: queries and keys are rotated by their positions
-    /// (`positions`: [B·T]) after projection, before the scores.
+    /// (`positions`: `[B·T]`) after projection, before the scores.
     pub fn forward_rope(
         &self,
         x: &Tensor,
@@ -110,7 +110,7 @@ impl MultiHeadAttention {
         self.attend_and_merge(&q, &k, &v, spec)
     }
 
-    /// Projections split into heads: q [B,T,H,D], k [B,S,G,D], v [B,S,G,Dv].
+    /// Projections split into heads: q `[B,T,H,D]`, k `[B,S,G,D]`, v `[B,S,G,Dv]`.
     /// Splitting is a reshape: `[B,T,H·D]` is already `[B,T,H,D]` in row-major order.
     pub fn project(
         &self,
@@ -145,7 +145,7 @@ impl MultiHeadAttention {
         Ok(a)
     }
 
-    /// Attention output heads [B, T, H, Dv] → W_O · concat(heads): [B, T, C].
+    /// Attention output heads `[B, T, H, Dv]` → W_O · concat(heads): `[B, T, C]`.
     /// Concatenating heads is a reshape: `[B,T,H,Dv]` is `[B,T,H·Dv]` in memory.
     pub fn merge_heads(&self, heads: Tensor) -> Result<Tensor> {
         heads.expect_shape("attention heads", &[None, None, Some(self.n_heads), None])?;

@@ -1,6 +1,6 @@
 //! y = x·Wᵀ + b, with W stored `[out, in]` as PyTorch and checkpoints store it.
 //!
-//! Backward (x: [N, in] with the leading axes flattened into N rows):
+//! Backward (x: `[N, in]` with the leading axes flattened into N rows):
 //! dW += dyᵀ·x, db += Σ_rows dy, dx = dy·W. The forward saves nothing: its input `x`
 //! is all the backward needs, and the caller holds it anyway.
 
@@ -10,9 +10,9 @@ use crate::tensor::Tensor;
 
 #[derive(Clone, Debug)]
 pub struct Linear {
-    /// [out, in]
+    /// `[out, in]`
     pub weight: Tensor,
-    /// [out]
+    /// `[out]`
     pub bias: Option<Tensor>,
 }
 
@@ -54,7 +54,7 @@ impl Linear {
         Ok(x.numel() / n_in)
     }
 
-    /// x: [..., in] → [..., out].
+    /// x: `[..., in]` → `[..., out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (n_in, n_out) = (self.in_features(), self.out_features());
         let rows = self.rows_of(x)?;
@@ -81,9 +81,9 @@ impl Linear {
 /// Gradients of a [`Linear`]'s parameters, shaped as the parameters.
 #[derive(Clone, Debug)]
 pub struct LinearGrads {
-    /// [out, in]
+    /// `[out, in]`
     pub weight: Tensor,
-    /// [out], present exactly when the layer has a bias
+    /// `[out]`, present exactly when the layer has a bias
     pub bias: Option<Tensor>,
 }
 
@@ -118,9 +118,9 @@ impl LinearGrads {
 }
 
 impl Linear {
-    /// Backward of [`Linear::forward`]. x: [.., in] as given to the forward;
-    /// dy: [.., out] with the same leading axes. **Accumulates** into `grads.weight`
-    /// ([out, in]) and `grads.bias` ([out]); returns dx: [.., in].
+    /// Backward of [`Linear::forward`]. x: `[.., in]` as given to the forward;
+    /// dy: `[.., out]` with the same leading axes. **Accumulates** into `grads.weight`
+    /// (`[out, in]`) and `grads.bias` (`[out]`); returns dx: `[.., in]`.
     pub fn backward(&self, x: &Tensor, dy: &Tensor, grads: &mut LinearGrads) -> Result<Tensor> {
         let (n_in, n_out) = (self.in_features(), self.out_features());
         let rows = self.rows_of(x)?;

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 /// y = (x − mean) / √(var + eps) · weight + bias, with the biased variance as PyTorch.
-/// x, y: [N, C]; weight, bias: [C].
+/// x, y: `[N, C]`; weight, bias: `[C]`.
 #[derive(Clone, Debug)]
 pub struct LayerNorm {
     pub weight: Tensor,
@@ -19,7 +19,7 @@ pub struct LayerNorm {
 }
 
 /// y = x / √(mean(x²) + eps) · weight: no centring, no bias (Llama, T5).
-/// x, y: [N, C]; weight: [C].
+/// x, y: `[N, C]`; weight: `[C]`.
 #[derive(Clone, Debug)]
 pub struct RmsNorm {
     pub weight: Tensor,
@@ -51,38 +51,38 @@ fn check_eps(eps: f32) -> Result<()> {
     Ok(())
 }
 
-/// What [`LayerNorm::backward`] needs from the forward: per row of `x` ([N, C], the
+/// What [`LayerNorm::backward`] needs from the forward: per row of `x` (`[N, C]`, the
 /// leading axes flattened into N), the mean and the reciprocal standard deviation
 /// 1/√(var + eps), both exactly as the forward used them.
 #[derive(Clone, Debug, Default)]
 pub struct LayerNormCache {
-    /// [N]
+    /// `[N]`
     pub mean: Vec<f32>,
-    /// [N]
+    /// `[N]`
     pub rstd: Vec<f32>,
 }
 
-/// What [`RmsNorm::backward`] needs from the forward: per row of `x` ([N, C]) the
+/// What [`RmsNorm::backward`] needs from the forward: per row of `x` (`[N, C]`) the
 /// reciprocal root mean square 1/√(mean(x²) + eps).
 #[derive(Clone, Debug, Default)]
 pub struct RmsNormCache {
-    /// [N]
+    /// `[N]`
     pub rstd: Vec<f32>,
 }
 
 /// Gradients of a [`LayerNorm`]'s parameters.
 #[derive(Clone, Debug)]
 pub struct LayerNormGrads {
-    /// [C]
+    /// `[C]`
     pub weight: Tensor,
-    /// [C], present exactly when the layer has a bias
+    /// `[C]`, present exactly when the layer has a bias
     pub bias: Option<Tensor>,
 }
 
 /// Gradient of an [`RmsNorm`]'s weight.
 #[derive(Clone, Debug)]
 pub struct RmsNormGrads {
-    /// [C]
+    /// `[C]`
     pub weight: Tensor,
 }
 
@@ -104,7 +104,7 @@ impl RmsNormGrads {
 }
 
 /// Checks what every norm backward is given: dy shaped as x, statistics for every row
-/// of x, a weight gradient of [C]. Returns the number of rows.
+/// of x, a weight gradient of `[C]`. Returns the number of rows.
 fn check_backward(name: &str, x: &Tensor, dy: &Tensor, stats: usize, dw: &Tensor) -> Result<usize> {
     let c = dw.numel();
     check_norm_input(&format!("{name} input"), x, c)?;
@@ -135,7 +135,7 @@ impl LayerNorm {
         Ok(LayerNorm { weight, bias, eps })
     }
 
-    /// x: [.., C] → y: [.., C].
+    /// x: `[.., C]` → y: `[.., C]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.forward_impl(x, None)
     }
@@ -184,9 +184,9 @@ impl LayerNorm {
         Ok(y)
     }
 
-    /// Backward of [`LayerNorm::forward_with_cache`]. dy, x: [.., C] (x as given to
+    /// Backward of [`LayerNorm::forward_with_cache`]. dy, x: `[.., C]` (x as given to
     /// the forward, `cache` as it filled). **Accumulates** into `grads.weight` and
-    /// `grads.bias` ([C]); returns dx: [.., C].
+    /// `grads.bias` (`[C]`); returns dx: `[.., C]`.
     ///
     /// With x̂ = (x − mean)·r and g = dy ∘ weight:
     /// dx = r·(g − mean(g) − x̂·mean(g ∘ x̂)), row by row.
@@ -274,7 +274,7 @@ impl RmsNorm {
         Ok(RmsNorm { weight, eps })
     }
 
-    /// x: [.., C] → y: [.., C].
+    /// x: `[.., C]` → y: `[.., C]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.forward_impl(x, None)
     }
@@ -307,9 +307,9 @@ impl RmsNorm {
         Ok(y)
     }
 
-    /// Backward of [`RmsNorm::forward_with_cache`]. dy, x: [.., C] (x as given to the
-    /// forward, `cache` as it filled). **Accumulates** into `grads.weight` ([C]);
-    /// returns dx: [.., C].
+    /// Backward of [`RmsNorm::forward_with_cache`]. dy, x: `[.., C]` (x as given to the
+    /// forward, `cache` as it filled). **Accumulates** into `grads.weight` (`[C]`);
+    /// returns dx: `[.., C]`.
     ///
     /// With r = 1/rms(x) and g = dy ∘ weight: dx = r·(g − x·r²·mean(g ∘ x)), row by row.
     pub fn backward(

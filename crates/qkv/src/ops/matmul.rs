@@ -88,7 +88,7 @@ pub enum Par {
     Single,
 }
 
-/// `dst = (accumulate ? dst : 0) + alpha · a · b`, with a: [M,K], b: [K,N], dst: [M,N].
+/// `dst = (accumulate ? dst : 0) + alpha · a · b`, with a: `[M,K]`, b: `[K,N]`, dst: `[M,N]`.
 ///
 /// Panics if the shapes disagree or a view reaches outside its slice: callers build
 /// views from validated shapes, so a mismatch here is an internal bug.
@@ -151,7 +151,7 @@ pub fn gemm(dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, alpha: f32, accumulat
     }
 }
 
-/// a: [..., M, K] (leading axes flattened into rows) times b: [K, N] → [..., M, N].
+/// a: `[..., M, K]` (leading axes flattened into rows) times b: `[K, N]` → `[..., M, N]`.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if a.rank() < 1 || b.rank() != 2 || a.last_dim() != b.shape()[0] {
         return Err(Error::shape(

@@ -1,7 +1,7 @@
 //! Cross-entropy over a vocabulary: the loss a language model trains on.
 //!
-//! For logits z: [N, V] and targets t: [N], the loss is the mean over the rows whose
-//! target is not [`IGNORE_INDEX`] of −log softmax(zᵢ)[tᵢ] = logsumexp(zᵢ) − zᵢ[tᵢ],
+//! For logits z: `[N, V]` and targets t: `[N]`, the loss is the mean over the rows whose
+//! target is not [`IGNORE_INDEX`] of −log softmax(zᵢ)`[tᵢ]` = logsumexp(zᵢ) − zᵢ`[tᵢ]`,
 //! as `torch.nn.functional.cross_entropy(z, t, ignore_index=-100)` computes it.
 //! Its gradient is (softmax(zᵢ) − onehot(tᵢ)) / n_valid on those rows and zero on
 //! ignored ones.
@@ -24,9 +24,9 @@ pub const IGNORE_INDEX: i64 = -100;
 /// vocabularies without splitting small batches at all.
 const MIN_ELEMENTS_PER_TASK: usize = 1 << 15;
 
-/// Mean cross-entropy of `logits` ([N, V], or any [.., V] with N rows) against
-/// `targets` ([N] token ids in 0..V, or −100 to ignore the row), and its gradient
-/// d loss / d logits ([.., V], shaped as `logits`).
+/// Mean cross-entropy of `logits` (`[N, V]`, or any `[.., V]` with N rows) against
+/// `targets` (`[N]` token ids in 0..V, or −100 to ignore the row), and its gradient
+/// d loss / d logits (`[.., V]`, shaped as `logits`).
 ///
 /// Errors if `targets` does not have one entry per row, or a target is neither in
 /// 0..V nor −100. If every target is ignored the loss is 0 and the gradient zero.
@@ -102,7 +102,7 @@ pub fn cross_entropy_in_place(logits: &mut Tensor, targets: &[i64]) -> Result<f3
 }
 
 /// Turns one row of logits into its gradient `scale·(softmax(row) − onehot(t))` and
-/// returns its loss logsumexp(row) − row[t]; an ignored row becomes zeros, loss 0.
+/// returns its loss logsumexp(row) − row`[t]`; an ignored row becomes zeros, loss 0.
 fn row_backward(row: &mut [f32], t: i64, scale: f32) -> f64 {
     if t == IGNORE_INDEX {
         row.fill(0.0);

@@ -7,12 +7,12 @@
 //! ## Forward (shapes: B batch, T length, C width, H heads, G key/value heads, D = C/H)
 //!
 //! ```text
-//! x₀ = wte[ids] (+ wpe[pos] | + sinusoidal[pos])                  [B,T,C]
+//! x₀ = wte`[ids]` (+ wpe`[pos]` | + sinusoidal`[pos]`)                  `[B,T,C]`
 //! per layer (pre-norm):  a = norm₁(x);  x = x + o(attn(q(a), k(a), v(a)))
 //!                        f = norm₂(x);  x = x + ffn(f)
 //! per layer (post-norm): x = norm₁(x + o(attn(q(x), k(x), v(x))))
 //!                        x = norm₂(x + ffn(x))
-//! h = norm_f(x) (pre-norm only);  logits = h·Wᵀ, W = lm_head or wte (tied)  [B,T,V]
+//! h = norm_f(x) (pre-norm only);  logits = h·Wᵀ, W = lm_head or wte (tied)  `[B,T,V]`
 //! ```
 //!
 //! q, k are rotated by RoPE when configured; attention is causal (top-left), scaled
@@ -122,7 +122,7 @@ impl Norm {
         }
     }
 
-    /// x: [.., C] → ([.., C], what the backward needs).
+    /// x: `[.., C]` → (`[.., C]`, what the backward needs).
     fn forward(&self, x: &Tensor) -> Result<(Tensor, NormCache)> {
         Ok(match self {
             Norm::Layer(n) => {
@@ -221,25 +221,25 @@ impl LayerGrads {
 /// pre-norm saves norm1_in = x, attn_in = norm₁(x), norm2_in = x₂, ffn_in = norm₂(x₂);
 /// post-norm saves attn_in = x, norm1_in = r₁, ffn_in = x₂ = norm₁(r₁), norm2_in = r₂.
 struct LayerActs {
-    /// [B,T,C] the input of norm₁
+    /// `[B,T,C]` the input of norm₁
     norm1_in: Tensor,
     norm1: NormCache,
-    /// [B,T,C] the input of the Q/K/V projections
+    /// `[B,T,C]` the input of the Q/K/V projections
     attn_in: Tensor,
-    /// [B,T,H,D] after RoPE
+    /// `[B,T,H,D]` after RoPE
     q: Tensor,
-    /// [B,T,G,D] after RoPE
+    /// `[B,T,G,D]` after RoPE
     k: Tensor,
-    /// [B,T,G,D]
+    /// `[B,T,G,D]`
     v: Tensor,
-    /// [B,T,H·D] the attention output, the input of W_O
+    /// `[B,T,H·D]` the attention output, the input of W_O
     o_in: Tensor,
-    /// [B,H,T] the attention's log-sum-exp
+    /// `[B,H,T]` the attention's log-sum-exp
     lse: Tensor,
-    /// [B,T,C] the input of norm₂
+    /// `[B,T,C]` the input of norm₂
     norm2_in: Tensor,
     norm2: NormCache,
-    /// [B,T,C] the input of the FFN
+    /// `[B,T,C]` the input of the FFN
     ffn_in: Tensor,
     ffn: FeedForwardCache,
 }
@@ -247,10 +247,10 @@ struct LayerActs {
 /// What the whole backward needs from the forward.
 struct Acts {
     layers: Vec<LayerActs>,
-    /// pre-norm: the last layer's output [B,T,C] (the final norm's input) and the
+    /// pre-norm: the last layer's output `[B,T,C]` (the final norm's input) and the
     /// final norm's statistics
     final_norm: Option<(Tensor, NormCache)>,
-    /// [B,T,C] the input of the LM head
+    /// `[B,T,C]` the input of the LM head
     head_in: Tensor,
 }
 
@@ -258,7 +258,7 @@ struct Acts {
 struct Ctx<'a> {
     pre_norm: bool,
     rope: Option<&'a Rope>,
-    /// [B·T] position of each token
+    /// `[B·T]` position of each token
     positions: &'a [usize],
     spec: AttentionSpec<'a>,
     b: usize,
@@ -312,7 +312,7 @@ fn add(x: &Tensor, y: &Tensor) -> Tensor {
 }
 
 impl Layer {
-    /// Projections split into heads: q [B,T,H,D], k and v [B,T,G,D].
+    /// Projections split into heads: q `[B,T,H,D]`, k and v `[B,T,G,D]`.
     fn project(&self, ctx: &Ctx, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, t, h, g, d) = (ctx.b, ctx.t, ctx.h, ctx.g, ctx.d);
         match &self.qkv {
@@ -343,7 +343,7 @@ impl Layer {
         }
     }
 
-    /// Backward of [`Layer::project`]: dq [B,T,H,D], dk, dv [B,T,G,D] → dx [B,T,C].
+    /// Backward of [`Layer::project`]: dq `[B,T,H,D]`, dk, dv `[B,T,G,D]` → dx `[B,T,C]`.
     /// x feeds all three projections, so their input gradients add up.
     fn project_backward(
         &self,
@@ -390,7 +390,7 @@ impl Layer {
         }
     }
 
-    /// x: [B,T,C] → ([B,T,C], what the backward needs).
+    /// x: `[B,T,C]` → (`[B,T,C]`, what the backward needs).
     fn forward(&self, ctx: &Ctx, x: Tensor) -> Result<(Tensor, LayerActs)> {
         // Attention sub-layer. pre-norm: a = norm₁(x); post-norm: a = x.
         let (attn_in, pre1, x_kept) = if ctx.pre_norm {
@@ -451,7 +451,7 @@ impl Layer {
         Ok((out, acts))
     }
 
-    /// Backward of [`Layer::forward`]: d_out [B,T,C] → dx [B,T,C]; **accumulates** into
+    /// Backward of [`Layer::forward`]: d_out `[B,T,C]` → dx `[B,T,C]`; **accumulates** into
     /// `grads`.
     fn backward(
         &self,
@@ -550,19 +550,19 @@ pub struct DecoderLm {
     /// Which attention kernel runs forward and backward (both give the same numbers;
     /// the tiled one never materialises T×T).
     pub kernel: Kernel,
-    /// [V, C]
+    /// `[V, C]`
     wte: Embedding,
-    /// [max_len, C] learned positions
+    /// `[max_len, C]` learned positions
     wpe: Option<Embedding>,
-    /// [max_len, C] fixed sinusoidal positions
+    /// `[max_len, C]` fixed sinusoidal positions
     sinusoidal: Option<Tensor>,
     rope: Option<Rope>,
-    /// [H] ALiBi slopes
+    /// `[H]` ALiBi slopes
     alibi: Option<Vec<f32>>,
     layers: Vec<Layer>,
     /// pre-norm only
     norm_f: Option<Norm>,
-    /// [V, C]; `None` when tied to `wte`
+    /// `[V, C]`; `None` when tied to `wte`
     lm_head: Option<Linear>,
     grads: Grads,
     /// `bos_token_id`, `eos_token_id`, `pad_token_id` as the loaded config.json had them,
@@ -853,7 +853,7 @@ impl DecoderLm {
         Ok(())
     }
 
-    /// The whole forward: ids [B·T] → (logits [B,T,V], what the backward needs).
+    /// The whole forward: ids `[B·T]` → (logits `[B,T,V]`, what the backward needs).
     fn forward(&self, ids: &[usize], b: usize, t: usize) -> Result<(Tensor, Acts)> {
         self.check_batch(ids, None, b, t)?;
         let c = self.config.d_model;
@@ -904,7 +904,7 @@ impl DecoderLm {
         ))
     }
 
-    /// h: [B,T,C] → logits [B,T,V] = h·Wᵀ, W = lm_head or the embedding table.
+    /// h: `[B,T,C]` → logits `[B,T,V]` = h·Wᵀ, W = lm_head or the embedding table.
     fn head(&self, h: &Tensor) -> Result<Tensor> {
         if let Some(head) = &self.lm_head {
             return head.forward(h);
@@ -925,7 +925,7 @@ impl DecoderLm {
         Ok(out)
     }
 
-    /// The whole backward from d loss / d logits [B,T,V]; **accumulates** into the
+    /// The whole backward from d loss / d logits `[B,T,V]`; **accumulates** into the
     /// model's gradients.
     fn backward(&mut self, ids: &[usize], acts: Acts, dlogits: &Tensor) -> Result<()> {
         let (b, t) = (acts.head_in.shape()[0], acts.head_in.shape()[1]);
@@ -992,7 +992,7 @@ impl DecoderLm {
         Ok(())
     }
 
-    /// Logits [B,T,V] of `inputs` ([B·T] ids), no gradients.
+    /// Logits `[B,T,V]` of `inputs` (`[B·T]` ids), no gradients.
     pub fn forward_logits(&self, inputs: &[usize], b: usize, t: usize) -> Result<Tensor> {
         Ok(self.forward(inputs, b, t)?.0)
     }
@@ -1004,8 +1004,8 @@ impl DecoderLm {
         cross_entropy_in_place(&mut logits, &batch.targets)
     }
 
-    /// Forward on `inputs` ([B·T] ids), then backward from the given logits gradient
-    /// `dlogits` [B,T,V]: **accumulates** d(Σ logits ∘ dlogits)/dθ into the gradients.
+    /// Forward on `inputs` (`[B·T]` ids), then backward from the given logits gradient
+    /// `dlogits` `[B,T,V]`: **accumulates** d(Σ logits ∘ dlogits)/dθ into the gradients.
     /// For losses other than the built-in cross-entropy, and for gradient checks.
     pub fn backward_from_logits(
         &mut self,
