@@ -6,6 +6,7 @@
 //! multi-query); kernels read the shared heads through strides, never copying K/V.
 
 mod backward;
+mod disjoint;
 mod multi_head;
 mod reference;
 mod spec;

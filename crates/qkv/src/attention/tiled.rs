@@ -7,6 +7,7 @@
 //! l' = l·exp(m − m') + Σp, acc' = acc·exp(m − m') + p·V. At the end out = acc / l and
 //! the row's log-sum-exp is m + ln l, which the backward pass and the weights use.
 
+use super::disjoint::Disjoint;
 use rayon::prelude::*;
 
 use super::spec::Scorer;
@@ -25,35 +26,6 @@ struct Scratch {
     acc: Vec<f32>,
     m: Vec<f32>,
     l: Vec<f32>,
-}
-
-/// A buffer that parallel tasks write through, each to its own disjoint elements.
-#[derive(Clone, Copy)]
-struct Disjoint {
-    ptr: *mut f32,
-    len: usize,
-}
-
-// SAFETY: tasks only write disjoint ranges (see `Disjoint::range`), so sharing the
-// pointer across threads cannot produce a data race.
-unsafe impl Send for Disjoint {}
-unsafe impl Sync for Disjoint {}
-
-impl Disjoint {
-    fn new(data: &mut [f32]) -> Self {
-        Disjoint {
-            ptr: data.as_mut_ptr(),
-            len: data.len(),
-        }
-    }
-
-    /// # Safety
-    /// No other live reference may overlap `start..start + n`.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn range(&self, start: usize, n: usize) -> &mut [f32] {
-        assert!(start + n <= self.len, "disjoint write outside buffer");
-        std::slice::from_raw_parts_mut(self.ptr.add(start), n)
-    }
 }
 
 /// q: [B,T,H,D], k: [B,S,G,D], v: [B,S,G,Dv] (validated) → out [B,T,H,Dv], lse [B,H,T].

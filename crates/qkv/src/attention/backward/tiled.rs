@@ -30,6 +30,7 @@
 //! share that slice of the bias, so the broadcast sum is owned by one task, ordered, and
 //! still nothing T×S is materialised beyond the bias gradient itself.
 
+use crate::attention::disjoint::Disjoint;
 use rayon::prelude::*;
 
 use super::super::spec::Scorer;
@@ -40,36 +41,6 @@ use crate::tensor::Tensor;
 
 const BLOCK_Q: usize = 32;
 const BLOCK_K: usize = 64;
-
-/// A buffer that parallel tasks write through, each to its own disjoint elements.
-/// (The same device as the forward's tiled kernel.)
-#[derive(Clone, Copy)]
-struct Disjoint {
-    ptr: *mut f32,
-    len: usize,
-}
-
-// SAFETY: tasks only take disjoint ranges (see `Disjoint::range`), so sharing the
-// pointer across threads cannot produce a data race.
-unsafe impl Send for Disjoint {}
-unsafe impl Sync for Disjoint {}
-
-impl Disjoint {
-    fn new(data: &mut [f32]) -> Self {
-        Disjoint {
-            ptr: data.as_mut_ptr(),
-            len: data.len(),
-        }
-    }
-
-    /// # Safety
-    /// No other live reference may overlap `start..start + n`.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn range(&self, start: usize, n: usize) -> &mut [f32] {
-        assert!(start + n <= self.len, "disjoint write outside buffer");
-        std::slice::from_raw_parts_mut(self.ptr.add(start), n)
-    }
-}
 
 /// Per-thread working space, allocated once per rayon worker and reused across tasks.
 struct Scratch {

@@ -1,0 +1,31 @@
+//! Shared by the tiled kernels (forward and backward): one output buffer that parallel
+//! tasks write into, each task to elements no other task touches.
+
+/// A buffer that parallel tasks write through, each to its own disjoint elements.
+#[derive(Clone, Copy)]
+pub(crate) struct Disjoint {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: tasks only write disjoint ranges (see `Disjoint::range`), so sharing the
+// pointer across threads cannot produce a data race.
+unsafe impl Send for Disjoint {}
+unsafe impl Sync for Disjoint {}
+
+impl Disjoint {
+    pub(crate) fn new(data: &mut [f32]) -> Self {
+        Disjoint {
+            ptr: data.as_mut_ptr(),
+            len: data.len(),
+        }
+    }
+
+    /// # Safety
+    /// No other live reference may overlap `start..start + n`.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn range(&self, start: usize, n: usize) -> &mut [f32] {
+        assert!(start + n <= self.len, "disjoint write outside buffer");
+        std::slice::from_raw_parts_mut(self.ptr.add(start), n)
+    }
+}
