@@ -62,6 +62,7 @@ fn fixture_batch(f: &Fixture, s: usize) -> Batch {
         targets: targets[s * n..(s + 1) * n].to_vec(),
         batch: b,
         len: t,
+        source: None,
     }
 }
 
@@ -549,6 +550,7 @@ fn finite_differences_through_cross_entropy() {
         targets,
         batch: B,
         len: T,
+        source: None,
     };
     m.zero_grads();
     m.loss_and_backward(&batch).unwrap();
@@ -629,6 +631,7 @@ fn bad_batches_are_clear_errors() {
         targets,
         batch: b,
         len: t,
+        source: None,
     };
     let err = |m: &mut DecoderLm, b: Batch| m.loss_and_backward(&b).unwrap_err().to_string();
     let e = err(&mut m, batch(vec![1; 5], vec![1; 6], 2, 3));

@@ -339,6 +339,7 @@ impl Task {
             targets,
             batch: batch_size,
             len: t,
+            source: None,
         }
     }
 }

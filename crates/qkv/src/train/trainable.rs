@@ -6,7 +6,8 @@ use std::path::Path;
 use crate::error::Result;
 use crate::tensor::Tensor;
 
-/// A batch of next-token training data.
+/// A batch of next-token training data. For an encoder-decoder model, `inputs` are
+/// the decoder's (teacher-forced) inputs and `source` is what the encoder reads.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Batch {
     /// [B·T] input token ids
@@ -14,6 +15,19 @@ pub struct Batch {
     /// [B·T] the token each position must predict; −100 = not scored
     pub targets: Vec<i64>,
     pub batch: usize,
+    pub len: usize,
+    /// The encoder's input of an encoder-decoder batch; `None` for a decoder-only model.
+    pub source: Option<Source>,
+}
+
+/// The source sequences of an encoder-decoder batch: B rows of S tokens, padded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Source {
+    /// `[B·S]` token ids (any valid id at padded positions)
+    pub ids: Vec<usize>,
+    /// `[B·S]` `true` for real tokens, `false` for padding (never attended to)
+    pub mask: Vec<bool>,
+    /// S
     pub len: usize,
 }
 
