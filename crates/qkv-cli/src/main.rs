@@ -31,6 +31,8 @@ enum Command {
     Embed(cmd::embed::EmbedArgs),
     /// Describe a checkpoint: family, sizes, position encoding, norm, FFN, parameters
     Inspect(cmd::inspect::InspectArgs),
+    /// Train a decoder: from a Hugging Face folder on given batches, or a new model on a task or a text file
+    Train(Box<cmd::train::TrainArgs>),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +55,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Generate(args) => cmd::generate::run(args, &mut out)?,
         Command::Embed(args) => cmd::embed::run(args, &mut out)?,
         Command::Inspect(args) => cmd::inspect::run(args, &mut out)?,
+        Command::Train(args) => cmd::train::run(args)?,
     }
     out.flush()?;
     Ok(())

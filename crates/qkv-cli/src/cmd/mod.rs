@@ -4,6 +4,7 @@ pub mod embed;
 pub mod forward;
 pub mod generate;
 pub mod inspect;
+pub mod train;
 
 use std::path::Path;
 

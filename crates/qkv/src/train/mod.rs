@@ -2,6 +2,7 @@
 //! module holds what ties them together (gradient checking, losses, optimiser, tasks,
 //! the trainer).
 
+pub mod checkpoint;
 pub mod gradcheck;
 pub mod loss;
 pub mod model;
@@ -10,3 +11,4 @@ pub mod schedule;
 pub mod tasks;
 pub mod text_data;
 pub mod trainable;
+pub mod trainer;
