@@ -1,5 +1,6 @@
 //! Pointwise activations under the names Hugging Face configs use.
 
+use super::fastmath;
 use crate::error::{Error, Result};
 
 /// An elementwise nonlinearity.
@@ -36,9 +37,9 @@ impl Activation {
             Activation::GeluTanh => {
                 // 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
                 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-                0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+                0.5 * x * (1.0 + fastmath::tanh(SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)))
             }
-            Activation::Silu => x / (1.0 + (-x).exp()),
+            Activation::Silu => x / (1.0 + fastmath::exp(-x)),
         }
     }
 
@@ -74,20 +75,20 @@ impl Activation {
                 // 1/√(2π)
                 const INV_SQRT_2PI: f32 = 0.398_942_3;
                 let cdf = 0.5 * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2));
-                let pdf = INV_SQRT_2PI * (-0.5 * x * x).exp();
+                let pdf = INV_SQRT_2PI * fastmath::exp(-0.5 * x * x);
                 cdf + x * pdf
             }
             Activation::GeluTanh => {
                 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
                 const KAPPA: f32 = 0.044_715;
                 let x2 = x * x;
-                let t = (SQRT_2_OVER_PI * (x + KAPPA * x2 * x)).tanh();
+                let t = fastmath::tanh(SQRT_2_OVER_PI * (x + KAPPA * x2 * x));
                 0.5 * (1.0 + t)
                     + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * KAPPA * x2)
             }
             Activation::Silu => {
                 // For x ≪ 0, exp(−x) overflows to +∞ and σ to 0: the result is ±0, not NaN.
-                let s = 1.0 / (1.0 + (-x).exp());
+                let s = 1.0 / (1.0 + fastmath::exp(-x));
                 s * (1.0 + x * (1.0 - s))
             }
         }
