@@ -5,10 +5,11 @@
 # 256 learned positions, GELU-tanh MLP of 4·d, tied head, no dropout — on random byte
 # batches of B=8, T=256: one step is forward + cross-entropy + backward + AdamW.
 # Each side gets THREADS threads (default 2), runs WARMUP untimed steps (default 2),
-# then times STEPS steps (default 5), and reports training tokens/s = STEPS·B·T / time.
+# then times STEPS steps (default 5): training tokens/s = STEPS·B·T / time. ROUNDS
+# (default 3) alternating runs of each; the best and the median are reported.
 #
-#   bench/train_tokens_per_sec.sh            # THREADS=2 WARMUP=2 STEPS=5
-#   THREADS=2 STEPS=10 bench/train_tokens_per_sec.sh
+#   bench/train_tokens_per_sec.sh            # THREADS=2 WARMUP=2 STEPS=5 ROUNDS=3
+#   THREADS=2 STEPS=10 ROUNDS=5 bench/train_tokens_per_sec.sh
 #
 # PyTorch comes from the fixture venv (.venv-ref, or $PYTHON); qkv is a release build.
 set -euo pipefail
@@ -17,6 +18,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 THREADS="${THREADS:-2}"
 WARMUP="${WARMUP:-2}"
 STEPS="${STEPS:-5}"
+ROUNDS="${ROUNDS:-3}"
 PYTHON="${PYTHON:-$ROOT/.venv-ref/bin/python}"
 B=8
 T=256
@@ -31,25 +33,34 @@ QKV="$ROOT/target/release/qkv"
 # Random bytes: the vocabulary is the 256 byte values, as in the PyTorch script.
 "$PYTHON" -c "import random, sys; random.seed(0); sys.stdout.buffer.write(bytes(random.randrange(256) for _ in range(1 << 20)))" >"$WORK/random.bin"
 
-echo "PyTorch: $WARMUP warm-up + $STEPS timed steps on $THREADS threads..." >&2
-TORCH_JSON="$(OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" "$PYTHON" \
-  "$ROOT/bench/train_tokens_per_sec_torch.py" \
-  --threads "$THREADS" --warmup "$WARMUP" --steps "$STEPS" --batch "$B" --seq "$T")"
+# The two sides alternate for ROUNDS rounds, so that load from other processes hits
+# both alike; the best round of each is reported (the least disturbed), with the median.
+for round in $(seq 1 "$ROUNDS"); do
+  echo "round $round/$ROUNDS: PyTorch, $WARMUP warm-up + $STEPS timed steps on $THREADS threads..." >&2
+  OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" "$PYTHON" \
+    "$ROOT/bench/train_tokens_per_sec_torch.py" \
+    --threads "$THREADS" --warmup "$WARMUP" --steps "$STEPS" --batch "$B" --seq "$T" \
+    >>"$WORK/torch.jsonl"
+  echo "round $round/$ROUNDS: qkv, $WARMUP warm-up + $STEPS timed steps on $THREADS threads..." >&2
+  rm -rf "$WORK/ckpt"
+  "$QKV" train --text "$WORK/random.bin" --style gpt2 \
+    --d-model 384 --layers 6 --heads 6 --batch-size "$B" --seq-len "$T" \
+    --steps "$((WARMUP + STEPS))" --lr 3e-4 --constant-lr --eval-batches 0 \
+    --threads "$THREADS" --quiet --bench-warmup "$WARMUP" --out "$WORK/ckpt" \
+    >>"$WORK/qkv.jsonl"
+done
 
-echo "qkv: $WARMUP warm-up + $STEPS timed steps on $THREADS threads..." >&2
-QKV_JSON="$("$QKV" train --text "$WORK/random.bin" --style gpt2 \
-  --d-model 384 --layers 6 --heads 6 --batch-size "$B" --seq-len "$T" \
-  --steps "$((WARMUP + STEPS))" --lr 3e-4 --constant-lr --eval-batches 0 \
-  --threads "$THREADS" --quiet --bench-warmup "$WARMUP" --out "$WORK/ckpt")"
-
-echo "pytorch: $TORCH_JSON"
-echo "qkv:     $QKV_JSON"
-"$PYTHON" - "$TORCH_JSON" "$QKV_JSON" <<'PY'
-import json, sys
-torch, qkv = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-t, q = torch["tokens_per_sec"], qkv["tokens_per_sec"]
-print(f"training tokens/s (GPT-2 style d=384 L=6 H=6 V=256, B=8 T=256, {qkv['threads']} threads):")
-print(f"  PyTorch {torch['torch']} ({torch['attn_implementation']} attention): {t:8.0f}")
-print(f"  qkv:                                   {q:8.0f}")
-print(f"  ratio qkv / PyTorch: {q / t:.2f}")
+"$PYTHON" - "$WORK/torch.jsonl" "$WORK/qkv.jsonl" <<'PY'
+import json, statistics, sys
+runs = [[json.loads(l) for l in open(p)] for p in sys.argv[1:]]
+torch, qkv = ([r["tokens_per_sec"] for r in rs] for rs in runs)
+info = runs[0][0]
+print(f"training tokens/s, GPT-2 style d=384 L=6 H=6 V=256, B=8 T=256, "
+      f"{runs[1][0]['threads']} threads, {len(torch)} rounds (best / median):")
+print(f"  PyTorch {info['torch']} ({info['attn_implementation']} attention): "
+      f"{max(torch):7.0f} / {statistics.median(torch):7.0f}   rounds: {' '.join(f'{x:.0f}' for x in torch)}")
+print(f"  qkv:                                  "
+      f"{max(qkv):7.0f} / {statistics.median(qkv):7.0f}   rounds: {' '.join(f'{x:.0f}' for x in qkv)}")
+print(f"  ratio qkv / PyTorch (best): {max(qkv) / max(torch):.2f}   "
+      f"(median): {statistics.median(qkv) / statistics.median(torch):.2f}")
 PY

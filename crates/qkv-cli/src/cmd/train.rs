@@ -131,13 +131,16 @@ pub struct TrainArgs {
     /// FFN width F [default: the style's]
     #[arg(long, help_heading = "Model")]
     ffn: Option<usize>,
+    /// Position encoding [default: the style's]
     #[arg(long, value_enum, help_heading = "Model")]
     position: Option<Position>,
+    /// Normalisation layer [default: the style's]
     #[arg(long, value_enum, help_heading = "Model")]
     norm: Option<Norm>,
     /// Normalise after each residual addition (the original Transformer) instead of before
     #[arg(long, help_heading = "Model")]
     post_norm: bool,
+    /// FFN activation [default: the style's]
     #[arg(long, value_enum, help_heading = "Model")]
     ffn_kind: Option<Ffn>,
 
@@ -199,8 +202,9 @@ pub struct TrainArgs {
     /// trainer state [default with --resume: the resumed folder]
     #[arg(long, value_name = "DIR", help_heading = "Output")]
     out: Option<PathBuf>,
-    /// Append one JSON object per step: step, loss (before the update), lr, grad_norm,
-    /// and eval_loss / eval_accuracy on evaluation steps
+    /// Write one JSON object per step: step, loss (before the update), lr, grad_norm,
+    /// and eval_loss / eval_accuracy on evaluation steps [default with --resume: the
+    /// resumed run's log, continued]
     #[arg(long, value_name = "LOG.jsonl", help_heading = "Output")]
     log_json: Option<PathBuf>,
     /// No progress bar, no evaluation lines, no summary
@@ -246,6 +250,8 @@ struct RunSpec {
     source: Source,
     /// Threads of the run (None: rayon's default, all cores).
     threads: Option<usize>,
+    /// The JSON log, which a resumed run continues unless given another.
+    log_json: Option<PathBuf>,
 }
 
 /// A source's batches and, for tasks and text, the (vocabulary, length) a new model needs.
@@ -616,11 +622,9 @@ fn progress_bar(steps: u64, done: u64, quiet: bool) -> ProgressBar {
     }
     let bar = ProgressBar::with_draw_target(Some(steps), ProgressDrawTarget::stderr());
     bar.set_style(
-        ProgressStyle::with_template(
-            "{bar:30.cyan/blue} step {pos}/{len} {msg} [{elapsed_precise}, ETA {eta_precise}]",
-        )
-        .expect("valid template")
-        .progress_chars("█▉▊▋▌▍▎▏ "),
+        ProgressStyle::with_template("{bar:20.cyan/blue} step {pos}/{len} {msg} ETA {eta}")
+            .expect("valid template")
+            .progress_chars("█▉▊▋▌▍▎▏ "),
     );
     bar.set_position(done);
     bar.reset_eta();
@@ -630,7 +634,7 @@ fn progress_bar(steps: u64, done: u64, quiet: bool) -> ProgressBar {
 fn eval_line(log: &StepLog) -> Option<String> {
     let (loss, acc) = (log.eval_loss?, log.eval_accuracy?);
     Some(format!(
-        "step {}: eval loss {loss:.4}, token accuracy {:.2}%",
+        "after {} steps: eval loss {loss:.4}, token accuracy {:.2}%",
         log.step + 1,
         acc * 100.0
     ))
@@ -662,13 +666,23 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 }
                 spec.threads = Some(t);
             }
+            if args.log_json.is_some() {
+                spec.log_json = args.log_json.clone();
+            }
             let out = args.out.clone().unwrap_or_else(|| dir.clone());
+            if out != *dir && checkpoint::exists(&out) {
+                bail!(
+                    "{} already holds a training checkpoint; --out of a resumed run must be its own folder or a new one",
+                    out.display()
+                );
+            }
             (spec, Some(state), out)
         }
         None => {
             let spec = RunSpec {
                 source: args.source(),
                 threads: args.threads,
+                log_json: args.log_json.clone(),
             };
             let out = args.out.clone().expect("checked: --out is given");
             if checkpoint::exists(&out) {
@@ -714,6 +728,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             let dir = args.resume.as_ref().expect("resuming");
             let mut t = Trainer::resume(&mut model, dir, state)
                 .with_context(|| format!("resuming from {}", dir.display()))?;
+            t.set_run_config(run_json);
             if let Some(steps) = args.steps {
                 t.set_steps(steps)?;
             }
@@ -748,7 +763,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     // ---- the loop -----------------------------------------------------------------
     let cfg = trainer.config().clone();
     let eval = data.eval_batches(cfg.seed, cfg.eval_batches)?;
-    let mut log = match &args.log_json {
+    let mut log = match &spec.log_json {
         Some(p) => Some(open_log(p, start)?),
         None => None,
     };
@@ -756,8 +771,10 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let end = args.stop_after.map_or(steps, |s| s.min(steps));
     let bar = progress_bar(end, start, args.quiet);
     let t0 = Instant::now();
-    let mut bench_t0: Option<Instant> = None;
     let warmup = args.bench_warmup.unwrap_or(0);
+    let mut bench_t0 = (warmup == 0).then(Instant::now);
+    // when the last step ended: the final checkpoint's write is not training time
+    let mut t_end = t0;
     let mut last: Option<StepLog> = None;
     let mut log_err: Option<std::io::Error> = None;
     let result = trainer.run(
@@ -774,8 +791,9 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                     log_err.get_or_insert(e);
                 }
             }
+            t_end = Instant::now();
             let done = s.step + 1;
-            if done - start == warmup {
+            if warmup > 0 && done - start == warmup {
                 bench_t0 = Some(Instant::now());
             }
             let rate = (done - start) as f64 * tokens_per_step / t0.elapsed().as_secs_f64();
@@ -790,7 +808,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         },
     );
     bar.finish_and_clear();
-    if let (Some(e), Some(p)) = (log_err, &args.log_json) {
+    if let (Some(e), Some(p)) = (log_err, &spec.log_json) {
         return Err(anyhow!("writing {}: {e}", p.display()));
     }
     if let Err(e) = result {
@@ -804,11 +822,11 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         };
         return Err(anyhow!("{e:#}; {kept}"));
     }
-    let elapsed = t0.elapsed().as_secs_f64();
+    let elapsed = (t_end - t0).as_secs_f64();
     let done = trainer.step() - start;
     if let (Some(t), true) = (bench_t0, args.bench_warmup.is_some()) {
         let timed = done.saturating_sub(warmup);
-        let secs = t.elapsed().as_secs_f64();
+        let secs = (t_end - t).as_secs_f64();
         println!(
             "{}",
             serde_json::json!({

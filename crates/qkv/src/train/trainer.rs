@@ -550,6 +550,12 @@ impl<'m> Trainer<'m> {
         &self.run_config
     }
 
+    /// Replaces the caller's part of the stored configuration (e.g. a data file that
+    /// moved since the checkpoint), for the checkpoints written from now on.
+    pub fn set_run_config(&mut self, run_config: serde_json::Value) {
+        self.run_config = run_config;
+    }
+
     /// Steps done so far.
     pub fn step(&self) -> u64 {
         self.step
@@ -619,10 +625,14 @@ impl<'m> Trainer<'m> {
         let step = self.step;
         let batch = data.train_batch(step, &mut self.rng)?;
         self.model.zero_grads();
-        // A forward that fails here (typically weights grown non-finite, which the
-        // attention input checks catch) stops training like a non-finite loss does.
-        let loss = self.model.loss_and_backward(&batch).map_err(|e| {
-            Error::invalid("training", format!("step {step}: {e}; training stopped"))
+        // Weights grown non-finite make the forward fail its input checks before any
+        // loss exists: that stops training like a non-finite loss does.
+        let loss = self.model.loss_and_backward(&batch).map_err(|e| match e {
+            Error::NonFinite { .. } => Error::invalid(
+                "training",
+                format!("step {step}: the run diverged ({e}); training stopped"),
+            ),
+            e => e,
         })?;
         if !loss.is_finite() {
             return Err(Error::invalid(
