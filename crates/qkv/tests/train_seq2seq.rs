@@ -444,6 +444,45 @@ fn reference_and_tiled_kernels_agree() {
     }
 }
 
+/// The decoder is causal and its logits do not depend on how long the sequence is:
+/// the logits of the first t positions of a T-token decoder input equal those of the
+/// t-token prefix alone, for every t ≤ T, every variant and both kernels. Greedy
+/// decoding (`generate` re-reads the growing prefix) relies on this to reproduce the
+/// teacher-forced path: a kernel whose output for row i changes with the keys beyond
+/// i (masked, but present in the block) trains a model whose teacher-forced accuracy
+/// is perfect while its greedy decoding fails.
+#[test]
+fn decoder_prefix_logits_match_the_full_sequence() {
+    for (vi, (label, cfg)) in variants().into_iter().enumerate() {
+        let vi = vi as u64;
+        let mut m = fd_model(&cfg, 1100 + vi);
+        let source = tiny_source(1110 + vi, cfg.src_vocab);
+        let ids = tiny_ids(1120 + vi, cfg.tgt_vocab, B * T);
+        let v = cfg.tgt_vocab;
+        for kernel in [Kernel::Reference, Kernel::Tiled] {
+            m.kernel = kernel;
+            let full = m.forward_logits(&source, &ids, B, T).unwrap();
+            for t in 1..T {
+                let prefix: Vec<usize> =
+                    ids.chunks_exact(T).flat_map(|r| r[..t].to_vec()).collect();
+                let part = m.forward_logits(&source, &prefix, B, t).unwrap();
+                let want: Vec<f32> = full
+                    .data()
+                    .chunks_exact(T * v)
+                    .flat_map(|r| r[..t * v].to_vec())
+                    .collect();
+                assert_close(
+                    &format!("{label} ({kernel:?}): first {t} of {T} positions"),
+                    part.data(),
+                    &want,
+                    1e-5,
+                    1e-5,
+                );
+            }
+        }
+    }
+}
+
 // ------------------------------------------------------------------------------------
 // learning
 // ------------------------------------------------------------------------------------

@@ -68,16 +68,19 @@ pub(crate) fn attention(
                     )
                 };
                 let l = scratch.l[r];
-                if l > 0.0 {
+                // l ≥ 1 as soon as one key is visible (its max term is e⁰), so exactly 0
+                // means every key was masked. Testing `l > 0` instead would also send a
+                // NaN sum down this branch and hide a numerical fault as zeros.
+                if l == 0.0 {
+                    // Every key masked: zeros out, −∞ log-sum-exp, never NaN.
+                    o.fill(0.0);
+                    *lse_i = f32::NEG_INFINITY;
+                } else {
                     let inv = 1.0 / l;
                     for (oc, ac) in o.iter_mut().zip(&scratch.acc[r * dv..(r + 1) * dv]) {
                         *oc = ac * inv;
                     }
                     *lse_i = scratch.m[r] + l.ln();
-                } else {
-                    // Every key masked: zeros out, −∞ log-sum-exp, never NaN.
-                    o.fill(0.0);
-                    *lse_i = f32::NEG_INFINITY;
                 }
             }
         },
