@@ -37,7 +37,7 @@ use crate::MultiHeadAttention;
 /// Hugging Face `GPT2Config`. Sizes are required; the alternative names are those of
 /// `attribute_map` (`hidden_size` → `n_embd`, …), which some tools write instead.
 #[derive(Deserialize)]
-struct Gpt2Config {
+pub(crate) struct Gpt2Config {
     #[serde(default)]
     architectures: Vec<String>,
     n_embd: Option<usize>,
@@ -55,16 +55,16 @@ struct Gpt2Config {
     #[serde(default = "default_eps")]
     layer_norm_epsilon: f64,
     #[serde(default = "default_activation")]
-    activation_function: String,
+    pub(crate) activation_function: String,
     /// Divide scores by √D (always true in released checkpoints).
     #[serde(default = "yes")]
-    scale_attn_weights: bool,
+    pub(crate) scale_attn_weights: bool,
     /// Also divide layer l's scores by l + 1 (a training-stability option, off in
     /// OpenAI's checkpoints).
     #[serde(default)]
-    scale_attn_by_inverse_layer_idx: bool,
+    pub(crate) scale_attn_by_inverse_layer_idx: bool,
     #[serde(default = "yes")]
-    tie_word_embeddings: bool,
+    pub(crate) tie_word_embeddings: bool,
     #[serde(flatten)]
     tokens: TokenIds,
 }
@@ -82,19 +82,21 @@ fn yes() -> bool {
 }
 
 /// Runtime sizes, validated.
-struct Dims {
-    c: usize,
-    layers: usize,
-    heads: usize,
-    positions: usize,
-    vocab: usize,
-    ffn: usize,
-    eps: f32,
-    act: Activation,
+pub(crate) struct Dims {
+    pub(crate) c: usize,
+    pub(crate) layers: usize,
+    pub(crate) heads: usize,
+    pub(crate) positions: usize,
+    pub(crate) vocab: usize,
+    pub(crate) ffn: usize,
+    pub(crate) eps: f32,
+    pub(crate) act: Activation,
 }
 
 impl Gpt2Config {
-    fn validate(&self, dir: &Path) -> Result<Dims> {
+    /// The sizes, epsilon and activation of this config, checked; errors name the
+    /// field of `dir/config.json` at fault.
+    pub(crate) fn validate(&self, dir: &Path) -> Result<Dims> {
         let c = aliased_size(
             dir,
             ("n_embd", self.n_embd),

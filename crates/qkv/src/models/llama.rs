@@ -34,15 +34,15 @@ use crate::tensor::Tensor;
 
 /// `config.json` of a Llama or Mistral checkpoint, as transformers writes it.
 #[derive(Deserialize)]
-struct LlamaConfig {
+pub(crate) struct LlamaConfig {
     #[serde(default)]
     architectures: Vec<String>,
     #[serde(default)]
     model_type: Option<String>,
-    vocab_size: usize,
-    hidden_size: usize,
-    intermediate_size: usize,
-    num_hidden_layers: usize,
+    pub(crate) vocab_size: usize,
+    pub(crate) hidden_size: usize,
+    pub(crate) intermediate_size: usize,
+    pub(crate) num_hidden_layers: usize,
     num_attention_heads: usize,
     /// Absent means multi-head attention (G = H).
     #[serde(default)]
@@ -53,18 +53,18 @@ struct LlamaConfig {
     #[serde(default = "default_rms_norm_eps")]
     rms_norm_eps: f64,
     #[serde(default = "default_hidden_act")]
-    hidden_act: String,
+    pub(crate) hidden_act: String,
     /// Bias on q/k/v/o projections (Llama only; Mistral has none).
     #[serde(default)]
-    attention_bias: bool,
+    pub(crate) attention_bias: bool,
     /// Bias on gate/up/down projections.
     #[serde(default)]
-    mlp_bias: bool,
+    pub(crate) mlp_bias: bool,
     /// Both Llama and Mistral default to separate input and output matrices.
     #[serde(default)]
-    tie_word_embeddings: bool,
+    pub(crate) tie_word_embeddings: bool,
     #[serde(default)]
-    max_position_embeddings: Option<usize>,
+    pub(crate) max_position_embeddings: Option<usize>,
     /// transformers 4.x
     #[serde(default)]
     rope_theta: Option<f64>,
@@ -73,7 +73,7 @@ struct LlamaConfig {
     rope_scaling: Option<RopeConfig>,
     /// transformers 5.x
     #[serde(default)]
-    rope_parameters: Option<RopeConfig>,
+    pub(crate) rope_parameters: Option<RopeConfig>,
     /// Mistral: query position p sees key j only when p − j < sliding_window.
     #[serde(default)]
     sliding_window: Option<usize>,
@@ -93,7 +93,7 @@ fn default_hidden_act() -> String {
 /// serde aliases because 4.x configs often carry both `type` and `rope_type`, which an
 /// alias would reject as a duplicate.
 #[derive(Deserialize)]
-struct RopeConfig {
+pub(crate) struct RopeConfig {
     #[serde(default)]
     rope_type: Option<String>,
     #[serde(default, rename = "type")]
@@ -106,14 +106,14 @@ struct RopeConfig {
 
 /// How RoPE's frequencies are scaled.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum RopeScaling {
+pub(crate) enum RopeScaling {
     None,
     /// Position interpolation: every frequency divided by `factor`.
     Linear(f32),
 }
 
 /// Base θ and scaling from whichever layout the config uses.
-fn rope_settings(cfg: &LlamaConfig, dir: &Path) -> Result<(f32, RopeScaling)> {
+pub(crate) fn rope_settings(cfg: &LlamaConfig, dir: &Path) -> Result<(f32, RopeScaling)> {
     let (field, rope) = match (&cfg.rope_parameters, &cfg.rope_scaling) {
         (Some(p), _) => ("rope_parameters", Some(p)),
         (None, s) => ("rope_scaling", s.as_ref()),
@@ -160,17 +160,19 @@ fn rope_settings(cfg: &LlamaConfig, dir: &Path) -> Result<(f32, RopeScaling)> {
 }
 
 /// Runtime sizes after validation.
-struct Dims {
-    hidden: usize,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    ffn: usize,
-    vocab: usize,
-    eps: f32,
+pub(crate) struct Dims {
+    pub(crate) hidden: usize,
+    pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) ffn: usize,
+    pub(crate) vocab: usize,
+    pub(crate) eps: f32,
 }
 
-fn validate(cfg: &LlamaConfig, dir: &Path) -> Result<Dims> {
+/// The sizes and epsilon of `cfg`, checked; errors name the field of
+/// `dir/config.json` at fault.
+pub(crate) fn validate(cfg: &LlamaConfig, dir: &Path) -> Result<Dims> {
     check_positive(
         dir,
         &[

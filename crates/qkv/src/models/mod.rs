@@ -16,7 +16,7 @@ pub mod bloom;
 pub mod cache;
 pub mod generate;
 pub mod gpt2;
-mod head;
+pub(crate) mod head;
 pub mod llama;
 pub mod marian;
 pub mod sentence;

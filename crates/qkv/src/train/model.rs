@@ -74,14 +74,15 @@ pub use seq2seq::{EncoderDecoderConfig, EncoderDecoderLm};
 use crate::attention::{AttentionSpec, Bias, CausalAlign, Kernel};
 use crate::error::{Error, Result};
 use crate::layers::{Embedding, EmbeddingGrads, FeedForward, Linear, LinearGrads};
+use crate::models::head::lm_logits;
 use crate::position::{alibi_slopes, sinusoidal_table, Rope, RopeLayout, SinusoidalLayout};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 use crate::train::loss::cross_entropy_in_place;
 use crate::train::trainable::{Batch, TrainableModel};
 use block::{
-    embed, embed_backward, head, head_backward, init_linear, visit_linear, visit_norm, AttnBlock,
-    Ctx, FfnBlock, Layer, LayerActs, LayerGrads, Norm, NormCache, NormGrads, QkvGrads, QkvProj,
+    embed, embed_backward, head_backward, init_linear, visit_linear, visit_norm, AttnBlock, Ctx,
+    FfnBlock, Layer, LayerActs, LayerGrads, Norm, NormCache, NormGrads, QkvGrads, QkvProj,
     INIT_STD,
 };
 
@@ -476,7 +477,7 @@ impl DecoderLm {
 
     /// h: `[B,T,C]` → logits `[B,T,V]` = h·Wᵀ, W = lm_head or the embedding table.
     fn head(&self, h: &Tensor) -> Result<Tensor> {
-        head(self.lm_head.as_ref(), &self.wte.table, h)
+        lm_logits(h, self.lm_head.as_ref(), &self.wte.table, 1.0)
     }
 
     /// The whole backward from d loss / d logits `[B,T,V]`; **accumulates** into the

@@ -719,29 +719,8 @@ pub(super) fn embed_backward(
     Ok(())
 }
 
-/// h: `[.., C]` → logits `[.., V]` = h·Wᵀ, W = `lm_head`'s weight or, tied, the embedding
-/// `table` `[V, C]`.
-pub(super) fn head(lm_head: Option<&Linear>, table: &Tensor, h: &Tensor) -> Result<Tensor> {
-    if let Some(head) = lm_head {
-        return head.forward(h);
-    }
-    let (v, c) = (table.shape()[0], table.shape()[1]);
-    let rows = h.numel() / c;
-    let mut shape = h.shape().to_vec();
-    *shape.last_mut().expect("[.., C]") = v;
-    let mut out = Tensor::zeros(&shape);
-    gemm(
-        MatMut::row_major(out.data_mut(), rows, v),
-        MatRef::row_major(h.data(), rows, c),
-        MatRef::row_major(table.data(), v, c).t(),
-        1.0,
-        false,
-        Par::Auto,
-    );
-    Ok(out)
-}
-
-/// Backward of [`head`]: dlogits `[.., V]` → dh `[.., C]`; **accumulates** into the head's
+/// Backward of [`lm_logits`](crate::models::head::lm_logits) with a tied scale of 1:
+/// dlogits `[.., V]` → dh `[.., C]`; **accumulates** into the head's
 /// gradients, or (tied) into `table_grad` `[V, C]`.
 pub(super) fn head_backward(
     lm_head: Option<(&Linear, &mut LinearGrads)>,

@@ -15,6 +15,8 @@ use serde_json::{json, Map, Value};
 use super::{DecoderLm, FfnKind, HfFamily, LmConfig, NormKind, PositionKind, Tree};
 use crate::error::{Error, Result};
 use crate::io::{bad_field, read_config, write_atomic, Checkpoint};
+use crate::models::{gpt2, llama};
+use crate::ops::Activation;
 use crate::tensor::Tensor;
 
 /// `architectures[0]` of a folder written for a configuration no Hugging Face family has.
@@ -138,120 +140,28 @@ struct Architecture {
     model_type: Option<String>,
 }
 
-/// Hugging Face `GPT2Config`; aliases as in `attribute_map`.
-#[derive(Deserialize)]
-struct Gpt2Json {
-    vocab_size: usize,
-    n_embd: Option<usize>,
-    hidden_size: Option<usize>,
-    n_layer: Option<usize>,
-    num_hidden_layers: Option<usize>,
-    n_head: Option<usize>,
-    num_attention_heads: Option<usize>,
-    n_positions: Option<usize>,
-    max_position_embeddings: Option<usize>,
-    /// absent or null: 4·C
-    #[serde(default)]
-    n_inner: Option<usize>,
-    #[serde(default = "gpt2_eps")]
-    layer_norm_epsilon: f64,
-    #[serde(default = "gelu_new")]
-    activation_function: String,
-    #[serde(default = "yes")]
-    scale_attn_weights: bool,
-    #[serde(default)]
-    scale_attn_by_inverse_layer_idx: bool,
-    #[serde(default = "yes")]
-    tie_word_embeddings: bool,
-}
-
-fn gpt2_eps() -> f64 {
-    1e-5
-}
-
-fn gelu_new() -> String {
-    "gelu_new".into()
-}
-
-fn yes() -> bool {
-    true
-}
-
-/// Hugging Face `LlamaConfig` (4.x and 5.x RoPE fields).
-#[derive(Deserialize)]
-struct LlamaJson {
-    vocab_size: usize,
-    hidden_size: usize,
-    intermediate_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
-    #[serde(default)]
-    num_key_value_heads: Option<usize>,
-    #[serde(default)]
-    head_dim: Option<usize>,
-    #[serde(default = "llama_eps")]
-    rms_norm_eps: f64,
-    #[serde(default = "silu")]
-    hidden_act: String,
-    #[serde(default)]
-    attention_bias: bool,
-    #[serde(default)]
-    mlp_bias: bool,
-    #[serde(default)]
-    tie_word_embeddings: bool,
-    #[serde(default)]
-    max_position_embeddings: Option<usize>,
-    #[serde(default)]
-    rope_theta: Option<f64>,
-    #[serde(default)]
-    rope_scaling: Option<Value>,
-    #[serde(default)]
-    rope_parameters: Option<Value>,
-}
-
-fn llama_eps() -> f64 {
-    1e-6
-}
-
-fn silu() -> String {
-    "silu".into()
-}
-
 #[derive(Deserialize)]
 struct NativeJson {
     qkv: LmConfig,
 }
 
-/// A required size under its name or alias.
-fn size(dir: &Path, name: &str, alias: &str, a: Option<usize>, b: Option<usize>) -> Result<usize> {
-    a.or(b)
-        .ok_or_else(|| bad_field(dir, name, format!("missing (nor is `{alias}` set)")))
-}
-
-fn eps(dir: &Path, field: &str, v: f64) -> Result<f32> {
-    if !(v.is_finite() && v >= 0.0) {
-        return Err(bad_field(
-            dir,
-            field,
-            format!("must be finite and ≥ 0, got {v}"),
-        ));
-    }
-    Ok(v as f32)
-}
-
+/// A GPT-2 folder's configuration as [`LmConfig`]: the inference side's parsing and
+/// validation ([`gpt2::Gpt2Config::validate`]), then what training adds: an activation
+/// the FFN can differentiate and the plain 1/√D score scale.
 fn gpt2_config(dir: &Path) -> Result<LmConfig> {
-    let j: Gpt2Json = read_config(dir)?;
-    let c = size(dir, "n_embd", "hidden_size", j.n_embd, j.hidden_size)?;
-    let ffn = match j.activation_function.as_str() {
-        "relu" => FfnKind::Relu,
-        "gelu" => FfnKind::Gelu,
-        "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => FfnKind::GeluTanh,
-        other => {
+    let j: gpt2::Gpt2Config = read_config(dir)?;
+    let d = j.validate(dir)?;
+    let ffn = match d.act {
+        Activation::Relu => FfnKind::Relu,
+        Activation::Gelu => FfnKind::Gelu,
+        Activation::GeluTanh => FfnKind::GeluTanh,
+        _ => {
             return Err(bad_field(
                 dir,
                 "activation_function",
                 format!(
-                    "`{other}` is not trainable here (relu, gelu, gelu_new, gelu_pytorch_tanh)"
+                    "`{}` is not trainable here (relu, gelu, gelu_new, gelu_pytorch_tanh)",
+                    j.activation_function
                 ),
             ))
         }
@@ -263,37 +173,16 @@ fn gpt2_config(dir: &Path) -> Result<LmConfig> {
             "trainable GPT-2 models scale scores by 1/√D only (scale_attn_weights = true, scale_attn_by_inverse_layer_idx = false)",
         ));
     }
-    let heads = size(
-        dir,
-        "n_head",
-        "num_attention_heads",
-        j.n_head,
-        j.num_attention_heads,
-    )?;
     Ok(LmConfig {
-        vocab: j.vocab_size,
-        d_model: c,
-        n_layers: size(
-            dir,
-            "n_layer",
-            "num_hidden_layers",
-            j.n_layer,
-            j.num_hidden_layers,
-        )?,
-        n_heads: heads,
-        n_kv_heads: heads,
-        ffn_dim: j.n_inner.unwrap_or(4 * c),
-        max_len: size(
-            dir,
-            "n_positions",
-            "max_position_embeddings",
-            j.n_positions,
-            j.max_position_embeddings,
-        )?,
+        vocab: d.vocab,
+        d_model: d.c,
+        n_layers: d.layers,
+        n_heads: d.heads,
+        n_kv_heads: d.heads,
+        ffn_dim: d.ffn,
+        max_len: d.positions,
         position: PositionKind::Learned,
-        norm: NormKind::LayerNorm {
-            eps: eps(dir, "layer_norm_epsilon", j.layer_norm_epsilon)?,
-        },
+        norm: NormKind::LayerNorm { eps: d.eps },
         pre_norm: true,
         ffn,
         bias: true,
@@ -301,37 +190,22 @@ fn gpt2_config(dir: &Path) -> Result<LmConfig> {
     })
 }
 
-/// The `rope_type` / `type` of a `rope_scaling` or `rope_parameters` object.
-fn rope_type(v: &Value) -> Option<&str> {
-    v.get("rope_type")
-        .or_else(|| v.get("type"))
-        .and_then(Value::as_str)
-}
-
+/// A Llama folder's configuration as [`LmConfig`]: the inference side's parsing and
+/// validation ([`llama::validate`], [`llama::rope_settings`]), then what training
+/// adds: head_dim = C / H, SwiGLU, biases everywhere or nowhere, unscaled RoPE.
 fn llama_config(dir: &Path) -> Result<LmConfig> {
-    let j: LlamaJson = read_config(dir)?;
-    let heads = j.num_attention_heads;
-    if heads == 0 || !j.hidden_size.is_multiple_of(heads) {
+    let j: llama::LlamaConfig = read_config(dir)?;
+    let d = llama::validate(&j, dir)?;
+    if d.head_dim * d.heads != d.hidden {
         return Err(bad_field(
             dir,
-            "num_attention_heads",
+            "head_dim",
             format!(
-                "{heads} heads do not divide hidden_size = {}",
-                j.hidden_size
+                "trainable models need head_dim = hidden_size / num_attention_heads = {}, got {}",
+                d.hidden / d.heads,
+                d.head_dim
             ),
         ));
-    }
-    if let Some(d) = j.head_dim {
-        if d != j.hidden_size / heads {
-            return Err(bad_field(
-                dir,
-                "head_dim",
-                format!(
-                    "trainable models need head_dim = hidden_size / num_attention_heads = {}, got {d}",
-                    j.hidden_size / heads
-                ),
-            ));
-        }
     }
     if !matches!(j.hidden_act.as_str(), "silu" | "swish") {
         return Err(bad_field(
@@ -350,42 +224,29 @@ fn llama_config(dir: &Path) -> Result<LmConfig> {
             "trainable models have biases on every projection or none (attention_bias = mlp_bias)",
         ));
     }
-    let mut theta = j.rope_theta.unwrap_or(10_000.0);
-    for (field, v) in [
-        ("rope_scaling", &j.rope_scaling),
-        ("rope_parameters", &j.rope_parameters),
-    ] {
-        let Some(v) = v.as_ref().filter(|v| !v.is_null()) else {
-            continue;
+    let (theta, scaling) = llama::rope_settings(&j, dir)?;
+    if let llama::RopeScaling::Linear(_) = scaling {
+        let field = if j.rope_parameters.is_some() {
+            "rope_parameters"
+        } else {
+            "rope_scaling"
         };
-        if let Some(t) = v.get("rope_theta").and_then(Value::as_f64) {
-            theta = t;
-        }
-        match rope_type(v) {
-            None | Some("default") => {}
-            Some(other) => {
-                return Err(bad_field(
-                    dir,
-                    field,
-                    format!("RoPE scaling `{other}` is not trainable here (plain RoPE only)"),
-                ))
-            }
-        }
+        return Err(bad_field(
+            dir,
+            field,
+            "RoPE scaling `linear` is not trainable here (plain RoPE only)",
+        ));
     }
     Ok(LmConfig {
-        vocab: j.vocab_size,
-        d_model: j.hidden_size,
+        vocab: d.vocab,
+        d_model: d.hidden,
         n_layers: j.num_hidden_layers,
-        n_heads: heads,
-        n_kv_heads: j.num_key_value_heads.unwrap_or(heads),
-        ffn_dim: j.intermediate_size,
+        n_heads: d.heads,
+        n_kv_heads: d.kv_heads,
+        ffn_dim: d.ffn,
         max_len: j.max_position_embeddings.unwrap_or(2048),
-        position: PositionKind::Rope {
-            theta: theta as f32,
-        },
-        norm: NormKind::RmsNorm {
-            eps: eps(dir, "rms_norm_eps", j.rms_norm_eps)?,
-        },
+        position: PositionKind::Rope { theta },
+        norm: NormKind::RmsNorm { eps: d.eps },
         pre_norm: true,
         ffn: FfnKind::SwiGlu,
         bias: j.attention_bias,

@@ -66,7 +66,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::block::{
-    add_into, embed, embed_backward, head, head_backward, init_linear, visit_linear, visit_norm,
+    add_into, embed, embed_backward, head_backward, init_linear, visit_linear, visit_norm,
     AttnBlock, AttnBlockActs, AttnBlockGrads, Ctx, FfnBlock, FfnBlockActs, FfnBlockGrads, Layer,
     LayerActs, LayerGrads, Norm, NormCache, NormGrads, QkvGrads, QkvProj, INIT_STD,
 };
@@ -75,6 +75,7 @@ use crate::attention::{AttentionSpec, Bias, CausalAlign, Kernel};
 use crate::error::{Error, Result};
 use crate::io::{bad_field, read_config, write_atomic, Checkpoint};
 use crate::layers::{Embedding, EmbeddingGrads, FeedForward, Linear, LinearGrads};
+use crate::models::head::lm_logits;
 use crate::position::{alibi_slopes, sinusoidal_table, Rope, RopeLayout, SinusoidalLayout};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
@@ -739,7 +740,7 @@ impl EncoderDecoderLm {
             }
             None => (x, None),
         };
-        let logits = head(self.lm_head.as_ref(), &self.tgt_embed.table, &head_in)?;
+        let logits = lm_logits(&head_in, self.lm_head.as_ref(), &self.tgt_embed.table, 1.0)?;
         let acts = DecActs {
             layers,
             final_norm,
