@@ -30,9 +30,19 @@ pub fn numeric_grad(x: &mut [f32], h: f32, mut f: impl FnMut(&[f32]) -> f64) -> 
 
 /// Checks |analytic − numeric| ≤ atol + rtol·|numeric| everywhere; the error names
 /// the worst element.
-pub fn compare(what: &str, analytic: &[f32], numeric: &[f64], atol: f64, rtol: f64) -> Result<(), String> {
+pub fn compare(
+    what: &str,
+    analytic: &[f32],
+    numeric: &[f64],
+    atol: f64,
+    rtol: f64,
+) -> Result<(), String> {
     if analytic.len() != numeric.len() {
-        return Err(format!("{what}: {} analytic vs {} numeric values", analytic.len(), numeric.len()));
+        return Err(format!(
+            "{what}: {} analytic vs {} numeric values",
+            analytic.len(),
+            numeric.len()
+        ));
     }
     let worst = analytic
         .iter()
@@ -60,7 +70,9 @@ mod tests {
     fn gradient_of_a_known_function() {
         // f(x) = Σ x³ → f' = 3x²
         let mut x = vec![0.5f32, -1.25, 2.0];
-        let g = numeric_grad(&mut x, 1e-2, |x| x.iter().map(|&v| (v as f64).powi(3)).sum());
+        let g = numeric_grad(&mut x, 1e-2, |x| {
+            x.iter().map(|&v| (v as f64).powi(3)).sum()
+        });
         let exact: Vec<f32> = x.iter().map(|v| 3.0 * v * v).collect();
         compare("x³", &exact, &g, 1e-3, 1e-3).unwrap();
         assert!(compare("wrong", &[0.0, 0.0, 0.0], &g, 1e-3, 1e-3).is_err());
