@@ -32,11 +32,13 @@
 //! ```
 
 pub mod attention;
+pub mod batch;
 pub mod block;
 pub mod error;
 pub mod io;
 pub mod layers;
 pub mod models;
+pub mod module;
 pub mod ops;
 pub mod position;
 pub mod rng;
@@ -46,7 +48,7 @@ pub mod train;
 
 pub use attention::{
     attention, AttentionOutput, AttentionSpec, Bias, Broadcast, CausalAlign, Kernel,
-    MultiHeadAttention,
 };
+pub use block::MultiHeadAttention;
 pub use error::{Error, Result};
 pub use tensor::Tensor;

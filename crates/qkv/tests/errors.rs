@@ -6,7 +6,7 @@
 mod common;
 
 use qkv::attention::{attention_views, HeadsView};
-use qkv::layers::{Embedding, LayerNorm, Linear, RmsNorm};
+use qkv::layers::{Embedding, Linear, Norm};
 use qkv::position::{LearnedPositions, Rope, RopeLayout};
 use qkv::rng::Rng;
 use qkv::{attention, AttentionSpec, Bias, Broadcast, Error, Kernel, MultiHeadAttention, Tensor};
@@ -443,14 +443,14 @@ fn linear_rejects_bias_of_wrong_length() {
 
 #[test]
 fn layer_norm_rejects_wrong_input_width() {
-    let ln = LayerNorm::new(Tensor::zeros(&[6]), Some(Tensor::zeros(&[6])), 1e-5).unwrap();
+    let ln = Norm::layer_norm(Tensor::zeros(&[6]), Some(Tensor::zeros(&[6])), 1e-5).unwrap();
     let err = ln.forward(&Tensor::zeros(&[3, 5])).unwrap_err();
     assert_shape_error(err, "layer_norm input");
 }
 
 #[test]
 fn rms_norm_rejects_wrong_input_width() {
-    let rms = RmsNorm::new(Tensor::zeros(&[6]), 1e-6).unwrap();
+    let rms = Norm::rms_norm(Tensor::zeros(&[6]), 1e-6).unwrap();
     let err = rms.forward(&Tensor::zeros(&[2, 3, 7])).unwrap_err();
     assert_shape_error(err, "rms_norm input");
 }
@@ -459,7 +459,7 @@ fn rms_norm_rejects_wrong_input_width() {
 fn embedding_rejects_table_of_wrong_rank() {
     assert_shape_error(
         Embedding::new(Tensor::zeros(&[10])).unwrap_err(),
-        "embedding.table",
+        "embedding.weight",
     );
 }
 

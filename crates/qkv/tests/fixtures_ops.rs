@@ -3,7 +3,7 @@
 mod common;
 
 use common::{assert_close, assert_tensor_close, fixture};
-use qkv::layers::{Embedding, LayerNorm, Linear, RmsNorm};
+use qkv::layers::{Embedding, Linear, Norm};
 use qkv::ops::{matmul, softmax, Activation};
 
 #[test]
@@ -41,7 +41,7 @@ fn layer_norm_matches_torch() {
         ("", f.param_f32("eps").unwrap()),
         ("_eps12", f.param_f32("eps12").unwrap()),
     ] {
-        let ln = LayerNorm::new(
+        let ln = Norm::layer_norm(
             f.t(&format!("weight{suffix}")),
             Some(f.t(&format!("bias{suffix}"))),
             eps,
@@ -62,7 +62,7 @@ fn layer_norm_matches_torch() {
 fn rms_norm_matches_llama_and_torch() {
     let f = fixture("ops", "rms_norm");
     let x = f.t("x");
-    let llama = RmsNorm::new(f.t("weight"), f.param_f32("eps").unwrap()).unwrap();
+    let llama = Norm::rms_norm(f.t("weight"), f.param_f32("eps").unwrap()).unwrap();
     assert_tensor_close(
         "LlamaRMSNorm",
         &llama.forward(&x).unwrap(),
@@ -70,7 +70,7 @@ fn rms_norm_matches_llama_and_torch() {
         1e-5,
         1e-6,
     );
-    let torch = RmsNorm::new(f.t("weight"), f.param_f32("eps_torch").unwrap()).unwrap();
+    let torch = Norm::rms_norm(f.t("weight"), f.param_f32("eps_torch").unwrap()).unwrap();
     assert_tensor_close(
         "torch RMSNorm",
         &torch.forward(&x).unwrap(),

@@ -15,10 +15,8 @@
 mod common;
 
 use common::{assert_close, fixture, Fixture};
-use qkv::layers::{
-    Embedding, EmbeddingGrads, FeedForward, FeedForwardCache, FeedForwardGrads, LayerNorm,
-    LayerNormCache, LayerNormGrads, Linear, LinearGrads, RmsNorm, RmsNormCache, RmsNormGrads,
-};
+use qkv::layers::{Embedding, FeedForward, FeedForwardCache, Linear, Norm, NormCache};
+use qkv::module::Module;
 use qkv::ops::{softmax, softmax_backward, Activation};
 use qkv::rng::Rng;
 use qkv::train::gradcheck::{compare, numeric_grad, probe_loss};
@@ -118,7 +116,7 @@ fn fd_linear() {
             with_bias.then(|| randn(&mut rng, &[7])),
         )
         .unwrap();
-        let mut grads = LinearGrads::zeros(&layer);
+        let mut grads = layer.zeros_like();
         let dx = layer.backward(&x, &r, &mut grads).unwrap();
         let tag = if with_bias { "bias" } else { "no bias" };
         check_fd(
@@ -151,14 +149,14 @@ fn fd_embedding() {
     let emb = Embedding::new(randn(&mut rng, &[5, 3])).unwrap();
     let ids = [4, 1, 4, 0, 2, 4, 1];
     let r = randn(&mut rng, &[7, 3]);
-    let mut grads = EmbeddingGrads::zeros(&emb);
+    let mut grads = emb.zeros_like();
     emb.backward(&ids, &r, &mut grads).unwrap();
-    let num = numeric(&emb.table, &r, |t| {
+    let num = numeric(&emb.weight, &r, |t| {
         Embedding::new(t).unwrap().forward(&ids).unwrap()
     });
-    check_fd("embedding dtable", &grads.table, &num);
+    check_fd("embedding dtable", &grads.weight, &num);
     // row 3 is never read: its gradient is exactly zero
-    assert!(grads.table.data()[9..12].iter().all(|&g| g == 0.0));
+    assert!(grads.weight.data()[9..12].iter().all(|&g| g == 0.0));
 }
 
 /// Rows of unit scale, one with an offset of 3 so that centring matters.
@@ -176,15 +174,15 @@ fn fd_layer_norm() {
     let x = norm_input(&mut rng, 3, 7);
     let r = randn(&mut rng, &[3, 7]);
     for with_bias in [true, false] {
-        let ln = LayerNorm::new(
+        let ln = Norm::layer_norm(
             rng.tensor(&[7], 0.3),
             with_bias.then(|| rng.tensor(&[7], 0.3)),
             1e-5,
         )
         .unwrap();
-        let mut cache = LayerNormCache::default();
+        let mut cache = NormCache::default();
         ln.forward_with_cache(&x, &mut cache).unwrap();
-        let mut grads = LayerNormGrads::zeros(&ln);
+        let mut grads = ln.zeros_like();
         let dx = ln.backward(&r, &x, &cache, &mut grads).unwrap();
         let tag = if with_bias { "bias" } else { "no bias" };
         check_fd(
@@ -193,7 +191,7 @@ fn fd_layer_norm() {
             &numeric(&x, &r, |x| ln.forward(&x).unwrap()),
         );
         let num_w = numeric(&ln.weight, &r, |w| {
-            LayerNorm::new(w, ln.bias.clone(), ln.eps)
+            Norm::layer_norm(w, ln.bias.clone(), ln.eps)
                 .unwrap()
                 .forward(&x)
                 .unwrap()
@@ -205,7 +203,7 @@ fn fd_layer_norm() {
         );
         if let Some(b) = &ln.bias {
             let num_b = numeric(b, &r, |b| {
-                LayerNorm::new(ln.weight.clone(), Some(b), ln.eps)
+                Norm::layer_norm(ln.weight.clone(), Some(b), ln.eps)
                     .unwrap()
                     .forward(&x)
                     .unwrap()
@@ -220,10 +218,10 @@ fn fd_rms_norm() {
     let mut rng = Rng::new(16);
     let x = norm_input(&mut rng, 3, 7);
     let r = randn(&mut rng, &[3, 7]);
-    let rms = RmsNorm::new(rng.tensor(&[7], 0.3), 1e-6).unwrap();
-    let mut cache = RmsNormCache::default();
+    let rms = Norm::rms_norm(rng.tensor(&[7], 0.3), 1e-6).unwrap();
+    let mut cache = NormCache::default();
     rms.forward_with_cache(&x, &mut cache).unwrap();
-    let mut grads = RmsNormGrads::zeros(&rms);
+    let mut grads = rms.zeros_like();
     let dx = rms.backward(&r, &x, &cache, &mut grads).unwrap();
     check_fd(
         "rms_norm dx",
@@ -231,7 +229,7 @@ fn fd_rms_norm() {
         &numeric(&x, &r, |x| rms.forward(&x).unwrap()),
     );
     let num_w = numeric(&rms.weight, &r, |w| {
-        RmsNorm::new(w, rms.eps).unwrap().forward(&x).unwrap()
+        Norm::rms_norm(w, rms.eps).unwrap().forward(&x).unwrap()
     });
     check_fd("rms_norm dweight", &grads.weight, &num_w);
 }
@@ -285,7 +283,7 @@ fn fd_feed_forward() {
         let mut cache = FeedForwardCache::default();
         let y = m.forward_with_cache(&x, &mut cache).unwrap();
         assert_eq!(y, m.forward(&x).unwrap(), "{what}: cached forward differs");
-        let mut grads = FeedForwardGrads::zeros(&m);
+        let mut grads = m.zeros_like();
         let dx = m.backward(&r, &x, &cache, &mut grads).unwrap();
         check_fd(
             &format!("{what} dx"),
@@ -364,7 +362,7 @@ fn backward_accumulates_into_grads() {
     let m = ffn(&mut rng, 5, 7, Activation::Silu, true, true);
     let mut cache = FeedForwardCache::default();
     m.forward_with_cache(&x, &mut cache).unwrap();
-    let mut g = FeedForwardGrads::zeros(&m);
+    let mut g = m.zeros_like();
     m.backward(&dy5, &x, &cache, &mut g).unwrap();
     let once = g.clone();
     m.backward(&dy5, &x, &cache, &mut g).unwrap();
@@ -384,10 +382,10 @@ fn backward_accumulates_into_grads() {
         assert!(doubled(a, b), "ffn grads did not accumulate");
     }
 
-    let ln = LayerNorm::new(randn(&mut rng, &[5]), Some(randn(&mut rng, &[5])), 1e-5).unwrap();
-    let mut cache = LayerNormCache::default();
+    let ln = Norm::layer_norm(randn(&mut rng, &[5]), Some(randn(&mut rng, &[5])), 1e-5).unwrap();
+    let mut cache = NormCache::default();
     ln.forward_with_cache(&x, &mut cache).unwrap();
-    let mut g = LayerNormGrads::zeros(&ln);
+    let mut g = ln.zeros_like();
     ln.backward(&dy5, &x, &cache, &mut g).unwrap();
     let once = g.clone();
     ln.backward(&dy5, &x, &cache, &mut g).unwrap();
@@ -396,21 +394,21 @@ fn backward_accumulates_into_grads() {
             && doubled(once.bias.as_ref().unwrap(), g.bias.as_ref().unwrap())
     );
 
-    let rms = RmsNorm::new(randn(&mut rng, &[5]), 1e-6).unwrap();
-    let mut cache = RmsNormCache::default();
+    let rms = Norm::rms_norm(randn(&mut rng, &[5]), 1e-6).unwrap();
+    let mut cache = NormCache::default();
     rms.forward_with_cache(&x, &mut cache).unwrap();
-    let mut g = RmsNormGrads::zeros(&rms);
+    let mut g = rms.zeros_like();
     rms.backward(&dy5, &x, &cache, &mut g).unwrap();
     let once = g.clone();
     rms.backward(&dy5, &x, &cache, &mut g).unwrap();
     assert!(doubled(&once.weight, &g.weight));
 
     let emb = Embedding::new(randn(&mut rng, &[4, 5])).unwrap();
-    let mut g = EmbeddingGrads::zeros(&emb);
+    let mut g = emb.zeros_like();
     emb.backward(&[1, 3, 1], &dy5, &mut g).unwrap();
     let once = g.clone();
     emb.backward(&[1, 3, 1], &dy5, &mut g).unwrap();
-    assert!(doubled(&once.table, &g.table));
+    assert!(doubled(&once.weight, &g.weight));
 
     // activations and softmax accumulate into dx as well
     let mut dx = vec![1.0f32; 5];
@@ -422,15 +420,15 @@ fn backward_accumulates_into_grads() {
 fn cached_forwards_equal_plain_forwards() {
     let mut rng = Rng::new(20);
     let x = norm_input(&mut rng, 4, 9);
-    let ln = LayerNorm::new(randn(&mut rng, &[9]), Some(randn(&mut rng, &[9])), 1e-5).unwrap();
-    let mut c = LayerNormCache::default();
+    let ln = Norm::layer_norm(randn(&mut rng, &[9]), Some(randn(&mut rng, &[9])), 1e-5).unwrap();
+    let mut c = NormCache::default();
     assert_eq!(
         ln.forward_with_cache(&x, &mut c).unwrap(),
         ln.forward(&x).unwrap()
     );
     assert_eq!((c.mean.len(), c.rstd.len()), (4, 4));
-    let rms = RmsNorm::new(randn(&mut rng, &[9]), 1e-6).unwrap();
-    let mut c = RmsNormCache::default();
+    let rms = Norm::rms_norm(randn(&mut rng, &[9]), 1e-6).unwrap();
+    let mut c = NormCache::default();
     assert_eq!(
         rms.forward_with_cache(&x, &mut c).unwrap(),
         rms.forward(&x).unwrap()
@@ -445,7 +443,7 @@ fn backward_rejects_mismatched_input() {
     let mut rng = Rng::new(21);
     let lin = Linear::new(randn(&mut rng, &[3, 4]), Some(randn(&mut rng, &[3]))).unwrap();
     let x = randn(&mut rng, &[2, 4]);
-    let mut g = LinearGrads::zeros(&lin);
+    let mut g = lin.zeros_like();
     assert!(lin.backward(&x, &Tensor::zeros(&[2, 4]), &mut g).is_err());
     assert!(lin
         .backward(&Tensor::zeros(&[2, 3]), &Tensor::zeros(&[2, 3]), &mut g)
@@ -456,17 +454,17 @@ fn backward_rejects_mismatched_input() {
         .unwrap_err();
     assert!(err.to_string().contains("bias"), "{err}");
 
-    let ln = LayerNorm::new(randn(&mut rng, &[4]), None, 1e-5).unwrap();
-    let mut cache = LayerNormCache::default();
+    let ln = Norm::layer_norm(randn(&mut rng, &[4]), None, 1e-5).unwrap();
+    let mut cache = NormCache::default();
     ln.forward_with_cache(&Tensor::zeros(&[3, 4]), &mut cache)
         .unwrap();
     let err = ln
-        .backward(&x, &x, &cache, &mut LayerNormGrads::zeros(&ln))
+        .backward(&x, &x, &cache, &mut ln.zeros_like())
         .unwrap_err();
     assert!(err.to_string().contains("forward_with_cache"), "{err}");
 
     let emb = Embedding::new(randn(&mut rng, &[3, 4])).unwrap();
-    let mut g = EmbeddingGrads::zeros(&emb);
+    let mut g = emb.zeros_like();
     assert!(emb.backward(&[0, 3], &x, &mut g).is_err());
     assert!(emb.backward(&[0], &x, &mut g).is_err());
 
@@ -474,9 +472,7 @@ fn backward_rejects_mismatched_input() {
     let plain = ffn(&mut rng, 4, 6, Activation::Silu, false, false);
     let mut cache = FeedForwardCache::default();
     plain.forward_with_cache(&x, &mut cache).unwrap();
-    let err = m
-        .backward(&x, &x, &cache, &mut FeedForwardGrads::zeros(&m))
-        .unwrap_err();
+    let err = m.backward(&x, &x, &cache, &mut m.zeros_like()).unwrap_err();
     assert!(err.to_string().contains("cache"), "{err}");
 }
 
@@ -518,7 +514,7 @@ fn torch_linear() {
             ATOL,
             0.0,
         );
-        let mut g = LinearGrads::zeros(&lin);
+        let mut g = lin.zeros_like();
         let dx = lin.backward(&x, &f.t("dy"), &mut g).unwrap();
         close(
             &format!("linear{sfx} dx"),
@@ -548,9 +544,9 @@ fn torch_embedding_with_repeated_ids() {
     let dy = f.t("dy");
     let y = emb.forward(&ids).unwrap().reshape(dy.shape()).unwrap();
     close("embedding y", &y, &f.t("y"), 0.0, 0.0);
-    let mut g = EmbeddingGrads::zeros(&emb);
+    let mut g = emb.zeros_like();
     emb.backward(&ids, &dy, &mut g).unwrap();
-    close("embedding dtable", &g.table, &f.t("dtable"), ATOL, 0.0);
+    close("embedding dtable", &g.weight, &f.t("dtable"), ATOL, 0.0);
 }
 
 #[test]
@@ -559,9 +555,9 @@ fn torch_layer_norm() {
     for (sfx, eps) in [("", "eps"), ("_eps12", "eps12"), ("_nobias", "eps_nobias")] {
         let n = |name: &str| format!("{name}{sfx}");
         let bias = f.has(&n("bias")).then(|| f.t(&n("bias")));
-        let ln = LayerNorm::new(f.t(&n("weight")), bias, f.param_f32(eps).unwrap()).unwrap();
+        let ln = Norm::layer_norm(f.t(&n("weight")), bias, f.param_f32(eps).unwrap()).unwrap();
         let x = f.t(&n("x"));
-        let mut cache = LayerNormCache::default();
+        let mut cache = NormCache::default();
         let y = ln.forward_with_cache(&x, &mut cache).unwrap();
         // The +100-offset row: torch's f32 row mean is off by up to ~1e-5 (its f32
         // sum of 24 values near 2400 rounds at ulp(2400)/2 = 1.2e-4, divided by 24),
@@ -569,7 +565,7 @@ fn torch_layer_norm() {
         // that is ~1.6e-5 between the two (checked against an f64 LayerNorm: torch
         // is 1.1e-5 off, qkv 5.6e-6).
         close(&n("layer_norm y"), &y, &f.t(&n("y")), 3e-5, 0.0);
-        let mut g = LayerNormGrads::zeros(&ln);
+        let mut g = ln.zeros_like();
         let dx = ln.backward(&f.t(&n("dy")), &x, &cache, &mut g).unwrap();
         // dx = r·(…) with r = 1/σ = 316 (constant row, eps 1e-5) or 1e6 (eps 1e-12):
         // r multiplies the f32 rounding of the O(1) bracket, so dx agrees to a
@@ -594,12 +590,12 @@ fn torch_layer_norm() {
 #[test]
 fn torch_llama_rms_norm() {
     let f = fixture("grad", "rms_norm");
-    let rms = RmsNorm::new(f.t("weight"), f.param_f32("eps").unwrap()).unwrap();
+    let rms = Norm::rms_norm(f.t("weight"), f.param_f32("eps").unwrap()).unwrap();
     let x = f.t("x");
-    let mut cache = RmsNormCache::default();
+    let mut cache = NormCache::default();
     let y = rms.forward_with_cache(&x, &mut cache).unwrap();
     close("rms_norm y", &y, &f.t("y"), ATOL, 1e-6);
-    let mut g = RmsNormGrads::zeros(&rms);
+    let mut g = rms.zeros_like();
     let dx = rms.backward(&f.t("dy"), &x, &cache, &mut g).unwrap();
     // r = 1/rms reaches ~700 on the ~1e-3 row, amplifying rounding as in LayerNorm.
     close("rms_norm dx", &dx, &f.t("dx"), ATOL, 1e-5);
@@ -695,7 +691,7 @@ fn check_mlp(case: &str, act: Activation, up: &str, gate_up: Option<&str>, down:
     let mut cache = FeedForwardCache::default();
     let y = m.forward_with_cache(&x, &mut cache).unwrap();
     close(&format!("{case} y"), &y, &f.t("y"), ATOL, 0.0);
-    let mut g = FeedForwardGrads::zeros(&m);
+    let mut g = m.zeros_like();
     let dx = m.backward(&f.t("dy"), &x, &cache, &mut g).unwrap();
     close(&format!("{case} dx"), &dx, &f.t("dx"), ATOL, 0.0);
     let mut pairs = vec![(up, &g.up), (down, &g.down)];

@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::models::{assert_real_close, batch, load_encoder, model_dir, reference};
-use qkv::models::{self, Model, TokenBatch};
+use qkv::models::{self, TokenBatch};
 use qkv::Error;
 
 fn usizes(v: &[i64]) -> Vec<usize> {
@@ -20,7 +20,7 @@ fn last_hidden_state_matches_hf_with_padding_and_segments() {
     let m = load_encoder("bert");
     let tokens = batch(&f, "input_ids", Some("attention_mask"));
     let types = usizes(&f.ints("token_type_ids").1);
-    let got = m.forward(&tokens, Some(&types)).unwrap();
+    let got = m.hidden_states(&tokens, Some(&types)).unwrap();
     let want = f.t("last_hidden_state");
     assert_real_close("bert last_hidden_state", &got, &want, &tokens.mask);
 
@@ -47,7 +47,7 @@ fn padding_does_not_change_real_tokens() {
     let m = load_encoder("bert");
     let tokens = batch(&f, "input_ids", Some("attention_mask"));
     let types = usizes(&f.ints("token_type_ids").1);
-    let full = m.forward(&tokens, Some(&types)).unwrap();
+    let full = m.hidden_states(&tokens, Some(&types)).unwrap();
     let (t, c) = (tokens.len, full.last_dim());
     for r in 0..tokens.batch {
         let n = tokens.mask[r * t..(r + 1) * t]
@@ -55,7 +55,9 @@ fn padding_does_not_change_real_tokens() {
             .filter(|&&m| m)
             .count();
         let alone = TokenBatch::single(tokens.ids[r * t..r * t + n].to_vec()).unwrap();
-        let got = m.forward(&alone, Some(&types[r * t..r * t + n])).unwrap();
+        let got = m
+            .hidden_states(&alone, Some(&types[r * t..r * t + n]))
+            .unwrap();
         common::assert_close(
             &format!("row {r} alone"),
             got.data(),
@@ -73,8 +75,8 @@ fn missing_token_types_mean_segment_zero() {
     let m = load_encoder("bert");
     let tokens = batch(&f, "input_ids", Some("attention_mask"));
     let zeros = vec![0; tokens.ids.len()];
-    let a = m.forward(&tokens, None).unwrap();
-    let b = m.forward(&tokens, Some(&zeros)).unwrap();
+    let a = m.hidden_states(&tokens, None).unwrap();
+    let b = m.hidden_states(&tokens, Some(&zeros)).unwrap();
     assert_eq!(a, b);
 }
 
@@ -165,15 +167,12 @@ fn task_model_prefix_and_gamma_beta_names_load() {
     std::fs::write(&path, out).unwrap();
     s.edit_config(|c| c["architectures"] = serde_json::json!(["BertForMaskedLM"]));
 
-    let m = match models::load(s.path()).unwrap().model {
-        Model::Encoder(m) => m,
-        _ => panic!("BertForMaskedLM should load as an encoder"),
-    };
+    let m = models::load(s.path()).unwrap().model;
     assert_eq!(m.info().architecture, "BertForMaskedLM");
     let f = reference("bert");
     let tokens = batch(&f, "input_ids", Some("attention_mask"));
     let types = usizes(&f.ints("token_type_ids").1);
-    let got = m.forward(&tokens, Some(&types)).unwrap();
+    let got = m.hidden_states(&tokens, Some(&types)).unwrap();
     assert_real_close(
         "bert. prefixed last_hidden_state",
         &got,
@@ -186,7 +185,7 @@ fn task_model_prefix_and_gamma_beta_names_load() {
 fn sequence_longer_than_positions_is_out_of_range() {
     let m = load_encoder("bert");
     let err = m
-        .forward(&TokenBatch::single(vec![5; 65]).unwrap(), None)
+        .hidden_states(&TokenBatch::single(vec![5; 65]).unwrap(), None)
         .unwrap_err();
     let msg = err.to_string();
     assert!(
@@ -202,7 +201,7 @@ fn sequence_longer_than_positions_is_out_of_range() {
     );
     assert!(msg.contains("sequence longer"), "{msg}");
     // exactly max_position_embeddings tokens is fine
-    m.forward(&TokenBatch::single(vec![5; 64]).unwrap(), None)
+    m.hidden_states(&TokenBatch::single(vec![5; 64]).unwrap(), None)
         .unwrap();
 }
 
@@ -210,16 +209,19 @@ fn sequence_longer_than_positions_is_out_of_range() {
 fn bad_token_ids_and_types_are_named() {
     let m = load_encoder("bert");
     let tokens = TokenBatch::single(vec![1, 99, 3]).unwrap();
-    let msg = m.forward(&tokens, None).unwrap_err().to_string();
+    let msg = m.hidden_states(&tokens, None).unwrap_err().to_string();
     assert!(msg.contains("vocabulary") && msg.contains("99"), "{msg}");
 
     let tokens = TokenBatch::single(vec![1, 2, 3]).unwrap();
     let msg = m
-        .forward(&tokens, Some(&[0, 2, 0]))
+        .hidden_states(&tokens, Some(&[0, 2, 0]))
         .unwrap_err()
         .to_string();
     assert!(msg.contains("type_vocab_size"), "{msg}");
-    let msg = m.forward(&tokens, Some(&[0, 1])).unwrap_err().to_string();
+    let msg = m
+        .hidden_states(&tokens, Some(&[0, 1]))
+        .unwrap_err()
+        .to_string();
     assert!(msg.contains("token_type_ids"), "{msg}");
 }
 
@@ -261,16 +263,13 @@ fn transformers_5_config_without_position_type_loads() {
     s.edit_config(|c| {
         c.as_object_mut().unwrap().remove("position_embedding_type");
     });
-    let m = match models::load(s.path()).unwrap().model {
-        Model::Encoder(m) => m,
-        _ => panic!("not an encoder"),
-    };
+    let m = models::load(s.path()).unwrap().model;
     let f = reference("bert");
     let tokens = batch(&f, "input_ids", Some("attention_mask"));
     let types = usizes(&f.ints("token_type_ids").1);
     assert_real_close(
         "bert (no position_embedding_type)",
-        &m.forward(&tokens, Some(&types)).unwrap(),
+        &m.hidden_states(&tokens, Some(&types)).unwrap(),
         &f.t("last_hidden_state"),
         &tokens.mask,
     );

@@ -9,10 +9,10 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::models::{assert_real_close, batch, check_causal, load_causal, model_dir, reference};
-use qkv::models::{self, CausalLm, Model, TokenBatch};
+use qkv::models::{self, TokenBatch, Transformer};
 use qkv::Error;
 
-fn forward(m: &dyn CausalLm, tokens: &TokenBatch) -> qkv::Result<qkv::Tensor> {
+fn forward(m: &Transformer, tokens: &TokenBatch) -> qkv::Result<qkv::Tensor> {
     m.forward_cached(tokens, &mut m.new_cache(tokens.batch))
 }
 
@@ -28,7 +28,7 @@ fn bloom_matches_hf() {
         ("left_input_ids", "left_attention_mask", "left_logits"),
     ] {
         let tokens = batch(&f, ids, Some(mask));
-        let got = forward(m.as_ref(), &tokens).unwrap();
+        let got = forward(&m, &tokens).unwrap();
         let want = f.t(logits);
         let v = got.last_dim();
         for (p, _) in tokens.mask.iter().enumerate().filter(|(_, &real)| real) {
@@ -80,8 +80,8 @@ fn info_and_special_tokens() {
 fn no_position_limit() {
     let m = load_causal("bloom");
     let ids: Vec<usize> = (0..300).map(|i| 3 + i * 7 % 96).collect();
-    let long = forward(m.as_ref(), &TokenBatch::single(ids.clone()).unwrap()).unwrap();
-    let short = forward(m.as_ref(), &TokenBatch::single(ids[..20].to_vec()).unwrap()).unwrap();
+    let long = forward(&m, &TokenBatch::single(ids.clone()).unwrap()).unwrap();
+    let short = forward(&m, &TokenBatch::single(ids[..20].to_vec()).unwrap()).unwrap();
     let v = long.last_dim();
     common::assert_close(
         "prefix of a long sequence",
@@ -96,7 +96,7 @@ fn no_position_limit() {
 fn token_id_past_vocabulary_is_out_of_range() {
     let m = load_causal("bloom");
     let v = m.info().vocab;
-    let err = forward(m.as_ref(), &TokenBatch::single(vec![3, 4, v + 7]).unwrap()).unwrap_err();
+    let err = forward(&m, &TokenBatch::single(vec![3, 4, v + 7]).unwrap()).unwrap_err();
     match err {
         Error::OutOfRange { index, size, .. } => assert_eq!((index, size), (v + 7, v)),
         other => panic!("expected OutOfRange, got {other:?}"),
@@ -161,13 +161,10 @@ fn bigscience_layout_and_config_names_load() {
         cfg.insert("n_embed".into(), hidden);
         cfg.insert("num_attention_heads".into(), heads);
     });
-    let m = match models::load(s.path()).unwrap().model {
-        Model::Causal(m) => m,
-        _ => panic!("a BLOOM folder should load as a causal LM"),
-    };
+    let m = models::load(s.path()).unwrap().model;
     let f = reference("bloom");
     let tokens = batch(&f, "left_input_ids", Some("left_attention_mask"));
-    let got = forward(m.as_ref(), &tokens).unwrap();
+    let got = forward(&m, &tokens).unwrap();
     assert_real_close(
         "bigscience layout logits",
         &got,

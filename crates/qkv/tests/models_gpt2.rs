@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::models::{assert_real_close, batch, check_causal, load_causal, model_dir, reference};
-use qkv::models::{self, CausalLm, Model, TokenBatch};
+use qkv::models::{self, TokenBatch, Transformer};
 use qkv::Error;
 
 #[test]
@@ -50,7 +50,7 @@ fn print_worst_diff(name: &str) {
     println!("{name}: max |logits diff| over real positions = {worst:e}");
 }
 
-fn forward(m: &dyn CausalLm, tokens: &TokenBatch) -> qkv::Result<qkv::Tensor> {
+fn forward(m: &Transformer, tokens: &TokenBatch) -> qkv::Result<qkv::Tensor> {
     m.forward_cached(tokens, &mut m.new_cache(tokens.batch))
 }
 
@@ -90,7 +90,7 @@ fn info_and_special_tokens() {
 fn sequence_longer_than_n_positions_is_out_of_range() {
     let m = load_causal("gpt2");
     let n = m.info().max_positions.unwrap();
-    let err = forward(m.as_ref(), &TokenBatch::single(vec![5; n + 1]).unwrap()).unwrap_err();
+    let err = forward(&m, &TokenBatch::single(vec![5; n + 1]).unwrap()).unwrap_err();
     let msg = err.to_string();
     match err {
         Error::OutOfRange { index, size, .. } => assert_eq!((index, size), (n, n)),
@@ -117,7 +117,7 @@ fn sequence_longer_than_n_positions_is_out_of_range() {
         [vec![true; n], vec![false]].concat(),
     ] {
         let tokens = TokenBatch::new(vec![5; n + 1], Some(mask), 1, n + 1).unwrap();
-        forward(m.as_ref(), &tokens).unwrap();
+        forward(&m, &tokens).unwrap();
     }
 }
 
@@ -125,7 +125,7 @@ fn sequence_longer_than_n_positions_is_out_of_range() {
 fn token_id_past_vocabulary_is_out_of_range() {
     let m = load_causal("gpt2");
     let v = m.info().vocab;
-    let err = forward(m.as_ref(), &TokenBatch::single(vec![3, v, 4]).unwrap()).unwrap_err();
+    let err = forward(&m, &TokenBatch::single(vec![3, v, 4]).unwrap()).unwrap_err();
     match err {
         Error::OutOfRange { index, size, .. } => assert_eq!((index, size), (v, v)),
         other => panic!("expected OutOfRange, got {other:?}"),
@@ -175,11 +175,8 @@ impl Scratch {
         std::fs::write(&path, safetensors::tensor::serialize(out, None).unwrap()).unwrap();
     }
 
-    fn causal(&self) -> Box<dyn CausalLm> {
-        match models::load(self.path()).unwrap().model {
-            Model::Causal(m) => m,
-            _ => panic!("a GPT-2 folder should load as a causal LM"),
-        }
+    fn causal(&self) -> Transformer {
+        models::load(self.path()).unwrap().model
     }
 }
 
@@ -189,7 +186,7 @@ impl Drop for Scratch {
     }
 }
 
-fn assert_matches_reference(m: &dyn CausalLm, what: &str) {
+fn assert_matches_reference(m: &Transformer, what: &str) {
     let f = reference("gpt2");
     let tokens = batch(&f, "input_ids", Some("attention_mask"));
     let got = forward(m, &tokens).unwrap();
@@ -205,7 +202,7 @@ fn base_model_layout_without_prefix_loads() {
     s.edit_config(|c| c["architectures"] = serde_json::json!(["GPT2Model"]));
     let m = s.causal();
     assert_eq!(m.info().architecture, "GPT2Model");
-    assert_matches_reference(m.as_ref(), "GPT2Model layout logits");
+    assert_matches_reference(&m, "GPT2Model layout logits");
 }
 
 /// With `tie_word_embeddings: false` the head is `lm_head.weight`; a copy of the
@@ -222,7 +219,7 @@ fn untied_head_reads_lm_head_weight() {
         str::to_string,
         &[("lm_head.weight", "transformer.wte.weight")],
     );
-    assert_matches_reference(s.causal().as_ref(), "untied head logits");
+    assert_matches_reference(&s.causal(), "untied head logits");
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::models::{assert_real_close, batch, check_causal, load_causal, model_dir, reference};
-use qkv::models::{self, CausalLm, Model, TokenBatch};
+use qkv::models::{self, TokenBatch, Transformer};
 use qkv::Error;
 
 #[test]
@@ -111,11 +111,8 @@ impl EditedFixture {
         &self.0
     }
 
-    fn load_causal(&self) -> Box<dyn CausalLm> {
-        match models::load(self.path()).unwrap().model {
-            Model::Causal(m) => m,
-            _ => panic!("not a decoder-only model"),
-        }
+    fn load_causal(&self) -> Transformer {
+        models::load(self.path()).unwrap().model
     }
 }
 

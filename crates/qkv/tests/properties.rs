@@ -1470,9 +1470,9 @@ fn cross_attention_equals_hand_composed_projections_and_attention() {
     let ctx = rng.tensor(&[b, s, ckv], 1.0);
     let pad = random_padding(&mut rng, b, s);
 
-    let q = naive_linear(x.data(), &mha.wq); // [B,T,H,D]
-    let k = naive_linear(ctx.data(), &mha.wk); // [B,S,G,D]
-    let v = naive_linear(ctx.data(), &mha.wv); // [B,S,G,Dv]
+    let q = naive_linear(x.data(), &mha.q); // [B,T,H,D]
+    let k = naive_linear(ctx.data(), &mha.k); // [B,S,G,D]
+    let v = naive_linear(ctx.data(), &mha.v); // [B,S,G,Dv]
     let scale = 1.0 / (d as f64).sqrt();
     let mut weights = vec![0.0f64; b * h * t * s];
     let mut merged = vec![0.0f32; b * t * h * dv];
@@ -1508,7 +1508,7 @@ fn cross_attention_equals_hand_composed_projections_and_attention() {
     }
     let want_out = Tensor::new(
         &[b, t, c],
-        naive_linear(&merged, &mha.wo)
+        naive_linear(&merged, &mha.o)
             .into_iter()
             .map(|x| x as f32)
             .collect(),

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use qkv::io::TensorFile;
-use qkv::models::Model;
+use qkv::models::{Input, ModelKind};
 
 #[derive(clap::Args)]
 pub struct ForwardArgs {
@@ -21,35 +21,39 @@ pub struct ForwardArgs {
 }
 
 pub fn run(args: &ForwardArgs) -> Result<()> {
-    let loaded = super::load_model(&args.model)?;
+    let model = super::load_model(&args.model)?.model;
     let input = TensorFile::open(&args.input)?;
     let tokens = super::read_batch(&input, "input_ids", Some("attention_mask"))?;
-    let (name, out) = match &loaded.model {
-        Model::Encoder(m) => {
+    let (name, out) = match model.kind() {
+        ModelKind::Encoder => {
             let types = if input.contains("token_type_ids") {
-                let b = super::read_batch(&input, "token_type_ids", None)?;
-                Some(b.ids)
+                Some(super::read_batch(&input, "token_type_ids", None)?.ids)
             } else {
                 None
             };
-            ("last_hidden_state", m.forward(&tokens, types.as_deref())?)
+            let hidden = model.hidden_states(&tokens, types.as_deref())?;
+            ("last_hidden_state", hidden)
         }
-        Model::Causal(m) => (
-            "logits",
-            m.forward_cached(&tokens, &mut m.new_cache(tokens.batch))?,
-        ),
-        Model::Seq2Seq(m) => {
+        ModelKind::Decoder => {
+            let input = Input {
+                target: Some(&tokens),
+                ..Default::default()
+            };
+            ("logits", model.forward(&input, false)?.logits)
+        }
+        ModelKind::EncoderDecoder => {
             let dec = super::read_batch(&input, "decoder_input_ids", None).with_context(|| {
                 format!(
                     "{} is an encoder-decoder: it needs `decoder_input_ids`",
                     args.model.display()
                 )
             })?;
-            let enc = m.encode(&tokens)?;
-            (
-                "logits",
-                m.decode_cached(&dec, &enc, &mut m.new_cache(tokens.batch))?,
-            )
+            let input = Input {
+                source: Some(&tokens),
+                target: Some(&dec),
+                token_types: None,
+            };
+            ("logits", model.forward(&input, false)?.logits)
         }
     };
     qkv::io::save(&args.output, &[(name, &out)], None)?;

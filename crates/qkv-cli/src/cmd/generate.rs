@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use qkv::models::generate::{generate_causal, generate_seq2seq, GenerateOptions, Sampling};
-use qkv::models::{Model, TokenBatch};
+use qkv::models::{ModelKind, TokenBatch};
 use qkv::text::Tokenizer;
 
 #[derive(clap::Args)]
@@ -77,13 +77,15 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
         sampling: args.sampling(),
         eos: eos.to_vec(),
     };
-    let new = match &loaded.model {
-        Model::Causal(m) => generate_causal(m.as_ref(), &prompt, &opts(&m.special_tokens().eos))?,
-        Model::Seq2Seq(m) => generate_seq2seq(m.as_ref(), &prompt, &opts(&m.special_tokens().eos))?,
-        Model::Encoder(_) => bail!(
+    let m = &loaded.model;
+    let eos = &m.special_tokens().eos;
+    let new = match m.kind() {
+        ModelKind::Decoder => generate_causal(m, &prompt, &opts(eos))?,
+        ModelKind::EncoderDecoder => generate_seq2seq(m, &prompt, &opts(eos))?,
+        ModelKind::Encoder => bail!(
             "{} is an encoder ({}); it has no language-model head to generate with",
             args.model.display(),
-            loaded.model.info().architecture
+            m.info().architecture
         ),
     };
     let new = new.into_iter().next().unwrap_or_default();

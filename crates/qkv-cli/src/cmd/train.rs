@@ -18,8 +18,13 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use qkv::block::Residual;
+use qkv::layers::NormKind;
+use qkv::models::arch::NormSpec;
+use qkv::models::{Arch, Position as ArchPosition, Transformer};
+use qkv::ops::Activation;
+use qkv::position::SinusoidalLayout;
 use qkv::train::checkpoint;
-use qkv::train::model::{DecoderLm, FfnKind, LmConfig, NormKind, PositionKind};
 use qkv::train::tasks::{Task, TaskOptions};
 use qkv::train::text_data::TextData;
 use qkv::train::trainer::{
@@ -505,35 +510,32 @@ impl TrainArgs {
     }
 
     /// The architecture of a new model for `vocab` tokens and sequences of `len`.
-    fn lm_config(&self, vocab: usize, len: usize) -> Result<LmConfig> {
+    fn arch(&self, vocab: usize, len: usize) -> Result<Arch> {
         let style = self.style.unwrap_or(Style::Gpt2);
         let d_model = self.d_model.unwrap_or(64);
         let layers = self.layers.unwrap_or(2);
         let heads = self.heads.unwrap_or(4);
-        let mut c = match style {
-            Style::Gpt2 => LmConfig::gpt2_style(vocab, d_model, layers, heads, len),
-            Style::Llama => LmConfig::llama_style(
-                vocab,
-                d_model,
-                layers,
-                heads,
-                self.kv_heads.unwrap_or(heads),
-                len,
-            ),
-        };
-        if let Some(g) = self.kv_heads {
-            c.n_kv_heads = g;
+        if heads == 0 || !d_model.is_multiple_of(heads) {
+            bail!(
+                "model options: invalid `n_heads`: {heads} heads do not divide d_model = {d_model}"
+            );
         }
+        let mut a = match style {
+            Style::Gpt2 => Arch::gpt2(vocab, d_model, layers, heads, len),
+            Style::Llama => Arch::llama(vocab, d_model, layers, heads, heads, len),
+        };
+        let mut stack = a.stack();
+        stack.kv_heads = self.kv_heads.unwrap_or(heads);
         if let Some(kind) = self.ffn_kind {
-            c.ffn = match kind {
-                Ffn::Relu => FfnKind::Relu,
-                Ffn::Gelu => FfnKind::Gelu,
-                Ffn::GeluTanh => FfnKind::GeluTanh,
-                Ffn::Swiglu => FfnKind::SwiGlu,
+            (a.ffn.activation, a.ffn.gated) = match kind {
+                Ffn::Relu => (Activation::Relu, false),
+                Ffn::Gelu => (Activation::Gelu, false),
+                Ffn::GeluTanh => (Activation::GeluTanh, false),
+                Ffn::Swiglu => (Activation::Silu, true),
             };
-            if self.ffn.is_none() && (c.ffn == FfnKind::SwiGlu) != (style == Style::Llama) {
+            if self.ffn.is_none() && a.ffn.gated != (style == Style::Llama) {
                 // keep the parameter count of the style's FFN: 3 matrices of 8C/3 ≈ 2 of 4C
-                c.ffn_dim = if c.ffn == FfnKind::SwiGlu {
+                stack.ffn_dim = if a.ffn.gated {
                     (8 * d_model).div_ceil(3).div_ceil(8) * 8
                 } else {
                     4 * d_model
@@ -541,28 +543,45 @@ impl TrainArgs {
             }
         }
         if let Some(f) = self.ffn {
-            c.ffn_dim = f;
+            stack.ffn_dim = f;
         }
+        a.decoder = Some(stack);
         if let Some(p) = self.position {
-            c.position = match p {
-                Position::None => PositionKind::None,
-                Position::Sinusoidal => PositionKind::Sinusoidal,
-                Position::Learned => PositionKind::Learned,
-                Position::Rope => PositionKind::Rope { theta: 10_000.0 },
-                Position::Alibi => PositionKind::Alibi,
+            a.position = match p {
+                Position::None => ArchPosition::None,
+                Position::Sinusoidal => ArchPosition::Sinusoidal {
+                    max_len: len,
+                    layout: SinusoidalLayout::Interleaved,
+                },
+                Position::Learned => ArchPosition::Learned { max_len: len },
+                Position::Rope => ArchPosition::Rope {
+                    theta: 10_000.0,
+                    linear_scaling: 1.0,
+                    max_len: Some(len),
+                },
+                Position::Alibi => ArchPosition::Alibi,
             };
         }
         if let Some(n) = self.norm {
-            c.norm = match n {
-                Norm::Layernorm => NormKind::LayerNorm { eps: 1e-5 },
-                Norm::Rmsnorm => NormKind::RmsNorm { eps: 1e-6 },
+            // a LayerNorm has a bias exactly when the projections do
+            a.norm = match n {
+                Norm::Layernorm => NormSpec {
+                    kind: NormKind::LayerNorm,
+                    eps: 1e-5,
+                    bias: a.attention.qkv_bias,
+                },
+                Norm::Rmsnorm => NormSpec {
+                    kind: NormKind::RmsNorm,
+                    eps: 1e-6,
+                    bias: false,
+                },
             };
         }
         if self.post_norm {
-            c.pre_norm = false;
+            a.residual = Residual::PostNorm;
         }
-        c.validate().context("model options")?;
-        Ok(c)
+        a.validate().context("model options")?;
+        Ok(a)
     }
 }
 
@@ -705,23 +724,30 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let (mut model, config) = match (&state, &spec.source) {
         (Some(_), _) => {
             let dir = args.resume.as_ref().expect("resuming");
-            let model = DecoderLm::load(dir)
+            let model = Transformer::load(dir)
                 .with_context(|| format!("loading the model of {}", dir.display()))?;
             (model, None)
         }
         (None, Source::Init { init, .. }) => {
-            let model = DecoderLm::load_hf(init)
+            let model = Transformer::load(init)
                 .with_context(|| format!("loading --init {}", init.display()))?;
+            if model.arch.head == qkv::models::Head::None {
+                bail!(
+                    "--init {}: {} has no head to train (BERT trains as BertForMaskedLM, with its `cls.predictions` weights)",
+                    init.display(),
+                    model.info().architecture
+                );
+            }
             (model, Some(args.train_config()))
         }
         (None, _) => {
             let (vocab, len) = shape.expect("tasks and text give a shape");
             let cfg = args.train_config();
-            let model = DecoderLm::new(&args.lm_config(vocab, len)?, cfg.seed)?;
+            let model = Transformer::new(&args.arch(vocab, len)?, cfg.seed)?;
             (model, Some(cfg))
         }
     };
-    let lm = model.config().clone();
+    let (vocab, max_len) = (model.arch.vocab, model.arch.max_positions());
     let run_json = serde_json::to_value(&spec).expect("RunSpec serialises");
     let mut trainer = match (state, config) {
         (Some(state), _) => {
@@ -738,14 +764,13 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         (None, None) => unreachable!("a fresh run has a configuration"),
     };
     let steps = trainer.config().steps;
-    data.check(lm.vocab, Some(lm.max_len), steps)
+    data.check(vocab, max_len, steps)
         .with_context(|| match &spec.source {
             Source::Init { init, data } => format!(
-                "--data {} does not fit the model of --init {} (vocabulary {}, {} positions)",
+                "--data {} does not fit the model of --init {} (vocabulary {vocab}, {} positions)",
                 data.display(),
                 init.display(),
-                lm.vocab,
-                lm.max_len
+                max_len.map_or("unlimited".into(), |n| n.to_string())
             ),
             _ => "the data does not fit the model".to_string(),
         })?;

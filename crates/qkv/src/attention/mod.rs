@@ -6,15 +6,15 @@
 //! multi-query); kernels read the shared heads through strides, never copying K/V.
 
 mod backward;
+mod cache;
 mod disjoint;
-mod multi_head;
 mod reference;
 mod spec;
 mod tiled;
 mod view;
 
 pub use backward::{attention_backward, attention_backward_views, AttentionGrads};
-pub use multi_head::MultiHeadAttention;
+pub use cache::{KvCache, LayerKv, Step};
 pub use spec::{validate, AttentionSpec, Bias, Broadcast, CausalAlign, Dims, Kernel};
 pub use view::HeadsView;
 

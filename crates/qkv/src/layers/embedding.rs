@@ -10,28 +10,30 @@ use crate::tensor::Tensor;
 #[derive(Clone, Debug)]
 pub struct Embedding {
     /// [V, C]
-    pub table: Tensor,
+    pub weight: Tensor,
 }
+
+crate::module!(Embedding { weight });
 
 impl Embedding {
     pub fn new(table: Tensor) -> Result<Self> {
-        table.expect_shape("embedding.table", &[None, None])?;
+        table.expect_shape("embedding.weight", &[None, None])?;
         if table.numel() == 0 {
             return Err(Error::shape(
-                "embedding.table",
+                "embedding.weight",
                 "[V ≥ 1, C ≥ 1]",
                 table.shape(),
             ));
         }
-        Ok(Embedding { table })
+        Ok(Embedding { weight: table })
     }
 
     pub fn vocab_size(&self) -> usize {
-        self.table.shape()[0]
+        self.weight.shape()[0]
     }
 
     pub fn dim(&self) -> usize {
-        self.table.shape()[1]
+        self.weight.shape()[1]
     }
 
     /// Errors on the first id outside the table.
@@ -53,15 +55,15 @@ impl Embedding {
         let c = self.dim();
         let mut out = Vec::with_capacity(ids.len() * c);
         for &id in ids {
-            out.extend_from_slice(&self.table.data()[id * c..(id + 1) * c]);
+            out.extend_from_slice(&self.weight.data()[id * c..(id + 1) * c]);
         }
         Tensor::new(&[ids.len(), c], out)
     }
 
     /// Backward of [`Embedding::forward`]. ids: N indices as given to the forward;
     /// dy: [N, C] (any shape with N·C elements, e.g. [B, T, C]). **Accumulates** into
-    /// `grads.table` ([V, C]); ids have no gradient, so nothing is returned.
-    pub fn backward(&self, ids: &[usize], dy: &Tensor, grads: &mut EmbeddingGrads) -> Result<()> {
+    /// `grads.weight` ([V, C]); ids have no gradient, so nothing is returned.
+    pub fn backward(&self, ids: &[usize], dy: &Tensor, grads: &mut Embedding) -> Result<()> {
         let (v, c) = (self.vocab_size(), self.dim());
         self.check_ids(ids)?;
         if dy.rank() == 0 || dy.last_dim() != c || dy.numel() != ids.len() * c {
@@ -72,9 +74,9 @@ impl Embedding {
             ));
         }
         grads
-            .table
-            .expect_shape("embedding grads.table", &[Some(v), Some(c)])?;
-        let table = grads.table.data_mut();
+            .weight
+            .expect_shape("embedding grads.weight", &[Some(v), Some(c)])?;
+        let table = grads.weight.data_mut();
         // forward: out[i] = table[ids[i]]  →  dtable[ids[i]] += dy[i]
         for (&id, row) in ids.iter().zip(dy.data().chunks_exact(c)) {
             for (g, &d) in table[id * c..(id + 1) * c].iter_mut().zip(row) {
@@ -82,21 +84,5 @@ impl Embedding {
             }
         }
         Ok(())
-    }
-}
-
-/// Gradient of an [`Embedding`]'s table.
-#[derive(Clone, Debug)]
-pub struct EmbeddingGrads {
-    /// [V, C]
-    pub table: Tensor,
-}
-
-impl EmbeddingGrads {
-    /// A zero gradient for `layer`.
-    pub fn zeros(layer: &Embedding) -> Self {
-        EmbeddingGrads {
-            table: Tensor::zeros(layer.table.shape()),
-        }
     }
 }

@@ -7,8 +7,8 @@
 //! so the caller adds the FFN's dx to the residual stream's gradient.
 
 use crate::error::{Error, Result};
-use crate::layers::linear::LinearGrads;
 use crate::layers::Linear;
+use crate::module::Module;
 use crate::ops::Activation;
 use crate::tensor::Tensor;
 
@@ -22,6 +22,8 @@ pub struct FeedForward {
     pub down: Linear,
     pub activation: Activation,
 }
+
+crate::module!(FeedForward { up, gate_up, down });
 
 impl FeedForward {
     pub fn new(
@@ -90,14 +92,14 @@ impl FeedForward {
     }
 
     /// Backward of [`FeedForward::forward_with_cache`]. dy: [.., C]; x: [.., C] as
-    /// given to the forward, `cache` as it filled. **Accumulates** into every
-    /// gradient in `grads`; returns dx: [.., C].
+    /// given to the forward, `cache` as it filled. **Accumulates** into `grads`, a
+    /// gradient tree shaped as this layer; returns dx: [.., C].
     pub fn backward(
         &self,
         dy: &Tensor,
         x: &Tensor,
         cache: &FeedForwardCache,
-        grads: &mut FeedForwardGrads,
+        grads: &mut FeedForward,
     ) -> Result<Tensor> {
         // Everything is checked before the first gradient is touched, so an error
         // leaves `grads` as it was.
@@ -117,18 +119,12 @@ impl FeedForward {
                 "does not hold this layer's intermediates for this x: run forward_with_cache first",
             ));
         }
-        match (&self.gate_up, &grads.gate_up) {
-            (Some(layer), Some(g)) => g.check(layer)?,
-            (None, None) => {}
-            _ => {
-                return Err(Error::invalid(
-                    "ffn grads.gate_up",
-                    "must be present exactly when the layer is gated",
-                ))
-            }
+        if !self.shaped_like(grads) {
+            return Err(Error::invalid(
+                "ffn grads",
+                "must be shaped as the layer (gate_up exactly when it is gated)",
+            ));
         }
-        grads.up.check(&self.up)?;
-        grads.down.check(&self.down)?;
         if dy.shape() != x.shape() {
             return Err(Error::shape(
                 "ffn dy",
@@ -192,25 +188,6 @@ impl Default for FeedForwardCache {
             h: Tensor::zeros(&[0]),
             u: None,
             m: Tensor::zeros(&[0]),
-        }
-    }
-}
-
-/// Gradients of a [`FeedForward`]'s three (or two) linear layers.
-#[derive(Clone, Debug)]
-pub struct FeedForwardGrads {
-    pub up: LinearGrads,
-    /// present exactly when the layer is gated
-    pub gate_up: Option<LinearGrads>,
-    pub down: LinearGrads,
-}
-
-impl FeedForwardGrads {
-    pub fn zeros(layer: &FeedForward) -> Self {
-        FeedForwardGrads {
-            up: LinearGrads::zeros(&layer.up),
-            gate_up: layer.gate_up.as_ref().map(LinearGrads::zeros),
-            down: LinearGrads::zeros(&layer.down),
         }
     }
 }

@@ -78,50 +78,38 @@ impl Linear {
     }
 }
 
-/// Gradients of a [`Linear`]'s parameters, shaped as the parameters.
-#[derive(Clone, Debug)]
-pub struct LinearGrads {
-    /// `[out, in]`
-    pub weight: Tensor,
-    /// `[out]`, present exactly when the layer has a bias
-    pub bias: Option<Tensor>,
-}
+crate::module!(Linear { weight, bias });
 
-impl LinearGrads {
-    /// Zero gradients for `layer`.
-    pub fn zeros(layer: &Linear) -> Self {
-        LinearGrads {
-            weight: Tensor::zeros(layer.weight.shape()),
-            bias: layer.bias.as_ref().map(|b| Tensor::zeros(b.shape())),
+impl Linear {
+    /// Errors unless `grads` is shaped as this layer (a bias exactly when it has one).
+    fn check_grads(&self, grads: &Linear) -> Result<()> {
+        let same = grads.weight.shape() == self.weight.shape()
+            && grads.bias.as_ref().map(Tensor::shape) == self.bias.as_ref().map(Tensor::shape);
+        if !same {
+            return Err(Error::shape(
+                "linear grads",
+                format!(
+                    "{:?}{} like the layer",
+                    self.weight.shape(),
+                    if self.bias.is_some() {
+                        " with a bias"
+                    } else {
+                        ""
+                    }
+                ),
+                grads.weight.shape(),
+            ));
         }
-    }
-
-    /// Errors unless these gradients are shaped as `layer`'s parameters (a bias
-    /// gradient exactly when the layer has a bias).
-    pub fn check(&self, layer: &Linear) -> Result<()> {
-        let (n_in, n_out) = (layer.in_features(), layer.out_features());
-        self.weight
-            .expect_shape("linear grads.weight", &[Some(n_out), Some(n_in)])?;
-        match (&layer.bias, &self.bias) {
-            (Some(_), Some(db)) => db.expect_shape("linear grads.bias", &[Some(n_out)]),
-            (None, None) => Ok(()),
-            (Some(_), None) => Err(Error::invalid(
-                "linear grads.bias",
-                "the layer has a bias but its gradient is missing",
-            )),
-            (None, Some(_)) => Err(Error::invalid(
-                "linear grads.bias",
-                "the layer has no bias but a bias gradient was given",
-            )),
-        }
+        Ok(())
     }
 }
 
 impl Linear {
     /// Backward of [`Linear::forward`]. x: `[.., in]` as given to the forward;
     /// dy: `[.., out]` with the same leading axes. **Accumulates** into `grads.weight`
-    /// (`[out, in]`) and `grads.bias` (`[out]`); returns dx: `[.., in]`.
-    pub fn backward(&self, x: &Tensor, dy: &Tensor, grads: &mut LinearGrads) -> Result<Tensor> {
+    /// (`[out, in]`) and `grads.bias` (`[out]`), a gradient tree shaped as this layer;
+    /// returns dx: `[.., in]`.
+    pub fn backward(&self, x: &Tensor, dy: &Tensor, grads: &mut Linear) -> Result<Tensor> {
         let (n_in, n_out) = (self.in_features(), self.out_features());
         let rows = self.rows_of(x)?;
         let mut dy_shape = x.shape().to_vec();
@@ -133,7 +121,7 @@ impl Linear {
                 dy.shape(),
             ));
         }
-        grads.check(self)?;
+        self.check_grads(grads)?;
         if let Some(db) = &mut grads.bias {
             // forward: y = … + b on every row  →  db += Σ_rows dy
             let db = db.data_mut();

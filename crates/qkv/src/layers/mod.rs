@@ -1,11 +1,13 @@
-//! Layers with parameters: linear maps, embeddings, norms, feed-forward blocks.
+//! Layers with parameters: linear maps, embeddings, norms, feed-forward blocks. Each
+//! has a forward, a forward that saves what its backward needs, and a backward that
+//! accumulates into a gradient of the layer's own type.
 
 pub mod embedding;
 pub mod ffn;
 pub mod linear;
 pub mod norm;
 
-pub use embedding::{Embedding, EmbeddingGrads};
-pub use ffn::{FeedForward, FeedForwardCache, FeedForwardGrads};
-pub use linear::{Linear, LinearGrads};
-pub use norm::{LayerNorm, LayerNormCache, LayerNormGrads, RmsNorm, RmsNormCache, RmsNormGrads};
+pub use embedding::Embedding;
+pub use ffn::{FeedForward, FeedForwardCache};
+pub use linear::Linear;
+pub use norm::{Norm, NormCache, NormKind};

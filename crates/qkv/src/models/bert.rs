@@ -1,36 +1,33 @@
-//! BERT (`BertModel`, and the encoder inside `BertForMaskedLM` /
+//! BERT (`BertModel`, `BertForMaskedLM`, and the encoder inside
 //! `BertForSequenceClassification` checkpoints): the Transformer's encoder stack as
 //! Devlin et al. trained it.
 //!
-//! - Embeddings: word + learned absolute position (0..T, padding or not, as HF's
+//! - Embeddings: word + learned absolute position (slots 0..T, padding or not, as HF's
 //!   `position_ids = arange(T)`) + token type (segment A/B), summed, then LayerNorm.
-//! - Layers are post-norm: x = LN(x + Attn(x)); x = LN(x + FFN(x)).
-//! - Attention is bidirectional; padding is removed as keys only, so a padded row's
-//!   real tokens see exactly what they would see alone.
-//!
-//! The output is `last_hidden_state`; the pooler and task heads are not part of it.
+//! - Post-norm layers: x = LN(x + Attn(x)); x = LN(x + FFN(x)); bidirectional attention
+//!   with padding removed as keys only.
+//! - `BertForMaskedLM` adds the masked-LM head (`cls.predictions`): dense, activation,
+//!   LayerNorm, then the word embeddings (tied) plus a bias. Without that head (the
+//!   other architectures), the output is `last_hidden_state`; pooler and task heads are
+//!   not read.
 
 use std::path::Path;
 
 use serde::Deserialize;
 
-use super::batch::too_long;
-use super::{architecture, ffn_label, Encoder, Model, ModelInfo, TokenBatch, Weights};
-use crate::attention::MultiHeadAttention;
-use crate::block::{AttendOpts, AttentionLayer};
+use super::arch::{Arch, Head, Position, StackDims};
+use super::names::{parse, unplaced, Loc};
+use super::special::TokenIds;
+use crate::block::Residual;
 use crate::error::{Error, Result};
-use crate::io::{bad_field, check_heads, check_positive, read_config, Checkpoint};
-use crate::layers::{Embedding, FeedForward, LayerNorm};
+use crate::io::{bad_field, check_heads, check_positive, read_config};
 use crate::ops::Activation;
-use crate::position::LearnedPositions;
-use crate::tensor::Tensor;
 
 /// `config.json` as `BertConfig` writes it. A missing field takes `BertConfig`'s
 /// default (BERT-base), as transformers itself does when loading the file.
 #[derive(Deserialize)]
 #[serde(default)]
 struct BertConfig {
-    architectures: Vec<String>,
     vocab_size: usize,
     hidden_size: usize,
     num_hidden_layers: usize,
@@ -43,12 +40,13 @@ struct BertConfig {
     /// Dropped from `BertConfig` in transformers 5 (absolute is then the only kind).
     position_embedding_type: Option<String>,
     is_decoder: bool,
+    #[serde(flatten)]
+    tokens: TokenIds,
 }
 
 impl Default for BertConfig {
     fn default() -> Self {
         BertConfig {
-            architectures: Vec::new(),
             vocab_size: 30522,
             hidden_size: 768,
             num_hidden_layers: 12,
@@ -60,66 +58,21 @@ impl Default for BertConfig {
             layer_norm_eps: 1e-12,
             position_embedding_type: None,
             is_decoder: false,
+            tokens: TokenIds::default(),
         }
     }
 }
 
-/// One post-norm encoder layer.
-struct BertLayer {
-    attention: AttentionLayer,
-    /// `attention.output.LayerNorm`
-    attention_norm: LayerNorm,
-    /// `intermediate.dense` → act → `output.dense`
-    ffn: FeedForward,
-    /// `output.LayerNorm`
-    output_norm: LayerNorm,
-}
-
-impl BertLayer {
-    /// x: [B, T, C] → [B, T, C].
-    fn forward(&self, x: &Tensor, opts: &AttendOpts) -> Result<Tensor> {
-        let mut h = self.attention.self_attention(x, opts, None)?;
-        h.add_assign(x);
-        let x = self.attention_norm.forward(&h)?;
-        let mut h = self.ffn.forward(&x)?;
-        h.add_assign(&x);
-        self.output_norm.forward(&h)
-    }
-}
-
-pub struct Bert {
-    info: ModelInfo,
-    /// [V, C]
-    word: Embedding,
-    /// [P, C]
-    positions: LearnedPositions,
-    /// [type_vocab_size, C]
-    token_types: Embedding,
-    embeddings_norm: LayerNorm,
-    layers: Vec<BertLayer>,
-}
-
-/// A LayerNorm stored as `weight`/`bias`, or as `gamma`/`beta` in checkpoints
-/// converted from the original TensorFlow release (transformers renames those on load).
-fn layer_norm(w: &Weights, name: &str, c: usize, eps: f32) -> Result<LayerNorm> {
-    if w.has(&format!("{name}.gamma")) {
-        LayerNorm::new(
-            w.tensor(&format!("{name}.gamma"), &[c])?,
-            Some(w.tensor(&format!("{name}.beta"), &[c])?),
-            eps,
-        )
-    } else {
-        w.layer_norm(name, c, eps)
-    }
-}
-
-pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
+/// `dir/config.json` as an [`Arch`]; `masked_lm` adds the masked-LM head.
+pub(super) fn read(dir: &Path, masked_lm: bool) -> Result<(Arch, TokenIds)> {
     let cfg: BertConfig = read_config(dir)?;
-    let (c, n_heads) = (cfg.hidden_size, cfg.num_attention_heads);
-    check_heads(dir, "num_attention_heads", n_heads, "hidden_size", c)?;
+    let (c, heads) = (cfg.hidden_size, cfg.num_attention_heads);
+    check_heads(dir, "num_attention_heads", heads, "hidden_size", c)?;
     check_positive(
         dir,
         &[
+            ("vocab_size", cfg.vocab_size),
+            ("intermediate_size", cfg.intermediate_size),
             ("max_position_embeddings", cfg.max_position_embeddings),
             ("type_vocab_size", cfg.type_vocab_size),
         ],
@@ -142,137 +95,74 @@ pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
     let activation = Activation::from_hf_name(&cfg.hidden_act)
         .map_err(|e| bad_field(dir, "hidden_act", e.to_string()))?;
     let eps = cfg.layer_norm_eps as f32;
-
-    // Task models (`BertForMaskedLM`, ...) keep the encoder under `bert.`.
-    let w = Weights::detect(ckpt, &["", "bert."], "embeddings.word_embeddings.weight");
-    let word = w.embedding("embeddings.word_embeddings", cfg.vocab_size, c)?;
-    let positions = LearnedPositions::new(w.tensor(
-        "embeddings.position_embeddings.weight",
-        &[cfg.max_position_embeddings, c],
-    )?)?;
-    let token_types = w.embedding("embeddings.token_type_embeddings", cfg.type_vocab_size, c)?;
-    let embeddings_norm = layer_norm(&w, "embeddings.LayerNorm", c, eps)?;
-
-    let f = cfg.intermediate_size;
-    let layers = (0..cfg.num_hidden_layers)
-        .map(|l| {
-            let p = format!("encoder.layer.{l}");
-            let mha = MultiHeadAttention::new(
-                w.linear(&format!("{p}.attention.self.query"), c, c, true)?,
-                w.linear(&format!("{p}.attention.self.key"), c, c, true)?,
-                w.linear(&format!("{p}.attention.self.value"), c, c, true)?,
-                w.linear(&format!("{p}.attention.output.dense"), c, c, true)?,
-                n_heads,
-                n_heads,
-            )?;
-            Ok(BertLayer {
-                attention: AttentionLayer { mha, rope: None },
-                attention_norm: layer_norm(&w, &format!("{p}.attention.output.LayerNorm"), c, eps)?,
-                ffn: FeedForward::new(
-                    w.linear(&format!("{p}.intermediate.dense"), f, c, true)?,
-                    None,
-                    w.linear(&format!("{p}.output.dense"), c, f, true)?,
-                    activation,
-                )?,
-                output_norm: layer_norm(&w, &format!("{p}.output.LayerNorm"), c, eps)?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-
-    let info = ModelInfo {
-        family: "bert".into(),
-        architecture: architecture(&cfg.architectures, "BertModel"),
+    let mut arch = Arch::gpt2(cfg.vocab_size, c, 0, heads, cfg.max_position_embeddings);
+    arch.encoder = Some(StackDims {
         layers: cfg.num_hidden_layers,
-        decoder_layers: None,
-        hidden: c,
-        heads: n_heads,
-        kv_heads: n_heads,
-        head_dim: c / n_heads,
-        ffn_dim: f,
-        vocab: cfg.vocab_size,
-        max_positions: Some(cfg.max_position_embeddings),
-        position: format!("learned absolute + {} token types", cfg.type_vocab_size),
-        norm: format!("LayerNorm, post-norm, eps {:e}", cfg.layer_norm_eps),
-        ffn: ffn_label(activation, false),
+        heads,
+        kv_heads: heads,
+        head_dim: c / heads,
+        ffn_dim: cfg.intermediate_size,
+    });
+    arch.decoder = None;
+    arch.norm.eps = eps;
+    arch.residual = Residual::PostNorm;
+    arch.ffn.activation = activation;
+    arch.embed.norm = true;
+    arch.embed.token_types = cfg.type_vocab_size;
+    arch.embed.slot_positions = true;
+    arch.embed.padding_idx = cfg.tokens.pad();
+    arch.head = if masked_lm {
+        Head::MaskedLm { activation }
+    } else {
+        Head::None
     };
-    Ok(Model::Encoder(Box::new(Bert {
-        info,
-        word,
-        positions,
-        token_types,
-        embeddings_norm,
-        layers,
-    })))
+    debug_assert!(matches!(arch.position, Position::Learned { .. }));
+    Ok((arch, cfg.tokens))
 }
 
-impl Bert {
-    /// Embeddings before the encoder: LN(word + position + token type): [B·T, C].
-    fn embed(&self, tokens: &TokenBatch, token_types: Option<&[usize]>) -> Result<Tensor> {
-        let (b, t) = (tokens.batch, tokens.len);
-        let mut x = self.word.forward(&tokens.ids)?;
-        let positions: Vec<usize> = (0..b).flat_map(|_| 0..t).collect();
-        self.positions.add_to(&mut x, &positions)?;
-        let types = match token_types {
-            Some(types) => {
-                if types.len() != b * t {
-                    return Err(Error::shape(
-                        "token_type_ids",
-                        format!("[{b}, {t}] like input_ids"),
-                        &[types.len()],
-                    ));
-                }
-                let n = self.token_types.vocab_size();
-                if let Some(&bad) = types.iter().find(|&&ty| ty >= n) {
-                    return Err(Error::OutOfRange {
-                        what: "token type id (type_vocab_size)".into(),
-                        index: bad,
-                        size: n,
-                    });
-                }
-                self.token_types.forward(types)?
-            }
-            // HF's default token_type_ids are all segment 0: one row, added everywhere.
-            None => self.token_types.forward(&[0])?,
-        };
-        let c = self.word.dim();
-        for (row, ty) in x
-            .data_mut()
-            .chunks_exact_mut(c)
-            .zip(types.data().chunks_exact(c).cycle())
-        {
-            for (a, e) in row.iter_mut().zip(ty) {
-                *a += e;
-            }
+/// The name table (see [`Loc`]). A masked-LM model keeps the encoder under `bert.`.
+pub(super) fn locate(arch: &Arch, path: &str) -> Result<Loc> {
+    let p = parse(path);
+    let b = if matches!(arch.head, Head::MaskedLm { .. }) {
+        "bert."
+    } else {
+        ""
+    };
+    let name = match (p.stack, p.layer, p.rest) {
+        (None, None, "embed_tokens.weight") => format!("{b}embeddings.word_embeddings.weight"),
+        (None, None, "head.bias") => "cls.predictions.bias".into(),
+        (None, None, rest) if rest.starts_with("head.dense.") => {
+            format!("cls.predictions.transform.dense.{}", &rest[11..])
         }
-        self.embeddings_norm.forward(&x)
-    }
-}
-
-impl Encoder for Bert {
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-
-    /// tokens: [B, T]; token_types: [B·T] or `None` for segment 0 → last_hidden_state
-    /// [B, T, C]. Outputs at padding positions are unspecified.
-    fn forward(&self, tokens: &TokenBatch, token_types: Option<&[usize]>) -> Result<Tensor> {
-        let (b, t) = (tokens.batch, tokens.len);
-        tokens.check_vocab(self.info.vocab)?;
-        let max = self.positions.max_positions();
-        // Positions are 0..T in every row, padding or not.
-        if t > max {
-            return Err(too_long(t - 1, max));
+        (None, None, rest) if rest.starts_with("head.norm.") => {
+            format!("cls.predictions.transform.LayerNorm.{}", &rest[10..])
         }
-        let mut x = self
-            .embed(tokens, token_types)?
-            .reshape(&[b, t, self.word.dim()])?;
-        let opts = AttendOpts {
-            key_padding: Some(&tokens.mask),
-            ..Default::default()
-        };
-        for layer in &self.layers {
-            x = layer.forward(&x, &opts)?;
+        (Some("encoder"), None, "embed_positions.weight") => {
+            format!("{b}embeddings.position_embeddings.weight")
         }
-        Ok(x)
-    }
+        (Some("encoder"), None, "embed_types.weight") => {
+            format!("{b}embeddings.token_type_embeddings.weight")
+        }
+        (Some("encoder"), None, rest) if rest.starts_with("embed_norm.") => {
+            format!("{b}embeddings.LayerNorm.{}", &rest[11..])
+        }
+        (Some("encoder"), Some(l), rest) => {
+            let (module, param) = rest.rsplit_once('.').unwrap_or((rest, ""));
+            let hf = match module {
+                "attn.q" => "attention.self.query",
+                "attn.k" => "attention.self.key",
+                "attn.v" => "attention.self.value",
+                "attn.o" => "attention.output.dense",
+                // post-norm: the norm after the attention's residual
+                "attn_norm" => "attention.output.LayerNorm",
+                "ffn.up" => "intermediate.dense",
+                "ffn.down" => "output.dense",
+                "ffn_norm" => "output.LayerNorm",
+                _ => return Err(unplaced("BERT", path)),
+            };
+            format!("{b}encoder.layer.{l}.{hf}.{param}")
+        }
+        _ => return Err(unplaced("BERT", path)),
+    };
+    Ok(Loc::Same(name))
 }

@@ -2,7 +2,7 @@
 //! seed, for decoder-only and encoder-decoder models, stopping on end-of-sequence.
 //! Every step feeds only the new tokens; the KV cache holds the past.
 
-use super::{CausalLm, Seq2SeqLm, TokenBatch};
+use super::{TokenBatch, Transformer};
 use crate::error::{Error, Result};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
@@ -168,7 +168,7 @@ fn decode_loop(
 /// Continues each row of `prompt` (left padding allowed) with up to
 /// `opts.max_new_tokens` tokens.
 pub fn generate_causal(
-    model: &dyn CausalLm,
+    model: &Transformer,
     prompt: &TokenBatch,
     opts: &GenerateOptions,
 ) -> Result<Vec<Vec<usize>>> {
@@ -182,7 +182,7 @@ pub fn generate_causal(
 /// Translates / transforms each source row; decoding starts from the model's decoder
 /// start token. Returns the generated tokens (without the start token).
 pub fn generate_seq2seq(
-    model: &dyn Seq2SeqLm,
+    model: &Transformer,
     src: &TokenBatch,
     opts: &GenerateOptions,
 ) -> Result<Vec<Vec<usize>>> {

@@ -1,45 +1,32 @@
 //! GPT-2 (Radford et al., 2019): a decoder-only Transformer. Token embeddings plus
-//! learned absolute positions (`wpe`), then pre-norm blocks
-//! `x += attn(ln_1(x)); x += mlp(ln_2(x))` with causal self-attention, a final `ln_f`,
-//! and an LM head tied to the token embeddings.
+//! learned absolute positions (`wpe`), pre-norm blocks with causal self-attention, a
+//! final `ln_f`, and an LM head tied to the token embeddings.
 //!
 //! The family's quirk is OpenAI's `Conv1D`: it computes `x·W + b` with W stored
 //! `[in, out]`, the transpose of `nn.Linear`. The attention's Q, K and V projections are
-//! fused into one `c_attn` of width 3C; at load time its columns are split into the
-//! three parallel maps W_Q, W_K, W_V (each `[C, C]` as a [`Linear`]), so GPT-2 runs
-//! through exactly the same attention sub-layer as every other family.
+//! fused into one `c_attn` of width 3C whose three column blocks are the three parallel
+//! maps W_Q, W_K, W_V; the name table reads and writes them as parts of that tensor.
 //!
 //! Checkpoints of `GPT2LMHeadModel` name tensors `transformer.h.0.attn.c_attn.weight`;
-//! those saved from the base `GPT2Model` (including OpenAI's original `gpt2`) lack the
+//! those saved from the base `GPT2Model` (OpenAI's original `gpt2`) lack the
 //! `transformer.` prefix. Both load.
 
 use std::path::Path;
 
 use serde::Deserialize;
+use serde_json::{json, Value};
 
-use super::head::{lm_logits, load_lm_head};
-use super::special::{special_tokens, TokenIds};
-use super::{
-    architecture, ffn_label, CausalLm, KvCache, LayerKv, Model, ModelInfo, SpecialTokens,
-    TokenBatch, Weights,
-};
-use crate::block::{AttendOpts, AttentionLayer};
+use super::arch::{Arch, Head, Position, StackDims};
+use super::names::{parse, unplaced, Loc};
+use super::special::TokenIds;
 use crate::error::Result;
-use crate::io::{
-    aliased_size, bad_field, check_heads, check_positive, epsilon, read_config, Checkpoint,
-};
-use crate::layers::{Embedding, FeedForward, LayerNorm, Linear};
+use crate::io::{aliased_size, bad_field, check_heads, check_positive, epsilon, read_config};
 use crate::ops::Activation;
-use crate::position::LearnedPositions;
-use crate::tensor::Tensor;
-use crate::MultiHeadAttention;
 
 /// Hugging Face `GPT2Config`. Sizes are required; the alternative names are those of
 /// `attribute_map` (`hidden_size` → `n_embd`, …), which some tools write instead.
 #[derive(Deserialize)]
-pub(crate) struct Gpt2Config {
-    #[serde(default)]
-    architectures: Vec<String>,
+struct Gpt2Config {
     n_embd: Option<usize>,
     hidden_size: Option<usize>,
     n_layer: Option<usize>,
@@ -55,16 +42,15 @@ pub(crate) struct Gpt2Config {
     #[serde(default = "default_eps")]
     layer_norm_epsilon: f64,
     #[serde(default = "default_activation")]
-    pub(crate) activation_function: String,
+    activation_function: String,
     /// Divide scores by √D (always true in released checkpoints).
     #[serde(default = "yes")]
-    pub(crate) scale_attn_weights: bool,
-    /// Also divide layer l's scores by l + 1 (a training-stability option, off in
-    /// OpenAI's checkpoints).
+    scale_attn_weights: bool,
+    /// Also divide layer l's scores by l + 1 (off in OpenAI's checkpoints).
     #[serde(default)]
-    pub(crate) scale_attn_by_inverse_layer_idx: bool,
+    scale_attn_by_inverse_layer_idx: bool,
     #[serde(default = "yes")]
-    pub(crate) tie_word_embeddings: bool,
+    tie_word_embeddings: bool,
     #[serde(flatten)]
     tokens: TokenIds,
 }
@@ -81,239 +67,152 @@ fn yes() -> bool {
     true
 }
 
-/// Runtime sizes, validated.
-pub(crate) struct Dims {
-    pub(crate) c: usize,
-    pub(crate) layers: usize,
-    pub(crate) heads: usize,
-    pub(crate) positions: usize,
-    pub(crate) vocab: usize,
-    pub(crate) ffn: usize,
-    pub(crate) eps: f32,
-    pub(crate) act: Activation,
+/// `dir/config.json` as an [`Arch`], checked; errors name the field at fault.
+pub(super) fn read(dir: &Path) -> Result<(Arch, TokenIds)> {
+    let cfg: Gpt2Config = read_config(dir)?;
+    let c = aliased_size(
+        dir,
+        ("n_embd", cfg.n_embd),
+        ("hidden_size", cfg.hidden_size),
+        1,
+    )?;
+    let heads = aliased_size(
+        dir,
+        ("n_head", cfg.n_head),
+        ("num_attention_heads", cfg.num_attention_heads),
+        1,
+    )?;
+    check_heads(dir, "n_head", heads, "n_embd", c)?;
+    let layers = aliased_size(
+        dir,
+        ("n_layer", cfg.n_layer),
+        ("num_hidden_layers", cfg.num_hidden_layers),
+        0,
+    )?;
+    let positions = aliased_size(
+        dir,
+        ("n_positions", cfg.n_positions),
+        ("max_position_embeddings", cfg.max_position_embeddings),
+        1,
+    )?;
+    let ffn = cfg.n_inner.unwrap_or(4 * c);
+    check_positive(dir, &[("vocab_size", cfg.vocab_size), ("n_inner", ffn)])?;
+    let mut arch = Arch::gpt2(cfg.vocab_size, c, layers, heads, positions);
+    arch.decoder = Some(StackDims {
+        ffn_dim: ffn,
+        ..arch.stack()
+    });
+    arch.norm.eps = epsilon(dir, "layer_norm_epsilon", cfg.layer_norm_epsilon)?;
+    arch.ffn.activation = Activation::from_hf_name(&cfg.activation_function)
+        .map_err(|e| bad_field(dir, "activation_function", e.to_string()))?;
+    arch.attention.scale = (!cfg.scale_attn_weights).then_some(1.0);
+    arch.attention.scale_by_layer = cfg.scale_attn_by_inverse_layer_idx;
+    arch.head = Head::Lm {
+        tied: cfg.tie_word_embeddings,
+        rescale: false,
+        logits_bias: false,
+    };
+    Ok((arch, cfg.tokens))
 }
 
-impl Gpt2Config {
-    /// The sizes, epsilon and activation of this config, checked; errors name the
-    /// field of `dir/config.json` at fault.
-    pub(crate) fn validate(&self, dir: &Path) -> Result<Dims> {
-        let c = aliased_size(
-            dir,
-            ("n_embd", self.n_embd),
-            ("hidden_size", self.hidden_size),
-            1,
-        )?;
-        let heads = aliased_size(
-            dir,
-            ("n_head", self.n_head),
-            ("num_attention_heads", self.num_attention_heads),
-            1,
-        )?;
-        check_heads(dir, "n_head", heads, "n_embd", c)?;
-        let layers = aliased_size(
-            dir,
-            ("n_layer", self.n_layer),
-            ("num_hidden_layers", self.num_hidden_layers),
-            0,
-        )?;
-        let positions = aliased_size(
-            dir,
-            ("n_positions", self.n_positions),
-            ("max_position_embeddings", self.max_position_embeddings),
-            1,
-        )?;
-        let ffn = self.n_inner.unwrap_or(4 * c);
-        check_positive(dir, &[("vocab_size", self.vocab_size), ("n_inner", ffn)])?;
-        let eps = epsilon(dir, "layer_norm_epsilon", self.layer_norm_epsilon)?;
-        let act = Activation::from_hf_name(&self.activation_function)
-            .map_err(|e| bad_field(dir, "activation_function", e.to_string()))?;
-        Ok(Dims {
-            c,
-            layers,
-            heads,
-            positions,
-            vocab: self.vocab_size,
-            ffn,
-            eps,
-            act,
-        })
-    }
+/// Whether `arch` is exactly a GPT-2 (so it saves as `GPT2LMHeadModel`).
+pub(super) fn fits(arch: &Arch) -> bool {
+    let (a, f) = (&arch.attention, &arch.ffn);
+    let plain = |d: StackDims| d.kv_heads == d.heads && d.heads * d.head_dim == arch.d_model;
+    arch.encoder.is_none()
+        && arch.decoder.is_some_and(plain)
+        && matches!(arch.position, Position::Learned { .. })
+        && arch.norm.kind == crate::layers::NormKind::LayerNorm
+        && arch.norm.bias
+        && arch.residual == crate::block::Residual::PreNorm
+        && a.qkv_bias
+        && a.out_bias
+        && a.window.is_none()
+        && a.scale.is_none_or(|s| s == 1.0)
+        && !f.gated
+        && f.bias
+        && f.activation != Activation::Silu
+        && arch.embed == Default::default()
+        && matches!(
+            arch.head,
+            Head::Lm {
+                rescale: false,
+                logits_bias: false,
+                ..
+            }
+        )
 }
 
-/// Columns `[col0, col0 + n)` of a Conv1D weight `w`: [in, out_total], transposed into
-/// an nn.Linear weight [n, in].
-fn conv1d_columns(w: &Tensor, col0: usize, n: usize) -> Tensor {
-    let (inp, out) = (w.shape()[0], w.shape()[1]);
-    let src = w.data();
-    Tensor::from_fn(&[n, inp], |k| {
-        let (o, i) = (k / inp, k % inp);
-        src[i * out + col0 + o]
+/// `config.json` of a GPT-2 folder for `arch` (which [`fits`]).
+pub(super) fn config_json(arch: &Arch) -> Value {
+    let d = arch.stack();
+    json!({
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": arch.vocab,
+        "n_positions": arch.max_positions(),
+        "n_embd": arch.d_model,
+        "n_layer": d.layers,
+        "n_head": d.heads,
+        "n_inner": d.ffn_dim,
+        "activation_function": match arch.ffn.activation {
+            Activation::Relu => "relu",
+            Activation::Gelu => "gelu",
+            Activation::GeluTanh | Activation::Silu => "gelu_new",
+        },
+        "layer_norm_epsilon": super::json_f32(arch.norm.eps),
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "summary_first_dropout": 0.0,
+        "scale_attn_weights": arch.attention.scale.is_none(),
+        "scale_attn_by_inverse_layer_idx": arch.attention.scale_by_layer,
+        "reorder_and_upcast_attn": false,
+        "tie_word_embeddings": matches!(arch.head, Head::Lm { tied: true, .. }),
+        "initializer_range": 0.02,
+        "use_cache": true,
     })
 }
 
-/// Conv1D `{name}.weight` `[inp, out]` and `{name}.bias` `[out]` as a Linear `[out, inp]`.
-fn conv1d(w: &Weights, name: &str, inp: usize, out: usize) -> Result<Linear> {
-    let weight = w.tensor(&format!("{name}.weight"), &[inp, out])?;
-    let bias = w.tensor(&format!("{name}.bias"), &[out])?;
-    Linear::new(conv1d_columns(&weight, 0, out), Some(bias))
-}
-
-/// One pre-norm block.
-struct Block {
-    ln_1: LayerNorm,
-    attn: AttentionLayer,
-    /// Score scale: 1/√D, or 1 without `scale_attn_weights`, divided by l + 1 under
-    /// `scale_attn_by_inverse_layer_idx`.
-    scale: f32,
-    ln_2: LayerNorm,
-    mlp: FeedForward,
-}
-
-impl Block {
-    fn load(w: &Weights, l: usize, d: &Dims, cfg: &Gpt2Config) -> Result<Self> {
-        let p = |s: &str| format!("h.{l}.{s}");
-        let c = d.c;
-        // c_attn computes [q | k | v] = x·W + b with W: [C, 3C]; its three column
-        // blocks are the three independent projections.
-        let fused = w.tensor(&p("attn.c_attn.weight"), &[c, 3 * c])?;
-        let fused_bias = w.tensor(&p("attn.c_attn.bias"), &[3 * c])?;
-        let part = |k: usize| -> Result<Linear> {
-            let bias = fused_bias.data()[k * c..(k + 1) * c].to_vec();
-            Linear::new(
-                conv1d_columns(&fused, k * c, c),
-                Some(Tensor::new(&[c], bias)?),
-            )
-        };
-        let mha = MultiHeadAttention::new(
-            part(0)?,
-            part(1)?,
-            part(2)?,
-            conv1d(w, &p("attn.c_proj"), c, c)?,
-            d.heads,
-            d.heads,
-        )?;
-        let mut scale = if cfg.scale_attn_weights {
-            1.0 / ((c / d.heads) as f32).sqrt()
-        } else {
-            1.0
-        };
-        if cfg.scale_attn_by_inverse_layer_idx {
-            scale /= (l + 1) as f32;
+/// The name table (see [`Loc`]).
+pub(super) fn locate(path: &str) -> Result<Loc> {
+    let p = parse(path);
+    let conv = |n: String| Loc::Transposed(n);
+    let loc = match (p.stack, p.layer, p.rest) {
+        (None, None, "embed_tokens.weight") => Loc::Same("transformer.wte.weight".into()),
+        (None, None, "head.lm_head.weight") => Loc::Same("lm_head.weight".into()),
+        (Some("decoder"), None, "embed_positions.weight") => {
+            Loc::Same("transformer.wpe.weight".into())
         }
-        Ok(Block {
-            ln_1: w.layer_norm(&p("ln_1"), c, d.eps)?,
-            attn: AttentionLayer { mha, rope: None },
-            scale,
-            ln_2: w.layer_norm(&p("ln_2"), c, d.eps)?,
-            mlp: FeedForward::new(
-                conv1d(w, &p("mlp.c_fc"), c, d.ffn)?,
-                None,
-                conv1d(w, &p("mlp.c_proj"), d.ffn, c)?,
-                d.act,
-            )?,
-        })
-    }
-
-    /// x: [B, T, C] → [B, T, C]; appends this layer's K/V to `kv`.
-    fn forward(&self, mut x: Tensor, opts: &AttendOpts, kv: &mut LayerKv) -> Result<Tensor> {
-        let opts = AttendOpts {
-            scale: Some(self.scale),
-            ..*opts
-        };
-        let a = self
-            .attn
-            .self_attention(&self.ln_1.forward(&x)?, &opts, Some(kv))?;
-        x.add_assign(&a);
-        let m = self.mlp.forward(&self.ln_2.forward(&x)?)?;
-        x.add_assign(&m);
-        Ok(x)
-    }
-}
-
-/// A loaded GPT-2.
-pub struct Gpt2 {
-    info: ModelInfo,
-    special: SpecialTokens,
-    /// [V, C]
-    wte: Embedding,
-    /// [P, C]
-    wpe: LearnedPositions,
-    blocks: Vec<Block>,
-    ln_f: LayerNorm,
-    /// [V, C] when the checkpoint has its own head; `None` when tied to `wte`, whose
-    /// table is then read in place rather than copied.
-    lm_head: Option<Linear>,
-}
-
-/// Loads a `GPT2LMHeadModel` or `GPT2Model` folder.
-pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
-    let cfg: Gpt2Config = read_config(dir)?;
-    let d = cfg.validate(dir)?;
-    let w = Weights::detect(ckpt, &["transformer.", ""], "wte.weight");
-    let wte = w.embedding("wte", d.vocab, d.c)?;
-    let wpe = LearnedPositions::new(w.tensor("wpe.weight", &[d.positions, d.c])?)?;
-    let blocks = (0..d.layers)
-        .map(|l| Block::load(&w, l, &d, &cfg))
-        .collect::<Result<Vec<_>>>()?;
-    let ln_f = w.layer_norm("ln_f", d.c, d.eps)?;
-    let lm_head = load_lm_head(ckpt, cfg.tie_word_embeddings, d.vocab, d.c)?;
-    let info = ModelInfo {
-        family: "gpt2".into(),
-        architecture: architecture(&cfg.architectures, "GPT2LMHeadModel"),
-        layers: d.layers,
-        decoder_layers: None,
-        hidden: d.c,
-        heads: d.heads,
-        kv_heads: d.heads,
-        head_dim: d.c / d.heads,
-        ffn_dim: d.ffn,
-        vocab: d.vocab,
-        max_positions: Some(d.positions),
-        position: "learned absolute".into(),
-        norm: format!("LayerNorm, pre-norm, eps {:e}", d.eps),
-        ffn: ffn_label(d.act, false),
+        (Some("decoder"), None, rest) if rest.starts_with("final_norm.") => {
+            Loc::Same(format!("transformer.ln_f.{}", &rest[11..]))
+        }
+        (Some("decoder"), Some(l), rest) => {
+            let h = format!("transformer.h.{l}");
+            let (module, param) = rest.rsplit_once('.').unwrap_or((rest, ""));
+            match (module, param) {
+                ("attn_norm", p) => Loc::Same(format!("{h}.ln_1.{p}")),
+                ("ffn_norm", p) => Loc::Same(format!("{h}.ln_2.{p}")),
+                ("attn.q" | "attn.k" | "attn.v", p) => Loc::Part {
+                    name: format!("{h}.attn.c_attn.{p}"),
+                    parts: 3,
+                    part: ["attn.q", "attn.k", "attn.v"]
+                        .iter()
+                        .position(|m| *m == module)
+                        .expect("matched above"),
+                    group: None,
+                    transposed: p == "weight",
+                },
+                ("attn.o", "weight") => conv(format!("{h}.attn.c_proj.weight")),
+                ("attn.o", p) => Loc::Same(format!("{h}.attn.c_proj.{p}")),
+                ("ffn.up", "weight") => conv(format!("{h}.mlp.c_fc.weight")),
+                ("ffn.up", p) => Loc::Same(format!("{h}.mlp.c_fc.{p}")),
+                ("ffn.down", "weight") => conv(format!("{h}.mlp.c_proj.weight")),
+                ("ffn.down", p) => Loc::Same(format!("{h}.mlp.c_proj.{p}")),
+                _ => return Err(unplaced("GPT-2", path)),
+            }
+        }
+        _ => return Err(unplaced("GPT-2", path)),
     };
-    let special = special_tokens(dir, cfg.tokens)?;
-    Ok(Model::Causal(Box::new(Gpt2 {
-        info,
-        special,
-        wte,
-        wpe,
-        blocks,
-        ln_f,
-        lm_head,
-    })))
-}
-
-impl CausalLm for Gpt2 {
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-
-    fn special_tokens(&self) -> &SpecialTokens {
-        &self.special
-    }
-
-    /// tokens: [B, T] → logits [B, T, V], appending to `cache`.
-    fn forward_cached(&self, tokens: &TokenBatch, cache: &mut KvCache) -> Result<Tensor> {
-        tokens.check_vocab(self.info.vocab)?;
-        cache.check_layers(self.blocks.len())?;
-        let (b, t, c) = (tokens.batch, tokens.len, self.info.hidden);
-        // Real tokens must fit `wpe`; padding positions come back clamped into it.
-        let step = cache.begin_step(&tokens.mask, t, Some(self.wpe.max_positions()))?;
-        let mut x = self.wte.forward(&tokens.ids)?;
-        self.wpe.add_to(&mut x, &step.positions)?;
-        let mut x = x.reshape(&[b, t, c])?;
-        let opts = AttendOpts {
-            positions: &step.positions,
-            key_padding: Some(&step.key_padding),
-            causal: true,
-            ..Default::default()
-        };
-        for (block, kv) in self.blocks.iter().zip(cache.layers.iter_mut()) {
-            x = block.forward(x, &opts, kv)?;
-        }
-        let h = self.ln_f.forward(&x)?;
-        lm_logits(&h, self.lm_head.as_ref(), &self.wte.table, 1.0)
-    }
+    Ok(loc)
 }

@@ -3,15 +3,6 @@
 //! attention and a SwiGLU feed-forward block. Mistral is the same network with a
 //! sliding attention window.
 //!
-//! Per layer, for x: [B, T, C]:
-//!
-//! ```text
-//! x = x + o_proj(attn(rope(q_proj(rms(x))), rope(k_proj(rms(x))), v_proj(rms(x))))
-//! x = x + down_proj(silu(gate_proj(rms(x))) ⊙ up_proj(rms(x)))
-//! ```
-//!
-//! then a final RMSNorm and `lm_head` (or the embedding table when tied).
-//!
 //! Config layouts: transformers 4.x writes `rope_theta` and `rope_scaling` at the top
 //! level (`rope_scaling` names its kind `type` or `rope_type`); 5.x folds both into
 //! `rope_parameters: {rope_type, rope_theta, factor}`. Both are read.
@@ -19,30 +10,22 @@
 use std::path::Path;
 
 use serde::Deserialize;
+use serde_json::{json, Value};
 
-use super::head::{lm_logits, load_lm_head};
-use super::special::{special_tokens, TokenIds};
-use super::{ffn_label, CausalLm, KvCache, Model, ModelInfo, SpecialTokens, TokenBatch, Weights};
-use crate::attention::MultiHeadAttention;
-use crate::block::{AttendOpts, AttentionLayer};
+use super::arch::{Arch, Head, Position, StackDims};
+use super::names::{parse, unplaced, Loc};
+use super::special::TokenIds;
 use crate::error::{Error, Result};
-use crate::io::{bad_field, check_positive, epsilon, read_config, Checkpoint};
-use crate::layers::{Embedding, FeedForward, Linear, RmsNorm};
+use crate::io::{bad_field, check_positive, epsilon, read_config};
 use crate::ops::Activation;
-use crate::position::{Rope, RopeLayout};
-use crate::tensor::Tensor;
 
 /// `config.json` of a Llama or Mistral checkpoint, as transformers writes it.
 #[derive(Deserialize)]
-pub(crate) struct LlamaConfig {
-    #[serde(default)]
-    architectures: Vec<String>,
-    #[serde(default)]
-    model_type: Option<String>,
-    pub(crate) vocab_size: usize,
-    pub(crate) hidden_size: usize,
-    pub(crate) intermediate_size: usize,
-    pub(crate) num_hidden_layers: usize,
+struct LlamaConfig {
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
     num_attention_heads: usize,
     /// Absent means multi-head attention (G = H).
     #[serde(default)]
@@ -53,18 +36,18 @@ pub(crate) struct LlamaConfig {
     #[serde(default = "default_rms_norm_eps")]
     rms_norm_eps: f64,
     #[serde(default = "default_hidden_act")]
-    pub(crate) hidden_act: String,
+    hidden_act: String,
     /// Bias on q/k/v/o projections (Llama only; Mistral has none).
     #[serde(default)]
-    pub(crate) attention_bias: bool,
+    attention_bias: bool,
     /// Bias on gate/up/down projections.
     #[serde(default)]
-    pub(crate) mlp_bias: bool,
+    mlp_bias: bool,
     /// Both Llama and Mistral default to separate input and output matrices.
     #[serde(default)]
-    pub(crate) tie_word_embeddings: bool,
+    tie_word_embeddings: bool,
     #[serde(default)]
-    pub(crate) max_position_embeddings: Option<usize>,
+    max_position_embeddings: Option<usize>,
     /// transformers 4.x
     #[serde(default)]
     rope_theta: Option<f64>,
@@ -73,7 +56,7 @@ pub(crate) struct LlamaConfig {
     rope_scaling: Option<RopeConfig>,
     /// transformers 5.x
     #[serde(default)]
-    pub(crate) rope_parameters: Option<RopeConfig>,
+    rope_parameters: Option<RopeConfig>,
     /// Mistral: query position p sees key j only when p − j < sliding_window.
     #[serde(default)]
     sliding_window: Option<usize>,
@@ -93,7 +76,7 @@ fn default_hidden_act() -> String {
 /// serde aliases because 4.x configs often carry both `type` and `rope_type`, which an
 /// alias would reject as a duplicate.
 #[derive(Deserialize)]
-pub(crate) struct RopeConfig {
+struct RopeConfig {
     #[serde(default)]
     rope_type: Option<String>,
     #[serde(default, rename = "type")]
@@ -104,16 +87,8 @@ pub(crate) struct RopeConfig {
     factor: Option<f64>,
 }
 
-/// How RoPE's frequencies are scaled.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum RopeScaling {
-    None,
-    /// Position interpolation: every frequency divided by `factor`.
-    Linear(f32),
-}
-
-/// Base θ and scaling from whichever layout the config uses.
-pub(crate) fn rope_settings(cfg: &LlamaConfig, dir: &Path) -> Result<(f32, RopeScaling)> {
+/// Base θ and the linear scaling factor (1: none) from whichever layout the config uses.
+fn rope_settings(cfg: &LlamaConfig, dir: &Path) -> Result<(f32, f32)> {
     let (field, rope) = match (&cfg.rope_parameters, &cfg.rope_scaling) {
         (Some(p), _) => ("rope_parameters", Some(p)),
         (None, s) => ("rope_scaling", s.as_ref()),
@@ -130,8 +105,8 @@ pub(crate) fn rope_settings(cfg: &LlamaConfig, dir: &Path) -> Result<(f32, RopeS
         ));
     }
     let kind = rope.and_then(|r| r.rope_type.as_deref().or(r.legacy_type.as_deref()));
-    let scaling = match kind {
-        None | Some("default") => RopeScaling::None,
+    let factor = match kind {
+        None | Some("default") => 1.0,
         Some("linear") => {
             let factor = rope.and_then(|r| r.factor).ok_or_else(|| {
                 bad_field(
@@ -147,7 +122,7 @@ pub(crate) fn rope_settings(cfg: &LlamaConfig, dir: &Path) -> Result<(f32, RopeS
                     format!("must be finite and > 0, got {factor}"),
                 ));
             }
-            RopeScaling::Linear(factor as f32)
+            factor
         }
         Some(other) => {
             return Err(Error::Unsupported(format!(
@@ -156,23 +131,13 @@ pub(crate) fn rope_settings(cfg: &LlamaConfig, dir: &Path) -> Result<(f32, RopeS
             )))
         }
     };
-    Ok((theta as f32, scaling))
+    Ok((theta as f32, factor as f32))
 }
 
-/// Runtime sizes after validation.
-pub(crate) struct Dims {
-    pub(crate) hidden: usize,
-    pub(crate) heads: usize,
-    pub(crate) kv_heads: usize,
-    pub(crate) head_dim: usize,
-    pub(crate) ffn: usize,
-    pub(crate) vocab: usize,
-    pub(crate) eps: f32,
-}
-
-/// The sizes and epsilon of `cfg`, checked; errors name the field of
-/// `dir/config.json` at fault.
-pub(crate) fn validate(cfg: &LlamaConfig, dir: &Path) -> Result<Dims> {
+/// `dir/config.json` as an [`Arch`], checked; errors name the field at fault. Mistral's
+/// window applies to Mistral only: transformers ignores the field on Llama, so do we.
+pub(super) fn read(dir: &Path, mistral: bool) -> Result<(Arch, TokenIds)> {
+    let cfg: LlamaConfig = read_config(dir)?;
     check_positive(
         dir,
         &[
@@ -194,16 +159,14 @@ pub(crate) fn validate(cfg: &LlamaConfig, dir: &Path) -> Result<Dims> {
     let head_dim = match cfg.head_dim {
         Some(d) => d,
         None if cfg.hidden_size.is_multiple_of(heads) => cfg.hidden_size / heads,
-        None => {
-            return Err(bad_field(
-                dir,
-                "hidden_size",
-                format!(
+        None => return Err(bad_field(
+            dir,
+            "hidden_size",
+            format!(
                 "{} is not a multiple of num_attention_heads = {heads} (and no head_dim is given)",
                 cfg.hidden_size
             ),
-            ))
-        }
+        )),
     };
     // RoPE rotates pairs of dimensions.
     if head_dim == 0 || !head_dim.is_multiple_of(2) {
@@ -213,184 +176,139 @@ pub(crate) fn validate(cfg: &LlamaConfig, dir: &Path) -> Result<Dims> {
             format!("RoPE needs an even, non-zero head width, got {head_dim}"),
         ));
     }
-    let eps = epsilon(dir, "rms_norm_eps", cfg.rms_norm_eps)?;
-    if cfg.sliding_window == Some(0) {
+    if mistral && cfg.sliding_window == Some(0) {
         return Err(bad_field(dir, "sliding_window", "must be at least 1"));
     }
-    Ok(Dims {
-        hidden: cfg.hidden_size,
+    let (theta, linear_scaling) = rope_settings(&cfg, dir)?;
+    let activation = Activation::from_hf_name(&cfg.hidden_act)
+        .map_err(|e| bad_field(dir, "hidden_act", e.to_string()))?;
+    let mut arch = Arch::llama(
+        cfg.vocab_size,
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        heads,
+        kv_heads,
+        cfg.max_position_embeddings.unwrap_or(0),
+    );
+    arch.decoder = Some(StackDims {
+        layers: cfg.num_hidden_layers,
         heads,
         kv_heads,
         head_dim,
-        ffn: cfg.intermediate_size,
-        vocab: cfg.vocab_size,
-        eps,
+        ffn_dim: cfg.intermediate_size,
+    });
+    arch.position = Position::Rope {
+        theta,
+        linear_scaling,
+        max_len: cfg.max_position_embeddings,
+    };
+    arch.norm.eps = epsilon(dir, "rms_norm_eps", cfg.rms_norm_eps)?;
+    arch.attention.qkv_bias = cfg.attention_bias;
+    arch.attention.out_bias = cfg.attention_bias;
+    arch.attention.window = if mistral { cfg.sliding_window } else { None };
+    arch.ffn.activation = activation;
+    arch.ffn.bias = cfg.mlp_bias;
+    arch.embed.padding_idx = cfg.tokens.pad();
+    arch.head = Head::Lm {
+        tied: cfg.tie_word_embeddings,
+        rescale: false,
+        logits_bias: false,
+    };
+    Ok((arch, cfg.tokens))
+}
+
+/// Whether `arch` is exactly a Llama (so it saves as `LlamaForCausalLM`).
+pub(super) fn fits(arch: &Arch) -> bool {
+    let a = &arch.attention;
+    arch.encoder.is_none()
+        && arch.decoder.is_some()
+        && matches!(arch.position, Position::Rope { .. })
+        && arch.norm.kind == crate::layers::NormKind::RmsNorm
+        && arch.residual == crate::block::Residual::PreNorm
+        && a.qkv_bias == a.out_bias
+        && a.scale.is_none()
+        && !a.scale_by_layer
+        && a.window.is_none()
+        && arch.ffn.gated
+        && arch.ffn.activation == Activation::Silu
+        && arch.embed == Default::default()
+        && matches!(
+            arch.head,
+            Head::Lm {
+                rescale: false,
+                logits_bias: false,
+                ..
+            }
+        )
+}
+
+/// `config.json` of a Llama folder for `arch` (which [`fits`]).
+pub(super) fn config_json(arch: &Arch) -> Value {
+    let d = arch.stack();
+    let (theta, factor, max_len) = match arch.position {
+        Position::Rope {
+            theta,
+            linear_scaling,
+            max_len,
+        } => (theta, linear_scaling, max_len),
+        _ => (10_000.0, 1.0, None),
+    };
+    json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": arch.vocab,
+        "hidden_size": arch.d_model,
+        "intermediate_size": d.ffn_dim,
+        "num_hidden_layers": d.layers,
+        "num_attention_heads": d.heads,
+        "num_key_value_heads": d.kv_heads,
+        "head_dim": d.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": max_len.unwrap_or(2048),
+        "rms_norm_eps": super::json_f32(arch.norm.eps),
+        "rope_theta": super::json_f32(theta),
+        "rope_scaling": if factor == 1.0 {
+            Value::Null
+        } else {
+            json!({"rope_type": "linear", "factor": super::json_f32(factor)})
+        },
+        "attention_bias": arch.attention.qkv_bias,
+        "mlp_bias": arch.ffn.bias,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": matches!(arch.head, Head::Lm { tied: true, .. }),
+        "initializer_range": 0.02,
+        "pretraining_tp": 1,
+        "use_cache": true,
     })
 }
 
-struct DecoderLayer {
-    input_norm: RmsNorm,
-    attn: AttentionLayer,
-    post_attention_norm: RmsNorm,
-    /// `up` is HF's gate_proj (the activated branch), `gate_up` its up_proj.
-    mlp: FeedForward,
-}
-
-pub struct Llama {
-    info: ModelInfo,
-    special: SpecialTokens,
-    /// [V, C]
-    embed: Embedding,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-    /// C → V; `None` when tied to the embedding table.
-    lm_head: Option<Linear>,
-    window: Option<usize>,
-}
-
-/// Loads a `LlamaForCausalLM` or `MistralForCausalLM` folder.
-pub fn load(dir: &Path, ckpt: &Checkpoint) -> Result<Model> {
-    let cfg: LlamaConfig = read_config(dir)?;
-    let dims = validate(&cfg, dir)?;
-    let (theta, scaling) = rope_settings(&cfg, dir)?;
-    let activation = Activation::from_hf_name(&cfg.hidden_act)
-        .map_err(|e| bad_field(dir, "hidden_act", e.to_string()))?;
-    let architecture = cfg
-        .architectures
-        .first()
-        .cloned()
-        .or_else(|| cfg.model_type.clone())
-        .unwrap_or_default();
-    let mistral =
-        architecture == "MistralForCausalLM" || cfg.model_type.as_deref() == Some("mistral");
-    // Llama has no sliding window: transformers ignores the field there, so do we.
-    let window = if mistral { cfg.sliding_window } else { None };
-
-    let mut rope = Rope::new(dims.head_dim, theta, RopeLayout::HalfSplit)?;
-    if let RopeScaling::Linear(factor) = scaling {
-        rope = rope.with_linear_scaling(factor)?;
-    }
-
-    // Checkpoints saved from the bare `LlamaModel` lack the `model.` prefix.
-    let w = Weights::detect(ckpt, &["model.", ""], "embed_tokens.weight");
-    let (c, h, g, d, f) = (
-        dims.hidden,
-        dims.heads,
-        dims.kv_heads,
-        dims.head_dim,
-        dims.ffn,
-    );
-    let embed = w.embedding("embed_tokens", dims.vocab, c)?;
-    let layers = (0..cfg.num_hidden_layers)
-        .map(|l| {
-            let p = format!("layers.{l}");
-            let eps = dims.eps;
-            let bias = cfg.attention_bias;
-            let mha = MultiHeadAttention::new(
-                w.linear(&format!("{p}.self_attn.q_proj"), h * d, c, bias)?,
-                w.linear(&format!("{p}.self_attn.k_proj"), g * d, c, bias)?,
-                w.linear(&format!("{p}.self_attn.v_proj"), g * d, c, bias)?,
-                w.linear(&format!("{p}.self_attn.o_proj"), c, h * d, bias)?,
-                h,
-                g,
-            )?;
-            let mb = cfg.mlp_bias;
-            Ok(DecoderLayer {
-                input_norm: w.rms_norm(&format!("{p}.input_layernorm"), c, eps)?,
-                attn: AttentionLayer {
-                    mha,
-                    rope: Some(rope.clone()),
-                },
-                post_attention_norm: w.rms_norm(
-                    &format!("{p}.post_attention_layernorm"),
-                    c,
-                    eps,
-                )?,
-                mlp: FeedForward::new(
-                    w.linear(&format!("{p}.mlp.gate_proj"), f, c, mb)?,
-                    Some(w.linear(&format!("{p}.mlp.up_proj"), f, c, mb)?),
-                    w.linear(&format!("{p}.mlp.down_proj"), c, f, mb)?,
-                    activation,
-                )?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let norm = w.rms_norm("norm", c, dims.eps)?;
-    // A tied checkpoint stores no lm_head; an untied one without it can only mean the
-    // embedding table is the head.
-    let tied = cfg.tie_word_embeddings || !ckpt.has("lm_head.weight");
-    let lm_head = load_lm_head(ckpt, tied, dims.vocab, c)?;
-    let special = special_tokens(dir, cfg.tokens)?;
-
-    let mut position = format!("RoPE (half-split, θ={theta})");
-    if let RopeScaling::Linear(factor) = scaling {
-        position.push_str(&format!(", linear scaling ×{factor}"));
-    }
-    if let Some(w) = window {
-        position.push_str(&format!(", sliding window {w}"));
-    }
-    let info = ModelInfo {
-        family: if mistral { "mistral" } else { "llama" }.into(),
-        architecture,
-        layers: layers.len(),
-        decoder_layers: None,
-        hidden: c,
-        heads: h,
-        kv_heads: g,
-        head_dim: d,
-        ffn_dim: f,
-        vocab: dims.vocab,
-        max_positions: cfg.max_position_embeddings,
-        position,
-        norm: format!("RMSNorm, pre-norm, eps {}", cfg.rms_norm_eps),
-        ffn: ffn_label(activation, true),
-    };
-    Ok(Model::Causal(Box::new(Llama {
-        info,
-        special,
-        embed,
-        layers,
-        norm,
-        lm_head,
-        window,
-    })))
-}
-
-impl CausalLm for Llama {
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-
-    fn special_tokens(&self) -> &SpecialTokens {
-        &self.special
-    }
-
-    /// tokens: [B, T] → logits [B, T, V]. Positions are counted over real tokens, so a
-    /// left-padded row is computed as if alone. `max_position_embeddings` is not a
-    /// limit: RoPE extends to any position, and transformers does not reject longer
-    /// inputs either (quality beyond the trained length is the user's concern).
-    fn forward_cached(&self, tokens: &TokenBatch, cache: &mut KvCache) -> Result<Tensor> {
-        tokens.check_vocab(self.info.vocab)?;
-        cache.check_layers(self.layers.len())?;
-        let step = cache.begin_step(&tokens.mask, tokens.len, None)?;
-        let (b, t, c) = (tokens.batch, tokens.len, self.info.hidden);
-        let mut x = self.embed.forward(&tokens.ids)?.reshape(&[b, t, c])?;
-        let opts = AttendOpts {
-            positions: &step.positions,
-            key_padding: Some(&step.key_padding),
-            causal: true,
-            window: self.window,
-            ..Default::default()
-        };
-        for (layer, kv) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            let h = layer.input_norm.forward(&x)?;
-            let a = layer.attn.self_attention(&h, &opts, Some(kv))?;
-            x.add_assign(&a);
-            let h = layer.post_attention_norm.forward(&x)?;
-            let m = layer.mlp.forward(&h)?;
-            x.add_assign(&m);
+/// The name table (see [`Loc`]); Mistral's is the same.
+pub(super) fn locate(path: &str) -> Result<Loc> {
+    let p = parse(path);
+    let name = match (p.stack, p.layer, p.rest) {
+        (None, None, "embed_tokens.weight") => "model.embed_tokens.weight".into(),
+        (None, None, "head.lm_head.weight") => "lm_head.weight".into(),
+        (Some("decoder"), None, rest) if rest.starts_with("final_norm.") => {
+            format!("model.norm.{}", &rest[11..])
         }
-        let h = self.norm.forward(&x)?;
-        lm_logits(&h, self.lm_head.as_ref(), &self.embed.table, 1.0)
-    }
+        (Some("decoder"), Some(l), rest) => {
+            let (module, param) = rest.rsplit_once('.').unwrap_or((rest, ""));
+            let hf = match module {
+                "attn_norm" => "input_layernorm",
+                "ffn_norm" => "post_attention_layernorm",
+                "attn.q" => "self_attn.q_proj",
+                "attn.k" => "self_attn.k_proj",
+                "attn.v" => "self_attn.v_proj",
+                "attn.o" => "self_attn.o_proj",
+                // FeedForward's `up` is the activated branch: Hugging Face's gate_proj
+                "ffn.up" => "mlp.gate_proj",
+                "ffn.gate_up" => "mlp.up_proj",
+                "ffn.down" => "mlp.down_proj",
+                _ => return Err(unplaced("Llama", path)),
+            };
+            format!("model.layers.{l}.{hf}.{param}")
+        }
+        _ => return Err(unplaced("Llama", path)),
+    };
+    Ok(Loc::Same(name))
 }

@@ -1,181 +1,68 @@
-//! Real checkpoints: Hugging Face model folders (`config.json` + safetensors) loaded into
-//! the shared layers, one file per family for its quirks.
+//! Models: one [`Transformer`] built from one [`Arch`], for every family, for inference
+//! and for training. A family file is only what is truly its own: reading `config.json`
+//! into an [`Arch`], its tensor-name table, and its quirks.
 //!
 //! | family | architectures | what it exercises |
 //! |---|---|---|
-//! | [`bert`] | `BertModel`, `BertForMaskedLM`, … | encoder, learned positions, token types, post-norm |
+//! | [`bert`] | `BertModel`, `BertForMaskedLM`, … | encoder, learned positions, token types, post-norm, masked-LM head |
 //! | [`gpt2`] | `GPT2LMHeadModel` | decoder-only, causal, learned positions, pre-norm, Conv1D weights |
 //! | [`llama`] | `LlamaForCausalLM`, `MistralForCausalLM` | RoPE, RMSNorm, SwiGLU, GQA, sliding window |
-//! | [`bloom`] | `BloomForCausalLM` | ALiBi, fused QKV, embedding LayerNorm |
+//! | [`bloom`] | `BloomForCausalLM` | ALiBi, fused per-head QKV, embedding LayerNorm |
 //! | [`marian`] | `MarianMTModel` | the original encoder-decoder: sinusoidal, post-norm, cross-attention |
 //! | [`t5`] | `T5ForConditionalGeneration` | relative position buckets, unscaled scores, gated FFN |
+//! | qkv | `QkvTransformer` | any [`Arch`] no Hugging Face class has (ALiBi + post-norm, …) |
 
-pub mod batch;
+pub mod arch;
+mod backward;
 pub mod bert;
 pub mod bloom;
-pub mod cache;
+mod forward;
 pub mod generate;
 pub mod gpt2;
-pub(crate) mod head;
+mod info;
 pub mod llama;
 pub mod marian;
+mod names;
 pub mod sentence;
 mod special;
 pub mod t5;
+mod transformer;
 pub mod weights;
 
 use std::path::Path;
 
-pub use batch::TokenBatch;
-pub use cache::{KvCache, LayerKv, Step};
-pub use weights::Weights;
+use serde_json::{json, Map, Value};
 
-use crate::block::{AttentionLayer, CrossKv};
+pub use arch::{Arch, Head, ModelKind, Position, StackDims};
+pub use backward::Tape;
+pub use forward::Encoded;
+pub use info::ModelInfo;
+pub use names::Loc;
+pub use special::SpecialTokens;
+pub use transformer::{Attentions, Input, Output, Transformer};
+pub use weights::{HeadWeights, Stack, Weights};
+
+pub use crate::attention::{KvCache, LayerKv, Step};
+pub use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
-use crate::io::Checkpoint;
-use crate::ops::Activation;
-use crate::tensor::Tensor;
+use crate::io::{read_config, Checkpoint};
 
-/// What `qkv inspect` reports about an architecture.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ModelInfo {
-    /// `bert`, `gpt2`, `llama`, `mistral`, `bloom`, `marian`, `t5`
-    pub family: String,
-    /// `architectures[0]` from config.json
-    pub architecture: String,
-    /// Encoder layers for encoders and encoder-decoders, decoder layers otherwise.
-    pub layers: usize,
-    /// Decoder layers of an encoder-decoder.
-    pub decoder_layers: Option<usize>,
-    pub hidden: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub ffn_dim: usize,
-    pub vocab: usize,
-    /// Longest sequence the position scheme allows, if it has a limit.
-    pub max_positions: Option<usize>,
-    /// e.g. "learned absolute", "RoPE (half-split, θ=10000)", "ALiBi"
-    pub position: String,
-    /// e.g. "LayerNorm, post-norm, eps 1e-12"
-    pub norm: String,
-    /// e.g. "GELU (erf)", "SwiGLU"
-    pub ffn: String,
+/// How a model is named and laid out on disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    Bert,
+    Gpt2,
+    Llama,
+    Mistral,
+    Bloom,
+    Marian,
+    T5,
+    /// qkv's own folder: the [`Arch`] in `config.json`, tensors under qkv's names.
+    Qkv,
 }
 
-/// [`ModelInfo::ffn`] for a feed-forward block with activation `act`, gated
-/// (`act(x·W₁) ⊙ x·W₂`) or not: "GELU (erf)", "SwiGLU", "gated GELU (tanh
-/// approximation)".
-pub(crate) fn ffn_label(act: Activation, gated: bool) -> String {
-    match (gated, act) {
-        (false, act) => act.to_string(),
-        (true, Activation::Silu) => "SwiGLU".into(),
-        (true, act) => format!("gated {act}"),
-    }
-}
-
-/// `architectures[0]` of a config, or `default` when the list is empty.
-pub(crate) fn architecture(listed: &[String], default: &str) -> String {
-    listed.first().map_or_else(|| default.into(), Clone::clone)
-}
-
-/// Token ids with special meaning for generation.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SpecialTokens {
-    pub eos: Vec<usize>,
-    pub pad: Option<usize>,
-    pub bos: Option<usize>,
-    /// First decoder token of an encoder-decoder.
-    pub decoder_start: Option<usize>,
-}
-
-/// An encoder: tokens → hidden states (BERT).
-pub trait Encoder: Send + Sync {
-    fn info(&self) -> &ModelInfo;
-    /// tokens: [B, T]; token_types: [B·T] segment ids or `None` for all 0 → [B, T, C].
-    fn forward(&self, tokens: &TokenBatch, token_types: Option<&[usize]>) -> Result<Tensor>;
-}
-
-/// A decoder-only language model (GPT-2, Llama, Mistral, BLOOM).
-pub trait CausalLm: Send + Sync {
-    fn info(&self) -> &ModelInfo;
-    fn special_tokens(&self) -> &SpecialTokens;
-    /// An empty cache for `batch` rows: one layer per [`ModelInfo::layers`], each with
-    /// [`ModelInfo::kv_heads`] heads of width [`ModelInfo::head_dim`].
-    fn new_cache(&self, batch: usize) -> KvCache {
-        let i = self.info();
-        KvCache::new(i.layers, batch, i.kv_heads, i.head_dim, i.head_dim)
-    }
-    /// tokens: [B, T] placed after everything in `cache` (which grows by T) → logits
-    /// [B, T, V]. A whole sequence is one call on an empty cache.
-    fn forward_cached(&self, tokens: &TokenBatch, cache: &mut KvCache) -> Result<Tensor>;
-}
-
-/// An encoder's output as the decoder consumes it.
-#[derive(Clone, Debug)]
-pub struct Encoded {
-    /// [B, S, C]
-    pub hidden: Tensor,
-    /// [B, S] real source tokens
-    pub key_padding: Vec<bool>,
-    /// Cross-attention K/V for each decoder layer, computed once per source.
-    pub cross: Vec<CrossKv>,
-}
-
-impl Encoded {
-    /// Encoder states `[B, S, C]` with their mask `[B, S]`, and the cross-attention K/V
-    /// that each of `cross_layers` (the decoder's, in order) computes from them, once
-    /// per source.
-    pub(crate) fn from_states<'a>(
-        hidden: Tensor,
-        key_padding: &[bool],
-        cross_layers: impl Iterator<Item = &'a AttentionLayer>,
-    ) -> Result<Self> {
-        let cross = cross_layers
-            .map(|layer| layer.cross_kv(&hidden))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Encoded {
-            hidden,
-            key_padding: key_padding.to_vec(),
-            cross,
-        })
-    }
-
-    /// Errors unless this encoder output fits a decoder of `layers` layers run on a
-    /// batch of `batch` rows (it came from this model and this batch).
-    pub fn check(&self, batch: usize, layers: usize) -> Result<()> {
-        if self.hidden.shape().first() != Some(&batch) || self.cross.len() != layers {
-            return Err(Error::invalid(
-                "encoder output",
-                format!(
-                    "holds {:?} states and {} cross K/V; the decoder needs batch {batch} and {layers} layers",
-                    self.hidden.shape(),
-                    self.cross.len()
-                ),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// An encoder-decoder (Marian, T5).
-pub trait Seq2SeqLm: Send + Sync {
-    fn info(&self) -> &ModelInfo;
-    fn special_tokens(&self) -> &SpecialTokens;
-    /// src: [B, S] → encoder states and per-layer cross K/V.
-    fn encode(&self, src: &TokenBatch) -> Result<Encoded>;
-    fn new_cache(&self, batch: usize) -> KvCache;
-    /// tgt: [B, T] decoder tokens after those in `cache` → logits [B, T, V].
-    fn decode_cached(&self, tgt: &TokenBatch, enc: &Encoded, cache: &mut KvCache)
-        -> Result<Tensor>;
-}
-
-/// Any supported model, by kind.
-pub enum Model {
-    Encoder(Box<dyn Encoder>),
-    Causal(Box<dyn CausalLm>),
-    Seq2Seq(Box<dyn Seq2SeqLm>),
-}
+/// `architectures[0]` of a qkv folder.
+pub const NATIVE_ARCHITECTURE: &str = "QkvTransformer";
 
 /// The architectures [`load`] accepts, for error messages and `--help`.
 pub const SUPPORTED: &[&str] = &[
@@ -189,7 +76,117 @@ pub const SUPPORTED: &[&str] = &[
     "BloomForCausalLM",
     "MarianMTModel",
     "T5ForConditionalGeneration",
+    NATIVE_ARCHITECTURE,
 ];
+
+impl Family {
+    /// `bert`, `gpt2`, `llama`, `mistral`, `bloom`, `marian`, `t5`, `qkv`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Bert => "bert",
+            Family::Gpt2 => "gpt2",
+            Family::Llama => "llama",
+            Family::Mistral => "mistral",
+            Family::Bloom => "bloom",
+            Family::Marian => "marian",
+            Family::T5 => "t5",
+            Family::Qkv => "qkv",
+        }
+    }
+
+    /// The architecture a folder of this family is saved as.
+    fn architecture(self) -> &'static str {
+        match self {
+            Family::Bert => "BertForMaskedLM",
+            Family::Gpt2 => "GPT2LMHeadModel",
+            Family::Llama => "LlamaForCausalLM",
+            Family::Mistral => "MistralForCausalLM",
+            Family::Bloom => "BloomForCausalLM",
+            Family::Marian => "MarianMTModel",
+            Family::T5 => "T5ForConditionalGeneration",
+            Family::Qkv => NATIVE_ARCHITECTURE,
+        }
+    }
+
+    /// The family a freshly built `arch` saves as: GPT-2 or Llama when it is exactly
+    /// one, else qkv's own.
+    fn of_fresh(arch: &Arch) -> Family {
+        if gpt2::fits(arch) {
+            Family::Gpt2
+        } else if llama::fits(arch) {
+            Family::Llama
+        } else {
+            Family::Qkv
+        }
+    }
+
+    /// Where the parameter `path` lives in this family's checkpoints.
+    fn locate(self, arch: &Arch, path: &str) -> Result<Loc> {
+        match self {
+            Family::Bert => bert::locate(arch, path),
+            Family::Gpt2 => gpt2::locate(path),
+            Family::Llama | Family::Mistral => llama::locate(path),
+            Family::Bloom => bloom::locate(arch, path),
+            Family::Marian => marian::locate(arch, path),
+            Family::T5 => t5::locate(arch, path),
+            Family::Qkv => Ok(Loc::Same(path.to_string())),
+        }
+    }
+
+    /// Other names a checkpoint may store the tensor `name` under: without the task
+    /// model's prefix (checkpoints saved from the base model) or with it, and old
+    /// spellings.
+    fn aliases(self, name: &str) -> Vec<String> {
+        let prefix = match self {
+            Family::Gpt2 | Family::Bloom => "transformer.",
+            Family::Llama | Family::Mistral | Family::Marian => "model.",
+            Family::Bert => "bert.",
+            Family::T5 | Family::Qkv => "",
+        };
+        let other = match name.strip_prefix(prefix) {
+            _ if prefix.is_empty() => None,
+            Some(bare) => Some(bare.to_string()),
+            None => Some(format!("{prefix}{name}")),
+        };
+        let mut out: Vec<String> = other.into_iter().collect();
+        // TensorFlow conversions of BERT name LayerNorm parameters gamma and beta
+        if self == Family::Bert && name.contains("LayerNorm.") {
+            let tf = |n: &str| n.replace(".weight", ".gamma").replace(".bias", ".beta");
+            let tfs: Vec<String> = std::iter::once(name)
+                .chain(out.iter().map(String::as_str))
+                .map(tf)
+                .collect();
+            out.extend(tfs);
+        }
+        // older Marian checkpoints keep the shared table under the encoder
+        if self == Family::Marian && name == "model.shared.weight" {
+            out.extend([
+                "model.encoder.embed_tokens.weight".into(),
+                "encoder.embed_tokens.weight".into(),
+            ]);
+        }
+        out
+    }
+
+    /// `config.json` for a model of this family built from scratch (GPT-2, Llama, qkv).
+    fn config_json(self, arch: &Arch) -> Value {
+        match self {
+            Family::Gpt2 => gpt2::config_json(arch),
+            Family::Llama => llama::config_json(arch),
+            _ => json!({
+                "architectures": [NATIVE_ARCHITECTURE],
+                "model_type": "qkv",
+                "qkv": arch,
+            }),
+        }
+    }
+}
+
+/// A float as JSON without f32 → f64 noise (1e-5, not 9.999999747378752e-6).
+fn json_f32(x: f32) -> Value {
+    let shortest: f64 = x.to_string().parse().expect("f32 Display parses as f64");
+    json!(shortest)
+}
 
 #[derive(serde::Deserialize)]
 struct ArchitectureOnly {
@@ -199,26 +196,24 @@ struct ArchitectureOnly {
     model_type: Option<String>,
 }
 
+#[derive(serde::Deserialize)]
+struct Native {
+    qkv: Arch,
+    #[serde(flatten)]
+    tokens: special::TokenIds,
+}
+
 /// A loaded model with what its checkpoint says about itself.
 pub struct Loaded {
-    pub model: Model,
+    pub model: Transformer,
     /// Elements stored in the checkpoint (a tied matrix counts once).
     pub parameters: usize,
     /// Dtypes on disk with their element counts.
     pub dtypes: Vec<(String, usize)>,
 }
 
-impl Model {
-    pub fn info(&self) -> &ModelInfo {
-        match self {
-            Model::Encoder(m) => m.info(),
-            Model::Causal(m) => m.info(),
-            Model::Seq2Seq(m) => m.info(),
-        }
-    }
-}
-
-/// Loads the model in folder `dir`, dispatching on `architectures` (or `model_type`).
+/// Loads the model in folder `dir` (a Hugging Face folder or one qkv saved),
+/// dispatching on `architectures` (or `model_type`).
 pub fn load(dir: &Path) -> Result<Loaded> {
     if !dir.is_dir() {
         return Err(Error::io(
@@ -229,23 +224,32 @@ pub fn load(dir: &Path) -> Result<Loaded> {
             ),
         ));
     }
-    let arch: ArchitectureOnly = crate::io::read_config(dir)?;
-    let name = arch
+    let only: ArchitectureOnly = read_config(dir)?;
+    let name = only
         .architectures
         .first()
         .cloned()
-        .or_else(|| arch.model_type.clone())
+        .or_else(|| only.model_type.clone())
         .unwrap_or_default();
     let ckpt = Checkpoint::open(dir)?;
-    let model = match name.as_str() {
-        "BertModel" | "BertForMaskedLM" | "BertForSequenceClassification" | "bert" => {
-            bert::load(dir, &ckpt)?
+    let (family, (arch, tokens)) = match name.as_str() {
+        "BertModel" | "BertForSequenceClassification" | "bert" => {
+            (Family::Bert, bert::read(dir, false)?)
         }
-        "GPT2LMHeadModel" | "GPT2Model" | "gpt2" => gpt2::load(dir, &ckpt)?,
-        "LlamaForCausalLM" | "MistralForCausalLM" | "llama" | "mistral" => llama::load(dir, &ckpt)?,
-        "BloomForCausalLM" | "bloom" => bloom::load(dir, &ckpt)?,
-        "MarianMTModel" | "marian" => marian::load(dir, &ckpt)?,
-        "T5ForConditionalGeneration" | "t5" => t5::load(dir, &ckpt)?,
+        "BertForMaskedLM" => {
+            let head = ckpt.has("cls.predictions.transform.dense.weight");
+            (Family::Bert, bert::read(dir, head)?)
+        }
+        "GPT2LMHeadModel" | "GPT2Model" | "gpt2" => (Family::Gpt2, gpt2::read(dir)?),
+        "LlamaForCausalLM" | "llama" => (Family::Llama, llama::read(dir, false)?),
+        "MistralForCausalLM" | "mistral" => (Family::Mistral, llama::read(dir, true)?),
+        "BloomForCausalLM" | "bloom" => (Family::Bloom, bloom::read(dir)?),
+        "MarianMTModel" | "marian" => (Family::Marian, marian::read(dir)?),
+        "T5ForConditionalGeneration" | "t5" => (Family::T5, t5::read(dir, &ckpt)?),
+        NATIVE_ARCHITECTURE | "qkv" => {
+            let n: Native = read_config(dir)?;
+            (Family::Qkv, (n.qkv, n.tokens))
+        }
         other => {
             return Err(Error::Unsupported(format!(
                 "architecture `{other}` in {}; supported: {}",
@@ -254,6 +258,33 @@ pub fn load(dir: &Path) -> Result<Loaded> {
             )))
         }
     };
+    arch.validate()
+        .map_err(|e| crate::io::bad_field(dir, "(architecture)", e.to_string()))?;
+    let (weights, logits_bias) = Transformer::read_weights(&ckpt, &arch, family)?;
+    let mut special = special::special_tokens(dir, tokens)?;
+    if family == Family::T5 {
+        // Without a decoder start token, generation starts from BOS, as Hugging Face's
+        // `generate` does.
+        special.decoder_start = special.decoder_start.or(special.bos);
+    }
+    let source_config = match family {
+        Family::Qkv => None,
+        _ => Some(read_config::<Map<String, Value>>(dir)?),
+    };
+    let architecture = match (family, name.as_str()) {
+        (Family::Qkv, _) => NATIVE_ARCHITECTURE.to_string(),
+        (_, n) if !only.architectures.is_empty() => n.to_string(),
+        (f, _) => f.architecture().to_string(),
+    };
+    let model = Transformer::from_parts(
+        arch,
+        family,
+        special,
+        weights,
+        logits_bias,
+        source_config,
+        architecture,
+    )?;
     let dtypes = ckpt.dtypes()?;
     Ok(Loaded {
         model,

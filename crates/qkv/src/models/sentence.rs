@@ -5,7 +5,7 @@
 //!
 //! | module | files | what qkv does |
 //! |---|---|---|
-//! | `Transformer` | `sentence_bert_config.json` (`max_seq_length`, `do_lower_case`) + the HF model folder | tokenise (strip, optional lower-case, truncate keeping `[CLS]`/`[SEP]`), [`Encoder::forward`] |
+//! | `Transformer` | `sentence_bert_config.json` (`max_seq_length`, `do_lower_case`) + the HF model folder | tokenise (strip, optional lower-case, truncate keeping `[CLS]`/`[SEP]`), [`Transformer::hidden_states`] |
 //! | `Pooling` | `<path>/config.json` | cls / max / mean / mean_sqrt_len_tokens / weightedmean / lasttoken, concatenated when several are set |
 //! | `Normalize` | — | x / max(‖x‖₂, 1e-12) |
 //!
@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::{Encoder, Model, TokenBatch};
+use super::{ModelKind, TokenBatch, Transformer};
 use crate::error::{Error, Result};
 use crate::io::{field_error, read_config, read_json, read_json_or_default};
 use crate::tensor::Tensor;
@@ -133,7 +133,7 @@ struct PadOnly {
 
 /// Tokenizer + encoder + pooling (+ normalisation): texts → one vector each.
 pub struct SentenceEncoder {
-    model: Box<dyn Encoder>,
+    model: Transformer,
     tokenizer: Tokenizer,
     pad_id: usize,
     max_seq_length: usize,
@@ -152,16 +152,14 @@ impl SentenceEncoder {
             (dir.to_path_buf(), None, false)
         };
 
-        let model = match super::load(&transformer_dir)?.model {
-            Model::Encoder(m) => m,
-            other => {
-                return Err(Error::Unsupported(format!(
-                    "{}: sentence embeddings need an encoder (BERT family), not `{}`",
-                    transformer_dir.display(),
-                    other.info().architecture
-                )))
-            }
-        };
+        let model = super::load(&transformer_dir)?.model;
+        if model.kind() != ModelKind::Encoder {
+            return Err(Error::Unsupported(format!(
+                "{}: sentence embeddings need an encoder (BERT family), not `{}`",
+                transformer_dir.display(),
+                model.info().architecture
+            )));
+        }
         let tokenizer = Tokenizer::from_dir(&transformer_dir)?;
         let st_path = transformer_dir.join("sentence_bert_config.json");
         let st: TransformerConfig = read_json_or_default(&st_path)?;
@@ -238,8 +236,8 @@ impl SentenceEncoder {
         self.normalize
     }
 
-    pub fn encoder(&self) -> &dyn Encoder {
-        self.model.as_ref()
+    pub fn encoder(&self) -> &Transformer {
+        &self.model
     }
 
     /// The batch the encoder sees for `texts`: each text stripped of surrounding
@@ -272,7 +270,7 @@ impl SentenceEncoder {
         for chunk in order.chunks(BATCH) {
             let batch: Vec<&str> = chunk.iter().map(|&i| texts[i]).collect();
             let tokens = self.tokenize(&batch)?;
-            let hidden = self.model.forward(&tokens, None)?;
+            let hidden = self.model.hidden_states(&tokens, None)?;
             let mut pooled = pool(&hidden, &tokens.mask, &self.pooling)?;
             if self.normalize {
                 for v in &mut pooled {

@@ -10,21 +10,53 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::SpecialTokens;
 use crate::error::Result;
 use crate::io::read_json_or_default;
+
+/// Token ids with special meaning for generation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SpecialTokens {
+    pub eos: Vec<usize>,
+    pub pad: Option<usize>,
+    pub bos: Option<usize>,
+    /// First decoder token of an encoder-decoder.
+    pub decoder_start: Option<usize>,
+}
+
+impl SpecialTokens {
+    /// Writes the ids into a `config.json` object under transformers' keys (a missing
+    /// id as null, one EOS as a number, several as a list).
+    pub(crate) fn write_into(&self, config: &mut serde_json::Map<String, serde_json::Value>) {
+        use serde_json::json;
+        let eos = match self.eos.as_slice() {
+            [] => json!(null),
+            [one] => json!(one),
+            many => json!(many),
+        };
+        config.insert("eos_token_id".into(), eos);
+        for (key, id) in [
+            ("bos_token_id", self.bos),
+            ("pad_token_id", self.pad),
+            ("decoder_start_token_id", self.decoder_start),
+        ] {
+            if id.is_some() || config.contains_key(key) {
+                config.insert(key.into(), json!(id));
+            }
+        }
+    }
+}
 
 /// A token id field: one id or a list; negative ids mean none.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(untagged)]
-pub(crate) enum Ids {
+pub enum Ids {
     One(i64),
     Many(Vec<i64>),
 }
 
 impl Ids {
     /// The valid (non-negative) ids, in order.
-    fn valid(&self) -> Vec<usize> {
+    pub(crate) fn valid(&self) -> Vec<usize> {
         let all = match self {
             Ids::One(id) => std::slice::from_ref(id),
             Ids::Many(ids) => ids.as_slice(),
@@ -38,7 +70,7 @@ impl Ids {
 /// The special-token fields of `config.json` and `generation_config.json`. Families
 /// `#[serde(flatten)]` it into their config struct.
 #[derive(Clone, Debug, Default, Deserialize)]
-pub(crate) struct TokenIds {
+pub struct TokenIds {
     #[serde(default)]
     pub eos_token_id: Option<Ids>,
     #[serde(default)]
@@ -49,11 +81,20 @@ pub(crate) struct TokenIds {
     pub decoder_start_token_id: Option<Ids>,
 }
 
+impl TokenIds {
+    /// `config.json`'s pad id, as a model's `padding_idx` (None when unset or negative).
+    pub fn pad(&self) -> Option<usize> {
+        self.pad_token_id
+            .as_ref()
+            .and_then(|ids| ids.valid().first().copied())
+    }
+}
+
 /// The special tokens of the folder `dir`: each field from `from_config` (what
 /// config.json says), or where config.json leaves it unset, from
 /// `dir/generation_config.json` when the folder has one. A field set to a negative id
 /// counts as set: it means "none" and is not filled from the other file.
-pub(crate) fn special_tokens(dir: &Path, from_config: TokenIds) -> Result<SpecialTokens> {
+pub fn special_tokens(dir: &Path, from_config: TokenIds) -> Result<SpecialTokens> {
     let generation: TokenIds = read_json_or_default(&dir.join("generation_config.json"))?;
     let pick = |own: Option<Ids>, fallback: Option<Ids>| own.or(fallback).map(|ids| ids.valid());
     let first = |own, fallback| pick(own, fallback).and_then(|ids| ids.first().copied());

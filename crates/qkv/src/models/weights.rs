@@ -1,71 +1,195 @@
-//! Looking up a model's tensors by checkpoint name under a prefix, so each family's
-//! loader mirrors the checkpoint's tree (`encoder.layer.0.attention.self.query`).
+//! The parameter tree of a Transformer, built from its [`Arch`]. Gradients are a
+//! second [`Weights`]. The tree's paths are qkv's own names
+//! (`decoder.layers.0.attn.q.weight`); each family maps them to its checkpoint names.
 
+use super::arch::{Arch, Head, Position, StackDims};
+use crate::block::{Block, MultiHeadAttention};
 use crate::error::Result;
-use crate::io::Checkpoint;
-use crate::layers::{Embedding, LayerNorm, Linear, RmsNorm};
+use crate::layers::{Embedding, FeedForward, Linear, Norm};
+use crate::module::Module;
+use crate::rng::Rng;
 use crate::tensor::Tensor;
 
-#[derive(Clone, Copy)]
-pub struct Weights<'a> {
-    pub ckpt: &'a Checkpoint,
-    prefix: &'a str,
+/// Every parameter of a model.
+#[derive(Clone, Debug)]
+pub struct Weights {
+    /// `[V, C]` the decoder's token table (an encoder-only model's), which the encoder
+    /// reads too unless it has its own
+    pub embed_tokens: Embedding,
+    /// `[V_src, C]` the encoder's own table
+    pub src_embed_tokens: Option<Embedding>,
+    pub encoder: Option<Stack>,
+    pub decoder: Option<Stack>,
+    pub head: HeadWeights,
 }
 
-impl<'a> Weights<'a> {
-    /// Picks the first of `prefixes` under which `probe` exists (checkpoints saved from
-    /// a base model lack the task model's prefix, e.g. `bert.` or `transformer.`);
-    /// falls back to the first prefix so the missing-tensor error names the usual path.
-    pub fn detect(ckpt: &'a Checkpoint, prefixes: &[&'a str], probe: &str) -> Self {
-        let prefix = prefixes
-            .iter()
-            .find(|p| ckpt.has(&format!("{p}{probe}")))
-            .or(prefixes.first())
-            .copied()
-            .unwrap_or("");
-        Weights { ckpt, prefix }
-    }
+crate::module!(Weights {
+    embed_tokens,
+    src_embed_tokens,
+    encoder,
+    decoder,
+    head
+});
 
-    pub fn name(&self, name: &str) -> String {
-        format!("{}{name}", self.prefix)
-    }
+/// One stack: what it adds to the token embeddings, its layers, its final norm.
+#[derive(Clone, Debug)]
+pub struct Stack {
+    /// `[max_len, C]` learned positions
+    pub embed_positions: Option<Embedding>,
+    /// `[token_types, C]`
+    pub embed_types: Option<Embedding>,
+    pub embed_norm: Option<Norm>,
+    /// `[buckets, H]` T5's relative position bias, shared by the stack's layers
+    pub rel_bias: Option<Embedding>,
+    pub layers: Vec<Block>,
+    /// pre-norm stacks end with a norm
+    pub final_norm: Option<Norm>,
+}
 
-    pub fn has(&self, name: &str) -> bool {
-        self.ckpt.has(&self.name(name))
-    }
+crate::module!(Stack {
+    embed_positions,
+    embed_types,
+    embed_norm,
+    rel_bias,
+    layers,
+    final_norm
+});
 
-    /// A tensor that must have `shape`.
-    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        self.ckpt.tensor_shaped(&self.name(name), shape)
-    }
+/// The head's parameters, as [`Head`] asks.
+#[derive(Clone, Debug)]
+pub struct HeadWeights {
+    /// `[V, C]` an untied LM head
+    pub lm_head: Option<Linear>,
+    /// masked-LM transform: dense C → C
+    pub dense: Option<Linear>,
+    /// masked-LM transform: norm
+    pub norm: Option<Norm>,
+    /// `[V]` masked-LM output bias
+    pub bias: Option<Tensor>,
+}
 
-    /// `{name}.weight` `[out, in]` and, if `bias`, `{name}.bias` `[out]`.
-    pub fn linear(&self, name: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
-        let w = self.tensor(&format!("{name}.weight"), &[out, inp])?;
-        let b = if bias {
-            Some(self.tensor(&format!("{name}.bias"), &[out])?)
-        } else {
-            None
+crate::module!(HeadWeights {
+    lm_head,
+    dense,
+    norm,
+    bias
+});
+
+/// Standard deviation of GPT-2's initialisation.
+const INIT_STD: f32 = 0.02;
+
+impl Weights {
+    /// The tree `arch` describes: matrices and tables zero, norms weight 1 and bias 0.
+    /// ([`Weights::init`] draws the matrices; a loader overwrites every tensor.)
+    pub fn new(arch: &Arch) -> Result<Self> {
+        let c = arch.d_model;
+        let table = |rows: usize| Embedding::new(Tensor::zeros(&[rows, c]));
+        let norm = || Norm::identity(arch.norm.kind, c, arch.norm.bias, arch.norm.eps);
+        let linear = |out: usize, inp: usize, bias: bool| {
+            Linear::new(
+                Tensor::zeros(&[out, inp]),
+                bias.then(|| Tensor::zeros(&[out])),
+            )
         };
-        Linear::new(w, b)
+        let stack = |dims: Option<StackDims>, cross: bool| -> Result<Option<Stack>> {
+            let Some(s) = dims else { return Ok(None) };
+            let (h, g, d) = (s.heads, s.kv_heads, s.head_dim);
+            let a = &arch.attention;
+            let attention = || {
+                MultiHeadAttention::new(
+                    linear(h * d, c, a.qkv_bias)?,
+                    linear(g * d, c, a.qkv_bias)?,
+                    linear(g * d, c, a.qkv_bias)?,
+                    linear(c, h * d, a.out_bias)?,
+                    h,
+                    g,
+                )
+            };
+            let f = &arch.ffn;
+            let layers = (0..s.layers)
+                .map(|_| {
+                    Ok(Block {
+                        attn_norm: norm()?,
+                        attn: attention()?,
+                        cross_norm: cross.then(norm).transpose()?,
+                        cross: cross.then(attention).transpose()?,
+                        ffn_norm: norm()?,
+                        ffn: FeedForward::new(
+                            linear(s.ffn_dim, c, f.bias)?,
+                            f.gated.then(|| linear(s.ffn_dim, c, f.bias)).transpose()?,
+                            linear(c, s.ffn_dim, f.bias)?,
+                            f.activation,
+                        )?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let learned = match arch.position {
+                Position::Learned { max_len } => Some(table(max_len)?),
+                _ => None,
+            };
+            let rel_bias = match arch.position {
+                Position::Relative { buckets, .. } => {
+                    Some(Embedding::new(Tensor::zeros(&[buckets, h]))?)
+                }
+                _ => None,
+            };
+            Ok(Some(Stack {
+                embed_positions: learned,
+                embed_types: (arch.embed.token_types > 0)
+                    .then(|| table(arch.embed.token_types))
+                    .transpose()?,
+                embed_norm: arch.embed.norm.then(norm).transpose()?,
+                rel_bias,
+                layers,
+                final_norm: (arch.residual != crate::block::Residual::PostNorm)
+                    .then(norm)
+                    .transpose()?,
+            }))
+        };
+        let masked = matches!(arch.head, Head::MaskedLm { .. });
+        Ok(Weights {
+            embed_tokens: table(arch.vocab)?,
+            src_embed_tokens: arch.src_vocab.map(table).transpose()?,
+            encoder: stack(arch.encoder, false)?,
+            decoder: stack(arch.decoder, arch.encoder.is_some())?,
+            head: HeadWeights {
+                lm_head: match arch.head {
+                    Head::Lm { tied: false, .. } => Some(linear(arch.vocab, c, false)?),
+                    _ => None,
+                },
+                dense: masked.then(|| linear(c, c, true)).transpose()?,
+                norm: masked.then(norm).transpose()?,
+                bias: masked.then(|| Tensor::zeros(&[arch.vocab])),
+            },
+        })
     }
 
-    /// LayerNorm `{name}.weight` and `{name}.bias`, both `[c]`.
-    pub fn layer_norm(&self, name: &str, c: usize, eps: f32) -> Result<LayerNorm> {
-        LayerNorm::new(
-            self.tensor(&format!("{name}.weight"), &[c])?,
-            Some(self.tensor(&format!("{name}.bias"), &[c])?),
-            eps,
-        )
-    }
-
-    /// RMSNorm `{name}.weight` `[c]`.
-    pub fn rms_norm(&self, name: &str, c: usize, eps: f32) -> Result<RmsNorm> {
-        RmsNorm::new(self.tensor(&format!("{name}.weight"), &[c])?, eps)
-    }
-
-    /// Embedding table `{name}.weight` `[v, c]`.
-    pub fn embedding(&self, name: &str, v: usize, c: usize) -> Result<Embedding> {
-        Embedding::new(self.tensor(&format!("{name}.weight"), &[v, c])?)
+    /// GPT-2's initialisation, drawn in visiting order from one seeded [`Rng`]: every
+    /// matrix and table ~ N(0, 0.02²), except the projections that end a residual branch
+    /// (`attn.o`, `cross.o`, `ffn.down`), ~ N(0, (0.02/√n)²) with n the residual
+    /// branches of their stack; biases 0, norms 1 (as [`Weights::new`] left them).
+    pub fn init(&mut self, arch: &Arch, seed: u64) {
+        let mut rng = Rng::new(seed);
+        let branches = |stack: &str| match stack {
+            "encoder" => arch.encoder.map_or(1, |e| 2 * e.layers),
+            _ => arch
+                .decoder
+                .map_or(1, |d| (2 + arch.encoder.is_some() as usize) * d.layers),
+        };
+        self.visit_mut(&mut crate::module::Path::default(), &mut |name, t| {
+            if t.rank() < 2 {
+                return;
+            }
+            let ends_branch = [".attn.o.", ".cross.o.", ".ffn.down."]
+                .iter()
+                .any(|s| name.contains(s));
+            let std = if ends_branch {
+                let stack = name.split('.').next().unwrap_or("");
+                INIT_STD / (branches(stack).max(1) as f32).sqrt()
+            } else {
+                INIT_STD
+            };
+            *t = rng.tensor(t.shape(), std);
+        });
     }
 }

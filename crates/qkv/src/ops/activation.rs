@@ -3,15 +3,19 @@
 use super::fastmath;
 use crate::error::{Error, Result};
 
-/// An elementwise nonlinearity.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// An elementwise nonlinearity. Serialised under the Hugging Face name of each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Activation {
+    #[serde(rename = "relu")]
     Relu,
     /// Exact GELU, x·Φ(x) with the error function (`gelu` in HF configs).
+    #[serde(rename = "gelu")]
     Gelu,
     /// The tanh approximation (`gelu_new`, `gelu_pytorch_tanh`, GPT-2's choice).
+    #[serde(rename = "gelu_new")]
     GeluTanh,
     /// x·σ(x), also called swish (Llama's SwiGLU gate).
+    #[serde(rename = "silu")]
     Silu,
 }
 

@@ -10,7 +10,8 @@
 use crate::tensor::Tensor;
 
 /// Where the sines and cosines go within the d-wide vector.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum SinusoidalLayout {
     /// sin, cos, sin, cos, …: the paper's formula.
     Interleaved,
@@ -22,18 +23,23 @@ fn angle(pos: usize, pair: usize, dim: usize) -> f64 {
     pos as f64 / 10000f64.powf(2.0 * pair as f64 / dim as f64)
 }
 
-/// Table `[n_positions, dim]`, computed in f64 and rounded once to f32.
-pub fn sinusoidal_table(n_positions: usize, dim: usize, layout: SinusoidalLayout) -> Tensor {
+/// Column `c` of the `dim`-wide encoding of position `pos`, computed in f64 and
+/// rounded once to f32.
+pub fn sinusoidal_value(pos: usize, c: usize, dim: usize, layout: SinusoidalLayout) -> f32 {
     let n_sin = dim.div_ceil(2);
+    let v = match layout {
+        SinusoidalLayout::Interleaved if c % 2 == 0 => angle(pos, c / 2, dim).sin(),
+        SinusoidalLayout::Interleaved => angle(pos, c / 2, dim).cos(),
+        SinusoidalLayout::Split if c < n_sin => angle(pos, c, dim).sin(),
+        SinusoidalLayout::Split => angle(pos, c - n_sin, dim).cos(),
+    };
+    v as f32
+}
+
+/// Table `[n_positions, dim]` of [`sinusoidal_value`]s.
+pub fn sinusoidal_table(n_positions: usize, dim: usize, layout: SinusoidalLayout) -> Tensor {
     Tensor::from_fn(&[n_positions, dim], |idx| {
-        let (pos, c) = (idx / dim, idx % dim);
-        let v = match layout {
-            SinusoidalLayout::Interleaved if c % 2 == 0 => angle(pos, c / 2, dim).sin(),
-            SinusoidalLayout::Interleaved => angle(pos, c / 2, dim).cos(),
-            SinusoidalLayout::Split if c < n_sin => angle(pos, c, dim).sin(),
-            SinusoidalLayout::Split => angle(pos, c - n_sin, dim).cos(),
-        };
-        v as f32
+        sinusoidal_value(idx / dim, idx % dim, dim, layout)
     })
 }
 

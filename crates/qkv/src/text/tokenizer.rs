@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use tokenizers::PostProcessor;
 
+use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
-use crate::models::TokenBatch;
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,

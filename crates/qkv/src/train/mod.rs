@@ -5,7 +5,6 @@
 pub mod checkpoint;
 pub mod gradcheck;
 pub mod loss;
-pub mod model;
 pub mod optim;
 pub mod schedule;
 pub mod tasks;

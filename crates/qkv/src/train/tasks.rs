@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::rng::Rng;
 
 pub use crate::train::loss::IGNORE_INDEX;
-pub use crate::train::trainable::Batch;
+pub use crate::train::trainable::{Batch, Source};
 
 /// The five tasks. `n` is `symbols`; examples use the tokens of the default layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -339,6 +339,7 @@ impl Task {
             targets,
             batch: batch_size,
             len: t,
+            mask: None,
             source: None,
         }
     }
@@ -443,4 +444,80 @@ pub fn exact_match(predictions: &[usize], targets: &[i64], seq_len: usize) -> Re
         }
     }
     Ok(acc)
+}
+
+/// A decoder-only task batch (prompt, separator, answer in one row, as
+/// [`Task::batch`] makes them) as an encoder-decoder batch: each row is split
+/// at its first `separator`, which must sit at the same position k in every row.
+/// The source is `inputs[..k]` (no padding); the decoder reads `inputs[k..]`, the
+/// separator as start token followed by the answer shifted right, and is scored on
+/// `targets[k..]`. Errors if a row lacks the separator, rows disagree on k, or a
+/// target before k is scored (it would be lost).
+///
+/// `reverse`, length 3: inputs `3 1 4 | 10 4 1`, targets `−100 ×3, 4 1 3` →
+/// source `3 1 4`, decoder inputs `10 4 1`, targets `4 1 3`.
+pub fn source_target_batch(batch: &Batch, separator: usize) -> Result<Batch> {
+    let (b, t) = (batch.batch, batch.len);
+    if b == 0 || t == 0 || batch.inputs.len() != b * t || batch.targets.len() != b * t {
+        return Err(Error::invalid(
+            "batch",
+            format!("needs B, T ≥ 1 and B·T inputs and targets, got B = {b}, T = {t}"),
+        ));
+    }
+    let mut k = None;
+    for (r, row) in batch.inputs.chunks_exact(t).enumerate() {
+        let at = row.iter().position(|&x| x == separator).ok_or_else(|| {
+            Error::invalid(
+                "separator",
+                format!("row {r} has no separator token {separator}"),
+            )
+        })?;
+        match k {
+            None if at == 0 => {
+                return Err(Error::invalid(
+                    "separator",
+                    "the separator opens row 0: the source would be empty",
+                ))
+            }
+            None => k = Some(at),
+            Some(k) if k != at => {
+                return Err(Error::invalid(
+                    "separator",
+                    format!("row {r} has it at {at}, row 0 at {k}: rows need equal source lengths"),
+                ))
+            }
+            _ => {}
+        }
+    }
+    let k = k.expect("B ≥ 1");
+    let mut source = Vec::with_capacity(b * k);
+    let mut inputs = Vec::with_capacity(b * (t - k));
+    let mut targets = Vec::with_capacity(b * (t - k));
+    for (row, tgt) in batch
+        .inputs
+        .chunks_exact(t)
+        .zip(batch.targets.chunks_exact(t))
+    {
+        if tgt[..k].iter().any(|&x| x != IGNORE_INDEX) {
+            return Err(Error::invalid(
+                "targets",
+                "a target inside the source part is scored; it has no place in the decoder",
+            ));
+        }
+        source.extend_from_slice(&row[..k]);
+        inputs.extend_from_slice(&row[k..]);
+        targets.extend_from_slice(&tgt[k..]);
+    }
+    Ok(Batch {
+        inputs,
+        targets,
+        batch: b,
+        len: t - k,
+        mask: None,
+        source: Some(Source {
+            mask: vec![true; source.len()],
+            ids: source,
+            len: k,
+        }),
+    })
 }

@@ -174,6 +174,7 @@ impl TextData {
             targets,
             batch: batch_size,
             len: t,
+            mask: None,
             source: None,
         })
     }

@@ -1,13 +1,19 @@
 //! The interface between a trainable model and the training loop: the trainer only
 //! needs a loss with gradients, the parameters (for the optimiser) and persistence.
+//! Every [`Transformer`] is one, whatever its family.
 
 use std::path::Path;
 
-use crate::error::Result;
+use crate::batch::TokenBatch;
+use crate::error::{Error, Result};
+use crate::models::{Input, ModelKind, Transformer};
+use crate::module::Module;
 use crate::tensor::Tensor;
+use crate::train::loss::cross_entropy_in_place;
 
-/// A batch of next-token training data. For an encoder-decoder model, `inputs` are
-/// the decoder's (teacher-forced) inputs and `source` is what the encoder reads.
+/// A batch of training data. `inputs` are what the model reads token by token: a
+/// decoder's (teacher-forced) inputs, or an encoder-only model's tokens; `source` is
+/// what an encoder-decoder's encoder reads.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Batch {
     /// [B·T] input token ids
@@ -16,7 +22,9 @@ pub struct Batch {
     pub targets: Vec<i64>,
     pub batch: usize,
     pub len: usize,
-    /// The encoder's input of an encoder-decoder batch; `None` for a decoder-only model.
+    /// [B·T] `false` where `inputs` holds padding (never attended to); `None`: all real.
+    pub mask: Option<Vec<bool>>,
+    /// The encoder's input of an encoder-decoder batch; `None` otherwise.
     pub source: Option<Source>,
 }
 
@@ -40,13 +48,110 @@ pub trait TrainableModel: Send {
     /// targets and ADDS its gradient into the model's gradient buffers.
     fn loss_and_backward(&mut self, batch: &Batch) -> Result<f32>;
 
-    /// Logits `[B, T, V]` for `batch.inputs` (evaluation, no gradients).
+    /// Logits `[B, T, V]` for the batch (evaluation, no gradients).
     fn logits(&self, batch: &Batch) -> Result<Tensor>;
 
-    /// Visits every parameter with its gradient, in a fixed order, under its
-    /// checkpoint name (Hugging Face naming where the model has one).
+    /// Visits every parameter with its gradient, in a fixed order, under its name.
     fn visit_params(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, &Tensor));
 
     /// Writes the model as a folder (`config.json` + `model.safetensors`, atomically).
     fn save(&self, dir: &Path) -> Result<()>;
+}
+
+/// The batch's token batches: (source, inputs), checked against the model's kind.
+fn tokens(model: &Transformer, batch: &Batch) -> Result<(Option<TokenBatch>, TokenBatch)> {
+    let inputs = TokenBatch::new(
+        batch.inputs.clone(),
+        batch.mask.clone(),
+        batch.batch,
+        batch.len,
+    )?;
+    if batch.targets.len() != inputs.ids.len() {
+        return Err(Error::Shape {
+            tensor: "batch targets".into(),
+            expected: format!("[{}, {}] like the inputs", batch.batch, batch.len),
+            got: vec![batch.targets.len()],
+        });
+    }
+    let source = match (model.kind(), &batch.source) {
+        (ModelKind::EncoderDecoder, Some(s)) => Some(TokenBatch::new(
+            s.ids.clone(),
+            Some(s.mask.clone()),
+            batch.batch,
+            s.len,
+        )?),
+        (ModelKind::EncoderDecoder, None) => {
+            return Err(Error::invalid(
+                "batch.source",
+                "an encoder-decoder model needs a source (see tasks::source_target_batch)",
+            ))
+        }
+        (_, Some(_)) => {
+            return Err(Error::invalid(
+                "batch.source",
+                "only an encoder-decoder model reads a source",
+            ))
+        }
+        (_, None) => None,
+    };
+    Ok((source, inputs))
+}
+
+fn input<'a>(
+    model: &Transformer,
+    source: Option<&'a TokenBatch>,
+    inputs: &'a TokenBatch,
+) -> Input<'a> {
+    match model.kind() {
+        ModelKind::Encoder => Input {
+            source: Some(inputs),
+            ..Default::default()
+        },
+        _ => Input {
+            source,
+            target: Some(inputs),
+            token_types: None,
+        },
+    }
+}
+
+impl TrainableModel for Transformer {
+    fn zero_grads(&mut self) {
+        match &mut self.grads {
+            Some(g) => g.fill_zero(),
+            None => self.grads = Some(self.weights.zeros_like()),
+        }
+    }
+
+    /// A non-finite loss is returned as it is, without a backward (the trainer reports
+    /// it); the gradients are then unchanged.
+    fn loss_and_backward(&mut self, batch: &Batch) -> Result<f32> {
+        let (source, inputs) = tokens(self, batch)?;
+        let (mut logits, tape) = self.forward_train(&input(self, source.as_ref(), &inputs))?;
+        // the logits become d loss / d logits in place
+        let loss = cross_entropy_in_place(&mut logits, &batch.targets)?;
+        if !loss.is_finite() {
+            return Ok(loss);
+        }
+        self.backward(tape, &logits)?;
+        Ok(loss)
+    }
+
+    fn logits(&self, batch: &Batch) -> Result<Tensor> {
+        let (source, inputs) = tokens(self, batch)?;
+        Ok(self
+            .forward(&input(self, source.as_ref(), &inputs), false)?
+            .logits)
+    }
+
+    fn visit_params(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, &Tensor)) {
+        let grads = self.grads.get_or_insert_with(|| self.weights.zeros_like());
+        for ((name, p), (_, g)) in self.weights.params_mut().into_iter().zip(grads.params()) {
+            f(&name, p, g);
+        }
+    }
+
+    fn save(&self, dir: &Path) -> Result<()> {
+        Transformer::save(self, dir)
+    }
 }

@@ -43,7 +43,7 @@ use crate::train::optim::{self, AdamW, AdamWConfig, DecayRule};
 use crate::train::schedule::Schedule;
 use crate::train::tasks::{self, Accuracy, Task};
 use crate::train::text_data::{Split, TextData};
-use crate::train::trainable::{Batch, TrainableModel};
+use crate::train::trainable::{Batch, Source, TrainableModel};
 
 /// Added to the seed for the training-data RNG, so that it never replays the stream a
 /// model initialised from the same seed drew its weights from.
@@ -282,21 +282,33 @@ impl BatchSource for TextBatches {
     }
 }
 
-/// Batches given in a safetensors file: `input_ids` and `targets`, both integer
-/// `[N, B, T]` (targets already shifted, −100 = not scored); step `s` uses batch `s`.
+/// Batches given in a safetensors file; step `s` uses batch `s`. Integer tensors:
+///
+/// | tensor | shape | |
+/// |---|---|---|
+/// | `input_ids` | `[N, B, T]` | what the model reads (an encoder-decoder's source, `[N, B, S]`) |
+/// | `targets` | `[N, B, T]` | already shifted; −100 = not scored |
+/// | `attention_mask` | like `input_ids` | optional: 1 = token, 0 = padding |
+/// | `decoder_input_ids` | `[N, B, T]` | encoder-decoders only: the decoder's inputs |
 #[derive(Clone, Debug)]
 pub struct FixedBatches {
     name: String,
     count: usize,
     batch: usize,
+    /// T
     len: usize,
-    input_ids: Vec<usize>,
+    /// `[N·B·T]` what the decoder (or an encoder-only model) reads
+    inputs: Vec<usize>,
     targets: Vec<i64>,
+    /// `[N·B·T]`, for `inputs` when they are not a source
+    mask: Option<Vec<bool>>,
+    /// encoder-decoder data: the source ids and mask `[N·B·S]`, and S
+    source: Option<(Vec<usize>, Vec<bool>, usize)>,
 }
 
 impl FixedBatches {
-    /// Reads and checks `path`: both tensors present, the same `[N, B, T]` shape with
-    /// every size ≥ 1, ids ≥ 0, targets ≥ 0 or −100.
+    /// Reads and checks `path`: the tensors above with matching shapes, every size ≥ 1,
+    /// ids ≥ 0, masks 0 or 1, targets ≥ 0 or −100.
     pub fn open(path: &Path) -> Result<Self> {
         let file = TensorFile::open(path)?;
         let name = path.display().to_string();
@@ -304,29 +316,63 @@ impl FixedBatches {
             path: name.clone(),
             reason,
         };
-        let (shape, ids) = file.ints("input_ids")?;
-        let (tshape, targets) = file.ints("targets")?;
-        if shape.len() != 3 || shape.contains(&0) {
-            return Err(err(format!(
-                "`input_ids` must be [steps, B, T] with every size ≥ 1, got {shape:?}"
-            )));
-        }
-        if tshape != shape {
-            return Err(err(format!(
-                "`targets` has shape {tshape:?} but `input_ids` has {shape:?}"
-            )));
-        }
-        let input_ids = ids
-            .iter()
-            .enumerate()
-            .map(|(i, &id)| {
-                usize::try_from(id).map_err(|_| {
-                    err(format!(
-                        "`input_ids` holds a negative id {id} at flat index {i}"
-                    ))
+        let ids = |tensor: &str| -> Result<(Vec<usize>, Vec<usize>)> {
+            let (shape, ids) = file.ints(tensor)?;
+            if shape.len() != 3 || shape.contains(&0) {
+                return Err(err(format!(
+                    "`{tensor}` must be [steps, B, T] with every size ≥ 1, got {shape:?}"
+                )));
+            }
+            let ids = ids
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| {
+                    usize::try_from(id).map_err(|_| {
+                        err(format!(
+                            "`{tensor}` holds a negative id {id} at flat index {i}"
+                        ))
+                    })
                 })
-            })
-            .collect::<Result<Vec<_>>>()?;
+                .collect::<Result<Vec<_>>>()?;
+            Ok((shape, ids))
+        };
+        let (shape, input_ids) = ids("input_ids")?;
+        let mask = match file.contains("attention_mask") {
+            true => {
+                let (mshape, m) = ids("attention_mask")?;
+                if mshape != shape || m.iter().any(|&v| v > 1) {
+                    return Err(err(format!(
+                        "`attention_mask` must hold 0 or 1 in the shape of `input_ids` {shape:?}"
+                    )));
+                }
+                Some(m.into_iter().map(|v| v == 1).collect::<Vec<_>>())
+            }
+            false => None,
+        };
+        let (dshape, inputs, mask, source) = match file.contains("decoder_input_ids") {
+            true => {
+                let (dshape, dec) = ids("decoder_input_ids")?;
+                if dshape[..2] != shape[..2] {
+                    return Err(err(format!(
+                        "`decoder_input_ids` has shape {dshape:?}; its steps and B must be those of `input_ids` {shape:?}"
+                    )));
+                }
+                let source_mask = mask.unwrap_or_else(|| vec![true; input_ids.len()]);
+                (dshape, dec, None, Some((input_ids, source_mask, shape[2])))
+            }
+            false => (shape.clone(), input_ids, mask, None),
+        };
+        let (tshape, targets) = file.ints("targets")?;
+        if tshape != dshape {
+            let of = if source.is_some() {
+                "decoder_input_ids"
+            } else {
+                "input_ids"
+            };
+            return Err(err(format!(
+                "`targets` has shape {tshape:?} but `{of}` has {dshape:?}"
+            )));
+        }
         if let Some((i, t)) = targets
             .iter()
             .enumerate()
@@ -338,11 +384,13 @@ impl FixedBatches {
         }
         Ok(FixedBatches {
             name,
-            count: shape[0],
-            batch: shape[1],
-            len: shape[2],
-            input_ids,
+            count: dshape[0],
+            batch: dshape[1],
+            len: dshape[2],
+            inputs,
             targets,
+            mask,
+            source,
         })
     }
 
@@ -351,8 +399,9 @@ impl FixedBatches {
         (self.count, self.batch, self.len)
     }
 
-    /// Checks the batches against a model: every id and target below `vocab`, `T` at
-    /// most `max_positions` (when the model has a limit), and at least `steps` batches.
+    /// Checks the batches against a model: every id and target below `vocab`, `T` (and
+    /// S) at most `max_positions` (when the model has a limit), and at least `steps`
+    /// batches.
     fn check_model(&self, vocab: usize, max_positions: Option<usize>, steps: u64) -> Result<()> {
         let err = |reason: String| Error::Safetensors {
             path: self.name.clone(),
@@ -364,23 +413,27 @@ impl FixedBatches {
                 self.count
             )));
         }
-        if let Some(max) = max_positions {
-            if self.len > max {
+        let (ids_name, src) = match &self.source {
+            Some((ids, _, s)) => ("decoder_input_ids", Some((ids, *s))),
+            None => ("input_ids", None),
+        };
+        let lengths =
+            std::iter::once((ids_name, self.len)).chain(src.map(|(_, s)| ("input_ids", s)));
+        for (tensor, len) in lengths {
+            if let Some(max) = max_positions.filter(|&max| len > max) {
                 return Err(err(format!(
-                    "sequence length T = {} is longer than the model's {max} positions",
-                    self.len
+                    "`{tensor}` has sequences of {len} tokens, longer than the model's {max} positions"
                 )));
             }
         }
-        if let Some((i, id)) = self
-            .input_ids
-            .iter()
-            .enumerate()
-            .find(|&(_, &id)| id >= vocab)
-        {
-            return Err(err(format!(
-                "`input_ids` holds id {id} at flat index {i}, outside the model's vocabulary of {vocab}"
-            )));
+        let all =
+            std::iter::once((ids_name, &self.inputs)).chain(src.map(|(ids, _)| ("input_ids", ids)));
+        for (tensor, ids) in all {
+            if let Some((i, id)) = ids.iter().enumerate().find(|&(_, &id)| id >= vocab) {
+                return Err(err(format!(
+                    "`{tensor}` holds id {id} at flat index {i}, outside the model's vocabulary of {vocab}"
+                )));
+            }
         }
         if let Some((i, t)) = self
             .targets
@@ -407,11 +460,19 @@ impl FixedBatches {
         let n = self.batch * self.len;
         let r = i * n..(i + 1) * n;
         Ok(Batch {
-            inputs: self.input_ids[r.clone()].to_vec(),
-            targets: self.targets[r].to_vec(),
+            inputs: self.inputs[r.clone()].to_vec(),
+            targets: self.targets[r.clone()].to_vec(),
             batch: self.batch,
             len: self.len,
-            source: None,
+            mask: self.mask.as_ref().map(|m| m[r].to_vec()),
+            source: self.source.as_ref().map(|(ids, mask, s)| {
+                let r = i * self.batch * s..(i + 1) * self.batch * s;
+                Source {
+                    ids: ids[r.clone()].to_vec(),
+                    mask: mask[r].to_vec(),
+                    len: *s,
+                }
+            }),
         })
     }
 }

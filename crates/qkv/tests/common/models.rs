@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use qkv::models::generate::{generate_causal, generate_seq2seq, GenerateOptions, Sampling};
-use qkv::models::{self, CausalLm, Encoder, Model, Seq2SeqLm, TokenBatch};
+use qkv::models::{self, ModelKind, TokenBatch, Transformer};
 use qkv::Tensor;
 
 use super::{assert_close, fixture, Fixture};
@@ -30,31 +30,28 @@ pub fn reference(name: &str) -> Fixture {
     fixture(&format!("models/{name}"), "reference")
 }
 
-pub fn load(name: &str) -> Model {
+pub fn load(name: &str) -> Transformer {
     models::load(&model_dir(name))
         .unwrap_or_else(|e| panic!("loading {name}: {e}"))
         .model
 }
 
-pub fn load_causal(name: &str) -> Box<dyn CausalLm> {
-    match load(name) {
-        Model::Causal(m) => m,
-        _ => panic!("{name} is not a decoder-only model"),
-    }
+fn load_kind(name: &str, kind: ModelKind) -> Transformer {
+    let m = load(name);
+    assert_eq!(m.kind(), kind, "{name}");
+    m
 }
 
-pub fn load_seq2seq(name: &str) -> Box<dyn Seq2SeqLm> {
-    match load(name) {
-        Model::Seq2Seq(m) => m,
-        _ => panic!("{name} is not an encoder-decoder"),
-    }
+pub fn load_causal(name: &str) -> Transformer {
+    load_kind(name, ModelKind::Decoder)
 }
 
-pub fn load_encoder(name: &str) -> Box<dyn Encoder> {
-    match load(name) {
-        Model::Encoder(m) => m,
-        _ => panic!("{name} is not an encoder"),
-    }
+pub fn load_seq2seq(name: &str) -> Transformer {
+    load_kind(name, ModelKind::EncoderDecoder)
+}
+
+pub fn load_encoder(name: &str) -> Transformer {
+    load_kind(name, ModelKind::Encoder)
 }
 
 fn usizes(v: &[i64]) -> Vec<usize> {
@@ -174,7 +171,7 @@ pub fn check_causal(name: &str) {
 
     let eos = m.special_tokens().eos.clone();
     let prompt = batch(&f, "gen_prompt", None);
-    let got = generate_causal(m.as_ref(), &prompt, &greedy(&f, eos.clone())).unwrap();
+    let got = generate_causal(&m, &prompt, &greedy(&f, eos.clone())).unwrap();
     assert_eq!(
         got,
         expected_new_tokens(&f, "gen_output", prompt.len, &eos),
@@ -182,7 +179,7 @@ pub fn check_causal(name: &str) {
     );
 
     let prompts = batch(&f, "gen_batch_prompt", Some("gen_batch_mask"));
-    let got = generate_causal(m.as_ref(), &prompts, &greedy(&f, eos.clone())).unwrap();
+    let got = generate_causal(&m, &prompts, &greedy(&f, eos.clone())).unwrap();
     assert_eq!(
         got,
         expected_new_tokens(&f, "gen_batch_output", prompts.len, &eos),
@@ -216,7 +213,7 @@ pub fn check_seq2seq(name: &str) {
 
     let eos = m.special_tokens().eos.clone();
     let src = batch(&f, "gen_prompt", None);
-    let got = generate_seq2seq(m.as_ref(), &src, &greedy(&f, eos.clone())).unwrap();
+    let got = generate_seq2seq(&m, &src, &greedy(&f, eos.clone())).unwrap();
     // generate's output starts with the decoder start token.
     assert_eq!(
         got,

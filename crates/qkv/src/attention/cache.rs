@@ -3,8 +3,8 @@
 //! a step copies only its own new rows (the whole cache moves only on the rare growth).
 //! Attention reads the first `len` positions in place through [`HeadsView`].
 
-use super::batch::{limit_positions, real_positions};
-use crate::attention::HeadsView;
+use super::HeadsView;
+use crate::batch::{limit_positions, real_positions};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 

@@ -72,7 +72,7 @@ impl TokenBatch {
 }
 
 /// mask: `[B, T]`; start: `[B]` real tokens before this chunk → `[B·T]` positions.
-pub(crate) fn real_positions(mask: &[bool], t: usize, start: &[usize]) -> Vec<usize> {
+pub fn real_positions(mask: &[bool], t: usize, start: &[usize]) -> Vec<usize> {
     let mut out = Vec::with_capacity(mask.len());
     for (row, &first) in mask.chunks_exact(t).zip(start) {
         let mut seen = first;
@@ -85,7 +85,7 @@ pub(crate) fn real_positions(mask: &[bool], t: usize, start: &[usize]) -> Vec<us
 }
 
 /// The error for a real token at `position` in a model with `size` positions.
-pub(crate) fn too_long(position: usize, size: usize) -> Error {
+pub fn too_long(position: usize, size: usize) -> Error {
     Error::OutOfRange {
         what: "position (sequence longer than the model's positions)".into(),
         index: position,
@@ -96,7 +96,7 @@ pub(crate) fn too_long(position: usize, size: usize) -> Error {
 /// Fits positions (`[B·T]`, one per token of `mask`) to a table of `max` positions: a
 /// real token past the table is an error ([`too_long`]); padding, which may sit one
 /// past the last real token, is clamped to the last row (its output is never used).
-pub(crate) fn limit_positions(positions: &mut [usize], mask: &[bool], max: usize) -> Result<()> {
+pub fn limit_positions(positions: &mut [usize], mask: &[bool], max: usize) -> Result<()> {
     if let Some((&p, _)) = positions
         .iter()
         .zip(mask)

@@ -1,0 +1,392 @@
+//! The attention sub-layer, the one every model runs: three parallel projections W_Q,
+//! W_K, W_V (one linear map each, applied side by side, not stacked as layers), a split
+//! into heads, RoPE when the stack uses it, the attention kernel, a merge, and W_O.
+//!
+//! ```text
+//! q = RoPE(W_Q·x)                      [B,T,H,D]
+//! k = RoPE(W_K·m),  v = W_V·m          [B,S,G,D], [B,S,G,Dv]   m = x (self) or the encoder output (cross)
+//! y = W_O·concat_h(attention(q, k, v))  [B,T,C]
+//! ```
+//!
+//! Self-attention projects its own keys and values and, when decoding, appends them to a
+//! [`LayerKv`] so the new queries attend over every cached position. Cross-attention
+//! reads keys and values computed once per source ([`MultiHeadAttention::cross_kv`]).
+//!
+//! Three entry points: [`MultiHeadAttention::attend`] (inference, optional cache, or
+//! training with `keep`, which returns the [`AttnTape`] the backward needs) and
+//! [`MultiHeadAttention::backward`]. Splitting into heads is a reshape: `[B,T,H·D]` is
+//! `[B,T,H,D]` in row-major order, and so is the merge.
+
+use crate::attention::{
+    attention, attention_backward, attention_views, AttentionOutput, AttentionSpec, HeadsView,
+    LayerKv,
+};
+use crate::error::{Error, Result};
+use crate::layers::Linear;
+use crate::position::Rope;
+use crate::tensor::Tensor;
+
+#[derive(Clone, Debug)]
+pub struct MultiHeadAttention {
+    /// C → H·D
+    pub q: Linear,
+    /// Ckv → G·D
+    pub k: Linear,
+    /// Ckv → G·Dv
+    pub v: Linear,
+    /// H·Dv → C
+    pub o: Linear,
+    /// H
+    pub heads: usize,
+    /// G, dividing H
+    pub kv_heads: usize,
+}
+
+crate::module!(MultiHeadAttention { q, k, v, o });
+
+/// Everything about one attention call besides the projections: the kernel's spec
+/// (scale, causal, window, padding, bias, weights) and RoPE with each query's position.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Attend<'a> {
+    pub spec: AttentionSpec<'a>,
+    /// Rotates q and k by these positions (`[B·T]`); self-attention only.
+    pub rope: Option<(&'a Rope, &'a [usize])>,
+}
+
+/// A cross-attention's keys `[B,S,G,D]` and values `[B,S,G,Dv]`, computed once per
+/// source from the encoder output.
+#[derive(Clone, Debug)]
+pub struct CrossKv {
+    pub k: Tensor,
+    pub v: Tensor,
+}
+
+/// Where keys and values come from.
+pub enum Keys<'c> {
+    /// Projected from the sub-layer's own input (self-attention); appended to the cache
+    /// when one is given, and the queries attend over all of it.
+    Own(Option<&'c mut LayerKv>),
+    /// An encoder's keys and values (cross-attention).
+    Cross(&'c CrossKv),
+}
+
+/// What [`MultiHeadAttention::backward`] needs from the forward.
+#[derive(Clone, Debug)]
+pub struct AttnTape {
+    /// `[B,T,H,D]` after RoPE
+    q: Tensor,
+    /// self-attention's k `[B,S,G,D]` (after RoPE) and v `[B,S,G,Dv]`
+    own_kv: Option<(Tensor, Tensor)>,
+    /// `[B,T,H·Dv]` the merged heads, W_O's input
+    merged: Tensor,
+    /// `[B,H,T]`
+    lse: Tensor,
+}
+
+/// One forward's results.
+pub struct Attended {
+    /// `[B,T,C]`
+    pub y: Tensor,
+    /// `[B,H,T,S]` when the spec asks for weights
+    pub weights: Option<Tensor>,
+    pub tape: Option<AttnTape>,
+}
+
+/// Gradients a backward returns (the parameters' go into the gradient tree).
+pub struct AttnGrads {
+    /// `[B,T,C]`
+    pub dx: Tensor,
+    /// Cross-attention: the gradients of its keys and values, for
+    /// [`MultiHeadAttention::cross_kv_backward`].
+    pub d_cross: Option<CrossKv>,
+    /// The gradient of a dense bias, when asked for (T5's relative bias).
+    pub dbias: Option<Tensor>,
+}
+
+impl MultiHeadAttention {
+    /// Checks that the four projections agree on H query heads and G key/value heads.
+    pub fn new(
+        q: Linear,
+        k: Linear,
+        v: Linear,
+        o: Linear,
+        heads: usize,
+        kv_heads: usize,
+    ) -> Result<Self> {
+        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(Error::invalid(
+                "n_kv_heads",
+                format!("{kv_heads} key/value heads must divide {heads} query heads"),
+            ));
+        }
+        if !q.out_features().is_multiple_of(heads) {
+            return Err(Error::shape(
+                "wq.weight",
+                format!("[a multiple of {heads} heads, _]"),
+                q.weight.shape(),
+            ));
+        }
+        let d = q.out_features() / heads;
+        if k.out_features() != kv_heads * d {
+            return Err(Error::shape(
+                "wk.weight",
+                format!("[{}, _]", kv_heads * d),
+                k.weight.shape(),
+            ));
+        }
+        if v.in_features() != k.in_features() || !v.out_features().is_multiple_of(kv_heads) {
+            return Err(Error::shape(
+                "wv.weight",
+                format!("[a multiple of {kv_heads}, {}]", k.in_features()),
+                v.weight.shape(),
+            ));
+        }
+        if o.in_features() != heads * (v.out_features() / kv_heads) {
+            return Err(Error::shape(
+                "wo.weight",
+                format!("[_, {}]", heads * (v.out_features() / kv_heads)),
+                o.weight.shape(),
+            ));
+        }
+        Ok(MultiHeadAttention {
+            q,
+            k,
+            v,
+            o,
+            heads,
+            kv_heads,
+        })
+    }
+
+    /// D
+    pub fn head_dim(&self) -> usize {
+        self.q.out_features() / self.heads
+    }
+
+    /// Dv
+    pub fn value_dim(&self) -> usize {
+        self.v.out_features() / self.kv_heads
+    }
+
+    /// x: `[B,T,C]` attends over `context`: `[B,S,Ckv]` (cross-attention), or over itself
+    /// when `context` is `None`. Output `out`: `[B,T,C]`; weights, if asked: `[B,H,T,S]`.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        context: Option<&Tensor>,
+        spec: &AttentionSpec,
+    ) -> Result<AttentionOutput> {
+        let rule = Attend {
+            spec: *spec,
+            rope: None,
+        };
+        match context {
+            Some(m) => {
+                x.expect_shape("x", &[None, None, Some(self.q.in_features())])?;
+                m.expect_shape(
+                    "context",
+                    &[Some(x.shape()[0]), None, Some(self.k.in_features())],
+                )?;
+                self.forward_output(x, Keys::Cross(&self.cross_kv(m)?), &rule)
+            }
+            None => self.forward_output(x, Keys::Own(None), &rule),
+        }
+    }
+
+    /// Self-attention with RoPE: queries and keys are rotated by their positions
+    /// (`positions`: `[B·T]`) after projection, before the scores.
+    pub fn forward_rope(
+        &self,
+        x: &Tensor,
+        spec: &AttentionSpec,
+        rope: &Rope,
+        positions: &[usize],
+    ) -> Result<AttentionOutput> {
+        let rule = Attend {
+            spec: *spec,
+            rope: Some((rope, positions)),
+        };
+        self.forward_output(x, Keys::Own(None), &rule)
+    }
+
+    fn forward_output(&self, x: &Tensor, keys: Keys, rule: &Attend) -> Result<AttentionOutput> {
+        let a = self.attend(x, keys, rule, true)?;
+        let tape = a.tape.expect("kept");
+        Ok(AttentionOutput {
+            out: a.y,
+            lse: tape.lse,
+            weights: a.weights,
+        })
+    }
+
+    /// The forward: x `[B,T,C]` → y `[B,T,C]` (see the module docs). With `keep`, also
+    /// what the backward needs; a cache and `keep` exclude each other (training runs
+    /// whole sequences).
+    pub fn attend(&self, x: &Tensor, keys: Keys, rule: &Attend, keep: bool) -> Result<Attended> {
+        x.expect_shape("x", &[None, None, Some(self.q.in_features())])?;
+        let (b, t) = (x.shape()[0], x.shape()[1]);
+        let (h, g, d) = (self.heads, self.kv_heads, self.head_dim());
+        let mut q = self.q.forward(x)?.reshape(&[b, t, h, d])?;
+        let mut own = match keys {
+            Keys::Own(_) => Some((
+                self.k.forward(x)?.reshape(&[b, t, g, d])?,
+                self.v.forward(x)?.reshape(&[b, t, g, self.value_dim()])?,
+            )),
+            Keys::Cross(_) => None,
+        };
+        if let Some((rope, positions)) = rule.rope {
+            rope.apply(&mut q, positions)?;
+            if let Some((k, _)) = &mut own {
+                rope.apply(k, positions)?;
+            }
+        }
+        let qv = HeadsView::of(&q, "q")?;
+        let a = match (keys, &own) {
+            (Keys::Own(Some(cache)), Some((k, v))) => {
+                if keep {
+                    return Err(Error::invalid(
+                        "kv cache",
+                        "a training forward runs whole sequences, without a cache",
+                    ));
+                }
+                cache.append(k, v)?;
+                attention_views(&qv, &cache.keys(), &cache.values(), &rule.spec)?
+            }
+            (Keys::Own(_), Some((k, v))) => attention(&q, k, v, &rule.spec)?,
+            (Keys::Cross(kv), _) => attention(&q, &kv.k, &kv.v, &rule.spec)?,
+            (Keys::Own(_), None) => unreachable!("own keys are projected above"),
+        };
+        let merged = a.out.reshape(&[b, t, h * self.value_dim()])?;
+        let y = self.o.forward(&merged)?;
+        let tape = keep.then(|| AttnTape {
+            q,
+            own_kv: own,
+            merged,
+            lse: a.lse,
+        });
+        Ok(Attended {
+            y,
+            weights: a.weights,
+            tape,
+        })
+    }
+
+    /// Backward of [`MultiHeadAttention::attend`] with `keep`: x as given to it, `cross`
+    /// the same keys and values for cross-attention, the same `rule`, and dy `[B,T,C]`.
+    /// **Accumulates** into `grads` (a tree shaped as this layer).
+    pub fn backward(
+        &self,
+        x: &Tensor,
+        cross: Option<&CrossKv>,
+        rule: &Attend,
+        tape: AttnTape,
+        dy: &Tensor,
+        want_dbias: bool,
+        grads: &mut MultiHeadAttention,
+    ) -> Result<AttnGrads> {
+        let AttnTape {
+            q,
+            own_kv,
+            merged,
+            lse,
+        } = tape;
+        let (b, t, h, d) = (q.shape()[0], q.shape()[1], self.heads, self.head_dim());
+        let dv_width = self.value_dim();
+        // y = W_O·merged
+        let d_merged = self.o.backward(&merged, dy, &mut grads.o)?;
+        let fwd = AttentionOutput {
+            out: merged.reshape(&[b, t, h, dv_width])?,
+            lse,
+            weights: None,
+        };
+        let (k, v) = match (&own_kv, cross) {
+            (Some((k, v)), _) => (k, v),
+            (None, Some(c)) => (&c.k, &c.v),
+            (None, None) => {
+                return Err(Error::invalid(
+                    "cross",
+                    "a cross-attention backward needs the keys and values of its forward",
+                ))
+            }
+        };
+        // merged = attention(q, k, v)
+        let ag = attention_backward(
+            &q,
+            k,
+            v,
+            &fwd,
+            &d_merged.reshape(&[b, t, h, dv_width])?,
+            &rule.spec,
+            want_dbias,
+        )?;
+        let (mut dq, mut dk) = (ag.dq, ag.dk);
+        // q, k = RoPE(·): rotate the gradients back
+        if let Some((rope, positions)) = rule.rope {
+            rope.backward(&mut dq, positions)?;
+            if own_kv.is_some() {
+                rope.backward(&mut dk, positions)?;
+            }
+        }
+        // q = W_Q·x
+        let mut dx = self
+            .q
+            .backward(x, &dq.reshape(&[b, t, h * d])?, &mut grads.q)?;
+        let d_cross = match own_kv {
+            // k = W_K·x, v = W_V·x: x feeds all three projections, so their dx add up
+            Some(_) => {
+                let s = dk.shape()[1];
+                let g = self.kv_heads;
+                dx.add_assign(
+                    &self
+                        .k
+                        .backward(x, &dk.reshape(&[b, s, g * d])?, &mut grads.k)?,
+                );
+                let dv = ag.dv.reshape(&[b, s, g * dv_width])?;
+                dx.add_assign(&self.v.backward(x, &dv, &mut grads.v)?);
+                None
+            }
+            None => Some(CrossKv { k: dk, v: ag.dv }),
+        };
+        Ok(AttnGrads {
+            dx,
+            d_cross,
+            dbias: ag.dbias,
+        })
+    }
+
+    /// Keys and values of the encoder output `memory`: `[B,S,Ckv]`, computed once per
+    /// source.
+    pub fn cross_kv(&self, memory: &Tensor) -> Result<CrossKv> {
+        memory.expect_shape("encoder output", &[None, None, Some(self.k.in_features())])?;
+        let (b, s, g) = (memory.shape()[0], memory.shape()[1], self.kv_heads);
+        Ok(CrossKv {
+            k: self
+                .k
+                .forward(memory)?
+                .reshape(&[b, s, g, self.head_dim()])?,
+            v: self
+                .v
+                .forward(memory)?
+                .reshape(&[b, s, g, self.value_dim()])?,
+        })
+    }
+
+    /// Backward of [`MultiHeadAttention::cross_kv`]: the keys' and values' gradients →
+    /// the memory's `[B,S,Ckv]`; **accumulates** into `grads.k` and `grads.v`.
+    pub fn cross_kv_backward(
+        &self,
+        memory: &Tensor,
+        d: CrossKv,
+        grads: &mut MultiHeadAttention,
+    ) -> Result<Tensor> {
+        let (b, s) = (memory.shape()[0], memory.shape()[1]);
+        let flat = |t: Tensor| {
+            let w = t.shape()[2] * t.shape()[3];
+            t.reshape(&[b, s, w])
+        };
+        // k = W_K·m, v = W_V·m
+        let mut dm = self.k.backward(memory, &flat(d.k)?, &mut grads.k)?;
+        dm.add_assign(&self.v.backward(memory, &flat(d.v)?, &mut grads.v)?);
+        Ok(dm)
+    }
+}

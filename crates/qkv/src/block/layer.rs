@@ -1,0 +1,292 @@
+//! The residual block every stack is made of: self-attention, then (in a decoder that
+//! reads an encoder) cross-attention, then the feed-forward network, each a sub-layer
+//! wrapped by its norm and a residual connection as [`Residual`] says.
+//!
+//! A residual `x + f(·)` has no backward of its own: its gradient flows to both terms,
+//! so the branch's input gradient is added to the stream's.
+
+use serde::{Deserialize, Serialize};
+
+use super::attention::{Attend, AttnTape, CrossKv, Keys, MultiHeadAttention};
+use crate::attention::LayerKv;
+use crate::error::Result;
+use crate::layers::{FeedForward, FeedForwardCache, Norm, NormCache};
+use crate::tensor::Tensor;
+
+/// Where each sub-layer's norm sits relative to its branch f and the residual.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Residual {
+    /// out = x + f(norm(x)): GPT-2, Llama, T5, BLOOM; the stack ends with a final norm.
+    PreNorm,
+    /// out = norm(x + f(x)): the original Transformer, BERT, Marian.
+    PostNorm,
+    /// out = norm(x) + f(norm(x)): BLOOM's `apply_residual_connection_post_layernorm`.
+    PreNormFromNormed,
+}
+
+/// One layer's parameters.
+#[derive(Clone, Debug)]
+pub struct Block {
+    pub attn_norm: Norm,
+    pub attn: MultiHeadAttention,
+    /// present exactly in a decoder that reads an encoder
+    pub cross_norm: Option<Norm>,
+    pub cross: Option<MultiHeadAttention>,
+    pub ffn_norm: Norm,
+    pub ffn: FeedForward,
+}
+
+crate::module!(Block {
+    attn_norm,
+    attn,
+    cross_norm,
+    cross,
+    ffn_norm,
+    ffn
+});
+
+/// A layer's rules: the residual arrangement and each attention's [`Attend`].
+#[derive(Clone, Copy, Debug)]
+pub struct LayerRule<'a> {
+    pub residual: Residual,
+    pub attend: Attend<'a>,
+    /// cross-attention's rule (source key padding), for a decoder reading an encoder
+    pub cross: Attend<'a>,
+    /// ask the self-attention backward for the dense bias gradient (T5)
+    pub bias_grad: bool,
+}
+
+/// What the backward of a sub-layer's wrapping needs.
+#[derive(Clone, Debug)]
+struct ResTape {
+    /// the norm's input: x (pre-norm) or r = x + f(x) (post-norm)
+    norm_in: Tensor,
+    stats: NormCache,
+    /// the branch's input: norm(x) (pre-norm) or x (post-norm)
+    branch_in: Tensor,
+}
+
+/// What [`Block::backward`] needs from [`Block::forward`].
+#[derive(Clone, Debug)]
+pub struct BlockTape {
+    attn: (ResTape, AttnTape),
+    cross: Option<(ResTape, AttnTape)>,
+    ffn: (ResTape, FeedForwardCache),
+}
+
+/// One layer's forward results.
+pub struct LayerOut {
+    /// `[B,T,C]`
+    pub x: Tensor,
+    pub tape: Option<BlockTape>,
+    /// `[B,H,T,S]` self-attention weights, when the rule's spec asks for them
+    pub weights: Option<Tensor>,
+    /// `[B,H,T,S]` cross-attention weights, likewise
+    pub cross_weights: Option<Tensor>,
+}
+
+/// What a layer's backward returns besides the parameters' gradients.
+pub struct LayerGrads {
+    /// `[B,T,C]`
+    pub dx: Tensor,
+    pub d_cross: Option<CrossKv>,
+    /// the self-attention's dense bias gradient, when the rule asks for it
+    pub dbias: Option<Tensor>,
+}
+
+/// Runs one sub-layer: the norm and residual around `f` (x → (y, branch results)).
+fn sublayer<T>(
+    norm: &Norm,
+    residual: Residual,
+    x: Tensor,
+    keep: bool,
+    f: impl FnOnce(&Tensor) -> Result<(Tensor, T)>,
+) -> Result<(Tensor, Option<ResTape>, T)> {
+    let mut stats = keep.then(NormCache::default);
+    if residual == Residual::PostNorm {
+        // r = x + f(x); out = norm(r)
+        let (mut r, inner) = f(&x)?;
+        r.add_assign(&x);
+        let out = norm.forward_impl(&r, stats.as_mut())?;
+        let tape = stats.map(|stats| ResTape {
+            norm_in: r,
+            stats,
+            branch_in: x,
+        });
+        return Ok((out, tape, inner));
+    }
+    // a = norm(x); out = x + f(a), or a + f(a)
+    let a = norm.forward_impl(&x, stats.as_mut())?;
+    let (mut out, inner) = f(&a)?;
+    out.add_assign(if residual == Residual::PreNorm {
+        &x
+    } else {
+        &a
+    });
+    let tape = stats.map(|stats| ResTape {
+        norm_in: x,
+        stats,
+        branch_in: a,
+    });
+    Ok((out, tape, inner))
+}
+
+/// Backward of [`sublayer`]: d_out → dx, with `f_back` mapping (branch input, dy) to
+/// the branch input's gradient. **Accumulates** into the norm's gradient.
+fn sublayer_backward(
+    norm: &Norm,
+    residual: Residual,
+    tape: &ResTape,
+    d_out: Tensor,
+    grads: &mut Norm,
+    f_back: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let ResTape {
+        norm_in,
+        stats,
+        branch_in,
+    } = tape;
+    Ok(match residual {
+        Residual::PostNorm => {
+            // out = norm(r), r = x + f(x)
+            let d_r = norm.backward(&d_out, norm_in, stats, grads)?;
+            let mut dx = f_back(branch_in, &d_r)?;
+            dx.add_assign(&d_r);
+            dx
+        }
+        Residual::PreNorm => {
+            // out = x + f(a), a = norm(x)
+            let d_a = f_back(branch_in, &d_out)?;
+            let mut dx = norm.backward(&d_a, norm_in, stats, grads)?;
+            dx.add_assign(&d_out);
+            dx
+        }
+        Residual::PreNormFromNormed => {
+            // out = a + f(a), a = norm(x)
+            let mut d_a = f_back(branch_in, &d_out)?;
+            d_a.add_assign(&d_out);
+            norm.backward(&d_a, norm_in, stats, grads)?
+        }
+    })
+}
+
+impl Block {
+    /// x `[B,T,C]` → `[B,T,C]`. `cache`: this layer's keys and values when decoding;
+    /// `cross`: the encoder's keys and values for this layer's cross-attention. With
+    /// `keep`, also what [`Block::backward`] needs.
+    pub fn forward(
+        &self,
+        rule: &LayerRule,
+        x: Tensor,
+        cache: Option<&mut LayerKv>,
+        cross: Option<&CrossKv>,
+        keep: bool,
+    ) -> Result<LayerOut> {
+        let (x, attn_res, attn) = sublayer(&self.attn_norm, rule.residual, x, keep, |a| {
+            let r = self.attn.attend(a, Keys::Own(cache), &rule.attend, keep)?;
+            Ok((r.y, (r.tape, r.weights)))
+        })?;
+        let (x, cross_parts) = match (&self.cross_norm, &self.cross, cross) {
+            (Some(norm), Some(layer), Some(kv)) => {
+                let (x, res, inner) = sublayer(norm, rule.residual, x, keep, |a| {
+                    let r = layer.attend(a, Keys::Cross(kv), &rule.cross, keep)?;
+                    Ok((r.y, (r.tape, r.weights)))
+                })?;
+                (x, Some((res, inner)))
+            }
+            _ => (x, None),
+        };
+        let (x, ffn_res, ffn_cache) = sublayer(&self.ffn_norm, rule.residual, x, keep, |a| {
+            let mut cache = keep.then(FeedForwardCache::default);
+            let y = match &mut cache {
+                Some(c) => self.ffn.forward_with_cache(a, c)?,
+                None => self.ffn.forward(a)?,
+            };
+            Ok((y, cache))
+        })?;
+        let (attn_tape, weights) = attn;
+        let (cross_tape, cross_weights) = match cross_parts {
+            Some((res, (tape, w))) => (res.zip(tape), w),
+            None => (None, None),
+        };
+        let tape = match (attn_res.zip(attn_tape), ffn_res.zip(ffn_cache)) {
+            (Some(attn), Some(ffn)) => Some(BlockTape {
+                attn,
+                cross: cross_tape,
+                ffn,
+            }),
+            _ => None,
+        };
+        Ok(LayerOut {
+            x,
+            tape,
+            weights,
+            cross_weights,
+        })
+    }
+
+    /// Backward of [`Block::forward`] (with `keep`, the same rule and cross keys):
+    /// d_out `[B,T,C]` → dx; **accumulates** into `grads` (a tree shaped as this block).
+    pub fn backward(
+        &self,
+        rule: &LayerRule,
+        tape: BlockTape,
+        cross: Option<&CrossKv>,
+        d_out: Tensor,
+        grads: &mut Block,
+    ) -> Result<LayerGrads> {
+        let BlockTape {
+            attn,
+            cross: cross_tape,
+            ffn,
+        } = tape;
+        let (ffn_res, ffn_cache) = ffn;
+        let mut dx = sublayer_backward(
+            &self.ffn_norm,
+            rule.residual,
+            &ffn_res,
+            d_out,
+            &mut grads.ffn_norm,
+            |a, dy| self.ffn.backward(dy, a, &ffn_cache, &mut grads.ffn),
+        )?;
+        let mut d_cross = None;
+        if let (Some((res, t)), Some(layer), Some(norm), Some(g), Some(gn), Some(kv)) = (
+            cross_tape,
+            &self.cross,
+            &self.cross_norm,
+            grads.cross.as_mut(),
+            grads.cross_norm.as_mut(),
+            cross,
+        ) {
+            dx = sublayer_backward(norm, rule.residual, &res, dx, gn, |a, dy| {
+                let r = layer.backward(a, Some(kv), &rule.cross, t, dy, false, g)?;
+                d_cross = r.d_cross;
+                Ok(r.dx)
+            })?;
+        }
+        let (attn_res, attn_tape) = attn;
+        let mut dbias = None;
+        let dx = sublayer_backward(
+            &self.attn_norm,
+            rule.residual,
+            &attn_res,
+            dx,
+            &mut grads.attn_norm,
+            |a, dy| {
+                let r = self.attn.backward(
+                    a,
+                    None,
+                    &rule.attend,
+                    attn_tape,
+                    dy,
+                    rule.bias_grad,
+                    &mut grads.attn,
+                )?;
+                dbias = r.dbias;
+                Ok(r.dx)
+            },
+        )?;
+        Ok(LayerGrads { dx, d_cross, dbias })
+    }
+}

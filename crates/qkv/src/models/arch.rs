@@ -1,0 +1,432 @@
+//! [`Arch`]: the one typed description of a Transformer. Every family's `config.json`
+//! is read into it, every model is built from it, and qkv's own folders store it. It
+//! says which stacks there are (decoder-only, encoder, encoder-decoder), their sizes,
+//! and each choice the articles discuss: positions, norm and its place, attention
+//! details, the feed-forward network, the embeddings and the head.
+
+use serde::{Deserialize, Serialize};
+
+use crate::block::Residual;
+use crate::error::{Error, Result};
+use crate::layers::NormKind;
+use crate::ops::Activation;
+use crate::position::SinusoidalLayout;
+
+/// A Transformer architecture.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Arch {
+    /// V: rows of the token table that the logits are read against (the decoder's, or
+    /// an encoder-only model's).
+    pub vocab: usize,
+    /// The encoder's own vocabulary when it has a table of its own; `None`: the encoder
+    /// reads the one table (Marian's and T5's `shared`).
+    #[serde(default)]
+    pub src_vocab: Option<usize>,
+    /// C
+    pub d_model: usize,
+    /// A bidirectional stack over the source (BERT, encoder-decoders).
+    pub encoder: Option<StackDims>,
+    /// A causal stack (decoder-only models, encoder-decoders).
+    pub decoder: Option<StackDims>,
+    pub position: Position,
+    pub norm: NormSpec,
+    pub residual: Residual,
+    pub attention: AttentionArch,
+    pub ffn: FfnArch,
+    pub embed: EmbedArch,
+    pub head: Head,
+}
+
+/// One stack's sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StackDims {
+    pub layers: usize,
+    /// H
+    pub heads: usize,
+    /// G, dividing H
+    pub kv_heads: usize,
+    /// D (H·D may differ from C, as in T5)
+    pub head_dim: usize,
+    /// F
+    pub ffn_dim: usize,
+}
+
+/// How token order enters the model.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Position {
+    /// No position information: only the causal mask tells positions apart.
+    None,
+    /// A trained `[max_len, C]` table added to the token embeddings (BERT, GPT-2), one
+    /// per stack.
+    Learned { max_len: usize },
+    /// The fixed sin/cos vectors of "Attention Is All You Need", added to the token
+    /// embeddings; positions ≥ `max_len` are refused as a model with a table would.
+    Sinusoidal {
+        max_len: usize,
+        layout: SinusoidalLayout,
+    },
+    /// Rotary embedding of q and k in self-attention (half-split layout, as Llama).
+    Rope {
+        theta: f32,
+        /// Linear position interpolation: every frequency divided by this (1: none).
+        #[serde(default = "one")]
+        linear_scaling: f32,
+        /// The trained context (`max_position_embeddings`); not enforced.
+        #[serde(default)]
+        max_len: Option<usize>,
+    },
+    /// Linear distance penalties on the scores, BLOOM's slopes per head: slope·(j − i)
+    /// in causal self-attention, −slope·|i − j| in an encoder.
+    Alibi,
+    /// T5's learned bias per head and relative-distance bucket, in self-attention.
+    Relative { buckets: usize, max_distance: usize },
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+/// The norm of every sub-layer, the embeddings and the stack ends.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NormSpec {
+    pub kind: NormKind,
+    pub eps: f32,
+    /// LayerNorm with a bias
+    pub bias: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttentionArch {
+    /// Biases on W_Q, W_K, W_V.
+    pub qkv_bias: bool,
+    /// A bias on W_O.
+    pub out_bias: bool,
+    /// The score scale; `None` is 1/√D (T5 uses 1).
+    #[serde(default)]
+    pub scale: Option<f32>,
+    /// Layer l's scores are also divided by l + 1 (GPT-2's
+    /// `scale_attn_by_inverse_layer_idx`).
+    #[serde(default)]
+    pub scale_by_layer: bool,
+    /// Sliding window of the causal self-attention (Mistral).
+    #[serde(default)]
+    pub window: Option<usize>,
+}
+
+/// The feed-forward network: `W₂·act(W₁x)`, or gated `W₂·(act(W₁x) ⊙ W₃x)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FfnArch {
+    pub activation: Activation,
+    pub gated: bool,
+    pub bias: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EmbedArch {
+    /// Token embeddings are multiplied by √C (the original Transformer, Marian).
+    #[serde(default)]
+    pub scale: bool,
+    /// A norm after the embeddings (BERT, BLOOM).
+    #[serde(default)]
+    pub norm: bool,
+    /// Rows of a token-type table added to the embeddings (BERT's segments); 0: none.
+    #[serde(default)]
+    pub token_types: usize,
+    /// Positions are slots 0..T, padding included (BERT). Otherwise they count real
+    /// tokens, cumsum(mask) − 1, as generation assigns them, so a left-padded row is
+    /// computed as if alone.
+    #[serde(default)]
+    pub slot_positions: bool,
+    /// Lookups of this id give the token table no gradient (PyTorch's `padding_idx`,
+    /// which BERT, Llama and Marian set to the pad token).
+    #[serde(default)]
+    pub padding_idx: Option<usize>,
+}
+
+/// What turns the last hidden states into the model's output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Head {
+    /// None: the output is the last hidden states (`BertModel`).
+    None,
+    /// logits = (s·h)·Wᵀ (+ b): W the token table when `tied`, else its own `lm_head`;
+    /// s = C^−½ when `rescale` (T5), else 1; b a fixed bias when `logits_bias`
+    /// (Marian's `final_logits_bias`, a buffer, not trained).
+    Lm {
+        tied: bool,
+        #[serde(default)]
+        rescale: bool,
+        #[serde(default)]
+        logits_bias: bool,
+    },
+    /// BERT's masked-LM head: dense C→C, activation, norm, then the tied token table
+    /// plus a trained bias.
+    MaskedLm { activation: Activation },
+}
+
+impl Arch {
+    /// GPT-2's architecture: learned positions, pre-norm LayerNorm (eps 1e-5), a 4·C
+    /// GELU-tanh (`gelu_new`) MLP, biases everywhere, head tied to the embedding.
+    pub fn gpt2(vocab: usize, d_model: usize, layers: usize, heads: usize, max_len: usize) -> Self {
+        Arch {
+            vocab,
+            src_vocab: None,
+            d_model,
+            encoder: None,
+            decoder: Some(StackDims {
+                layers,
+                heads,
+                kv_heads: heads,
+                head_dim: d_model / heads.max(1),
+                ffn_dim: 4 * d_model,
+            }),
+            position: Position::Learned { max_len },
+            norm: NormSpec {
+                kind: NormKind::LayerNorm,
+                eps: 1e-5,
+                bias: true,
+            },
+            residual: Residual::PreNorm,
+            attention: AttentionArch {
+                qkv_bias: true,
+                out_bias: true,
+                scale: None,
+                scale_by_layer: false,
+                window: None,
+            },
+            ffn: FfnArch {
+                activation: Activation::GeluTanh,
+                gated: false,
+                bias: true,
+            },
+            embed: EmbedArch::default(),
+            head: Head::Lm {
+                tied: true,
+                rescale: false,
+                logits_bias: false,
+            },
+        }
+    }
+
+    /// Llama's architecture: RoPE (θ = 10 000), pre-norm RMSNorm (eps 1e-6), SwiGLU with
+    /// F = 8C/3 rounded up to a multiple of 8, no biases, `kv_heads` key/value heads,
+    /// untied head.
+    pub fn llama(
+        vocab: usize,
+        d_model: usize,
+        layers: usize,
+        heads: usize,
+        kv_heads: usize,
+        max_len: usize,
+    ) -> Self {
+        let mut a = Arch::gpt2(vocab, d_model, layers, heads, max_len);
+        a.decoder = Some(StackDims {
+            kv_heads,
+            ffn_dim: (8 * d_model).div_ceil(3).div_ceil(8) * 8,
+            ..a.stack()
+        });
+        a.position = Position::Rope {
+            theta: 10_000.0,
+            linear_scaling: 1.0,
+            max_len: Some(max_len),
+        };
+        a.norm = NormSpec {
+            kind: NormKind::RmsNorm,
+            eps: 1e-6,
+            bias: false,
+        };
+        a.attention.qkv_bias = false;
+        a.attention.out_bias = false;
+        a.ffn = FfnArch {
+            activation: Activation::Silu,
+            gated: true,
+            bias: false,
+        };
+        a.head = Head::Lm {
+            tied: false,
+            rescale: false,
+            logits_bias: false,
+        };
+        a
+    }
+
+    /// The base Transformer of "Attention Is All You Need" at any size: one shared
+    /// vocabulary and table (tied to the head) scaled by √C, sinusoidal positions,
+    /// post-norm LayerNorm (eps 1e-5), a 4·C ReLU FFN, biases, `layers` in each stack.
+    /// (Without the √C, embeddings of std 0.02 are drowned by sinusoids of amplitude 1.)
+    pub fn vaswani(
+        vocab: usize,
+        d_model: usize,
+        layers: usize,
+        heads: usize,
+        max_len: usize,
+    ) -> Self {
+        let mut a = Arch::gpt2(vocab, d_model, layers, heads, max_len);
+        a.encoder = a.decoder;
+        a.position = Position::Sinusoidal {
+            max_len,
+            layout: SinusoidalLayout::Interleaved,
+        };
+        a.residual = Residual::PostNorm;
+        a.ffn.activation = Activation::Relu;
+        a.embed.scale = true;
+        a
+    }
+
+    /// The decoder's sizes, or the encoder's for an encoder-only model.
+    pub fn stack(&self) -> StackDims {
+        self.decoder
+            .or(self.encoder)
+            .expect("validated: an architecture has a stack")
+    }
+
+    /// Rows of a position table, for the kinds that have one.
+    pub fn max_positions(&self) -> Option<usize> {
+        match self.position {
+            Position::Learned { max_len } | Position::Sinusoidal { max_len, .. } => Some(max_len),
+            _ => None,
+        }
+    }
+
+    /// Errors on the first inconsistent field, naming it.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &str, reason: String| Err(Error::invalid(field, reason));
+        if self.encoder.is_none() && self.decoder.is_none() {
+            return bad(
+                "encoder",
+                "an architecture needs an encoder, a decoder or both".into(),
+            );
+        }
+        for (field, v) in [("vocab", self.vocab), ("d_model", self.d_model)]
+            .into_iter()
+            .chain(self.src_vocab.map(|v| ("src_vocab", v)))
+        {
+            if v == 0 {
+                return bad(field, "must be at least 1".into());
+            }
+        }
+        for (name, s) in [("encoder", self.encoder), ("decoder", self.decoder)] {
+            let Some(s) = s else { continue };
+            for (field, v) in [
+                ("heads", s.heads),
+                ("kv_heads", s.kv_heads),
+                ("head_dim", s.head_dim),
+                ("ffn_dim", s.ffn_dim),
+            ] {
+                if v == 0 {
+                    return bad(&format!("{name}.{field}"), "must be at least 1".into());
+                }
+            }
+            if !s.heads.is_multiple_of(s.kv_heads) {
+                return bad(
+                    &format!("{name}.kv_heads"),
+                    format!(
+                        "{} key/value heads do not divide {} heads",
+                        s.kv_heads, s.heads
+                    ),
+                );
+            }
+            if matches!(self.position, Position::Rope { .. }) && !s.head_dim.is_multiple_of(2) {
+                return bad(
+                    &format!("{name}.head_dim"),
+                    format!(
+                        "RoPE rotates pairs of dimensions: head width {} must be even",
+                        s.head_dim
+                    ),
+                );
+            }
+        }
+        if !(self.norm.eps.is_finite() && self.norm.eps >= 0.0) {
+            return bad(
+                "norm.eps",
+                format!("must be finite and ≥ 0, got {}", self.norm.eps),
+            );
+        }
+        if self.norm.bias && self.norm.kind == NormKind::RmsNorm {
+            return bad("norm.bias", "RMSNorm has no bias".into());
+        }
+        match self.position {
+            Position::Learned { max_len } | Position::Sinusoidal { max_len, .. }
+                if max_len == 0 =>
+            {
+                return bad("position.max_len", "must be at least 1".into())
+            }
+            Position::Rope {
+                theta,
+                linear_scaling,
+                ..
+            } => {
+                if !(theta.is_finite() && theta > 1.0) {
+                    return bad(
+                        "position.theta",
+                        format!("must be finite and > 1, got {theta}"),
+                    );
+                }
+                if !(linear_scaling.is_finite() && linear_scaling > 0.0) {
+                    return bad(
+                        "position.linear_scaling",
+                        format!("must be finite and > 0, got {linear_scaling}"),
+                    );
+                }
+            }
+            Position::Relative {
+                buckets,
+                max_distance,
+            } if buckets < 2 || max_distance == 0 => {
+                return bad(
+                    "position.buckets",
+                    "need at least 2 buckets and a positive max_distance".into(),
+                )
+            }
+            _ => {}
+        }
+        if self.attention.window == Some(0) {
+            return bad("attention.window", "must be at least 1".into());
+        }
+        if let Some(s) = self.attention.scale {
+            if !s.is_finite() {
+                return bad("attention.scale", format!("must be finite, got {s}"));
+            }
+        }
+        if self.src_vocab.is_some() && self.kind() != ModelKind::EncoderDecoder {
+            return bad(
+                "src_vocab",
+                "only an encoder-decoder has a second token table".into(),
+            );
+        }
+        if matches!(self.head, Head::MaskedLm { .. }) && self.kind() != ModelKind::Encoder {
+            return bad(
+                "head",
+                "a masked-LM head sits on an encoder-only model".into(),
+            );
+        }
+        if self.head == Head::None && self.kind() != ModelKind::Encoder {
+            return bad(
+                "head",
+                "a model with a decoder needs a language-model head".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// What kind of model this is.
+    pub fn kind(&self) -> ModelKind {
+        match (self.encoder.is_some(), self.decoder.is_some()) {
+            (true, true) => ModelKind::EncoderDecoder,
+            (true, false) => ModelKind::Encoder,
+            _ => ModelKind::Decoder,
+        }
+    }
+}
+
+/// The three model kinds an [`Arch`] builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelKind {
+    /// A causal stack: tokens → next-token logits (GPT-2, Llama, BLOOM).
+    Decoder,
+    /// A bidirectional stack: tokens → hidden states or masked-token logits (BERT).
+    Encoder,
+    /// Source → encoder → memory; target → decoder reading the memory (Marian, T5).
+    EncoderDecoder,
+}

@@ -1,0 +1,120 @@
+//! [`ModelInfo`]: what `qkv inspect` reports, derived from an [`Arch`] for display.
+
+use super::arch::{Arch, Position};
+use super::Family;
+use crate::block::Residual;
+use crate::layers::NormKind;
+use crate::ops::Activation;
+use crate::position::SinusoidalLayout;
+
+/// A model described for people: sizes, and each choice in words.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelInfo {
+    /// `bert`, `gpt2`, `llama`, `mistral`, `bloom`, `marian`, `t5`, `qkv`
+    pub family: String,
+    /// `architectures[0]` from config.json
+    pub architecture: String,
+    /// Encoder layers for encoders and encoder-decoders, decoder layers otherwise.
+    pub layers: usize,
+    /// Decoder layers of an encoder-decoder.
+    pub decoder_layers: Option<usize>,
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub ffn_dim: usize,
+    pub vocab: usize,
+    /// Longest sequence the position scheme allows (or was trained for), if it says.
+    pub max_positions: Option<usize>,
+    /// e.g. "learned absolute", "RoPE (half-split, θ=10000)", "ALiBi"
+    pub position: String,
+    /// e.g. "LayerNorm, post-norm, eps 1e-12"
+    pub norm: String,
+    /// e.g. "GELU (erf)", "SwiGLU"
+    pub ffn: String,
+}
+
+impl ModelInfo {
+    pub(crate) fn describe(arch: &Arch, family: Family, architecture: String) -> Self {
+        let first = arch.encoder.or(arch.decoder).expect("validated: a stack");
+        let a = &arch.attention;
+        let position = match arch.position {
+            Position::None => "none".to_string(),
+            Position::Learned { .. } if arch.embed.token_types > 0 => {
+                format!("learned absolute + {} token types", arch.embed.token_types)
+            }
+            Position::Learned { .. } => "learned absolute".into(),
+            Position::Sinusoidal { layout, .. } => match layout {
+                SinusoidalLayout::Interleaved => "sinusoidal (fixed, interleaved sin, cos)",
+                SinusoidalLayout::Split => "sinusoidal (fixed, split sin | cos)",
+            }
+            .into(),
+            Position::Rope {
+                theta,
+                linear_scaling,
+                ..
+            } => {
+                let mut s = format!("RoPE (half-split, θ={theta})");
+                if linear_scaling != 1.0 {
+                    s.push_str(&format!(", linear scaling ×{linear_scaling}"));
+                }
+                s
+            }
+            Position::Alibi => "ALiBi".into(),
+            Position::Relative {
+                buckets,
+                max_distance,
+            } => format!("relative bias ({buckets} buckets, max distance {max_distance})"),
+        };
+        let mut position = position;
+        if let Some(w) = a.window {
+            position.push_str(&format!(", sliding window {w}"));
+        }
+        if a.scale == Some(1.0) {
+            position.push_str(", unscaled scores");
+        }
+        let norm = format!(
+            "{}, {}{}, eps {:e}",
+            match arch.norm.kind {
+                NormKind::LayerNorm => "LayerNorm",
+                NormKind::RmsNorm => "RMSNorm",
+            },
+            match arch.residual {
+                Residual::PreNorm => "pre-norm",
+                Residual::PostNorm => "post-norm",
+                Residual::PreNormFromNormed => "pre-norm (residual after the norm)",
+            },
+            if arch.embed.norm {
+                ", embedding norm"
+            } else {
+                ""
+            },
+            arch.norm.eps
+        );
+        let ffn = match (arch.ffn.gated, arch.ffn.activation) {
+            (false, act) => act.to_string(),
+            (true, Activation::Silu) => "SwiGLU".into(),
+            (true, act) => format!("gated {act}"),
+        };
+        let max_positions = match arch.position {
+            Position::Rope { max_len, .. } => max_len,
+            _ => arch.max_positions(),
+        };
+        ModelInfo {
+            family: family.name().into(),
+            architecture,
+            layers: first.layers,
+            decoder_layers: arch.encoder.and(arch.decoder).map(|d| d.layers),
+            hidden: arch.d_model,
+            heads: first.heads,
+            kv_heads: first.kv_heads,
+            head_dim: first.head_dim,
+            ffn_dim: first.ffn_dim,
+            vocab: arch.vocab,
+            max_positions,
+            position,
+            norm,
+            ffn,
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! Where each parameter lives in a checkpoint. A family's name table maps qkv's path of a
+//! parameter (`decoder.layers.0.attn.q.weight`) to a [`Loc`]: a tensor stored as it is,
+//! stored transposed (GPT-2's `Conv1D`), or one of several row blocks of a fused tensor
+//! (GPT-2's `c_attn`, BLOOM's per-head `query_key_value`). Reading and writing both go
+//! through the table, so a folder is saved exactly as it was read.
+
+use std::collections::HashMap;
+
+use super::Weights;
+use crate::error::{Error, Result};
+use crate::io::Checkpoint;
+use crate::module::Module;
+use crate::tensor::Tensor;
+
+/// A parameter's place in a checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Loc {
+    /// The tensor `name`, as it is.
+    Same(String),
+    /// The tensor `name` holds the transpose (`Conv1D` stores `[in, out]`).
+    Transposed(String),
+    /// Part `part` of `parts` equal row sets of the tensor `name` (after transposing it
+    /// when `transposed`): contiguous blocks when `group` is `None`, else interleaved
+    /// groups of `group` rows (BLOOM: per head, rows `[H, 3, D]`).
+    Part {
+        name: String,
+        parts: usize,
+        part: usize,
+        group: Option<usize>,
+        transposed: bool,
+    },
+}
+
+impl Loc {
+    pub fn name(&self) -> &str {
+        match self {
+            Loc::Same(n) | Loc::Transposed(n) | Loc::Part { name: n, .. } => n,
+        }
+    }
+}
+
+/// The first axis of `t` is split into parts: row r of part `part` (`n` rows each) is
+/// row `(r / g)·parts·g + part·g + r % g` of the whole, with g = group or n.
+fn part_row(r: usize, n: usize, parts: usize, part: usize, group: Option<usize>) -> usize {
+    let g = group.unwrap_or(n);
+    (r / g) * parts * g + part * g + r % g
+}
+
+/// `[r, c]` → `[c, r]`.
+pub(crate) fn transpose(t: &Tensor) -> Tensor {
+    let (r, c) = (t.shape()[0], t.shape()[1]);
+    Tensor::from_fn(&[c, r], |k| t.data()[(k % r) * c + k / r])
+}
+
+/// Rows per first-axis index (1 for a vector).
+fn row_width(t: &Tensor) -> usize {
+    t.shape()[1..].iter().product()
+}
+
+/// Fills every parameter of `weights` from `ckpt`, finding each through `locate` and
+/// trying `aliases` of a name the checkpoint lacks (a base model's names without the
+/// task prefix, old spellings). Each parameter must have exactly its shape.
+pub(crate) fn read(
+    ckpt: &Checkpoint,
+    weights: &mut Weights,
+    locate: &dyn Fn(&str) -> Result<Loc>,
+    aliases: &dyn Fn(&str) -> Vec<String>,
+) -> Result<()> {
+    let mut last: Option<(String, Tensor)> = None;
+    for (path, param) in weights.params_mut() {
+        let loc = locate(&path)?;
+        let want = loc.name().to_string();
+        let name = std::iter::once(want.clone())
+            .chain(aliases(&want))
+            .find(|n| ckpt.has(n))
+            .unwrap_or(want);
+        let whole = match &last {
+            Some((n, t)) if *n == name => t.clone(),
+            _ => {
+                let t = ckpt.tensor(&name)?;
+                last = Some((name.clone(), t.clone()));
+                t
+            }
+        };
+        let value = match &loc {
+            Loc::Same(_) => whole,
+            Loc::Transposed(_) if whole.rank() == 2 => transpose(&whole),
+            Loc::Part {
+                parts,
+                part,
+                group,
+                transposed,
+                ..
+            } if whole.rank() > usize::from(*transposed)
+                && whole.shape()[usize::from(*transposed)] % parts == 0 =>
+            {
+                let whole = if *transposed && whole.rank() == 2 {
+                    transpose(&whole)
+                } else {
+                    whole
+                };
+                let n = whole.shape()[0] / parts;
+                let w = row_width(&whole);
+                let mut shape = whole.shape().to_vec();
+                shape[0] = n;
+                let mut data = Vec::with_capacity(n * w);
+                for r in 0..n {
+                    let src = part_row(r, n, *parts, *part, *group);
+                    data.extend_from_slice(&whole.data()[src * w..(src + 1) * w]);
+                }
+                Tensor::new(&shape, data)?
+            }
+            _ => {
+                return Err(Error::shape(
+                    name,
+                    format!("a tensor holding {path} ({:?})", param.shape()),
+                    whole.shape(),
+                ))
+            }
+        };
+        if value.shape() != param.shape() {
+            let expected = match &loc {
+                Loc::Same(_) => format!("{:?}", param.shape()),
+                _ => format!("a tensor holding {path} {:?}", param.shape()),
+            };
+            return Err(Error::shape(name, expected, value.shape()));
+        }
+        *param = value;
+    }
+    Ok(())
+}
+
+/// Every parameter of `weights` as the checkpoint stores it, under its name, in the
+/// order of the tree (fused tensors where their first part comes).
+pub(crate) fn export(
+    weights: &Weights,
+    locate: &dyn Fn(&str) -> Result<Loc>,
+) -> Result<Vec<(String, Tensor)>> {
+    let mut out: Vec<(String, Tensor)> = Vec::new();
+    // fused tensors being assembled: name → (index in out, parts seen)
+    let mut fused: HashMap<String, (usize, Vec<Option<Tensor>>)> = HashMap::new();
+    for (path, t) in weights.params() {
+        let loc = locate(&path)?;
+        match loc {
+            Loc::Same(name) => out.push((name, t.clone())),
+            Loc::Transposed(name) => out.push((name, transpose(t))),
+            Loc::Part {
+                name, parts, part, ..
+            } => {
+                let entry = fused.entry(name.clone()).or_insert_with(|| {
+                    out.push((name.clone(), Tensor::zeros(&[0])));
+                    (out.len() - 1, vec![None; parts])
+                });
+                entry.1[part] = Some(t.clone());
+                if entry.1.iter().all(Option::is_some) {
+                    let pieces: Vec<Tensor> = entry.1.iter().flatten().cloned().collect();
+                    let Loc::Part {
+                        group, transposed, ..
+                    } = locate(&path)?
+                    else {
+                        unreachable!("the same path locates the same way")
+                    };
+                    out[entry.0].1 = join_parts(&pieces, group, transposed)?;
+                }
+            }
+        }
+    }
+    if let Some((name, _)) = fused
+        .iter()
+        .find(|(_, (_, p))| p.iter().any(Option::is_none))
+    {
+        return Err(Error::invalid(
+            name,
+            "a fused tensor is missing one of its parts",
+        ));
+    }
+    Ok(out)
+}
+
+/// The inverse of reading [`Loc::Part`]s: the whole tensor from its parts.
+fn join_parts(parts: &[Tensor], group: Option<usize>, transposed: bool) -> Result<Tensor> {
+    let n = parts[0].shape()[0];
+    let w = row_width(&parts[0]);
+    let mut shape = parts[0].shape().to_vec();
+    shape[0] = n * parts.len();
+    let mut data = vec![0.0; n * parts.len() * w];
+    for (k, p) in parts.iter().enumerate() {
+        for r in 0..n {
+            let dst = part_row(r, n, parts.len(), k, group);
+            data[dst * w..(dst + 1) * w].copy_from_slice(&p.data()[r * w..(r + 1) * w]);
+        }
+    }
+    let whole = Tensor::new(&shape, data)?;
+    Ok(if transposed { transpose(&whole) } else { whole })
+}
+
+/// A parameter path split into its stack (`encoder`/`decoder`, if any), its layer (if
+/// any) and the rest: `decoder.layers.3.attn.q.weight` → (`decoder`, 3, `attn.q.weight`).
+pub(crate) struct Parsed<'a> {
+    pub stack: Option<&'a str>,
+    pub layer: Option<usize>,
+    pub rest: &'a str,
+}
+
+pub(crate) fn parse(path: &str) -> Parsed<'_> {
+    let (stack, rest) = match path.split_once('.') {
+        Some((s @ ("encoder" | "decoder"), rest)) => (Some(s), rest),
+        _ => (None, path),
+    };
+    if let Some(after) = rest.strip_prefix("layers.") {
+        if let Some((l, rest)) = after.split_once('.') {
+            if let Ok(l) = l.parse() {
+                return Parsed {
+                    stack,
+                    layer: Some(l),
+                    rest,
+                };
+            }
+        }
+    }
+    Parsed {
+        stack,
+        layer: None,
+        rest,
+    }
+}
+
+/// The error for a parameter a family's table has no place for (a broken invariant
+/// between an arch and its family, reported rather than panicking).
+pub(crate) fn unplaced(family: &str, path: &str) -> Error {
+    Error::Unsupported(format!(
+        "the {family} checkpoint layout has no place for parameter `{path}`"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_round_trip_in_both_layouts() {
+        let whole = Tensor::from_fn(&[6, 2], |i| i as f32);
+        for group in [None, Some(1)] {
+            let parts: Vec<Tensor> = (0..3)
+                .map(|p| {
+                    let rows: Vec<f32> = (0..2)
+                        .flat_map(|r| {
+                            let s = part_row(r, 2, 3, p, group);
+                            whole.data()[s * 2..s * 2 + 2].to_vec()
+                        })
+                        .collect();
+                    Tensor::new(&[2, 2], rows).unwrap()
+                })
+                .collect();
+            assert_eq!(join_parts(&parts, group, false).unwrap(), whole);
+        }
+        // blocks: part 1 is rows 2..4; groups of 1: part 1 is rows 1 and 4
+        assert_eq!(part_row(0, 2, 3, 1, None), 2);
+        assert_eq!(part_row(1, 2, 3, 1, Some(1)), 4);
+    }
+
+    #[test]
+    fn paths_split_into_stack_layer_and_rest() {
+        let p = parse("decoder.layers.3.attn.q.weight");
+        assert_eq!(
+            (p.stack, p.layer, p.rest),
+            (Some("decoder"), Some(3), "attn.q.weight")
+        );
+        let p = parse("encoder.final_norm.weight");
+        assert_eq!(
+            (p.stack, p.layer, p.rest),
+            (Some("encoder"), None, "final_norm.weight")
+        );
+        let p = parse("embed_tokens.weight");
+        assert_eq!(
+            (p.stack, p.layer, p.rest),
+            (None, None, "embed_tokens.weight")
+        );
+    }
+}

@@ -1,0 +1,451 @@
+//! [`Transformer`]: one model for every family and for both uses. It runs checkpoints
+//! (with a KV cache when generating), trains (a forward that keeps what the backward
+//! needs, and the backward), returns attention weights when asked, and saves itself in
+//! its family's layout.
+
+use std::path::Path;
+
+use serde_json::{json, Map, Value};
+
+use super::arch::{Arch, Head, ModelKind};
+use super::backward::Tape;
+use super::forward::{check_ids, Encoded, Net, Side, StackInput};
+use super::weights::Weights;
+use super::{names, Family, ModelInfo, SpecialTokens};
+use crate::attention::{Kernel, KvCache};
+use crate::batch::TokenBatch;
+use crate::error::{Error, Result};
+use crate::io::{write_atomic, Checkpoint};
+use crate::module::Module;
+use crate::tensor::Tensor;
+
+/// A model: its architecture, parameters and (once a backward has run) gradients.
+#[derive(Clone, Debug)]
+pub struct Transformer {
+    pub arch: Arch,
+    pub family: Family,
+    pub special: SpecialTokens,
+    pub weights: Weights,
+    /// Gradient buffers shaped as `weights`, allocated by the first backward.
+    pub grads: Option<Weights>,
+    /// Which attention kernel runs (both give the same numbers; the tiled one never
+    /// materialises T×S).
+    pub kernel: Kernel,
+    /// `[V]` a fixed bias on the logits (Marian's `final_logits_bias`)
+    pub logits_bias: Option<Tensor>,
+    info: ModelInfo,
+    /// The `config.json` the model was read from (Hugging Face families), written back
+    /// on save so the folder stays what transformers expects.
+    source_config: Option<Map<String, Value>>,
+}
+
+/// A forward's inputs. Decoder-only models read `target`, encoders `source`,
+/// encoder-decoders both.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Input<'a> {
+    /// The encoder's tokens `[B, S]`.
+    pub source: Option<&'a TokenBatch>,
+    /// `[B·S]` BERT segment ids for `source` (all 0 when absent).
+    pub token_types: Option<&'a [usize]>,
+    /// The decoder's tokens `[B, T]`.
+    pub target: Option<&'a TokenBatch>,
+}
+
+/// Attention weights of every layer, each `[B, H, T, S]`.
+#[derive(Clone, Debug, Default)]
+pub struct Attentions {
+    /// The encoder's self-attention (encoders and encoder-decoders).
+    pub encoder: Vec<Tensor>,
+    /// The decoder's causal self-attention.
+    pub decoder: Vec<Tensor>,
+    /// The decoder's cross-attention over the source.
+    pub cross: Vec<Tensor>,
+}
+
+/// What [`Transformer::forward`] returns.
+#[derive(Clone, Debug)]
+pub struct Output {
+    /// `[B, T, V]` logits, or `[B, S, C]` hidden states for a model without a head.
+    pub logits: Tensor,
+    /// Filled when asked for.
+    pub attentions: Attentions,
+}
+
+impl Transformer {
+    /// Assembles a model from its parts, checking them against each other.
+    pub(crate) fn from_parts(
+        arch: Arch,
+        family: Family,
+        special: SpecialTokens,
+        weights: Weights,
+        logits_bias: Option<Tensor>,
+        source_config: Option<Map<String, Value>>,
+        architecture: String,
+    ) -> Result<Self> {
+        arch.validate()?;
+        let info = ModelInfo::describe(&arch, family, architecture);
+        Ok(Transformer {
+            arch,
+            family,
+            special,
+            weights,
+            grads: None,
+            kernel: Kernel::Tiled,
+            logits_bias,
+            info,
+            source_config,
+        })
+    }
+
+    /// A freshly initialised model (GPT-2's initialisation, see [`Weights::init`]),
+    /// every random draw from `seed`. It saves as GPT-2 or Llama when `arch` is exactly
+    /// one, else as qkv's own folder.
+    pub fn new(arch: &Arch, seed: u64) -> Result<Self> {
+        arch.validate()?;
+        let mut weights = Weights::new(arch)?;
+        weights.init(arch, seed);
+        let family = Family::of_fresh(arch);
+        let logits_bias = matches!(
+            arch.head,
+            Head::Lm {
+                logits_bias: true,
+                ..
+            }
+        )
+        .then(|| Tensor::zeros(&[arch.vocab]));
+        Transformer::from_parts(
+            arch.clone(),
+            family,
+            SpecialTokens::default(),
+            weights,
+            logits_bias,
+            None,
+            family.architecture().into(),
+        )
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn special_tokens(&self) -> &SpecialTokens {
+        &self.special
+    }
+
+    pub fn kind(&self) -> ModelKind {
+        self.arch.kind()
+    }
+
+    /// Number of parameters (a tied or shared table counts once).
+    pub fn num_params(&self) -> usize {
+        self.weights.num_params()
+    }
+
+    fn net(&self) -> Net<'_> {
+        Net {
+            arch: &self.arch,
+            w: &self.weights,
+            kernel: self.kernel,
+            logits_bias: self.logits_bias.as_ref(),
+        }
+    }
+
+    fn needs(&self, kind: ModelKind, what: &str) -> Result<()> {
+        if self.kind() != kind {
+            return Err(Error::invalid(
+                what,
+                format!("{} is a {:?} model", self.info.architecture, self.kind()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The inputs of a whole-sequence run of `side` over `tokens`.
+    fn stack_input(
+        &self,
+        side: Side,
+        tokens: &TokenBatch,
+        types: Option<&[usize]>,
+    ) -> Result<StackInput> {
+        let net = self.net();
+        check_ids(&tokens.ids, net.table(side).vocab_size())?;
+        if let Some(types) = types {
+            let n = self.arch.embed.token_types;
+            if types.len() != tokens.ids.len() {
+                return Err(Error::shape(
+                    "token_type_ids",
+                    format!("[{}, {}] like input_ids", tokens.batch, tokens.len),
+                    &[types.len()],
+                ));
+            }
+            if let Some(&bad) = types.iter().find(|&&ty| ty >= n) {
+                return Err(Error::OutOfRange {
+                    what: "token type id (type_vocab_size)".into(),
+                    index: bad,
+                    size: n,
+                });
+            }
+        }
+        Ok(StackInput {
+            ids: tokens.ids.clone(),
+            types: types.map(<[usize]>::to_vec),
+            b: tokens.batch,
+            t: tokens.len,
+            positions: net.positions(&tokens.mask, tokens.len, &vec![0; tokens.batch])?,
+            key_padding: tokens.mask.clone(),
+            past: 0,
+        })
+    }
+
+    /// An empty KV cache for `batch` rows of the decoder.
+    pub fn new_cache(&self, batch: usize) -> KvCache {
+        let d = self.arch.stack();
+        KvCache::new(d.layers, batch, d.kv_heads, d.head_dim, d.head_dim)
+    }
+
+    /// Decoder-only: tokens `[B, T]` placed after everything in `cache` (which grows by
+    /// T) → logits `[B, T, V]`. A whole sequence is one call on an empty cache.
+    pub fn forward_cached(&self, tokens: &TokenBatch, cache: &mut KvCache) -> Result<Tensor> {
+        self.needs(ModelKind::Decoder, "forward_cached")?;
+        self.step(tokens, None, cache)
+    }
+
+    /// Encoder-decoder: tgt `[B, T]` decoder tokens after those in `cache` → logits
+    /// `[B, T, V]`, reading the encoder output `enc`.
+    pub fn decode_cached(
+        &self,
+        tgt: &TokenBatch,
+        enc: &Encoded,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        self.needs(ModelKind::EncoderDecoder, "decode_cached")?;
+        let layers = self.arch.stack().layers;
+        if enc.hidden.shape().first() != Some(&tgt.batch) || enc.cross.len() != layers {
+            return Err(Error::invalid(
+                "encoder output",
+                format!(
+                    "holds {:?} states and {} cross K/V; the decoder needs batch {} and {layers} layers",
+                    enc.hidden.shape(),
+                    enc.cross.len(),
+                    tgt.batch
+                ),
+            ));
+        }
+        self.step(tgt, Some(enc), cache)
+    }
+
+    /// One decoding step of the decoder stack through the cache.
+    fn step(
+        &self,
+        tokens: &TokenBatch,
+        enc: Option<&Encoded>,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        let net = self.net();
+        check_ids(&tokens.ids, self.arch.vocab)?;
+        cache.check_layers(self.arch.stack().layers)?;
+        let step = cache.begin_step(&tokens.mask, tokens.len, self.arch.max_positions())?;
+        let input = StackInput {
+            ids: tokens.ids.clone(),
+            types: None,
+            b: tokens.batch,
+            t: tokens.len,
+            positions: step.positions,
+            key_padding: step.key_padding,
+            past: step.past,
+        };
+        let out = net.run_stack(
+            Side::Decoder,
+            input,
+            Some(&mut cache.layers),
+            enc,
+            false,
+            false,
+        )?;
+        Ok(net.head(out.h, false)?.0)
+    }
+
+    /// Encoders and encoder-decoders: src `[B, S]` → the encoder's states and each
+    /// decoder layer's cross keys and values.
+    pub fn encode(&self, src: &TokenBatch) -> Result<Encoded> {
+        let h = self.hidden_states(src, None)?;
+        self.net().encoded(h, src.mask.clone())
+    }
+
+    /// The encoder's last hidden states `[B, S, C]` (BERT's `last_hidden_state`) for
+    /// tokens `[B, S]` and optional segment ids `[B·S]`. Outputs at padding positions
+    /// are unspecified.
+    pub fn hidden_states(
+        &self,
+        tokens: &TokenBatch,
+        token_types: Option<&[usize]>,
+    ) -> Result<Tensor> {
+        if self.arch.encoder.is_none() {
+            return Err(Error::invalid(
+                "encode",
+                "a decoder-only model has no encoder",
+            ));
+        }
+        let input = self.stack_input(Side::Encoder, tokens, token_types)?;
+        let out = self
+            .net()
+            .run_stack(Side::Encoder, input, None, None, false, false)?;
+        Ok(out.h)
+    }
+
+    /// A whole forward without a cache: logits (or an encoder's hidden states), and
+    /// every layer's attention weights when `attentions` is set.
+    pub fn forward(&self, input: &Input, attentions: bool) -> Result<Output> {
+        self.run(input, false, attentions)
+            .map(|(logits, _, a)| Output {
+                logits,
+                attentions: a,
+            })
+    }
+
+    /// The training forward: logits and what [`Transformer::backward`] needs.
+    pub fn forward_train(&self, input: &Input) -> Result<(Tensor, Tape)> {
+        if self.arch.head == Head::None {
+            return Err(Error::Unsupported(format!(
+                "{} has no head to train (a masked-LM BERT is BertForMaskedLM with its `cls.predictions` weights)",
+                self.info.architecture
+            )));
+        }
+        let (logits, tape, _) = self.run(input, true, false)?;
+        Ok((logits, tape.expect("a model with a head keeps its tape")))
+    }
+
+    /// Backward from d loss / d logits `[B,T,V]` of a [`Transformer::forward_train`]:
+    /// **accumulates** into the gradients (allocated, zero, on first use).
+    pub fn backward(&mut self, tape: Tape, dlogits: &Tensor) -> Result<()> {
+        dlogits.check_finite("dlogits")?;
+        let grads = self.grads.get_or_insert_with(|| self.weights.zeros_like());
+        let net = Net {
+            arch: &self.arch,
+            w: &self.weights,
+            kernel: self.kernel,
+            logits_bias: self.logits_bias.as_ref(),
+        };
+        net.backward(tape, dlogits, grads)
+    }
+
+    fn run(
+        &self,
+        input: &Input,
+        keep: bool,
+        weights: bool,
+    ) -> Result<(Tensor, Option<Tape>, Attentions)> {
+        let net = self.net();
+        let mut attn = Attentions::default();
+        let (source, target) = match self.kind() {
+            ModelKind::Decoder => (None, input.target),
+            ModelKind::Encoder => (input.source, None),
+            ModelKind::EncoderDecoder => (input.source, input.target),
+        };
+        let missing = |what| Error::invalid(what, format!("{} needs it", self.info.architecture));
+        let (enc_tape, memory) = match (self.arch.encoder.is_some(), source) {
+            (true, Some(src)) => {
+                let si = self.stack_input(Side::Encoder, src, input.token_types)?;
+                let out = net.run_stack(Side::Encoder, si, None, None, keep, weights)?;
+                attn.encoder = out.weights;
+                (out.tape, Some((out.h, src.mask.clone())))
+            }
+            (true, None) => return Err(missing("source")),
+            (false, _) => (None, None),
+        };
+        let (h, dec_tape, memory) = match (self.arch.decoder.is_some(), target, memory) {
+            (true, Some(tgt), memory) => {
+                let enc = memory.map(|(h, mask)| net.encoded(h, mask)).transpose()?;
+                let si = self.stack_input(Side::Decoder, tgt, None)?;
+                let out = net.run_stack(Side::Decoder, si, None, enc.as_ref(), keep, weights)?;
+                attn.decoder = out.weights;
+                attn.cross = out.cross_weights;
+                (out.h, out.tape, enc)
+            }
+            (true, None, _) => return Err(missing("target")),
+            (false, _, Some((h, _))) => (h, None, None),
+            (false, _, None) => unreachable!("an arch has a stack"),
+        };
+        let (logits, head) = net.head(h, keep)?;
+        let tape = head.map(|head| Tape {
+            encoder: enc_tape,
+            memory,
+            decoder: dec_tape,
+            head,
+        });
+        Ok((logits, tape, attn))
+    }
+
+    /// Writes `dir/config.json` and `dir/model.safetensors` (each atomically), creating
+    /// `dir`: in the family's own layout (so transformers loads it), or qkv's.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let mut tensors = self.export(&self.weights)?;
+        if let Some(b) = &self.logits_bias {
+            tensors.push((
+                "final_logits_bias".into(),
+                b.clone().reshape(&[1, b.numel()])?,
+            ));
+        }
+        let refs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        // transformers refuses safetensors files whose metadata lacks format = pt
+        let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+        crate::io::save(&dir.join("model.safetensors"), &refs, Some(meta))?;
+        let mut config = match (&self.source_config, self.family) {
+            (Some(c), _) => c.clone(),
+            (None, f) => match f.config_json(&self.arch) {
+                Value::Object(m) => m,
+                _ => unreachable!("a config is an object"),
+            },
+        };
+        // the weights are saved as float32 whatever the source's dtype
+        for key in ["torch_dtype", "dtype"] {
+            if let Some(v) = config.get_mut(key) {
+                *v = json!("float32");
+            }
+        }
+        self.special.write_into(&mut config);
+        let text = serde_json::to_string_pretty(&config).expect("a JSON value serialises");
+        write_atomic(&dir.join("config.json"), format!("{text}\n").as_bytes())
+    }
+
+    /// Every tensor of `w` (the parameters, their gradients, or any tree of their
+    /// shape) as this model's checkpoint stores it, under its checkpoint names: a
+    /// Hugging Face family's layout (GPT-2's Conv1D transposes and fused `c_attn`, …),
+    /// or qkv's own names.
+    pub fn export(&self, w: &Weights) -> Result<Vec<(String, Tensor)>> {
+        let (arch, family) = (&self.arch, self.family);
+        names::export(w, &|p| family.locate(arch, p))
+    }
+
+    /// Reads the folder `dir` written by a Hugging Face tool or by
+    /// [`Transformer::save`]; see [`super::load`].
+    pub fn load(dir: &Path) -> Result<Self> {
+        super::load(dir).map(|l| l.model)
+    }
+
+    /// Fills `weights` from the checkpoint in `family`'s layout.
+    pub(crate) fn read_weights(
+        ckpt: &Checkpoint,
+        arch: &Arch,
+        family: Family,
+    ) -> Result<(Weights, Option<Tensor>)> {
+        let mut weights = Weights::new(arch)?;
+        names::read(ckpt, &mut weights, &|p| family.locate(arch, p), &|n| {
+            family.aliases(n)
+        })?;
+        let logits_bias = match arch.head {
+            Head::Lm {
+                logits_bias: true, ..
+            } if ckpt.has("final_logits_bias") => {
+                let b = ckpt.tensor_shaped("final_logits_bias", &[1, arch.vocab])?;
+                Some(b.reshape(&[arch.vocab])?)
+            }
+            Head::Lm {
+                logits_bias: true, ..
+            } => Some(Tensor::zeros(&[arch.vocab])),
+            _ => None,
+        };
+        Ok((weights, logits_bias))
+    }
+}
