@@ -159,14 +159,16 @@ pub(super) fn read(dir: &Path, mistral: bool) -> Result<(Arch, TokenIds)> {
     let head_dim = match cfg.head_dim {
         Some(d) => d,
         None if cfg.hidden_size.is_multiple_of(heads) => cfg.hidden_size / heads,
-        None => return Err(bad_field(
-            dir,
-            "hidden_size",
-            format!(
+        None => {
+            return Err(bad_field(
+                dir,
+                "hidden_size",
+                format!(
                 "{} is not a multiple of num_attention_heads = {heads} (and no head_dim is given)",
                 cfg.hidden_size
             ),
-        )),
+            ))
+        }
     };
     // RoPE rotates pairs of dimensions.
     if head_dim == 0 || !head_dim.is_multiple_of(2) {
