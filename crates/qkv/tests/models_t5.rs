@@ -117,3 +117,21 @@ fn t5_bad_config_names_the_field() {
         assert!(err.to_string().contains(field), "{err}");
     }
 }
+
+/// A folder transformers 5 wrote: `scale_decoder_outputs: false` beside
+/// `tie_word_embeddings: true`, and an `lm_head.weight` that differs from
+/// `shared.weight`. transformers 5 keeps the separate head and does not rescale; the
+/// logits, cached decoding and greedy generation are those transformers 5 computed.
+#[test]
+fn t5_transformers_5_untied_head_without_rescale() {
+    check_seq2seq("t5_v5_untied");
+    let m = load_seq2seq("t5_v5_untied");
+    assert_eq!(
+        m.arch.head,
+        qkv::models::Head::Lm {
+            tied: false,
+            rescale: false,
+            logits_bias: false
+        }
+    );
+}

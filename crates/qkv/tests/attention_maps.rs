@@ -1,0 +1,106 @@
+//! Every layer's attention weights `[B,H,T,S]`, asked of any model's forward with one
+//! option, equal transformers' `output_attentions=True` (eager) on the fixtures'
+//! right-padded batch: BERT, GPT-2, Llama (GQA), Mistral (sliding window), BLOOM
+//! (ALiBi), and T5 and Marian (encoder, decoder and cross-attention). Rows of padded
+//! queries are unspecified and skipped; every key of a real query row is compared.
+
+mod common;
+
+use common::assert_close;
+use common::models::{batch, load, reference};
+use qkv::models::{Input, ModelKind};
+use qkv::Tensor;
+
+/// Compares `got` with the fixture's `{prefix}.{l}` for each layer, at query rows
+/// whose token is real (`query_mask`: `[B·T]`).
+fn check(name: &str, prefix: &str, got: &[Tensor], want: &common::Fixture, query_mask: &[bool]) {
+    assert!(!got.is_empty(), "{name}: no {prefix}");
+    for (l, g) in got.iter().enumerate() {
+        let w = want.t(&format!("{prefix}.{l}"));
+        assert_eq!(g.shape(), w.shape(), "{name} {prefix}.{l}");
+        let (b, h, t, s) = (w.shape()[0], w.shape()[1], w.shape()[2], w.shape()[3]);
+        for r in 0..b {
+            for i in (0..t).filter(|&i| query_mask[r * t + i]) {
+                for head in 0..h {
+                    let at = ((r * h + head) * t + i) * s;
+                    assert_close(
+                        &format!("{name} {prefix}.{l} row {r} head {head} query {i}"),
+                        &g.data()[at..at + s],
+                        &w.data()[at..at + s],
+                        1e-5,
+                        1e-4,
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn self_attention_weights_match_transformers() {
+    for name in ["bert", "gpt2", "llama_gqa", "mistral", "bloom"] {
+        let m = load(name);
+        let f = reference(name);
+        let tokens = batch(&f, "input_ids", Some("attention_mask"));
+        let types: Option<Vec<usize>> = f.has("token_type_ids").then(|| {
+            f.ints("token_type_ids")
+                .1
+                .iter()
+                .map(|&x| x as usize)
+                .collect()
+        });
+        let input = match m.kind() {
+            ModelKind::Encoder => Input {
+                source: Some(&tokens),
+                token_types: types.as_deref(),
+                target: None,
+            },
+            _ => Input {
+                target: Some(&tokens),
+                ..Default::default()
+            },
+        };
+        let out = m.forward(&input, true).unwrap();
+        let maps = match m.kind() {
+            ModelKind::Encoder => &out.attentions.encoder,
+            _ => &out.attentions.decoder,
+        };
+        assert_eq!(maps.len(), 2, "{name}");
+        check(name, "attentions", maps, &f, &tokens.mask);
+    }
+}
+
+#[test]
+fn encoder_decoder_and_cross_attention_weights_match_transformers() {
+    for name in ["t5", "marian"] {
+        let m = load(name);
+        let f = reference(name);
+        let src = batch(&f, "input_ids", Some("attention_mask"));
+        let tgt = batch(&f, "decoder_input_ids", None);
+        let input = Input {
+            source: Some(&src),
+            target: Some(&tgt),
+            token_types: None,
+        };
+        let a = m.forward(&input, true).unwrap().attentions;
+        check(name, "encoder_attentions", &a.encoder, &f, &src.mask);
+        check(name, "decoder_attentions", &a.decoder, &f, &tgt.mask);
+        check(name, "cross_attentions", &a.cross, &f, &tgt.mask);
+    }
+}
+
+/// Asking for the weights changes no output.
+#[test]
+fn weights_do_not_change_the_logits() {
+    let m = load("llama_gqa");
+    let f = reference("llama_gqa");
+    let tokens = batch(&f, "input_ids", Some("attention_mask"));
+    let input = Input {
+        target: Some(&tokens),
+        ..Default::default()
+    };
+    let with = m.forward(&input, true).unwrap();
+    let without = m.forward(&input, false).unwrap();
+    assert_eq!(with.logits, without.logits);
+    assert!(without.attentions.decoder.is_empty());
+}
