@@ -51,6 +51,9 @@ pub struct Attend<'a> {
     pub spec: AttentionSpec<'a>,
     /// Rotates q and k by these positions (`[B·T]`); self-attention only.
     pub rope: Option<(&'a Rope, &'a [usize])>,
+    /// The backward also returns the gradient of the spec's dense bias (T5's learned
+    /// relative bias).
+    pub bias_grad: bool,
 }
 
 /// A cross-attention's keys `[B,S,G,D]` and values `[B,S,G,Dv]`, computed once per
@@ -178,7 +181,7 @@ impl MultiHeadAttention {
     ) -> Result<AttentionOutput> {
         let rule = Attend {
             spec: *spec,
-            rope: None,
+            ..Default::default()
         };
         match context {
             Some(m) => {
@@ -205,6 +208,7 @@ impl MultiHeadAttention {
         let rule = Attend {
             spec: *spec,
             rope: Some((rope, positions)),
+            bias_grad: false,
         };
         self.forward_output(x, Keys::Own(None), &rule)
     }
@@ -258,7 +262,7 @@ impl MultiHeadAttention {
         };
         let merged = a.out.reshape(&[b, t, h * self.value_dim()])?;
         let y = self.o.forward(&merged)?;
-        let tape = keep.then(|| AttnTape {
+        let tape = keep.then_some(AttnTape {
             q,
             own_kv: own,
             merged,
@@ -281,7 +285,6 @@ impl MultiHeadAttention {
         rule: &Attend,
         tape: AttnTape,
         dy: &Tensor,
-        want_dbias: bool,
         grads: &mut MultiHeadAttention,
     ) -> Result<AttnGrads> {
         let AttnTape {
@@ -317,7 +320,7 @@ impl MultiHeadAttention {
             &fwd,
             &d_merged.reshape(&[b, t, h, dv_width])?,
             &rule.spec,
-            want_dbias,
+            rule.bias_grad,
         )?;
         let (mut dq, mut dk) = (ag.dq, ag.dk);
         // q, k = RoPE(·): rotate the gradients back

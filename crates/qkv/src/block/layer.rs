@@ -53,8 +53,6 @@ pub struct LayerRule<'a> {
     pub attend: Attend<'a>,
     /// cross-attention's rule (source key padding), for a decoder reading an encoder
     pub cross: Attend<'a>,
-    /// ask the self-attention backward for the dense bias gradient (T5)
-    pub bias_grad: bool,
 }
 
 /// What the backward of a sub-layer's wrapping needs.
@@ -91,7 +89,7 @@ pub struct LayerGrads {
     /// `[B,T,C]`
     pub dx: Tensor,
     pub d_cross: Option<CrossKv>,
-    /// the self-attention's dense bias gradient, when the rule asks for it
+    /// the self-attention's dense bias gradient, when its rule asks for it
     pub dbias: Option<Tensor>,
 }
 
@@ -260,7 +258,7 @@ impl Block {
             cross,
         ) {
             dx = sublayer_backward(norm, rule.residual, &res, dx, gn, |a, dy| {
-                let r = layer.backward(a, Some(kv), &rule.cross, t, dy, false, g)?;
+                let r = layer.backward(a, Some(kv), &rule.cross, t, dy, g)?;
                 d_cross = r.d_cross;
                 Ok(r.dx)
             })?;
@@ -274,15 +272,9 @@ impl Block {
             dx,
             &mut grads.attn_norm,
             |a, dy| {
-                let r = self.attn.backward(
-                    a,
-                    None,
-                    &rule.attend,
-                    attn_tape,
-                    dy,
-                    rule.bias_grad,
-                    &mut grads.attn,
-                )?;
+                let r =
+                    self.attn
+                        .backward(a, None, &rule.attend, attn_tape, dy, &mut grads.attn)?;
                 dbias = r.dbias;
                 Ok(r.dx)
             },

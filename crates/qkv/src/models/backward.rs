@@ -13,7 +13,7 @@ use crate::ops::{gemm, MatMut, MatRef, Par};
 use crate::position::RelativeBias;
 use crate::tensor::Tensor;
 
-/// What a training forward keeps for [`Net::backward`].
+/// What a training forward keeps for [`Transformer::backward`](super::Transformer::backward).
 pub struct Tape {
     pub(crate) encoder: Option<StackTape>,
     /// the encoder's output and cross keys and values, for an encoder-decoder

@@ -255,15 +255,15 @@ impl<'m> Net<'m> {
             attend: Attend {
                 spec,
                 rope: env.rope.as_ref().map(|r| (r, input.positions.as_slice())),
+                bias_grad: matches!(self.arch.position, Position::Relative { .. }),
             },
             cross: Attend {
                 spec: AttentionSpec {
                     key_padding: cross_padding,
                     ..base
                 },
-                rope: None,
+                ..Default::default()
             },
-            bias_grad: matches!(self.arch.position, Position::Relative { .. }),
         })
     }
 
@@ -322,7 +322,7 @@ impl<'m> Net<'m> {
             None => None,
         };
         out.h = x;
-        out.tape = keep.then(|| StackTape {
+        out.tape = keep.then_some(StackTape {
             input,
             embed_norm,
             layers: tapes,
@@ -420,7 +420,7 @@ impl<'m> Net<'m> {
         if let Some(b) = self.logits_bias {
             add_rows(&mut logits, b);
         }
-        let tape = keep.then(|| HeadTape { h, mlm });
+        let tape = keep.then_some(HeadTape { h, mlm });
         Ok((logits, tape))
     }
 }

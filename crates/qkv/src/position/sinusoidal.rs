@@ -28,7 +28,7 @@ fn angle(pos: usize, pair: usize, dim: usize) -> f64 {
 pub fn sinusoidal_value(pos: usize, c: usize, dim: usize, layout: SinusoidalLayout) -> f32 {
     let n_sin = dim.div_ceil(2);
     let v = match layout {
-        SinusoidalLayout::Interleaved if c % 2 == 0 => angle(pos, c / 2, dim).sin(),
+        SinusoidalLayout::Interleaved if c.is_multiple_of(2) => angle(pos, c / 2, dim).sin(),
         SinusoidalLayout::Interleaved => angle(pos, c / 2, dim).cos(),
         SinusoidalLayout::Split if c < n_sin => angle(pos, c, dim).sin(),
         SinusoidalLayout::Split => angle(pos, c - n_sin, dim).cos(),
