@@ -16,7 +16,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::arch::{Arch, Head, Position, StackDims};
-use super::names::{parse, unplaced, Loc};
+use super::names::{same, Name};
 use super::special::TokenIds;
 use crate::block::Residual;
 use crate::error::{Error, Result};
@@ -120,49 +120,45 @@ pub(super) fn read(dir: &Path, masked_lm: bool) -> Result<(Arch, TokenIds)> {
     Ok((arch, cfg.tokens))
 }
 
-/// The name table (see [`Loc`]). A masked-LM model keeps the encoder under `bert.`.
-pub(super) fn locate(arch: &Arch, path: &str) -> Result<Loc> {
-    let p = parse(path);
+/// The name table: qkv's modules → BERT's (see [`Name`]). A masked-LM model keeps the
+/// encoder under `bert.`.
+pub(super) fn names(arch: &Arch) -> Vec<Name> {
     let b = if matches!(arch.head, Head::MaskedLm { .. }) {
         "bert."
     } else {
         ""
     };
-    let name = match (p.stack, p.layer, p.rest) {
-        (None, None, "embed_tokens.weight") => format!("{b}embeddings.word_embeddings.weight"),
-        (None, None, "head.bias") => "cls.predictions.bias".into(),
-        (None, None, rest) if rest.starts_with("head.dense.") => {
-            format!("cls.predictions.transform.dense.{}", &rest[11..])
-        }
-        (None, None, rest) if rest.starts_with("head.norm.") => {
-            format!("cls.predictions.transform.LayerNorm.{}", &rest[10..])
-        }
-        (Some("encoder"), None, "embed_positions.weight") => {
-            format!("{b}embeddings.position_embeddings.weight")
-        }
-        (Some("encoder"), None, "embed_types.weight") => {
-            format!("{b}embeddings.token_type_embeddings.weight")
-        }
-        (Some("encoder"), None, rest) if rest.starts_with("embed_norm.") => {
-            format!("{b}embeddings.LayerNorm.{}", &rest[11..])
-        }
-        (Some("encoder"), Some(l), rest) => {
-            let (module, param) = rest.rsplit_once('.').unwrap_or((rest, ""));
-            let hf = match module {
-                "attn.q" => "attention.self.query",
-                "attn.k" => "attention.self.key",
-                "attn.v" => "attention.self.value",
-                "attn.o" => "attention.output.dense",
-                // post-norm: the norm after the attention's residual
-                "attn_norm" => "attention.output.LayerNorm",
-                "ffn.up" => "intermediate.dense",
-                "ffn.down" => "output.dense",
-                "ffn_norm" => "output.LayerNorm",
-                _ => return Err(unplaced("BERT", path)),
-            };
-            format!("{b}encoder.layer.{l}.{hf}.{param}")
-        }
-        _ => return Err(unplaced("BERT", path)),
-    };
-    Ok(Loc::Same(name))
+    let mut t = vec![
+        same("embed_tokens", &format!("{b}embeddings.word_embeddings")),
+        same(
+            "encoder.embed_positions",
+            &format!("{b}embeddings.position_embeddings"),
+        ),
+        same(
+            "encoder.embed_types",
+            &format!("{b}embeddings.token_type_embeddings"),
+        ),
+        same("encoder.embed_norm", &format!("{b}embeddings.LayerNorm")),
+        same("head", "cls.predictions"),
+        same("head.dense", "cls.predictions.transform.dense"),
+        same("head.norm", "cls.predictions.transform.LayerNorm"),
+    ];
+    let layer = [
+        ("attn.q", "attention.self.query"),
+        ("attn.k", "attention.self.key"),
+        ("attn.v", "attention.self.value"),
+        ("attn.o", "attention.output.dense"),
+        // post-norm: the norm after the attention's residual
+        ("attn_norm", "attention.output.LayerNorm"),
+        ("ffn.up", "intermediate.dense"),
+        ("ffn.down", "output.dense"),
+        ("ffn_norm", "output.LayerNorm"),
+    ];
+    for (qkv, hf) in layer {
+        t.push(same(
+            &format!("encoder.layers.{{l}}.{qkv}"),
+            &format!("{b}encoder.layer.{{l}}.{hf}"),
+        ));
+    }
+    t
 }

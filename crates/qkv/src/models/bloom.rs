@@ -14,7 +14,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::arch::{Arch, Head, Position};
-use super::names::{parse, unplaced, Loc};
+use super::names::{same, stored, How, Name};
 use super::special::TokenIds;
 use crate::block::Residual;
 use crate::error::Result;
@@ -88,45 +88,34 @@ pub(super) fn read(dir: &Path) -> Result<(Arch, TokenIds)> {
     Ok((arch, cfg.tokens))
 }
 
-/// The name table (see [`Loc`]).
-pub(super) fn locate(arch: &Arch, path: &str) -> Result<Loc> {
-    let p = parse(path);
-    let head_dim = arch.stack().head_dim;
-    let name = match (p.stack, p.layer, p.rest) {
-        (None, None, "embed_tokens.weight") => "transformer.word_embeddings.weight".into(),
-        (None, None, "head.lm_head.weight") => "lm_head.weight".into(),
-        (Some("decoder"), None, rest) if rest.starts_with("embed_norm.") => {
-            format!("transformer.word_embeddings_layernorm.{}", &rest[11..])
-        }
-        (Some("decoder"), None, rest) if rest.starts_with("final_norm.") => {
-            format!("transformer.ln_f.{}", &rest[11..])
-        }
-        (Some("decoder"), Some(l), rest) => {
-            let h = format!("transformer.h.{l}");
-            let (module, param) = rest.rsplit_once('.').unwrap_or((rest, ""));
-            let part = ["attn.q", "attn.k", "attn.v"]
-                .iter()
-                .position(|m| *m == module);
-            if let Some(part) = part {
-                return Ok(Loc::Part {
-                    name: format!("{h}.self_attention.query_key_value.{param}"),
-                    parts: 3,
-                    part,
-                    group: Some(head_dim),
-                    transposed: false,
-                });
-            }
-            let hf = match module {
-                "attn_norm" => "input_layernorm",
-                "ffn_norm" => "post_attention_layernorm",
-                "attn.o" => "self_attention.dense",
-                "ffn.up" => "mlp.dense_h_to_4h",
-                "ffn.down" => "mlp.dense_4h_to_h",
-                _ => return Err(unplaced("BLOOM", path)),
-            };
-            format!("{h}.{hf}.{param}")
-        }
-        _ => return Err(unplaced("BLOOM", path)),
-    };
-    Ok(Loc::Same(name))
+/// The name table: qkv's modules → BLOOM's (see [`Name`]).
+pub(super) fn names(arch: &Arch) -> Vec<Name> {
+    let h = |m: &str| format!("transformer.h.{{l}}.{m}");
+    let mut t = vec![
+        same("embed_tokens", "transformer.word_embeddings"),
+        same("head.lm_head", "lm_head"),
+        same(
+            "decoder.embed_norm",
+            "transformer.word_embeddings_layernorm",
+        ),
+        same("decoder.final_norm", "transformer.ln_f"),
+        same("decoder.layers.{l}.attn_norm", &h("input_layernorm")),
+        same(
+            "decoder.layers.{l}.ffn_norm",
+            &h("post_attention_layernorm"),
+        ),
+        same("decoder.layers.{l}.attn.o", &h("self_attention.dense")),
+        same("decoder.layers.{l}.ffn.up", &h("mlp.dense_h_to_4h")),
+        same("decoder.layers.{l}.ffn.down", &h("mlp.dense_4h_to_h")),
+    ];
+    let d = arch.stack().head_dim;
+    for (k, p) in ["q", "k", "v"].iter().enumerate() {
+        let qkv = format!("decoder.layers.{{l}}.attn.{p}");
+        t.push(stored(
+            &qkv,
+            &h("self_attention.query_key_value"),
+            How::HeadPart(k, d),
+        ));
+    }
+    t
 }

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::arch::{Arch, Head, Position, StackDims};
-use super::names::{parse, unplaced, Loc};
+use super::names::{same, stored, How, Name};
 use super::special::TokenIds;
 use crate::error::Result;
 use crate::io::{aliased_size, bad_field, check_heads, check_positive, epsilon, read_config};
@@ -174,45 +174,23 @@ pub(super) fn config_json(arch: &Arch) -> Value {
     })
 }
 
-/// The name table (see [`Loc`]).
-pub(super) fn locate(path: &str) -> Result<Loc> {
-    let p = parse(path);
-    let conv = |n: String| Loc::Transposed(n);
-    let loc = match (p.stack, p.layer, p.rest) {
-        (None, None, "embed_tokens.weight") => Loc::Same("transformer.wte.weight".into()),
-        (None, None, "head.lm_head.weight") => Loc::Same("lm_head.weight".into()),
-        (Some("decoder"), None, "embed_positions.weight") => {
-            Loc::Same("transformer.wpe.weight".into())
-        }
-        (Some("decoder"), None, rest) if rest.starts_with("final_norm.") => {
-            Loc::Same(format!("transformer.ln_f.{}", &rest[11..]))
-        }
-        (Some("decoder"), Some(l), rest) => {
-            let h = format!("transformer.h.{l}");
-            let (module, param) = rest.rsplit_once('.').unwrap_or((rest, ""));
-            match (module, param) {
-                ("attn_norm", p) => Loc::Same(format!("{h}.ln_1.{p}")),
-                ("ffn_norm", p) => Loc::Same(format!("{h}.ln_2.{p}")),
-                ("attn.q" | "attn.k" | "attn.v", p) => Loc::Part {
-                    name: format!("{h}.attn.c_attn.{p}"),
-                    parts: 3,
-                    part: ["attn.q", "attn.k", "attn.v"]
-                        .iter()
-                        .position(|m| *m == module)
-                        .expect("matched above"),
-                    group: None,
-                    transposed: p == "weight",
-                },
-                ("attn.o", "weight") => conv(format!("{h}.attn.c_proj.weight")),
-                ("attn.o", p) => Loc::Same(format!("{h}.attn.c_proj.{p}")),
-                ("ffn.up", "weight") => conv(format!("{h}.mlp.c_fc.weight")),
-                ("ffn.up", p) => Loc::Same(format!("{h}.mlp.c_fc.{p}")),
-                ("ffn.down", "weight") => conv(format!("{h}.mlp.c_proj.weight")),
-                ("ffn.down", p) => Loc::Same(format!("{h}.mlp.c_proj.{p}")),
-                _ => return Err(unplaced("GPT-2", path)),
-            }
-        }
-        _ => return Err(unplaced("GPT-2", path)),
-    };
-    Ok(loc)
+/// The name table: qkv's modules → GPT-2's (see [`Name`]).
+pub(super) fn names() -> Vec<Name> {
+    let h = |m: &str| format!("transformer.h.{{l}}.{m}");
+    let mut t = vec![
+        same("embed_tokens", "transformer.wte"),
+        same("head.lm_head", "lm_head"),
+        same("decoder.embed_positions", "transformer.wpe"),
+        same("decoder.final_norm", "transformer.ln_f"),
+        same("decoder.layers.{l}.attn_norm", &h("ln_1")),
+        same("decoder.layers.{l}.ffn_norm", &h("ln_2")),
+        stored("decoder.layers.{l}.attn.o", &h("attn.c_proj"), How::Conv1d),
+        stored("decoder.layers.{l}.ffn.up", &h("mlp.c_fc"), How::Conv1d),
+        stored("decoder.layers.{l}.ffn.down", &h("mlp.c_proj"), How::Conv1d),
+    ];
+    for (k, p) in ["q", "k", "v"].iter().enumerate() {
+        let qkv = format!("decoder.layers.{{l}}.attn.{p}");
+        t.push(stored(&qkv, &h("attn.c_attn"), How::Conv1dPart(k)));
+    }
+    t
 }

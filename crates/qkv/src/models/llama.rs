@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::arch::{Arch, Head, Position, StackDims};
-use super::names::{parse, unplaced, Loc};
+use super::names::{same, Name};
 use super::special::TokenIds;
 use crate::error::{Error, Result};
 use crate::io::{bad_field, check_positive, epsilon, read_config};
@@ -284,33 +284,30 @@ pub(super) fn config_json(arch: &Arch) -> Value {
     })
 }
 
-/// The name table (see [`Loc`]); Mistral's is the same.
-pub(super) fn locate(path: &str) -> Result<Loc> {
-    let p = parse(path);
-    let name = match (p.stack, p.layer, p.rest) {
-        (None, None, "embed_tokens.weight") => "model.embed_tokens.weight".into(),
-        (None, None, "head.lm_head.weight") => "lm_head.weight".into(),
-        (Some("decoder"), None, rest) if rest.starts_with("final_norm.") => {
-            format!("model.norm.{}", &rest[11..])
-        }
-        (Some("decoder"), Some(l), rest) => {
-            let (module, param) = rest.rsplit_once('.').unwrap_or((rest, ""));
-            let hf = match module {
-                "attn_norm" => "input_layernorm",
-                "ffn_norm" => "post_attention_layernorm",
-                "attn.q" => "self_attn.q_proj",
-                "attn.k" => "self_attn.k_proj",
-                "attn.v" => "self_attn.v_proj",
-                "attn.o" => "self_attn.o_proj",
-                // FeedForward's `up` is the activated branch: Hugging Face's gate_proj
-                "ffn.up" => "mlp.gate_proj",
-                "ffn.gate_up" => "mlp.up_proj",
-                "ffn.down" => "mlp.down_proj",
-                _ => return Err(unplaced("Llama", path)),
-            };
-            format!("model.layers.{l}.{hf}.{param}")
-        }
-        _ => return Err(unplaced("Llama", path)),
-    };
-    Ok(Loc::Same(name))
+/// The name table: qkv's modules → Llama's and Mistral's (see [`Name`]).
+pub(super) fn names() -> Vec<Name> {
+    let mut t = vec![
+        same("embed_tokens", "model.embed_tokens"),
+        same("head.lm_head", "lm_head"),
+        same("decoder.final_norm", "model.norm"),
+    ];
+    let layer = [
+        ("attn_norm", "input_layernorm"),
+        ("ffn_norm", "post_attention_layernorm"),
+        ("attn.q", "self_attn.q_proj"),
+        ("attn.k", "self_attn.k_proj"),
+        ("attn.v", "self_attn.v_proj"),
+        ("attn.o", "self_attn.o_proj"),
+        // FeedForward's `up` is the activated branch: Hugging Face's gate_proj
+        ("ffn.up", "mlp.gate_proj"),
+        ("ffn.gate_up", "mlp.up_proj"),
+        ("ffn.down", "mlp.down_proj"),
+    ];
+    for (qkv, hf) in layer {
+        t.push(same(
+            &format!("decoder.layers.{{l}}.{qkv}"),
+            &format!("model.layers.{{l}}.{hf}"),
+        ));
+    }
+    t
 }

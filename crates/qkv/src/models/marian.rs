@@ -19,7 +19,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::arch::{Arch, Head, Position, StackDims};
-use super::names::{parse, unplaced, Loc};
+use super::names::{same, Name};
 use super::special::{Ids, TokenIds};
 use crate::block::Residual;
 use crate::error::Result;
@@ -181,39 +181,40 @@ pub(super) fn read(dir: &Path) -> Result<(Arch, TokenIds)> {
     Ok((arch, tokens))
 }
 
-/// The name table (see [`Loc`]).
-pub(super) fn locate(arch: &Arch, path: &str) -> Result<Loc> {
-    let p = parse(path);
-    let name = match (p.stack, p.layer, p.rest) {
-        (None, None, "embed_tokens.weight") if arch.src_vocab.is_none() => {
-            "model.shared.weight".into()
+/// The name table: qkv's modules → Marian's (see [`Name`]).
+pub(super) fn names(arch: &Arch) -> Vec<Name> {
+    let mut t = vec![
+        same("head.lm_head", "lm_head"),
+        same("src_embed_tokens", "model.encoder.embed_tokens"),
+        match arch.src_vocab {
+            None => same("embed_tokens", "model.shared"),
+            Some(_) => same("embed_tokens", "model.decoder.embed_tokens"),
+        },
+    ];
+    let layer = [
+        ("attn_norm", "self_attn_layer_norm"),
+        ("cross_norm", "encoder_attn_layer_norm"),
+        ("ffn_norm", "final_layer_norm"),
+        ("ffn.up", "fc1"),
+        ("ffn.down", "fc2"),
+    ];
+    for stack in ["encoder", "decoder"] {
+        let projections = [("q", "q"), ("k", "k"), ("v", "v"), ("o", "out")];
+        let attention = [("attn", "self_attn"), ("cross", "encoder_attn")]
+            .into_iter()
+            .flat_map(|(a, h)| {
+                projections.map(|(p, q)| (format!("{a}.{p}"), format!("{h}.{q}_proj")))
+            });
+        let modules = layer
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .chain(attention);
+        for (qkv, hf) in modules {
+            t.push(same(
+                &format!("{stack}.layers.{{l}}.{qkv}"),
+                &format!("model.{stack}.layers.{{l}}.{hf}"),
+            ));
         }
-        (None, None, "embed_tokens.weight") => "model.decoder.embed_tokens.weight".into(),
-        (None, None, "src_embed_tokens.weight") => "model.encoder.embed_tokens.weight".into(),
-        (None, None, "head.lm_head.weight") => "lm_head.weight".into(),
-        (Some(stack), Some(l), rest) => {
-            let (module, param) = rest.rsplit_once('.').unwrap_or((rest, ""));
-            let (sub, proj) = module.split_once('.').unwrap_or((module, ""));
-            let hf = match (sub, proj) {
-                ("attn_norm", _) => "self_attn_layer_norm".into(),
-                ("cross_norm", _) => "encoder_attn_layer_norm".into(),
-                ("ffn_norm", _) => "final_layer_norm".into(),
-                ("attn" | "cross", "q" | "k" | "v" | "o") => {
-                    let s = if sub == "attn" {
-                        "self_attn"
-                    } else {
-                        "encoder_attn"
-                    };
-                    let p = if proj == "o" { "out" } else { proj };
-                    format!("{s}.{p}_proj")
-                }
-                ("ffn", "up") => "fc1".into(),
-                ("ffn", "down") => "fc2".into(),
-                _ => return Err(unplaced("Marian", path)),
-            };
-            format!("model.{stack}.layers.{l}.{hf}.{param}")
-        }
-        _ => return Err(unplaced("Marian", path)),
-    };
-    Ok(Loc::Same(name))
+    }
+    t
 }

@@ -120,16 +120,26 @@ impl Family {
         }
     }
 
-    /// Where the parameter `path` lives in this family's checkpoints.
-    fn locate(self, arch: &Arch, path: &str) -> Result<Loc> {
+    /// This family's name table for `arch` (see [`names::Name`]); qkv's own folders
+    /// store every tensor under its path.
+    fn names(self, arch: &Arch) -> Vec<names::Name> {
         match self {
-            Family::Bert => bert::locate(arch, path),
-            Family::Gpt2 => gpt2::locate(path),
-            Family::Llama | Family::Mistral => llama::locate(path),
-            Family::Bloom => bloom::locate(arch, path),
-            Family::Marian => marian::locate(arch, path),
-            Family::T5 => t5::locate(arch, path),
+            Family::Bert => bert::names(arch),
+            Family::Gpt2 => gpt2::names(),
+            Family::Llama | Family::Mistral => llama::names(),
+            Family::Bloom => bloom::names(arch),
+            Family::Marian => marian::names(arch),
+            Family::T5 => t5::names(arch),
+            Family::Qkv => Vec::new(),
+        }
+    }
+
+    /// Where each parameter path lives in this family's checkpoints.
+    fn locator(self, arch: &Arch) -> impl Fn(&str) -> Result<Loc> {
+        let table = self.names(arch);
+        move |path: &str| match self {
             Family::Qkv => Ok(Loc::Same(path.to_string())),
+            f => names::locate(&table, f.name(), path),
         }
     }
 

@@ -194,43 +194,89 @@ fn join_parts(parts: &[Tensor], group: Option<usize>, transposed: bool) -> Resul
     Ok(if transposed { transpose(&whole) } else { whole })
 }
 
-/// A parameter path split into its stack (`encoder`/`decoder`, if any), its layer (if
-/// any) and the rest: `decoder.layers.3.attn.q.weight` → (`decoder`, 3, `attn.q.weight`).
-pub(crate) struct Parsed<'a> {
-    pub stack: Option<&'a str>,
-    pub layer: Option<usize>,
-    pub rest: &'a str,
+/// How one module's tensors are stored: as they are, `Conv1D`-transposed (the weight;
+/// the bias as it is), or as part `k` of 3 fused row sets, in blocks (GPT-2's
+/// `c_attn`, also Conv1D) or interleaved per head of `D` rows (BLOOM).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum How {
+    Same,
+    Conv1d,
+    Conv1dPart(usize),
+    HeadPart(usize, usize),
 }
 
-pub(crate) fn parse(path: &str) -> Parsed<'_> {
-    let (stack, rest) = match path.split_once('.') {
-        Some((s @ ("encoder" | "decoder"), rest)) => (Some(s), rest),
-        _ => (None, path),
-    };
-    if let Some(after) = rest.strip_prefix("layers.") {
-        if let Some((l, rest)) = after.split_once('.') {
-            if let Ok(l) = l.parse() {
-                return Parsed {
-                    stack,
-                    layer: Some(l),
-                    rest,
-                };
+/// One row of a family's name table: a module path of qkv's tree (`{l}` for a layer's
+/// index) → the checkpoint's, and how its tensors are stored.
+pub(crate) struct Name {
+    pub qkv: String,
+    pub hf: String,
+    pub how: How,
+}
+
+/// A table row for a module stored as it is.
+pub(crate) fn same(qkv: &str, hf: &str) -> Name {
+    stored(qkv, hf, How::Same)
+}
+
+/// A table row with a storage quirk.
+pub(crate) fn stored(qkv: &str, hf: &str, how: How) -> Name {
+    Name {
+        qkv: qkv.to_string(),
+        hf: hf.to_string(),
+        how,
+    }
+}
+
+/// Where `path` lives according to `table`: its module (the path less the last
+/// segment, with a layer index written `{l}`) is looked up, and the last segment
+/// (`weight`, `bias`) appended to the checkpoint's module path.
+pub(crate) fn locate(table: &[Name], family: &str, path: &str) -> Result<Loc> {
+    let (module, param) = path.rsplit_once('.').unwrap_or(("", path));
+    let mut layer = None;
+    let pattern: Vec<String> = module
+        .split('.')
+        .map(|seg| match seg.parse::<usize>() {
+            Ok(l) => {
+                layer = Some(l);
+                "{l}".to_string()
             }
-        }
-    }
-    Parsed {
-        stack,
-        layer: None,
-        rest,
-    }
-}
-
-/// The error for a parameter a family's table has no place for (a broken invariant
-/// between an arch and its family, reported rather than panicking).
-pub(crate) fn unplaced(family: &str, path: &str) -> Error {
-    Error::Unsupported(format!(
-        "the {family} checkpoint layout has no place for parameter `{path}`"
-    ))
+            Err(_) => seg.to_string(),
+        })
+        .collect();
+    let pattern = pattern.join(".");
+    let row = table.iter().find(|r| r.qkv == pattern).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "the {family} checkpoint layout has no place for parameter `{path}`"
+        ))
+    })?;
+    let hf = row
+        .hf
+        .replace("{l}", &layer.map_or(String::new(), |l| l.to_string()));
+    let name = if param.is_empty() {
+        hf
+    } else {
+        format!("{hf}.{param}")
+    };
+    let weight = param == "weight";
+    Ok(match row.how {
+        How::Same => Loc::Same(name),
+        How::Conv1d if weight => Loc::Transposed(name),
+        How::Conv1d => Loc::Same(name),
+        How::Conv1dPart(part) => Loc::Part {
+            name,
+            parts: 3,
+            part,
+            group: None,
+            transposed: weight,
+        },
+        How::HeadPart(part, d) => Loc::Part {
+            name,
+            parts: 3,
+            part,
+            group: Some(d),
+            transposed: false,
+        },
+    })
 }
 
 #[cfg(test)]
@@ -260,21 +306,32 @@ mod tests {
     }
 
     #[test]
-    fn paths_split_into_stack_layer_and_rest() {
-        let p = parse("decoder.layers.3.attn.q.weight");
+    fn paths_find_their_module_with_the_layer_as_a_pattern() {
+        let table = [
+            same("decoder.layers.{l}.attn_norm", "h.{l}.ln_1"),
+            stored(
+                "decoder.layers.{l}.attn.k",
+                "h.{l}.c_attn",
+                How::Conv1dPart(1),
+            ),
+            same("head", "cls.predictions"),
+        ];
+        let loc = |p| locate(&table, "test", p).unwrap();
         assert_eq!(
-            (p.stack, p.layer, p.rest),
-            (Some("decoder"), Some(3), "attn.q.weight")
+            loc("decoder.layers.3.attn_norm.bias"),
+            Loc::Same("h.3.ln_1.bias".into())
         );
-        let p = parse("encoder.final_norm.weight");
         assert_eq!(
-            (p.stack, p.layer, p.rest),
-            (Some("encoder"), None, "final_norm.weight")
+            loc("decoder.layers.0.attn.k.weight"),
+            Loc::Part {
+                name: "h.0.c_attn.weight".into(),
+                parts: 3,
+                part: 1,
+                group: None,
+                transposed: true
+            }
         );
-        let p = parse("embed_tokens.weight");
-        assert_eq!(
-            (p.stack, p.layer, p.rest),
-            (None, None, "embed_tokens.weight")
-        );
+        assert_eq!(loc("head.bias"), Loc::Same("cls.predictions.bias".into()));
+        assert!(locate(&table, "test", "decoder.layers.0.ffn.up.weight").is_err());
     }
 }

@@ -22,7 +22,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::arch::{Arch, Head, Position, StackDims};
-use super::names::{parse, unplaced, Loc};
+use super::names::{same, Name};
 use super::special::TokenIds;
 use crate::block::Residual;
 use crate::error::Result;
@@ -196,39 +196,43 @@ pub(super) fn read(dir: &Path, ckpt: &Checkpoint) -> Result<(Arch, TokenIds)> {
     Ok((arch, cfg.ids))
 }
 
-/// The name table (see [`Loc`]).
-pub(super) fn locate(arch: &Arch, path: &str) -> Result<Loc> {
-    let p = parse(path);
-    let name = match (p.stack, p.layer, p.rest) {
-        (None, None, "embed_tokens.weight") => "shared.weight".into(),
-        (None, None, "head.lm_head.weight") => "lm_head.weight".into(),
-        (Some(stack), None, "rel_bias.weight") => {
-            format!("{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight")
+/// The name table: qkv's modules → T5's (see [`Name`]). A block's sub-layers are
+/// numbered: 0 self-attention, (1 cross-attention in the decoder,) then the FFN.
+pub(super) fn names(arch: &Arch) -> Vec<Name> {
+    let mut t = vec![
+        same("embed_tokens", "shared"),
+        same("head.lm_head", "lm_head"),
+    ];
+    let wi = if arch.ffn.gated { "wi_0" } else { "wi" };
+    for stack in ["encoder", "decoder"] {
+        let ffn = if stack == "decoder" { 2 } else { 1 };
+        let rel = "block.0.layer.0.SelfAttention.relative_attention_bias";
+        t.push(same(
+            &format!("{stack}.rel_bias"),
+            &format!("{stack}.{rel}"),
+        ));
+        t.push(same(
+            &format!("{stack}.final_norm"),
+            &format!("{stack}.final_layer_norm"),
+        ));
+        let mut layer = vec![
+            ("attn_norm".to_string(), "0.layer_norm".to_string()),
+            ("cross_norm".into(), "1.layer_norm".into()),
+            ("ffn_norm".into(), format!("{ffn}.layer_norm")),
+            ("ffn.up".into(), format!("{ffn}.DenseReluDense.{wi}")),
+            ("ffn.gate_up".into(), format!("{ffn}.DenseReluDense.wi_1")),
+            ("ffn.down".into(), format!("{ffn}.DenseReluDense.wo")),
+        ];
+        for p in ["q", "k", "v", "o"] {
+            layer.push((format!("attn.{p}"), format!("0.SelfAttention.{p}")));
+            layer.push((format!("cross.{p}"), format!("1.EncDecAttention.{p}")));
         }
-        (Some(stack), None, rest) if rest.starts_with("final_norm.") => {
-            format!("{stack}.final_layer_norm.{}", &rest[11..])
+        for (qkv, hf) in layer {
+            t.push(same(
+                &format!("{stack}.layers.{{l}}.{qkv}"),
+                &format!("{stack}.block.{{l}}.layer.{hf}"),
+            ));
         }
-        (Some(stack), Some(l), rest) => {
-            // sub-layers: 0 self-attention, (1 cross-attention,) then the FFN
-            let ffn = if stack == "decoder" { 2 } else { 1 };
-            let (module, param) = rest.rsplit_once('.').unwrap_or((rest, ""));
-            let (sub, proj) = module.split_once('.').unwrap_or((module, ""));
-            let gated = arch.ffn.gated;
-            let (i, hf) = match (sub, proj) {
-                ("attn_norm", _) => (0, "layer_norm".to_string()),
-                ("attn", p) => (0, format!("SelfAttention.{p}")),
-                ("cross_norm", _) => (1, "layer_norm".to_string()),
-                ("cross", p) => (1, format!("EncDecAttention.{p}")),
-                ("ffn_norm", _) => (ffn, "layer_norm".to_string()),
-                ("ffn", "up") if gated => (ffn, "DenseReluDense.wi_0".to_string()),
-                ("ffn", "up") => (ffn, "DenseReluDense.wi".to_string()),
-                ("ffn", "gate_up") => (ffn, "DenseReluDense.wi_1".to_string()),
-                ("ffn", "down") => (ffn, "DenseReluDense.wo".to_string()),
-                _ => return Err(unplaced("T5", path)),
-            };
-            format!("{stack}.block.{l}.layer.{i}.{hf}.{param}")
-        }
-        _ => return Err(unplaced("T5", path)),
-    };
-    Ok(Loc::Same(name))
+    }
+    t
 }

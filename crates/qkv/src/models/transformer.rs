@@ -414,8 +414,7 @@ impl Transformer {
     /// Hugging Face family's layout (GPT-2's Conv1D transposes and fused `c_attn`, …),
     /// or qkv's own names.
     pub fn export(&self, w: &Weights) -> Result<Vec<(String, Tensor)>> {
-        let (arch, family) = (&self.arch, self.family);
-        names::export(w, &|p| family.locate(arch, p))
+        names::export(w, &self.family.locator(&self.arch))
     }
 
     /// Reads the folder `dir` written by a Hugging Face tool or by
@@ -431,7 +430,7 @@ impl Transformer {
         family: Family,
     ) -> Result<(Weights, Option<Tensor>)> {
         let mut weights = Weights::new(arch)?;
-        names::read(ckpt, &mut weights, &|p| family.locate(arch, p), &|n| {
+        names::read(ckpt, &mut weights, &family.locator(arch), &|n| {
             family.aliases(n)
         })?;
         let logits_bias = match arch.head {
