@@ -52,14 +52,7 @@ impl TokenBatch {
 
     /// Errors on the first id ≥ `vocab_size`.
     pub fn check_vocab(&self, vocab_size: usize) -> Result<()> {
-        match self.ids.iter().find(|&&id| id >= vocab_size) {
-            Some(&id) => Err(Error::OutOfRange {
-                what: "token id (vocabulary)".into(),
-                index: id,
-                size: vocab_size,
-            }),
-            None => Ok(()),
-        }
+        check_ids(&self.ids, vocab_size, "token id (vocabulary)")
     }
 
     /// Position of each token counting real tokens only, starting at `start[b]` for
@@ -68,6 +61,18 @@ impl TokenBatch {
     /// position of the next real token (any valid position would do).
     pub fn positions(&self, start: &[usize]) -> Vec<usize> {
         real_positions(&self.mask, self.len, start)
+    }
+}
+
+/// Errors on the first of `ids` outside a table of `size` rows, naming it `what`.
+pub fn check_ids(ids: &[usize], size: usize, what: &str) -> Result<()> {
+    match ids.iter().find(|&&id| id >= size) {
+        Some(&id) => Err(Error::OutOfRange {
+            what: what.into(),
+            index: id,
+            size,
+        }),
+        None => Ok(()),
     }
 }
 

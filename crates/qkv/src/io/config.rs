@@ -64,6 +64,20 @@ pub fn check_positive(dir: &Path, fields: &[(&str, usize)]) -> Result<()> {
     }
 }
 
+/// `true`: the serde default of boolean config fields that default to on.
+pub fn yes() -> bool {
+    true
+}
+
+/// [`check_positive`] over fields of a config struct, each named as in the file:
+/// `positive!(dir, cfg; vocab_size, d_ff)`.
+#[macro_export]
+macro_rules! positive {
+    ($dir:expr, $cfg:ident; $($field:ident),+ $(,)?) => {
+        $crate::io::check_positive($dir, &[$((stringify!($field), $cfg.$field)),+])
+    };
+}
+
 /// Errors on `field` of `dir/config.json` unless `heads` (≥ 1) divides `width`, the
 /// value of `width_field` (the heads split the width evenly).
 pub fn check_heads(

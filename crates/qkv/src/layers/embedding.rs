@@ -38,15 +38,7 @@ impl Embedding {
 
     /// Errors on the first id outside the table.
     fn check_ids(&self, ids: &[usize]) -> Result<()> {
-        let v = self.vocab_size();
-        match ids.iter().find(|&&id| id >= v) {
-            Some(&id) => Err(Error::OutOfRange {
-                what: "embedding id".into(),
-                index: id,
-                size: v,
-            }),
-            None => Ok(()),
-        }
+        crate::batch::check_ids(ids, self.vocab_size(), "embedding id")
     }
 
     /// ids: N indices → [N, C]. An id outside the table is an error naming it.

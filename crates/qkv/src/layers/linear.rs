@@ -41,8 +41,8 @@ impl Linear {
         self.weight.shape()[0]
     }
 
-    /// Checks that `x` is `[.., in]` and returns its number of rows.
-    fn rows_of(&self, x: &Tensor) -> Result<usize> {
+    /// Checks that `x` is `[.., in]`.
+    fn check_input(&self, x: &Tensor) -> Result<()> {
         let n_in = self.in_features();
         if x.rank() == 0 || x.last_dim() != n_in {
             return Err(Error::shape(
@@ -51,13 +51,13 @@ impl Linear {
                 x.shape(),
             ));
         }
-        Ok(x.numel() / n_in)
+        Ok(())
     }
 
     /// x: `[..., in]` → `[..., out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (n_in, n_out) = (self.in_features(), self.out_features());
-        let rows = self.rows_of(x)?;
+        let n_out = self.out_features();
+        self.check_input(x)?;
         let mut shape = x.shape().to_vec();
         *shape.last_mut().expect("rank checked") = n_out;
         let mut y = Tensor::zeros(&shape);
@@ -66,16 +66,59 @@ impl Linear {
                 row.copy_from_slice(b.data());
             }
         }
-        gemm(
-            MatMut::row_major(y.data_mut(), rows, n_out),
-            MatRef::row_major(x.data(), rows, n_in),
-            MatRef::row_major(self.weight.data(), n_out, n_in).t(),
-            1.0,
-            self.bias.is_some(),
-            Par::Auto,
-        );
+        product_into(&mut y, x, &self.weight, 1.0, self.bias.is_some());
         Ok(y)
     }
+}
+
+/// y (+)= α·x·Wᵀ for x `[rows, in]`, W `[out, in]` read in place, y `[rows, out]`
+/// (any leading axes): overwritten, or added to when `accumulate`. A tied LM head reads
+/// the embedding table as its W this way.
+pub fn product_into(y: &mut Tensor, x: &Tensor, w: &Tensor, alpha: f32, accumulate: bool) {
+    let (n_out, n_in) = (w.shape()[0], w.shape()[1]);
+    let rows = x.numel() / n_in;
+    gemm(
+        MatMut::row_major(y.data_mut(), rows, n_out),
+        MatRef::row_major(x.data(), rows, n_in),
+        MatRef::row_major(w.data(), n_out, n_in).t(),
+        alpha,
+        accumulate,
+        Par::Auto,
+    );
+}
+
+/// Backward of [`product_into`] (`y = α·x·Wᵀ`): dy `[rows, out]` → dx `[rows, in]`
+/// (shaped as x); **accumulates** α·dyᵀ·x into `dw` `[out, in]`.
+pub fn product_backward(
+    x: &Tensor,
+    w: &Tensor,
+    alpha: f32,
+    dy: &Tensor,
+    dw: &mut Tensor,
+) -> Tensor {
+    let (n_out, n_in) = (w.shape()[0], w.shape()[1]);
+    let rows = x.numel() / n_in;
+    let dy_m = MatRef::row_major(dy.data(), rows, n_out);
+    // forward: y = α·x·Wᵀ  →  dW += α·dyᵀ·x   ([out, N]·[N, in])
+    gemm(
+        MatMut::row_major(dw.data_mut(), n_out, n_in),
+        dy_m.t(),
+        MatRef::row_major(x.data(), rows, n_in),
+        alpha,
+        true,
+        Par::Auto,
+    );
+    // forward: y = α·x·Wᵀ  →  dx = α·dy·W   ([N, out]·[out, in])
+    let mut dx = Tensor::zeros(x.shape());
+    gemm(
+        MatMut::row_major(dx.data_mut(), rows, n_in),
+        dy_m,
+        MatRef::row_major(w.data(), n_out, n_in),
+        alpha,
+        false,
+        Par::Auto,
+    );
+    dx
 }
 
 crate::module!(Linear { weight, bias });
@@ -110,8 +153,8 @@ impl Linear {
     /// (`[out, in]`) and `grads.bias` (`[out]`), a gradient tree shaped as this layer;
     /// returns dx: `[.., in]`.
     pub fn backward(&self, x: &Tensor, dy: &Tensor, grads: &mut Linear) -> Result<Tensor> {
-        let (n_in, n_out) = (self.in_features(), self.out_features());
-        let rows = self.rows_of(x)?;
+        let n_out = self.out_features();
+        self.check_input(x)?;
         let mut dy_shape = x.shape().to_vec();
         *dy_shape.last_mut().expect("rank checked") = n_out;
         if dy.shape() != dy_shape.as_slice() {
@@ -131,26 +174,12 @@ impl Linear {
                 }
             }
         }
-        let dy_m = MatRef::row_major(dy.data(), rows, n_out);
-        // forward: y = x·Wᵀ  →  dW += dyᵀ·x   ([out, N]·[N, in])
-        gemm(
-            MatMut::row_major(grads.weight.data_mut(), n_out, n_in),
-            dy_m.t(),
-            MatRef::row_major(x.data(), rows, n_in),
+        Ok(product_backward(
+            x,
+            &self.weight,
             1.0,
-            true,
-            Par::Auto,
-        );
-        // forward: y = x·Wᵀ  →  dx = dy·W   ([N, out]·[out, in])
-        let mut dx = Tensor::zeros(x.shape());
-        gemm(
-            MatMut::row_major(dx.data_mut(), rows, n_in),
-            dy_m,
-            MatRef::row_major(self.weight.data(), n_out, n_in),
-            1.0,
-            false,
-            Par::Auto,
-        );
-        Ok(dx)
+            dy,
+            &mut grads.weight,
+        ))
     }
 }

@@ -165,6 +165,22 @@ pub enum Head {
     MaskedLm { activation: Activation },
 }
 
+impl Head {
+    /// A plain language-model head: no rescale, no fixed bias.
+    pub fn lm(tied: bool) -> Self {
+        Head::Lm {
+            tied,
+            rescale: false,
+            logits_bias: false,
+        }
+    }
+
+    /// Whether the head reads the token table (a tied LM head, a masked-LM head).
+    pub fn tied(&self) -> bool {
+        matches!(self, Head::Lm { tied: true, .. } | Head::MaskedLm { .. })
+    }
+}
+
 impl Arch {
     /// GPT-2's architecture: learned positions, pre-norm LayerNorm (eps 1e-5), a 4·C
     /// GELU-tanh (`gelu_new`) MLP, biases everywhere, head tied to the embedding.
@@ -201,11 +217,7 @@ impl Arch {
                 bias: true,
             },
             embed: EmbedArch::default(),
-            head: Head::Lm {
-                tied: true,
-                rescale: false,
-                logits_bias: false,
-            },
+            head: Head::lm(true),
         }
     }
 
@@ -243,11 +255,7 @@ impl Arch {
             gated: true,
             bias: false,
         };
-        a.head = Head::Lm {
-            tied: false,
-            rescale: false,
-            logits_bias: false,
-        };
+        a.head = Head::lm(false);
         a
     }
 
@@ -408,6 +416,15 @@ impl Arch {
             );
         }
         Ok(())
+    }
+
+    /// A decoder-only model with plain token embeddings and a plain LM head (tied or
+    /// not): what GPT-2's and Llama's configs describe around their blocks.
+    pub fn plain_decoder(&self) -> bool {
+        self.encoder.is_none()
+            && self.decoder.is_some()
+            && self.embed == EmbedArch::default()
+            && self.head == Head::lm(self.head.tied())
     }
 
     /// What kind of model this is.

@@ -8,8 +8,8 @@ use super::forward::{Encoded, HeadTape, Net, Side, StackTape};
 use super::weights::Weights;
 use crate::block::CrossKv;
 use crate::error::Result;
+use crate::layers::linear::product_backward;
 use crate::layers::Embedding;
-use crate::ops::{gemm, MatMut, MatRef, Par};
 use crate::position::RelativeBias;
 use crate::tensor::Tensor;
 
@@ -20,32 +20,6 @@ pub struct Tape {
     pub(crate) memory: Option<Encoded>,
     pub(crate) decoder: Option<StackTape>,
     pub(crate) head: HeadTape,
-}
-
-/// Backward of [`project`](super::forward::project), `y = s·h·Wᵀ`: dy `[.., V]` →
-/// dh `[.., C]`; **accumulates** s·dyᵀ·h into `dw` `[V, C]`.
-fn project_backward(h: &Tensor, w: &Tensor, s: f32, dy: &Tensor, dw: &mut Tensor) -> Tensor {
-    let (v, c) = (w.shape()[0], w.shape()[1]);
-    let rows = h.numel() / c;
-    let dl = MatRef::row_major(dy.data(), rows, v);
-    gemm(
-        MatMut::row_major(dw.data_mut(), v, c),
-        dl.t(),
-        MatRef::row_major(h.data(), rows, c),
-        s,
-        true,
-        Par::Auto,
-    );
-    let mut dh = Tensor::zeros(h.shape());
-    gemm(
-        MatMut::row_major(dh.data_mut(), rows, c),
-        dl,
-        MatRef::row_major(w.data(), v, c),
-        s,
-        false,
-        Par::Auto,
-    );
-    dh
 }
 
 /// Σ over rows of dy `[.., V]`, added into `db` `[V]`.
@@ -111,9 +85,9 @@ impl Net<'_> {
                 // logits = s·h·Wᵀ (+ a fixed bias)
                 Ok(match (&hw.lm_head, g.head.lm_head.as_mut(), tied) {
                     (Some(lin), Some(gl), false) => {
-                        project_backward(&tape.h, &lin.weight, s, dl, &mut gl.weight)
+                        product_backward(&tape.h, &lin.weight, s, dl, &mut gl.weight)
                     }
-                    _ => project_backward(&tape.h, table, s, dl, &mut g.embed_tokens.weight),
+                    _ => product_backward(&tape.h, table, s, dl, &mut g.embed_tokens.weight),
                 })
             }
             (Head::MaskedLm { activation }, Some((z, a, stats, n))) => {
@@ -121,7 +95,7 @@ impl Net<'_> {
                 let (dense, norm) = dense.zip(norm).expect("a masked-LM arch builds its head");
                 // logits = n·Eᵀ + bias
                 sum_rows_into(dl, g.head.bias.as_mut().expect("masked-LM bias grad"));
-                let dn = project_backward(&n, table, 1.0, dl, &mut g.embed_tokens.weight);
+                let dn = product_backward(&n, table, 1.0, dl, &mut g.embed_tokens.weight);
                 // n = norm(a), a = act(z), z = dense(h)
                 let gn = g.head.norm.as_mut().expect("masked-LM norm grad");
                 let da = norm.backward(&dn, &a, &stats, gn)?;

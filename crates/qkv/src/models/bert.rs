@@ -20,7 +20,7 @@ use super::names::{same, Name};
 use super::special::TokenIds;
 use crate::block::Residual;
 use crate::error::{Error, Result};
-use crate::io::{bad_field, check_heads, check_positive, read_config};
+use crate::io::{bad_field, check_heads, read_config};
 use crate::ops::Activation;
 
 /// `config.json` as `BertConfig` writes it. A missing field takes `BertConfig`'s
@@ -68,15 +68,7 @@ pub(super) fn read(dir: &Path, masked_lm: bool) -> Result<(Arch, TokenIds)> {
     let cfg: BertConfig = read_config(dir)?;
     let (c, heads) = (cfg.hidden_size, cfg.num_attention_heads);
     check_heads(dir, "num_attention_heads", heads, "hidden_size", c)?;
-    check_positive(
-        dir,
-        &[
-            ("vocab_size", cfg.vocab_size),
-            ("intermediate_size", cfg.intermediate_size),
-            ("max_position_embeddings", cfg.max_position_embeddings),
-            ("type_vocab_size", cfg.type_vocab_size),
-        ],
-    )?;
+    crate::positive!(dir, cfg; vocab_size, intermediate_size, max_position_embeddings, type_vocab_size)?;
     match cfg.position_embedding_type.as_deref() {
         None | Some("absolute") => {}
         Some(other) => {

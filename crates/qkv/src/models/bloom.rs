@@ -18,25 +18,21 @@ use super::names::{same, stored, How, Name};
 use super::special::TokenIds;
 use crate::block::Residual;
 use crate::error::Result;
-use crate::io::{aliased_size, check_heads, check_positive, epsilon, read_config};
+use crate::io::{check_positive, epsilon, read_config};
 
 /// Hugging Face `BloomConfig`. Released configs disagree on names (`bloom-560m` writes
 /// `hidden_size` and `n_head`, the 176B model `n_embed` and `num_attention_heads`), so
 /// each size is read under every name and the first present wins.
 #[derive(Deserialize)]
 struct BloomConfig {
-    hidden_size: Option<usize>,
-    n_embed: Option<usize>,
-    n_layer: Option<usize>,
-    num_hidden_layers: Option<usize>,
-    n_head: Option<usize>,
-    num_attention_heads: Option<usize>,
+    #[serde(flatten)]
+    sizes: super::gpt2::Sizes,
     vocab_size: usize,
     #[serde(default = "default_eps")]
     layer_norm_epsilon: f64,
     #[serde(default)]
     apply_residual_connection_post_layernorm: bool,
-    #[serde(default = "yes")]
+    #[serde(default = "crate::io::yes")]
     tie_word_embeddings: bool,
     #[serde(flatten)]
     tokens: TokenIds,
@@ -46,32 +42,10 @@ fn default_eps() -> f64 {
     1e-5
 }
 
-fn yes() -> bool {
-    true
-}
-
 /// `dir/config.json` as an [`Arch`], checked; errors name the field at fault.
 pub(super) fn read(dir: &Path) -> Result<(Arch, TokenIds)> {
     let cfg: BloomConfig = read_config(dir)?;
-    let c = aliased_size(
-        dir,
-        ("hidden_size", cfg.hidden_size),
-        ("n_embed", cfg.n_embed),
-        1,
-    )?;
-    let heads = aliased_size(
-        dir,
-        ("n_head", cfg.n_head),
-        ("num_attention_heads", cfg.num_attention_heads),
-        1,
-    )?;
-    check_heads(dir, "n_head", heads, "hidden_size", c)?;
-    let layers = aliased_size(
-        dir,
-        ("n_layer", cfg.n_layer),
-        ("num_hidden_layers", cfg.num_hidden_layers),
-        0,
-    )?;
+    let (c, heads, layers) = cfg.sizes.read(dir, "hidden_size")?;
     check_positive(dir, &[("vocab_size", cfg.vocab_size)])?;
     let mut arch = Arch::gpt2(cfg.vocab_size, c, layers, heads, 1);
     arch.position = Position::Alibi;
@@ -80,11 +54,7 @@ pub(super) fn read(dir: &Path) -> Result<(Arch, TokenIds)> {
         arch.residual = Residual::PreNormFromNormed;
     }
     arch.embed.norm = true;
-    arch.head = Head::Lm {
-        tied: cfg.tie_word_embeddings,
-        rescale: false,
-        logits_bias: false,
-    };
+    arch.head = Head::lm(cfg.tie_word_embeddings);
     Ok((arch, cfg.tokens))
 }
 

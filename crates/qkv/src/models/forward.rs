@@ -14,9 +14,9 @@ use super::weights::{Stack, Weights};
 use crate::attention::{AttentionSpec, Bias, CausalAlign, Kernel, LayerKv};
 use crate::batch::limit_positions;
 use crate::block::{Attend, BlockTape, CrossKv, LayerRule};
-use crate::error::{Error, Result};
-use crate::layers::{Embedding, NormCache};
-use crate::ops::{gemm, MatMut, MatRef, Par};
+use crate::error::Result;
+use crate::layers::linear::product_into;
+use crate::layers::{Embedding, Norm, NormCache};
 use crate::position::sinusoidal::sinusoidal_value;
 use crate::position::{alibi_slopes, RelativeBias, Rope, RopeLayout};
 use crate::tensor::Tensor;
@@ -280,17 +280,8 @@ impl<'m> Net<'m> {
     ) -> Result<StackOut> {
         let stack = self.stack_weights(side);
         let (b, t, c) = (input.b, input.t, self.arch.d_model);
-        let mut x = self.embed(side, &input)?;
-        let embed_norm = match &stack.embed_norm {
-            Some(norm) => {
-                let mut stats = keep.then(NormCache::default);
-                let y = norm.forward_impl(&x, stats.as_mut())?;
-                let kept = stats.map(|s| (x, s));
-                x = y;
-                kept
-            }
-            None => None,
-        };
+        let x = self.embed(side, &input)?;
+        let (x, embed_norm) = norm_keep(stack.embed_norm.as_ref(), x, keep)?;
         let mut x = x.reshape(&[b, t, c])?;
         let env = self.env(side, &input)?;
         let cross_padding = enc.map(|e| e.key_padding.as_slice());
@@ -311,16 +302,7 @@ impl<'m> Net<'m> {
             out.weights.extend(r.weights);
             out.cross_weights.extend(r.cross_weights);
         }
-        let final_norm = match &stack.final_norm {
-            Some(norm) => {
-                let mut stats = keep.then(NormCache::default);
-                let y = norm.forward_impl(&x, stats.as_mut())?;
-                let kept = stats.map(|s| (x, s));
-                x = y;
-                kept
-            }
-            None => None,
-        };
+        let (x, final_norm) = norm_keep(stack.final_norm.as_ref(), x, keep)?;
         out.h = x;
         out.tape = keep.then_some(StackTape {
             input,
@@ -425,21 +407,26 @@ impl<'m> Net<'m> {
     }
 }
 
+/// x through `norm` when there is one, with its input and statistics kept when `keep`.
+fn norm_keep(
+    norm: Option<&Norm>,
+    x: Tensor,
+    keep: bool,
+) -> Result<(Tensor, Option<(Tensor, NormCache)>)> {
+    let Some(norm) = norm else {
+        return Ok((x, None));
+    };
+    let mut stats = keep.then(NormCache::default);
+    let y = norm.forward_impl(&x, stats.as_mut())?;
+    Ok((y, stats.map(|s| (x, s))))
+}
+
 /// s·h·Wᵀ: h `[.., C]`, W `[V, C]` (read transposed in place) → `[.., V]`.
 pub(crate) fn project(h: &Tensor, w: &Tensor, s: f32) -> Tensor {
-    let (v, c) = (w.shape()[0], w.shape()[1]);
-    let rows = h.numel() / c;
     let mut shape = h.shape().to_vec();
-    *shape.last_mut().expect("h has a last axis") = v;
+    *shape.last_mut().expect("h has a last axis") = w.shape()[0];
     let mut out = Tensor::zeros(&shape);
-    gemm(
-        MatMut::row_major(out.data_mut(), rows, v),
-        MatRef::row_major(h.data(), rows, c),
-        MatRef::row_major(w.data(), v, c).t(),
-        s,
-        false,
-        Par::Auto,
-    );
+    product_into(&mut out, h, w, s, false);
     out
 }
 
@@ -448,17 +435,5 @@ pub(crate) fn add_rows(x: &mut Tensor, b: &Tensor) {
     let v = b.numel();
     for row in x.data_mut().chunks_exact_mut(v) {
         row.iter_mut().zip(b.data()).for_each(|(a, c)| *a += c);
-    }
-}
-
-/// The batch errors every entry point shares: ids beyond the table.
-pub(crate) fn check_ids(ids: &[usize], vocab: usize) -> Result<()> {
-    match ids.iter().find(|&&id| id >= vocab) {
-        Some(&id) => Err(Error::OutOfRange {
-            what: "token id (vocabulary)".into(),
-            index: id,
-            size: vocab,
-        }),
-        None => Ok(()),
     }
 }

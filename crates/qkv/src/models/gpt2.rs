@@ -27,12 +27,8 @@ use crate::ops::Activation;
 /// `attribute_map` (`hidden_size` → `n_embd`, …), which some tools write instead.
 #[derive(Deserialize)]
 struct Gpt2Config {
-    n_embd: Option<usize>,
-    hidden_size: Option<usize>,
-    n_layer: Option<usize>,
-    num_hidden_layers: Option<usize>,
-    n_head: Option<usize>,
-    num_attention_heads: Option<usize>,
+    #[serde(flatten)]
+    sizes: Sizes,
     n_positions: Option<usize>,
     max_position_embeddings: Option<usize>,
     vocab_size: usize,
@@ -44,15 +40,53 @@ struct Gpt2Config {
     #[serde(default = "default_activation")]
     activation_function: String,
     /// Divide scores by √D (always true in released checkpoints).
-    #[serde(default = "yes")]
+    #[serde(default = "crate::io::yes")]
     scale_attn_weights: bool,
     /// Also divide layer l's scores by l + 1 (off in OpenAI's checkpoints).
     #[serde(default)]
     scale_attn_by_inverse_layer_idx: bool,
-    #[serde(default = "yes")]
+    #[serde(default = "crate::io::yes")]
     tie_word_embeddings: bool,
     #[serde(flatten)]
     tokens: TokenIds,
+}
+
+/// Width, heads and layers under each name GPT-2-style configs use (`attribute_map`
+/// aliases, and BLOOM's `n_embed`): the first present wins.
+#[derive(Deserialize)]
+pub(super) struct Sizes {
+    n_embd: Option<usize>,
+    n_embed: Option<usize>,
+    hidden_size: Option<usize>,
+    n_head: Option<usize>,
+    num_attention_heads: Option<usize>,
+    n_layer: Option<usize>,
+    num_hidden_layers: Option<usize>,
+}
+
+impl Sizes {
+    /// (C, H, layers), checked: H divides C. Errors name `width` (the config's own
+    /// name for C), `n_head` or `n_layer`.
+    pub(super) fn read(&self, dir: &Path, width: &str) -> Result<(usize, usize, usize)> {
+        let c = self.n_embd.or(self.n_embed);
+        let c = aliased_size(dir, (width, c), ("hidden_size", self.hidden_size), 1)?;
+        let heads = (self.n_head, self.num_attention_heads);
+        let heads = aliased_size(
+            dir,
+            ("n_head", heads.0),
+            ("num_attention_heads", heads.1),
+            1,
+        )?;
+        check_heads(dir, "n_head", heads, width, c)?;
+        let layers = (self.n_layer, self.num_hidden_layers);
+        let layers = aliased_size(
+            dir,
+            ("n_layer", layers.0),
+            ("num_hidden_layers", layers.1),
+            0,
+        )?;
+        Ok((c, heads, layers))
+    }
 }
 
 fn default_eps() -> f64 {
@@ -63,32 +97,10 @@ fn default_activation() -> String {
     "gelu_new".into()
 }
 
-fn yes() -> bool {
-    true
-}
-
 /// `dir/config.json` as an [`Arch`], checked; errors name the field at fault.
 pub(super) fn read(dir: &Path) -> Result<(Arch, TokenIds)> {
     let cfg: Gpt2Config = read_config(dir)?;
-    let c = aliased_size(
-        dir,
-        ("n_embd", cfg.n_embd),
-        ("hidden_size", cfg.hidden_size),
-        1,
-    )?;
-    let heads = aliased_size(
-        dir,
-        ("n_head", cfg.n_head),
-        ("num_attention_heads", cfg.num_attention_heads),
-        1,
-    )?;
-    check_heads(dir, "n_head", heads, "n_embd", c)?;
-    let layers = aliased_size(
-        dir,
-        ("n_layer", cfg.n_layer),
-        ("num_hidden_layers", cfg.num_hidden_layers),
-        0,
-    )?;
+    let (c, heads, layers) = cfg.sizes.read(dir, "n_embd")?;
     let positions = aliased_size(
         dir,
         ("n_positions", cfg.n_positions),
@@ -107,11 +119,7 @@ pub(super) fn read(dir: &Path) -> Result<(Arch, TokenIds)> {
         .map_err(|e| bad_field(dir, "activation_function", e.to_string()))?;
     arch.attention.scale = (!cfg.scale_attn_weights).then_some(1.0);
     arch.attention.scale_by_layer = cfg.scale_attn_by_inverse_layer_idx;
-    arch.head = Head::Lm {
-        tied: cfg.tie_word_embeddings,
-        rescale: false,
-        logits_bias: false,
-    };
+    arch.head = Head::lm(cfg.tie_word_embeddings);
     Ok((arch, cfg.tokens))
 }
 
@@ -119,7 +127,7 @@ pub(super) fn read(dir: &Path) -> Result<(Arch, TokenIds)> {
 pub(super) fn fits(arch: &Arch) -> bool {
     let (a, f) = (&arch.attention, &arch.ffn);
     let plain = |d: StackDims| d.kv_heads == d.heads && d.heads * d.head_dim == arch.d_model;
-    arch.encoder.is_none()
+    arch.plain_decoder()
         && arch.decoder.is_some_and(plain)
         && matches!(arch.position, Position::Learned { .. })
         && arch.norm.kind == crate::layers::NormKind::LayerNorm
@@ -132,15 +140,6 @@ pub(super) fn fits(arch: &Arch) -> bool {
         && !f.gated
         && f.bias
         && f.activation != Activation::Silu
-        && arch.embed == Default::default()
-        && matches!(
-            arch.head,
-            Head::Lm {
-                rescale: false,
-                logits_bias: false,
-                ..
-            }
-        )
 }
 
 /// `config.json` of a GPT-2 folder for `arch` (which [`fits`]).
@@ -168,7 +167,7 @@ pub(super) fn config_json(arch: &Arch) -> Value {
         "scale_attn_weights": arch.attention.scale.is_none(),
         "scale_attn_by_inverse_layer_idx": arch.attention.scale_by_layer,
         "reorder_and_upcast_attn": false,
-        "tie_word_embeddings": matches!(arch.head, Head::Lm { tied: true, .. }),
+        "tie_word_embeddings": arch.head.tied(),
         "initializer_range": 0.02,
         "use_cache": true,
     })

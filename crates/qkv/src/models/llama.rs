@@ -16,7 +16,7 @@ use super::arch::{Arch, Head, Position, StackDims};
 use super::names::{same, Name};
 use super::special::TokenIds;
 use crate::error::{Error, Result};
-use crate::io::{bad_field, check_positive, epsilon, read_config};
+use crate::io::{bad_field, epsilon, read_config};
 use crate::ops::Activation;
 
 /// `config.json` of a Llama or Mistral checkpoint, as transformers writes it.
@@ -138,15 +138,7 @@ fn rope_settings(cfg: &LlamaConfig, dir: &Path) -> Result<(f32, f32)> {
 /// window applies to Mistral only: transformers ignores the field on Llama, so do we.
 pub(super) fn read(dir: &Path, mistral: bool) -> Result<(Arch, TokenIds)> {
     let cfg: LlamaConfig = read_config(dir)?;
-    check_positive(
-        dir,
-        &[
-            ("vocab_size", cfg.vocab_size),
-            ("hidden_size", cfg.hidden_size),
-            ("intermediate_size", cfg.intermediate_size),
-            ("num_attention_heads", cfg.num_attention_heads),
-        ],
-    )?;
+    crate::positive!(dir, cfg; vocab_size, hidden_size, intermediate_size, num_attention_heads)?;
     let heads = cfg.num_attention_heads;
     let kv_heads = cfg.num_key_value_heads.unwrap_or(heads);
     if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
@@ -211,19 +203,14 @@ pub(super) fn read(dir: &Path, mistral: bool) -> Result<(Arch, TokenIds)> {
     arch.ffn.activation = activation;
     arch.ffn.bias = cfg.mlp_bias;
     arch.embed.padding_idx = cfg.tokens.pad();
-    arch.head = Head::Lm {
-        tied: cfg.tie_word_embeddings,
-        rescale: false,
-        logits_bias: false,
-    };
+    arch.head = Head::lm(cfg.tie_word_embeddings);
     Ok((arch, cfg.tokens))
 }
 
 /// Whether `arch` is exactly a Llama (so it saves as `LlamaForCausalLM`).
 pub(super) fn fits(arch: &Arch) -> bool {
     let a = &arch.attention;
-    arch.encoder.is_none()
-        && arch.decoder.is_some()
+    arch.plain_decoder()
         && matches!(arch.position, Position::Rope { .. })
         && arch.norm.kind == crate::layers::NormKind::RmsNorm
         && arch.residual == crate::block::Residual::PreNorm
@@ -233,15 +220,6 @@ pub(super) fn fits(arch: &Arch) -> bool {
         && a.window.is_none()
         && arch.ffn.gated
         && arch.ffn.activation == Activation::Silu
-        && arch.embed == Default::default()
-        && matches!(
-            arch.head,
-            Head::Lm {
-                rescale: false,
-                logits_bias: false,
-                ..
-            }
-        )
 }
 
 /// `config.json` of a Llama folder for `arch` (which [`fits`]).
@@ -277,7 +255,7 @@ pub(super) fn config_json(arch: &Arch) -> Value {
         "attention_bias": arch.attention.qkv_bias,
         "mlp_bias": arch.ffn.bias,
         "attention_dropout": 0.0,
-        "tie_word_embeddings": matches!(arch.head, Head::Lm { tied: true, .. }),
+        "tie_word_embeddings": arch.head.tied(),
         "initializer_range": 0.02,
         "pretraining_tp": 1,
         "use_cache": true,

@@ -56,9 +56,9 @@ struct MarianConfig {
     activation_function: String,
     #[serde(default)]
     scale_embedding: bool,
-    #[serde(default = "yes")]
+    #[serde(default = "crate::io::yes")]
     share_encoder_decoder_embeddings: bool,
-    #[serde(default = "yes")]
+    #[serde(default = "crate::io::yes")]
     tie_word_embeddings: bool,
     /// The special ids default as `MarianConfig` has them (an explicit `null` is unset
     /// and taken from generation_config.json), so they are not the shared flattened
@@ -94,9 +94,6 @@ fn default_positions() -> usize {
 fn default_activation() -> String {
     "gelu".into()
 }
-fn yes() -> bool {
-    true
-}
 fn default_pad() -> Option<Ids> {
     Some(Ids::One(58100))
 }
@@ -115,15 +112,7 @@ pub(super) fn read(dir: &Path) -> Result<(Arch, TokenIds)> {
     ] {
         check_heads(dir, field, heads, "d_model", c)?;
     }
-    check_positive(
-        dir,
-        &[
-            ("encoder_ffn_dim", cfg.encoder_ffn_dim),
-            ("decoder_ffn_dim", cfg.decoder_ffn_dim),
-            ("vocab_size", cfg.vocab_size),
-            ("max_position_embeddings", cfg.max_position_embeddings),
-        ],
-    )?;
+    crate::positive!(dir, cfg; encoder_ffn_dim, decoder_ffn_dim, vocab_size, max_position_embeddings)?;
     let tgt_vocab = cfg.decoder_vocab_size.unwrap_or(cfg.vocab_size);
     if cfg.share_encoder_decoder_embeddings && tgt_vocab != cfg.vocab_size {
         return Err(bad_field(

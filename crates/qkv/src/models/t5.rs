@@ -26,7 +26,7 @@ use super::names::{same, Name};
 use super::special::TokenIds;
 use crate::block::Residual;
 use crate::error::Result;
-use crate::io::{bad_field, check_positive, epsilon, read_config, Checkpoint};
+use crate::io::{bad_field, epsilon, read_config, Checkpoint};
 use crate::layers::NormKind;
 use crate::ops::Activation;
 
@@ -64,7 +64,7 @@ struct T5Config {
     dense_act_fn: Option<String>,
     #[serde(default)]
     is_gated_act: Option<bool>,
-    #[serde(default = "yes")]
+    #[serde(default = "crate::io::yes")]
     tie_word_embeddings: bool,
     /// transformers 5: whether the decoder output is scaled by d_model^−½ before the head.
     #[serde(default)]
@@ -103,28 +103,13 @@ fn default_eps() -> f64 {
 fn default_ffn() -> String {
     "relu".into()
 }
-fn yes() -> bool {
-    true
-}
 
 /// `dir/config.json` as an [`Arch`], checked; errors name the field at fault. `ckpt`
 /// tells whether a tied config's file holds a head of its own (see the module docs).
 pub(super) fn read(dir: &Path, ckpt: &Checkpoint) -> Result<(Arch, TokenIds)> {
     let cfg: T5Config = read_config(dir)?;
-    check_positive(
-        dir,
-        &[
-            ("d_model", cfg.d_model),
-            ("d_kv", cfg.d_kv),
-            ("d_ff", cfg.d_ff),
-            ("num_heads", cfg.num_heads),
-            ("vocab_size", cfg.vocab_size),
-            (
-                "relative_attention_max_distance",
-                cfg.relative_attention_max_distance,
-            ),
-        ],
-    )?;
+    crate::positive!(dir, cfg; d_model, d_kv, d_ff, num_heads, vocab_size)?;
+    crate::positive!(dir, cfg; relative_attention_max_distance)?;
     if cfg.relative_attention_num_buckets < 2 {
         return Err(bad_field(
             dir,

@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 
 use super::arch::{Arch, Head, ModelKind};
 use super::backward::Tape;
-use super::forward::{check_ids, Encoded, Net, Side, StackInput};
+use super::forward::{Encoded, Net, Side, StackInput};
 use super::weights::Weights;
 use super::{names, Family, ModelInfo, SpecialTokens};
 use crate::attention::{Kernel, KvCache};
@@ -168,7 +168,7 @@ impl Transformer {
         types: Option<&[usize]>,
     ) -> Result<StackInput> {
         let net = self.net();
-        check_ids(&tokens.ids, net.table(side).vocab_size())?;
+        tokens.check_vocab(net.table(side).vocab_size())?;
         if let Some(types) = types {
             let n = self.arch.embed.token_types;
             if types.len() != tokens.ids.len() {
@@ -242,7 +242,7 @@ impl Transformer {
         cache: &mut KvCache,
     ) -> Result<Tensor> {
         let net = self.net();
-        check_ids(&tokens.ids, self.arch.vocab)?;
+        tokens.check_vocab(self.arch.vocab)?;
         cache.check_layers(self.arch.stack().layers)?;
         let step = cache.begin_step(&tokens.mask, tokens.len, self.arch.max_positions())?;
         let input = StackInput {
