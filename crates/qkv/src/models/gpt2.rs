@@ -70,21 +70,11 @@ impl Sizes {
     pub(super) fn read(&self, dir: &Path, width: &str) -> Result<(usize, usize, usize)> {
         let c = self.n_embd.or(self.n_embed);
         let c = aliased_size(dir, (width, c), ("hidden_size", self.hidden_size), 1)?;
-        let heads = (self.n_head, self.num_attention_heads);
-        let heads = aliased_size(
-            dir,
-            ("n_head", heads.0),
-            ("num_attention_heads", heads.1),
-            1,
-        )?;
+        let h = ("num_attention_heads", self.num_attention_heads);
+        let heads = aliased_size(dir, ("n_head", self.n_head), h, 1)?;
         check_heads(dir, "n_head", heads, width, c)?;
-        let layers = (self.n_layer, self.num_hidden_layers);
-        let layers = aliased_size(
-            dir,
-            ("n_layer", layers.0),
-            ("num_hidden_layers", layers.1),
-            0,
-        )?;
+        let l = ("num_hidden_layers", self.num_hidden_layers);
+        let layers = aliased_size(dir, ("n_layer", self.n_layer), l, 0)?;
         Ok((c, heads, layers))
     }
 }
