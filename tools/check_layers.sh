@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Lower modules never import higher ones (ARCHITECTURE.md, "Layers and what each may
+# import"): fails naming the first line that does.
+set -euo pipefail
+cd "$(dirname "$0")/../crates/qkv/src"
+
+forbid() {
+  local pattern="$1"
+  shift
+  if grep -rnE "use crate::($pattern)(::|;|\{)|crate::($pattern)::" "$@"; then
+    echo "check_layers: the lines above import a higher layer ($pattern) from: $*" >&2
+    exit 1
+  fi
+}
+
+forbid "block|models|train" tensor.rs error.rs rng.rs batch.rs module.rs ops io layers attention position text
+forbid "models|train" block
+forbid "train" models
+echo "check_layers: ok"
