@@ -64,6 +64,11 @@ pub fn check_positive(dir: &Path, fields: &[(&str, usize)]) -> Result<()> {
     }
 }
 
+/// `N`: the serde default of a size field, `#[serde(default = "crate::io::size::<512>")]`.
+pub fn size<const N: usize>() -> usize {
+    N
+}
+
 /// `true`: the serde default of boolean config fields that default to on.
 pub fn yes() -> bool {
     true

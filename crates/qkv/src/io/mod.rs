@@ -9,6 +9,6 @@ pub use self::atomic::write_atomic;
 pub use self::checkpoint::Checkpoint;
 pub use self::config::{
     aliased_size, bad_field, check_heads, check_positive, epsilon, field_error, read_config,
-    read_json, read_json_or_default, read_text, yes,
+    read_json, read_json_or_default, read_text, size, yes,
 };
 pub use self::safetensors::{save, TensorFile};

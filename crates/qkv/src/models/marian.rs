@@ -31,26 +31,26 @@ use crate::position::SinusoidalLayout;
 /// `attribute_map` names (`hidden_size`, `num_attention_heads`) as aliases.
 #[derive(Deserialize)]
 struct MarianConfig {
-    #[serde(default = "default_vocab")]
+    #[serde(default = "crate::io::size::<58101>")]
     vocab_size: usize,
     /// Target vocabulary when it differs from the source one (`None`: the same).
     #[serde(default)]
     decoder_vocab_size: Option<usize>,
-    #[serde(default = "default_d_model", alias = "hidden_size")]
+    #[serde(default = "crate::io::size::<1024>", alias = "hidden_size")]
     d_model: usize,
-    #[serde(default = "default_layers")]
+    #[serde(default = "crate::io::size::<12>")]
     encoder_layers: usize,
-    #[serde(default = "default_layers")]
+    #[serde(default = "crate::io::size::<12>")]
     decoder_layers: usize,
-    #[serde(default = "default_heads", alias = "num_attention_heads")]
+    #[serde(default = "crate::io::size::<16>", alias = "num_attention_heads")]
     encoder_attention_heads: usize,
-    #[serde(default = "default_heads")]
+    #[serde(default = "crate::io::size::<16>")]
     decoder_attention_heads: usize,
-    #[serde(default = "default_ffn")]
+    #[serde(default = "crate::io::size::<4096>")]
     encoder_ffn_dim: usize,
-    #[serde(default = "default_ffn")]
+    #[serde(default = "crate::io::size::<4096>")]
     decoder_ffn_dim: usize,
-    #[serde(default = "default_positions")]
+    #[serde(default = "crate::io::size::<1024>")]
     max_position_embeddings: usize,
     #[serde(default = "default_activation")]
     activation_function: String,
@@ -73,24 +73,6 @@ struct MarianConfig {
     decoder_start_token_id: Option<Ids>,
 }
 
-fn default_vocab() -> usize {
-    58101
-}
-fn default_d_model() -> usize {
-    1024
-}
-fn default_layers() -> usize {
-    12
-}
-fn default_heads() -> usize {
-    16
-}
-fn default_ffn() -> usize {
-    4096
-}
-fn default_positions() -> usize {
-    1024
-}
 fn default_activation() -> String {
     "gelu".into()
 }

@@ -35,24 +35,24 @@ use crate::ops::Activation;
 /// names as aliases.
 #[derive(Deserialize)]
 struct T5Config {
-    #[serde(default = "default_vocab")]
+    #[serde(default = "crate::io::size::<32128>")]
     vocab_size: usize,
-    #[serde(default = "default_d_model", alias = "hidden_size")]
+    #[serde(default = "crate::io::size::<512>", alias = "hidden_size")]
     d_model: usize,
-    #[serde(default = "default_d_kv", alias = "head_dim")]
+    #[serde(default = "crate::io::size::<64>", alias = "head_dim")]
     d_kv: usize,
-    #[serde(default = "default_d_ff")]
+    #[serde(default = "crate::io::size::<2048>")]
     d_ff: usize,
-    #[serde(default = "default_layers", alias = "num_hidden_layers")]
+    #[serde(default = "crate::io::size::<6>", alias = "num_hidden_layers")]
     num_layers: usize,
     /// Defaults to `num_layers`.
     #[serde(default)]
     num_decoder_layers: Option<usize>,
-    #[serde(default = "default_heads", alias = "num_attention_heads")]
+    #[serde(default = "crate::io::size::<8>", alias = "num_attention_heads")]
     num_heads: usize,
-    #[serde(default = "default_buckets")]
+    #[serde(default = "crate::io::size::<32>")]
     relative_attention_num_buckets: usize,
-    #[serde(default = "default_max_distance")]
+    #[serde(default = "crate::io::size::<128>")]
     relative_attention_max_distance: usize,
     #[serde(default = "default_eps")]
     layer_norm_epsilon: f64,
@@ -73,30 +73,6 @@ struct T5Config {
     ids: TokenIds,
 }
 
-fn default_vocab() -> usize {
-    32128
-}
-fn default_d_model() -> usize {
-    512
-}
-fn default_d_kv() -> usize {
-    64
-}
-fn default_d_ff() -> usize {
-    2048
-}
-fn default_layers() -> usize {
-    6
-}
-fn default_heads() -> usize {
-    8
-}
-fn default_buckets() -> usize {
-    32
-}
-fn default_max_distance() -> usize {
-    128
-}
 fn default_eps() -> f64 {
     1e-6
 }

@@ -319,14 +319,13 @@ impl Transformer {
     /// **accumulates** into the gradients (allocated, zero, on first use).
     pub fn backward(&mut self, tape: Tape, dlogits: &Tensor) -> Result<()> {
         dlogits.check_finite("dlogits")?;
-        let grads = self.grads.get_or_insert_with(|| self.weights.zeros_like());
-        let net = Net {
-            arch: &self.arch,
-            w: &self.weights,
-            kernel: self.kernel,
-            logits_bias: self.logits_bias.as_ref(),
-        };
-        net.backward(tape, dlogits, grads)
+        let mut grads = self
+            .grads
+            .take()
+            .unwrap_or_else(|| self.weights.zeros_like());
+        let result = self.net().backward(tape, dlogits, &mut grads);
+        self.grads = Some(grads);
+        result
     }
 
     fn run(
