@@ -69,6 +69,12 @@ pub fn size<const N: usize>() -> usize {
     N
 }
 
+/// 10^−D: the serde default of a norm epsilon, `#[serde(default = "crate::io::eps::<6>")]`
+/// for 1e-6 (10^D is exact, so its reciprocal is the literal's value).
+pub fn eps<const D: i32>() -> f64 {
+    1.0 / 10f64.powi(D)
+}
+
 /// `true`: the serde default of boolean config fields that default to on.
 pub fn yes() -> bool {
     true

@@ -8,7 +8,7 @@ pub mod safetensors;
 pub use self::atomic::write_atomic;
 pub use self::checkpoint::Checkpoint;
 pub use self::config::{
-    aliased_size, bad_field, check_heads, check_positive, epsilon, field_error, read_config,
+    aliased_size, bad_field, check_heads, check_positive, eps, epsilon, field_error, read_config,
     read_json, read_json_or_default, read_text, size, yes,
 };
 pub use self::safetensors::{save, TensorFile};

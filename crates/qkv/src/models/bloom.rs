@@ -28,7 +28,7 @@ struct BloomConfig {
     #[serde(flatten)]
     sizes: super::gpt2::Sizes,
     vocab_size: usize,
-    #[serde(default = "default_eps")]
+    #[serde(default = "crate::io::eps::<5>")]
     layer_norm_epsilon: f64,
     #[serde(default)]
     apply_residual_connection_post_layernorm: bool,
@@ -36,10 +36,6 @@ struct BloomConfig {
     tie_word_embeddings: bool,
     #[serde(flatten)]
     tokens: TokenIds,
-}
-
-fn default_eps() -> f64 {
-    1e-5
 }
 
 /// `dir/config.json` as an [`Arch`], checked; errors name the field at fault.

@@ -35,7 +35,7 @@ struct Gpt2Config {
     /// `None` (or absent) means 4·C.
     #[serde(default)]
     n_inner: Option<usize>,
-    #[serde(default = "default_eps")]
+    #[serde(default = "crate::io::eps::<5>")]
     layer_norm_epsilon: f64,
     #[serde(default = "default_activation")]
     activation_function: String,
@@ -77,10 +77,6 @@ impl Sizes {
         let layers = aliased_size(dir, ("n_layer", self.n_layer), l, 0)?;
         Ok((c, heads, layers))
     }
-}
-
-fn default_eps() -> f64 {
-    1e-5
 }
 
 fn default_activation() -> String {

@@ -33,7 +33,7 @@ struct LlamaConfig {
     /// Absent or null means hidden_size / num_attention_heads.
     #[serde(default)]
     head_dim: Option<usize>,
-    #[serde(default = "default_rms_norm_eps")]
+    #[serde(default = "crate::io::eps::<6>")]
     rms_norm_eps: f64,
     #[serde(default = "default_hidden_act")]
     hidden_act: String,
@@ -62,10 +62,6 @@ struct LlamaConfig {
     sliding_window: Option<usize>,
     #[serde(flatten)]
     tokens: TokenIds,
-}
-
-fn default_rms_norm_eps() -> f64 {
-    1e-6
 }
 
 fn default_hidden_act() -> String {

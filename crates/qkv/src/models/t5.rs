@@ -54,7 +54,7 @@ struct T5Config {
     relative_attention_num_buckets: usize,
     #[serde(default = "crate::io::size::<128>")]
     relative_attention_max_distance: usize,
-    #[serde(default = "default_eps")]
+    #[serde(default = "crate::io::eps::<6>")]
     layer_norm_epsilon: f64,
     #[serde(default = "default_ffn")]
     feed_forward_proj: String,
@@ -73,9 +73,6 @@ struct T5Config {
     ids: TokenIds,
 }
 
-fn default_eps() -> f64 {
-    1e-6
-}
 fn default_ffn() -> String {
     "relu".into()
 }
