@@ -339,13 +339,10 @@ impl MultiHeadAttention {
             Some(_) => {
                 let s = dk.shape()[1];
                 let g = self.kv_heads;
-                dx.add_assign(
-                    &self
-                        .k
-                        .backward(x, &dk.reshape(&[b, s, g * d])?, &mut grads.k)?,
-                );
+                let dk = dk.reshape(&[b, s, g * d])?;
+                self.k.backward_add(x, &dk, &mut grads.k, &mut dx)?;
                 let dv = ag.dv.reshape(&[b, s, g * dv_width])?;
-                dx.add_assign(&self.v.backward(x, &dv, &mut grads.v)?);
+                self.v.backward_add(x, &dv, &mut grads.v, &mut dx)?;
                 None
             }
             None => Some(CrossKv { k: dk, v: ag.dv }),
@@ -389,7 +386,8 @@ impl MultiHeadAttention {
         };
         // k = W_K·m, v = W_V·m
         let mut dm = self.k.backward(memory, &flat(d.k)?, &mut grads.k)?;
-        dm.add_assign(&self.v.backward(memory, &flat(d.v)?, &mut grads.v)?);
+        self.v
+            .backward_add(memory, &flat(d.v)?, &mut grads.v, &mut dm)?;
         Ok(dm)
     }
 }

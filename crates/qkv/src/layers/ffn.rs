@@ -136,8 +136,8 @@ impl FeedForward {
         let dm = self.down.backward(&cache.m, dy, &mut grads.down)?;
         let h = cache.h.data();
         let mut dh = Tensor::zeros(cache.h.shape());
-        let dx_gate = match (&self.gate_up, &cache.u, &mut grads.gate_up) {
-            (Some(gate_up), Some(u), Some(g_grads)) => {
+        let du = match (&self.gate_up, &cache.u) {
+            (Some(_), Some(u)) => {
                 // forward: m = act(h) ⊙ u  →  du = dm ⊙ act(h),
                 //          and through a = act(h): dh = dm ⊙ u ⊙ act′(h)
                 let mut du = Tensor::zeros(u.shape());
@@ -152,8 +152,7 @@ impl FeedForward {
                     *dui = dmi * self.activation.apply(hi);
                     *dhi = dmi * ui * self.activation.derivative(hi);
                 }
-                // forward: u = gate_up(x)
-                Some(gate_up.backward(x, &du, g_grads)?)
+                Some(du)
             }
             _ => {
                 // forward: m = act(h)  →  dh = dm ⊙ act′(h)
@@ -161,12 +160,10 @@ impl FeedForward {
                 None
             }
         };
-        // forward: h = up(x). x feeds both up and gate_up, so their dx add up.
+        // forward: h = up(x), u = gate_up(x). x feeds both, so their dx add up.
         let mut dx = self.up.backward(x, &dh, &mut grads.up)?;
-        if let Some(dx_gate) = dx_gate {
-            for (a, b) in dx.data_mut().iter_mut().zip(dx_gate.data()) {
-                *a += b;
-            }
+        if let (Some(gate_up), Some(du), Some(g)) = (&self.gate_up, du, &mut grads.gate_up) {
+            gate_up.backward_add(x, &du, g, &mut dx)?;
         }
         Ok(dx)
     }

@@ -88,14 +88,16 @@ pub fn product_into(y: &mut Tensor, x: &Tensor, w: &Tensor, alpha: f32, accumula
 }
 
 /// Backward of [`product_into`] (`y = α·x·Wᵀ`): dy `[rows, out]` → dx `[rows, in]`
-/// (shaped as x); **accumulates** α·dyᵀ·x into `dw` `[out, in]`.
+/// (shaped as x), written into `dx`, or added to it when `accumulate`; **accumulates**
+/// α·dyᵀ·x into `dw` `[out, in]`.
 pub fn product_backward(
     x: &Tensor,
     w: &Tensor,
     alpha: f32,
     dy: &Tensor,
     dw: &mut Tensor,
-) -> Tensor {
+    (dx, accumulate): (&mut Tensor, bool),
+) {
     let (n_out, n_in) = (w.shape()[0], w.shape()[1]);
     let rows = x.numel() / n_in;
     let dy_m = MatRef::row_major(dy.data(), rows, n_out);
@@ -109,16 +111,14 @@ pub fn product_backward(
         Par::Auto,
     );
     // forward: y = α·x·Wᵀ  →  dx = α·dy·W   ([N, out]·[out, in])
-    let mut dx = Tensor::zeros(x.shape());
     gemm(
         MatMut::row_major(dx.data_mut(), rows, n_in),
         dy_m,
         MatRef::row_major(w.data(), n_out, n_in),
         alpha,
-        false,
+        accumulate,
         Par::Auto,
     );
-    dx
 }
 
 crate::module!(Linear { weight, bias });
@@ -153,6 +153,37 @@ impl Linear {
     /// (`[out, in]`) and `grads.bias` (`[out]`), a gradient tree shaped as this layer;
     /// returns dx: `[.., in]`.
     pub fn backward(&self, x: &Tensor, dy: &Tensor, grads: &mut Linear) -> Result<Tensor> {
+        let mut dx = Tensor::zeros(x.shape());
+        self.backward_impl(x, dy, grads, (&mut dx, false))?;
+        Ok(dx)
+    }
+
+    /// [`Linear::backward`] that adds dx into `dx` `[.., in]`: the input gradient of an
+    /// x that feeds several layers (W_Q, W_K and W_V) is the sum of theirs.
+    pub fn backward_add(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        grads: &mut Linear,
+        dx: &mut Tensor,
+    ) -> Result<()> {
+        if dx.shape() != x.shape() {
+            return Err(Error::shape(
+                "linear dx",
+                format!("{:?}", x.shape()),
+                dx.shape(),
+            ));
+        }
+        self.backward_impl(x, dy, grads, (dx, true))
+    }
+
+    fn backward_impl(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        grads: &mut Linear,
+        dx: (&mut Tensor, bool),
+    ) -> Result<()> {
         let n_out = self.out_features();
         self.check_input(x)?;
         let mut dy_shape = x.shape().to_vec();
@@ -174,12 +205,7 @@ impl Linear {
                 }
             }
         }
-        Ok(product_backward(
-            x,
-            &self.weight,
-            1.0,
-            dy,
-            &mut grads.weight,
-        ))
+        product_backward(x, &self.weight, 1.0, dy, &mut grads.weight, dx);
+        Ok(())
     }
 }

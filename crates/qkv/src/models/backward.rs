@@ -22,6 +22,14 @@ pub struct Tape {
     pub(crate) head: HeadTape,
 }
 
+/// Backward of [`project`](super::forward::project), `y = s·h·Wᵀ`: dy → dh `[.., C]`;
+/// **accumulates** into `dw` `[V, C]`.
+fn project_backward(h: &Tensor, w: &Tensor, s: f32, dy: &Tensor, dw: &mut Tensor) -> Tensor {
+    let mut dh = Tensor::zeros(h.shape());
+    product_backward(h, w, s, dy, dw, (&mut dh, false));
+    dh
+}
+
 /// Σ over rows of dy `[.., V]`, added into `db` `[V]`.
 fn sum_rows_into(dy: &Tensor, db: &mut Tensor) {
     let v = db.numel();
@@ -85,9 +93,9 @@ impl Net<'_> {
                 // logits = s·h·Wᵀ (+ a fixed bias)
                 Ok(match (&hw.lm_head, g.head.lm_head.as_mut(), tied) {
                     (Some(lin), Some(gl), false) => {
-                        product_backward(&tape.h, &lin.weight, s, dl, &mut gl.weight)
+                        project_backward(&tape.h, &lin.weight, s, dl, &mut gl.weight)
                     }
-                    _ => product_backward(&tape.h, table, s, dl, &mut g.embed_tokens.weight),
+                    _ => project_backward(&tape.h, table, s, dl, &mut g.embed_tokens.weight),
                 })
             }
             (Head::MaskedLm { activation }, Some((z, a, stats, n))) => {
@@ -95,7 +103,7 @@ impl Net<'_> {
                 let (dense, norm) = dense.zip(norm).expect("a masked-LM arch builds its head");
                 // logits = n·Eᵀ + bias
                 sum_rows_into(dl, g.head.bias.as_mut().expect("masked-LM bias grad"));
-                let dn = product_backward(&n, table, 1.0, dl, &mut g.embed_tokens.weight);
+                let dn = project_backward(&n, table, 1.0, dl, &mut g.embed_tokens.weight);
                 // n = norm(a), a = act(z), z = dense(h)
                 let gn = g.head.norm.as_mut().expect("masked-LM norm grad");
                 let da = norm.backward(&dn, &a, &stats, gn)?;

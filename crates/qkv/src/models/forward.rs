@@ -246,7 +246,7 @@ impl<'m> Net<'m> {
             } else {
                 None
             },
-            key_padding: Some(&input.key_padding),
+            key_padding: real_keys(&input.key_padding),
             bias,
             ..base
         };
@@ -259,7 +259,7 @@ impl<'m> Net<'m> {
             },
             cross: Attend {
                 spec: AttentionSpec {
-                    key_padding: cross_padding,
+                    key_padding: cross_padding.and_then(real_keys),
                     ..base
                 },
                 ..Default::default()
@@ -405,6 +405,11 @@ impl<'m> Net<'m> {
         let tape = keep.then_some(HeadTape { h, mlm });
         Ok((logits, tape))
     }
+}
+
+/// A key padding mask, or none when every key is real (so the kernels skip the test).
+fn real_keys(mask: &[bool]) -> Option<&[bool]> {
+    mask.contains(&false).then_some(mask)
 }
 
 /// x through `norm` when there is one, with its input and statistics kept when `keep`.
