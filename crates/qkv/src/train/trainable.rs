@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
 use crate::models::{Input, ModelKind, Transformer};
-use crate::module::Module;
+use crate::module::{self, Module};
 use crate::tensor::Tensor;
 use crate::train::loss::cross_entropy_in_place;
 
@@ -146,9 +146,15 @@ impl TrainableModel for Transformer {
 
     fn visit_params(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, &Tensor)) {
         let grads = self.grads.get_or_insert_with(|| self.weights.zeros_like());
-        for ((name, p), (_, g)) in self.weights.params_mut().into_iter().zip(grads.params()) {
-            f(&name, p, g);
-        }
+        // the gradient tree has the parameters' type: the i-th tensor of one walk is the
+        // i-th of the other
+        let mut g = Vec::new();
+        grads.visit(&mut module::Path::default(), &mut |_, t| g.push(t));
+        let mut g = g.into_iter();
+        self.weights
+            .visit_mut(&mut module::Path::default(), &mut |name, p| {
+                f(name, p, g.next().expect("one gradient per parameter"))
+            });
     }
 
     fn save(&self, dir: &Path) -> Result<()> {
