@@ -1,4 +1,4 @@
-//! `qkv train`: train a decoder-only model, with a progress bar, periodic evaluation,
+//! `qkv train`: train a model, with a progress bar, periodic evaluation,
 //! a JSON log and resumable checkpoints.
 //!
 //! Three ways to start and one to continue:
@@ -80,10 +80,12 @@ pub enum Decay {
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
     // ---- what to train on -------------------------------------------------------
-    /// Start from this Hugging Face GPT-2 or Llama folder (needs --data)
+    /// Start from this model folder: any supported family, or one qkv saved (needs --data)
     #[arg(long, value_name = "DIR", help_heading = "Data")]
     init: Option<PathBuf>,
-    /// Batches for --init: int64 `input_ids` and `targets` [steps, B, T]; step s uses batch s
+    /// Batches for --init: int64 `input_ids` and `targets` [steps, B, T], optional
+    /// `attention_mask`; encoder-decoders: `input_ids` is the source [steps, B, S] and
+    /// `decoder_input_ids` [steps, B, T] the decoder's inputs. Step s uses batch s
     #[arg(long, value_name = "BATCHES.safetensors", help_heading = "Data")]
     data: Option<PathBuf>,
     /// A built-in task: copy, reverse, sort, recall, long_range
