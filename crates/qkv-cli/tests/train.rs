@@ -186,6 +186,44 @@ fn task_run_lowers_the_loss_and_evaluates() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `qkv generate --model DIR --input-ids IDS --max-new-tokens N --json`: the new ids.
+fn generate_ids(dir: &Path, ids: &str, n: usize) -> Vec<usize> {
+    let n = n.to_string();
+    let gen = ok(&[
+        "generate",
+        "--model",
+        s(dir),
+        "--input-ids",
+        ids,
+        "--max-new-tokens",
+        &n,
+        "--json",
+    ]);
+    serde_json::from_slice(&gen.stdout).unwrap()
+}
+
+/// `qkv train --init INIT --data DATA` for 3 steps at a constant lr 1e-3, logging to
+/// `log`, checkpointing in `out`.
+fn train_three_steps(init: &Path, data: &Path, log: &Path, out: &Path) {
+    ok(&[
+        "train",
+        "--init",
+        s(init),
+        "--data",
+        s(data),
+        "--steps",
+        "3",
+        "--lr",
+        "1e-3",
+        "--constant-lr",
+        "--log-json",
+        s(log),
+        "--out",
+        s(out),
+        "--quiet",
+    ]);
+}
+
 /// The external contract on a Hugging Face folder: loss before each update, one line
 /// per step, an output folder `qkv generate` runs.
 fn data_contract(name: &str) {
@@ -197,23 +235,7 @@ fn data_contract(name: &str) {
     );
     let (ids, targets) = batches(&data, 3, 9, 99);
     let init = fixture(name);
-    ok(&[
-        "train",
-        "--init",
-        s(&init),
-        "--data",
-        s(&data),
-        "--steps",
-        "3",
-        "--lr",
-        "1e-3",
-        "--constant-lr",
-        "--log-json",
-        s(&log),
-        "--out",
-        s(&out),
-        "--quiet",
-    ]);
+    train_three_steps(&init, &data, &log, &out);
     let lines = log_lines(&log);
     assert_eq!(lines.len(), 3);
     for (i, l) in lines.iter().enumerate() {
@@ -248,17 +270,7 @@ fn data_contract(name: &str) {
     // ... and training on the same batches lowers it
     assert!(lines[2]["loss"].as_f64().unwrap() < lines[0]["loss"].as_f64().unwrap());
 
-    let gen = ok(&[
-        "generate",
-        "--model",
-        s(&out),
-        "--input-ids",
-        "1,2,3",
-        "--max-new-tokens",
-        "4",
-        "--json",
-    ]);
-    let tokens: Vec<usize> = serde_json::from_slice(&gen.stdout).unwrap();
+    let tokens = generate_ids(&out, "1,2,3", 4);
     assert!(!tokens.is_empty() && tokens.len() <= 4);
     assert!(out.join("generation_config.json").is_file());
     std::fs::remove_dir_all(&dir).unwrap();
@@ -561,23 +573,7 @@ fn every_family_trains_from_init_and_its_folder_runs() {
         let (log, out) = (dir.join("log.jsonl"), dir.join("out"));
         let init = train_fixture(name);
         let data = init.join("reference.safetensors");
-        ok(&[
-            "train",
-            "--init",
-            s(&init),
-            "--data",
-            s(&data),
-            "--steps",
-            "3",
-            "--lr",
-            "1e-3",
-            "--constant-lr",
-            "--log-json",
-            s(&log),
-            "--out",
-            s(&out),
-            "--quiet",
-        ]);
+        train_three_steps(&init, &data, &log, &out);
         let lines = log_lines(&log);
         let torch = qkv::io::TensorFile::open(&data)
             .unwrap()
@@ -608,17 +604,7 @@ fn every_family_trains_from_init_and_its_folder_runs() {
                 s(&dir.join("y.safetensors")),
             ]);
         } else {
-            let gen = ok(&[
-                "generate",
-                "--model",
-                s(&out),
-                "--input-ids",
-                "5,6,7",
-                "--max-new-tokens",
-                "3",
-                "--json",
-            ]);
-            let tokens: Vec<usize> = serde_json::from_slice(&gen.stdout).unwrap();
+            let tokens = generate_ids(&out, "5,6,7", 3);
             assert!(
                 !tokens.is_empty() && tokens.len() <= 3,
                 "{name}: {tokens:?}"
@@ -658,17 +644,7 @@ fn a_native_architecture_trains_and_generates() {
         info.contains("qkv") && info.contains("ALiBi") && info.contains("post-norm"),
         "{info}"
     );
-    let gen = ok(&[
-        "generate",
-        "--model",
-        s(&out),
-        "--input-ids",
-        "1,2,3",
-        "--max-new-tokens",
-        "4",
-        "--json",
-    ]);
-    let tokens: Vec<usize> = serde_json::from_slice(&gen.stdout).unwrap();
+    let tokens = generate_ids(&out, "1,2,3", 4);
     assert_eq!(tokens.len(), 4);
     std::fs::remove_dir_all(&dir).unwrap();
 }
