@@ -33,6 +33,8 @@ enum Command {
     Inspect(cmd::inspect::InspectArgs),
     /// Train a decoder: from a Hugging Face folder on given batches, or a new model on a task or a text file
     Train(Box<cmd::train::TrainArgs>),
+    /// Time qkv on attention, decoding, MiniLM and Llama workloads (bench/compare_torch.py: against PyTorch)
+    Bench(cmd::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +58,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Embed(args) => cmd::embed::run(args, &mut out)?,
         Command::Inspect(args) => cmd::inspect::run(args, &mut out)?,
         Command::Train(args) => cmd::train::run(args)?,
+        Command::Bench(args) => cmd::bench::run(args, &mut out)?,
     }
     out.flush()?;
     Ok(())

@@ -1,5 +1,7 @@
-//! Subcommands over real checkpoints: forward, generate, embed, inspect.
+//! Subcommands over real checkpoints (forward, generate, embed, inspect), training, and
+//! benchmarks.
 
+pub mod bench;
 pub mod embed;
 pub mod forward;
 pub mod generate;

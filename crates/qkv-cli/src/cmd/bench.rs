@@ -1,0 +1,721 @@
+//! `qkv bench`: times qkv on the workloads of issue 8 (attention forward and backward,
+//! decoding against a long cache, all-MiniLM-L6-v2, a random Llama) and prints, per
+//! workload, the best and the median seconds per call. `bench/compare_torch.py` runs
+//! the same workloads on PyTorch, alternating rounds with this command.
+//!
+//! Timing (one place for every workload, [`measure`]): `--warmup` untimed calls, then
+//! `--rounds` timed samples. A sample repeats the call until it lasts at least
+//! `--min-time` seconds (the count is sized from the last warm-up call), so short calls
+//! are not lost in the clock's resolution; its figure is the sample's time divided by
+//! its calls. Benchmarks are never timed tests: the tests only run them on tiny sizes.
+
+use std::hint::black_box;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use qkv::attention::{attention, attention_backward};
+use qkv::models::generate::{generate_causal, GenerateOptions, Sampling};
+use qkv::models::sentence::SentenceEncoder;
+use qkv::models::{Arch, TokenBatch, Transformer};
+use qkv::rng::Rng;
+use qkv::{AttentionSpec, CausalAlign, Kernel};
+use serde_json::{json, Map, Value};
+
+#[derive(Args)]
+#[command(
+    after_help = "Training throughput against PyTorch: bench/train_tokens_per_sec.sh.\n\
+                        qkv against PyTorch on every workload: python3 bench/compare_torch.py all"
+)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    workload: Workload,
+}
+
+#[derive(Subcommand)]
+enum Workload {
+    /// Attention forward (and backward) on random Q, K, V: [B,N,H,D] against [B,N,G,D]
+    Attention(AttentionArgs),
+    /// Decoding: one query against a cache of S keys and values (bottom-right causal)
+    Decode(DecodeArgs),
+    /// all-MiniLM-L6-v2 sentence embeddings: a batch of sentences, and one sentence
+    Minilm(MinilmArgs),
+    /// A randomly initialised Llama: prefill of a prompt and greedy decoding
+    Llama(LlamaArgs),
+}
+
+/// Options every workload takes.
+#[derive(Args)]
+struct Common {
+    /// Threads of the rayon pool [default: all cores]
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Timed samples; the best and the median are over these
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Untimed calls before timing
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// A sample repeats the call until it lasts this many seconds (sized from the last
+    /// warm-up call; every sample times one call when there is no warm-up)
+    #[arg(long, default_value_t = 0.05)]
+    min_time: f64,
+    /// Seed of the random inputs and weights
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// One JSON object per line instead of a table
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct AttentionArgs {
+    /// Sequence lengths N (queries = keys)
+    #[arg(long, value_delimiter = ',', default_values_t = [128, 512, 1024, 2048, 4096])]
+    n: Vec<usize>,
+    /// Query heads H
+    #[arg(long, default_value_t = 12)]
+    heads: usize,
+    /// Key/value heads G (G < H: grouped-query)
+    #[arg(long, default_value_t = 12)]
+    kv_heads: usize,
+    /// Head width D
+    #[arg(long, default_value_t = 64)]
+    dim: usize,
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Causal mask (top-left: query i sees keys ≤ i)
+    #[arg(long)]
+    causal: bool,
+    /// Time forward + backward (with a fixed random upstream gradient)
+    #[arg(long)]
+    backward: bool,
+    #[arg(long, value_enum, default_value_t = KernelArg::Tiled)]
+    kernel: KernelArg,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum KernelArg {
+    Tiled,
+    Reference,
+}
+
+#[derive(Args)]
+struct DecodeArgs {
+    /// Cache lengths S (keys and values per head)
+    #[arg(long, value_delimiter = ',', default_values_t = [512, 4096, 32768])]
+    cache: Vec<usize>,
+    #[arg(long, default_value_t = 32)]
+    heads: usize,
+    #[arg(long, default_value_t = 8)]
+    kv_heads: usize,
+    #[arg(long, default_value_t = 128)]
+    dim: usize,
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    #[arg(long, value_enum, default_value_t = KernelArg::Tiled)]
+    kernel: KernelArg,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct MinilmArgs {
+    /// sentence-transformers folder of all-MiniLM-L6-v2 (tools/fetch_minilm.sh DIR)
+    #[arg(long, required_unless_present = "print_sentences")]
+    model: Option<PathBuf>,
+    /// Sentences in the batch workload (generated from --seed)
+    #[arg(long, default_value_t = 256)]
+    sentences: usize,
+    /// Sentences per forward (longest first, as sentence-transformers' encode)
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Print the generated sentences as a JSON list and exit (the PyTorch side encodes these)
+    #[arg(long)]
+    print_sentences: bool,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct LlamaArgs {
+    #[arg(long, default_value_t = 512)]
+    d_model: usize,
+    #[arg(long, default_value_t = 8)]
+    layers: usize,
+    #[arg(long, default_value_t = 8)]
+    heads: usize,
+    #[arg(long, default_value_t = 4)]
+    kv_heads: usize,
+    #[arg(long, default_value_t = 32000)]
+    vocab: usize,
+    /// Positions the model allows (its config's max_position_embeddings)
+    #[arg(long, default_value_t = 2048)]
+    max_len: usize,
+    /// Prompt tokens of the prefill workload: one forward through an empty cache
+    #[arg(long, default_value_t = 512)]
+    prefill: usize,
+    /// New tokens of the greedy decode workload (no end-of-sequence stop)
+    #[arg(long, default_value_t = 128)]
+    decode: usize,
+    /// Prompt tokens the decode workload starts from
+    #[arg(long, default_value_t = 16)]
+    decode_prompt: usize,
+    /// Also write the model to DIR as a LlamaForCausalLM folder (transformers loads it)
+    #[arg(long, value_name = "DIR")]
+    save: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+}
+
+pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<()> {
+    let common = match &args.workload {
+        Workload::Attention(a) => &a.common,
+        Workload::Decode(a) => &a.common,
+        Workload::Minilm(a) => &a.common,
+        Workload::Llama(a) => &a.common,
+    };
+    if common.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    if !(common.min_time >= 0.0 && common.min_time.is_finite()) {
+        bail!("--min-time must be a finite number ≥ 0");
+    }
+    if let Some(n) = common.threads {
+        if n == 0 {
+            bail!("--threads must be at least 1");
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("setting the number of threads")?;
+    }
+    let mut printer = Printer::new(common, out);
+    match &args.workload {
+        Workload::Attention(a) => bench_attention(a, &mut printer),
+        Workload::Decode(a) => bench_decode(a, &mut printer),
+        Workload::Minilm(a) => bench_minilm(a, &mut printer),
+        Workload::Llama(a) => bench_llama(a, &mut printer),
+    }
+}
+
+// ---- the workloads ---------------------------------------------------------------
+
+const FLOP_CONVENTION: &str =
+    "forward 4·B·H·N·N·D (halved when causal); forward+backward 2.5× the forward; decode 4·B·H·S·D";
+
+fn bench_attention(a: &AttentionArgs, p: &mut Printer<impl Write>) -> Result<()> {
+    let (b, h, g, d) = (a.batch, a.heads, a.kv_heads, a.dim);
+    let spec = AttentionSpec {
+        causal: a.causal.then_some(CausalAlign::TopLeft),
+        kernel: a.kernel.into(),
+        ..Default::default()
+    };
+    for &n in &a.n {
+        let mut rng = Rng::new(a.common.seed);
+        let q = rng.tensor(&[b, n, h, d], 1.0);
+        let k = rng.tensor(&[b, n, g, d], 1.0);
+        let v = rng.tensor(&[b, n, g, d], 1.0);
+        let d_out = a.backward.then(|| rng.tensor(&[b, n, h, d], 1.0));
+        let timing = measure(&a.common, || {
+            let fwd = attention(&q, &k, &v, &spec)?;
+            if let Some(d_out) = &d_out {
+                black_box(attention_backward(&q, &k, &v, &fwd, d_out, &spec, false)?);
+            }
+            black_box(fwd);
+            Ok(())
+        })?;
+        let mut flop = 4.0 * (b * h * n * n * d) as f64;
+        if a.causal {
+            flop /= 2.0;
+        }
+        if a.backward {
+            flop *= 2.5;
+        }
+        let pass = if a.backward { "fwd+bwd" } else { "fwd" };
+        let mask = if a.causal { "causal" } else { "full" };
+        p.row(Row {
+            label: format!("attention {pass} {mask} N={n}"),
+            timing,
+            rate: Some(Rate::new("gflops", "GFLOP/s", flop / 1e9)),
+            fields: json!({
+                "bench": "attention", "n": n, "batch": b, "heads": h, "kv_heads": g,
+                "dim": d, "causal": a.causal, "backward": a.backward,
+                "kernel": a.kernel.name(), "gflop": flop / 1e9,
+                "flop_convention": FLOP_CONVENTION,
+            }),
+        })?;
+    }
+    Ok(())
+}
+
+fn bench_decode(a: &DecodeArgs, p: &mut Printer<impl Write>) -> Result<()> {
+    let (b, h, g, d) = (a.batch, a.heads, a.kv_heads, a.dim);
+    let spec = AttentionSpec {
+        causal: Some(CausalAlign::BottomRight),
+        kernel: a.kernel.into(),
+        ..Default::default()
+    };
+    for &s in &a.cache {
+        let mut rng = Rng::new(a.common.seed);
+        let q = rng.tensor(&[b, 1, h, d], 1.0);
+        let k = rng.tensor(&[b, s, g, d], 1.0);
+        let v = rng.tensor(&[b, s, g, d], 1.0);
+        let timing = measure(&a.common, || {
+            black_box(attention(&q, &k, &v, &spec)?);
+            Ok(())
+        })?;
+        let kv_bytes = (2 * b * s * g * d * std::mem::size_of::<f32>()) as f64;
+        p.row(Row {
+            label: format!("decode T=1 S={s}"),
+            timing,
+            rate: Some(Rate::new("gbs", "GB/s K+V", kv_bytes / 1e9)),
+            fields: json!({
+                "bench": "decode", "cache": s, "batch": b, "heads": h, "kv_heads": g,
+                "dim": d, "kernel": a.kernel.name(), "kv_bytes": kv_bytes,
+                "gflop": 4.0 * (b * h * s * d) as f64 / 1e9,
+                "flop_convention": FLOP_CONVENTION,
+            }),
+        })?;
+    }
+    Ok(())
+}
+
+/// The single-sentence workload's sentence.
+const SINGLE_SENTENCE: &str = "Attention lets every word look at all the other words.";
+
+fn bench_minilm(a: &MinilmArgs, p: &mut Printer<impl Write>) -> Result<()> {
+    if a.sentences == 0 || a.batch == 0 {
+        bail!("--sentences and --batch must be at least 1");
+    }
+    let sentences = bench_sentences(a.sentences, a.common.seed);
+    if a.print_sentences {
+        writeln!(p.out, "{}", serde_json::to_string(&sentences)?)?;
+        return Ok(());
+    }
+    let dir = a.model.as_ref().expect("clap requires --model");
+    let encoder = SentenceEncoder::load(dir)
+        .with_context(|| format!("loading sentence encoder {}", dir.display()))?;
+
+    // Longest first, then batches of --batch: what sentence-transformers' encode does.
+    let mut sorted: Vec<&str> = sentences.iter().map(String::as_str).collect();
+    sorted.sort_by_key(|s| std::cmp::Reverse(s.chars().count()));
+    let timing = measure(&a.common, || {
+        for chunk in sorted.chunks(a.batch) {
+            black_box(encoder.embed(chunk)?);
+        }
+        Ok(())
+    })?;
+    let n = sentences.len();
+    p.row(Row {
+        label: format!("minilm {n} sentences, batch {}", a.batch),
+        timing,
+        rate: Some(Rate::new("sentences_per_s", "sentences/s", n as f64)),
+        fields: json!({"bench": "minilm", "mode": "batch", "sentences": n, "batch": a.batch}),
+    })?;
+
+    let tokens = encoder.tokenize(&[SINGLE_SENTENCE])?.len;
+    let timing = measure(&a.common, || {
+        black_box(encoder.embed(&[SINGLE_SENTENCE])?);
+        Ok(())
+    })?;
+    p.row(Row {
+        label: format!("minilm one sentence ({tokens} tokens)"),
+        timing,
+        rate: None,
+        fields: json!({
+            "bench": "minilm", "mode": "single", "sentence": SINGLE_SENTENCE, "tokens": tokens,
+        }),
+    })
+}
+
+/// `n` sentences of 5 to 30 words, every fourth one Chinese, the same for a given seed.
+fn bench_sentences(n: usize, seed: u64) -> Vec<String> {
+    const ENGLISH: &[&str] = &[
+        "the",
+        "a",
+        "model",
+        "reads",
+        "every",
+        "word",
+        "attention",
+        "weights",
+        "query",
+        "key",
+        "value",
+        "softmax",
+        "layer",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "lazy",
+        "dog",
+        "river",
+        "city",
+        "morning",
+        "train",
+        "arrives",
+        "late",
+        "people",
+        "wait",
+        "quietly",
+        "under",
+        "bright",
+        "lights",
+        "and",
+        "then",
+        "they",
+        "walk",
+        "home",
+        "through",
+        "rain",
+        "music",
+        "plays",
+        "softly",
+        "in",
+        "old",
+        "kitchen",
+        "where",
+        "bread",
+        "is",
+        "baked",
+        "scientists",
+        "measure",
+        "signals",
+        "from",
+        "distant",
+        "stars",
+        "with",
+        "new",
+        "telescopes",
+        "children",
+        "learn",
+        "numbers",
+        "by",
+        "counting",
+        "apples",
+    ];
+    const CHINESE: &[&str] = &[
+        "我们",
+        "今天",
+        "学习",
+        "注意力",
+        "机制",
+        "模型",
+        "阅读",
+        "每个",
+        "词语",
+        "城市",
+        "早上",
+        "火车",
+        "到达",
+        "很晚",
+        "人们",
+        "安静",
+        "等待",
+        "音乐",
+        "厨房",
+        "面包",
+        "科学家",
+        "测量",
+        "遥远",
+        "星星",
+        "孩子",
+        "数字",
+        "苹果",
+        "天气",
+        "下雨",
+        "回家",
+        "朋友",
+        "一起",
+        "吃饭",
+        "喜欢",
+        "美丽",
+        "花园",
+        "老师",
+        "问题",
+        "答案",
+        "世界",
+    ];
+    let mut rng = Rng::new(seed);
+    (0..n)
+        .map(|i| {
+            let words = 5 + rng.below(26);
+            if i % 4 == 3 {
+                let mut s: String = (0..words)
+                    .map(|_| CHINESE[rng.below(CHINESE.len())])
+                    .collect();
+                s.push('。');
+                s
+            } else {
+                let mut s = (0..words)
+                    .map(|_| ENGLISH[rng.below(ENGLISH.len())])
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                s[..1].make_ascii_uppercase();
+                s.push('.');
+                s
+            }
+        })
+        .collect()
+}
+
+fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
+    if a.prefill == 0 || a.decode == 0 || a.decode_prompt == 0 {
+        bail!("--prefill, --decode and --decode-prompt must be at least 1");
+    }
+    if a.prefill.max(a.decode_prompt + a.decode) > a.max_len {
+        bail!(
+            "--max-len {} is shorter than the workloads: --prefill {} and --decode-prompt + --decode {}",
+            a.max_len,
+            a.prefill,
+            a.decode_prompt + a.decode
+        );
+    }
+    let arch = Arch::llama(a.vocab, a.d_model, a.layers, a.heads, a.kv_heads, a.max_len);
+    let model = Transformer::new(&arch, a.common.seed)?;
+    if let Some(dir) = &a.save {
+        model
+            .save(dir)
+            .with_context(|| format!("saving the model to {}", dir.display()))?;
+    }
+    let arch_fields = json!({
+        "bench": "llama", "d_model": a.d_model, "layers": a.layers, "heads": a.heads,
+        "kv_heads": a.kv_heads, "vocab": a.vocab, "params": model.num_params(),
+    });
+    let mut rng = Rng::new(a.common.seed.wrapping_add(1));
+    let mut ids = |n: usize| -> Vec<usize> { (0..n).map(|_| rng.below(a.vocab)).collect() };
+
+    let prompt = TokenBatch::single(ids(a.prefill))?;
+    let timing = measure(&a.common, || {
+        let mut cache = model.new_cache(1);
+        black_box(model.forward_cached(&prompt, &mut cache)?);
+        Ok(())
+    })?;
+    p.row(Row {
+        label: format!("llama prefill {} tokens", a.prefill),
+        timing,
+        rate: Some(Rate::new("tokens_per_s", "tokens/s", a.prefill as f64)),
+        fields: merge(
+            &arch_fields,
+            json!({"mode": "prefill", "tokens": a.prefill}),
+        ),
+    })?;
+
+    let prompt = TokenBatch::single(ids(a.decode_prompt))?;
+    let opts = GenerateOptions {
+        max_new_tokens: a.decode,
+        sampling: Sampling::Greedy,
+        eos: Vec::new(),
+    };
+    let timing = measure(&a.common, || {
+        let new = generate_causal(&model, &prompt, &opts)?;
+        if new[0].len() != a.decode {
+            bail!("generated {} tokens, not {}", new[0].len(), a.decode);
+        }
+        Ok(())
+    })?;
+    // Every decoding step reads every weight but the embedding table (one row of it).
+    let weight_bytes = ((model.num_params() - a.vocab * a.d_model) * 4) as f64;
+    let fields = merge(
+        &arch_fields,
+        json!({
+            "mode": "decode", "prompt": a.decode_prompt, "new_tokens": a.decode,
+            "weight_bytes_per_token": weight_bytes,
+            "weight_gbs_best": weight_bytes * a.decode as f64 / timing.best_s / 1e9,
+            "weight_gbs_median": weight_bytes * a.decode as f64 / timing.median_s / 1e9,
+        }),
+    );
+    p.row(Row {
+        label: format!(
+            "llama greedy decode {} tokens (prompt {})",
+            a.decode, a.decode_prompt
+        ),
+        timing,
+        rate: Some(Rate::new("tokens_per_s", "tokens/s", a.decode as f64)),
+        fields,
+    })
+}
+
+impl From<KernelArg> for Kernel {
+    fn from(k: KernelArg) -> Kernel {
+        match k {
+            KernelArg::Tiled => Kernel::Tiled,
+            KernelArg::Reference => Kernel::Reference,
+        }
+    }
+}
+
+impl KernelArg {
+    fn name(self) -> &'static str {
+        match self {
+            KernelArg::Tiled => "tiled",
+            KernelArg::Reference => "reference",
+        }
+    }
+}
+
+fn merge(base: &Value, extra: Value) -> Value {
+    let mut m = base.as_object().cloned().unwrap_or_default();
+    if let Value::Object(e) = extra {
+        m.extend(e);
+    }
+    Value::Object(m)
+}
+
+// ---- timing and reporting --------------------------------------------------------
+
+/// Seconds per call over the timed samples.
+struct Timing {
+    best_s: f64,
+    median_s: f64,
+    /// Calls per sample.
+    iters: usize,
+}
+
+/// Times `call` as the module docs describe.
+fn measure(c: &Common, mut call: impl FnMut() -> Result<()>) -> Result<Timing> {
+    let mut last = None;
+    for _ in 0..c.warmup {
+        let start = Instant::now();
+        call()?;
+        last = Some(start.elapsed().as_secs_f64());
+    }
+    let iters = match last {
+        Some(s) if c.min_time > 0.0 => (c.min_time / s.max(1e-9)).ceil().clamp(1.0, 1e6) as usize,
+        _ => 1,
+    };
+    let mut samples = Vec::with_capacity(c.rounds);
+    for _ in 0..c.rounds {
+        let start = Instant::now();
+        for _ in 0..iters {
+            call()?;
+        }
+        samples.push(start.elapsed().as_secs_f64() / iters as f64);
+    }
+    samples.sort_by(f64::total_cmp);
+    let m = samples.len() / 2;
+    let median_s = if samples.len() % 2 == 1 {
+        samples[m]
+    } else {
+        (samples[m - 1] + samples[m]) / 2.0
+    };
+    Ok(Timing {
+        best_s: samples[0],
+        median_s,
+        iters,
+    })
+}
+
+/// A rate derived from a timing: `amount` per call, e.g. GFLOP, GB, sentences, tokens.
+struct Rate {
+    /// JSON key prefix: `<key>_best`, `<key>_median`.
+    key: &'static str,
+    unit: &'static str,
+    amount: f64,
+}
+
+impl Rate {
+    fn new(key: &'static str, unit: &'static str, amount: f64) -> Self {
+        Rate { key, unit, amount }
+    }
+}
+
+/// One measured workload.
+struct Row {
+    label: String,
+    timing: Timing,
+    rate: Option<Rate>,
+    /// What was measured (sizes, options); printed with --json.
+    fields: Value,
+}
+
+/// Prints rows as they are measured: JSON lines, or a table.
+struct Printer<'w, W: Write> {
+    out: &'w mut W,
+    json: bool,
+    threads: usize,
+    rounds: usize,
+    warmup: usize,
+    header: bool,
+}
+
+impl<'w, W: Write> Printer<'w, W> {
+    fn new(c: &Common, out: &'w mut W) -> Self {
+        Printer {
+            out,
+            json: c.json,
+            threads: rayon::current_num_threads(),
+            rounds: c.rounds,
+            warmup: c.warmup,
+            header: false,
+        }
+    }
+
+    fn row(&mut self, row: Row) -> Result<()> {
+        let t = &row.timing;
+        if self.json {
+            let mut m: Map<String, Value> = row.fields.as_object().cloned().unwrap_or_default();
+            m.insert("threads".into(), json!(self.threads));
+            m.insert("rounds".into(), json!(self.rounds));
+            m.insert("warmup".into(), json!(self.warmup));
+            m.insert("iters".into(), json!(t.iters));
+            m.insert("best_s".into(), json!(t.best_s));
+            m.insert("median_s".into(), json!(t.median_s));
+            if let Some(r) = &row.rate {
+                m.insert(format!("{}_best", r.key), json!(r.amount / t.best_s));
+                m.insert(format!("{}_median", r.key), json!(r.amount / t.median_s));
+            }
+            writeln!(self.out, "{}", Value::Object(m))?;
+        } else {
+            if !self.header {
+                writeln!(
+                    self.out,
+                    "{} threads, {} warm-up calls, {} timed samples; seconds per call",
+                    self.threads, self.warmup, self.rounds
+                )?;
+                writeln!(
+                    self.out,
+                    "{:<44} {:>11} {:>11}   rate (best / median)",
+                    "workload", "best", "median"
+                )?;
+                self.header = true;
+            }
+            let rate = match &row.rate {
+                Some(r) => format!(
+                    "{:.1} / {:.1} {}",
+                    r.amount / t.best_s,
+                    r.amount / t.median_s,
+                    r.unit
+                ),
+                None => String::new(),
+            };
+            writeln!(
+                self.out,
+                "{:<44} {:>11} {:>11}   {rate}",
+                row.label,
+                seconds(t.best_s),
+                seconds(t.median_s)
+            )?;
+        }
+        self.out.flush()?;
+        Ok(())
+    }
+}
+
+/// `s` seconds in µs, ms or s.
+fn seconds(s: f64) -> String {
+    if s < 1e-3 {
+        format!("{:.1} µs", s * 1e6)
+    } else if s < 1.0 {
+        format!("{:.3} ms", s * 1e3)
+    } else {
+        format!("{s:.3} s")
+    }
+}

@@ -1,0 +1,185 @@
+//! `qkv bench` runs every workload end to end on tiny sizes and prints the fields
+//! `bench/compare_torch.py` reads. No timing is asserted beyond being positive: a
+//! benchmark is never a timed test.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn qkv(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_qkv"))
+        .args(args)
+        .output()
+        .expect("the qkv binary runs")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `qkv bench ARGS EXTRA… --json --rounds 1 --warmup 0 --threads 1` (ARGS split at
+/// spaces, EXTRA taken whole): one JSON object per line.
+fn bench(args: &str, extra: &[&str]) -> Vec<Value> {
+    let mut all = vec!["bench"];
+    all.extend(args.split_whitespace());
+    all.extend_from_slice(extra);
+    all.extend("--json --rounds 1 --warmup 0 --threads 1".split_whitespace());
+    let out = qkv(&all);
+    assert!(out.status.success(), "qkv {all:?}: {}", stderr(&out));
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+fn positive(row: &Value, keys: &[&str]) {
+    for key in keys {
+        let x = row[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no number `{key}` in {row}"));
+        assert!(x > 0.0 && x.is_finite(), "`{key}` = {x} in {row}");
+    }
+}
+
+const TIMING: &[&str] = &["best_s", "median_s", "iters", "rounds", "threads"];
+
+#[test]
+fn attention_rows_per_length_with_flops() {
+    let rows = bench("attention --n 16,24 --heads 4 --kv-heads 2 --dim 8", &[]);
+    assert_eq!(rows.len(), 2);
+    for (row, n) in rows.iter().zip([16, 24]) {
+        assert_eq!(row["bench"], "attention");
+        assert_eq!(row["n"], n);
+        assert_eq!(row["causal"], false);
+        assert_eq!(row["kernel"], "tiled");
+        assert!(row["flop_convention"].is_string());
+        positive(row, TIMING);
+        positive(row, &["gflop", "gflops_best", "gflops_median"]);
+        // 4·B·H·N²·D
+        let want = 4.0 * 4.0 * (n * n) as f64 * 8.0 / 1e9;
+        assert!((row["gflop"].as_f64().unwrap() - want).abs() < 1e-12 * want.max(1.0));
+    }
+}
+
+#[test]
+fn attention_backward_causal_counts_two_and_a_half_halves() {
+    for kernel in ["tiled", "reference"] {
+        let rows = bench(
+            "attention --n 16 --heads 2 --kv-heads 2 --dim 8 --causal --backward --kernel",
+            &[kernel],
+        );
+        assert_eq!(rows.len(), 1);
+        let row = &rows[0];
+        assert_eq!(row["backward"], true);
+        assert_eq!(row["kernel"], kernel);
+        positive(row, TIMING);
+        positive(row, &["gflops_best", "gflops_median"]);
+        let want = 4.0 * 2.0 * 256.0 * 8.0 / 2.0 * 2.5 / 1e9;
+        assert!((row["gflop"].as_f64().unwrap() - want).abs() < 1e-15);
+    }
+}
+
+#[test]
+fn decode_reports_bandwidth_of_the_cache() {
+    let rows = bench("decode --cache 32,64 --heads 4 --kv-heads 2 --dim 8", &[]);
+    assert_eq!(rows.len(), 2);
+    for (row, s) in rows.iter().zip([32, 64]) {
+        assert_eq!(row["bench"], "decode");
+        assert_eq!(row["cache"], s);
+        assert_eq!(
+            row["kv_bytes"].as_f64().unwrap(),
+            (2 * s * 2 * 8 * 4) as f64
+        );
+        positive(row, TIMING);
+        positive(row, &["gbs_best", "gbs_median"]);
+    }
+}
+
+#[test]
+fn llama_prefill_and_decode_and_the_saved_folder_loads() {
+    let dir = std::env::temp_dir().join(format!("qkv-cli-bench-{}-llama", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let rows = bench(
+        "llama --d-model 32 --layers 2 --heads 4 --kv-heads 2 --vocab 64 --max-len 64 \
+         --prefill 8 --decode 4 --decode-prompt 2 --save",
+        &[dir.to_str().unwrap()],
+    );
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["mode"], "prefill");
+    assert_eq!(rows[0]["tokens"], 8);
+    assert_eq!(rows[1]["mode"], "decode");
+    assert_eq!(rows[1]["new_tokens"], 4);
+    for row in &rows {
+        positive(row, TIMING);
+        positive(row, &["tokens_per_s_best", "tokens_per_s_median", "params"]);
+    }
+    positive(&rows[1], &["weight_bytes_per_token", "weight_gbs_best"]);
+
+    let out = qkv(&["inspect", "--model", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("LlamaForCausalLM"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn minilm_sentences_are_fixed_mixed_and_of_the_asked_number() {
+    let print = |seed: u64| {
+        let args = format!("bench minilm --print-sentences --sentences 12 --seed {seed}");
+        let out = qkv(&args.split_whitespace().collect::<Vec<_>>());
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice::<Vec<String>>(&out.stdout).unwrap()
+    };
+    let sentences = print(0);
+    assert_eq!(sentences.len(), 12);
+    assert_eq!(sentences, print(0));
+    assert_ne!(sentences, print(1));
+    let chinese = |s: &String| s.chars().any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c));
+    assert_eq!(sentences.iter().filter(|s| chinese(s)).count(), 3);
+    for s in sentences.iter().filter(|s| !chinese(s)) {
+        let words = s.split_whitespace().count();
+        assert!((5..=30).contains(&words), "{words} words: {s}");
+    }
+}
+
+#[test]
+fn minilm_batch_and_single_sentence() {
+    let Some(dir) = std::env::var_os("QKV_MINILM_DIR") else {
+        eprintln!(
+            "skipped: QKV_MINILM_DIR is not set (.ci/run fetches all-MiniLM-L6-v2 and sets it)"
+        );
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let rows = bench(
+        "minilm --sentences 6 --batch 4 --model",
+        &[dir.to_str().unwrap()],
+    );
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["mode"], "batch");
+    assert_eq!(rows[0]["sentences"], 6);
+    positive(
+        &rows[0],
+        &["sentences_per_s_best", "sentences_per_s_median"],
+    );
+    assert_eq!(rows[1]["mode"], "single");
+    positive(&rows[1], &["tokens"]);
+    for row in &rows {
+        positive(row, TIMING);
+    }
+}
+
+#[test]
+fn bad_options_fail_with_one_clear_line() {
+    for (args, needle) in [
+        ("bench attention --rounds 0", "--rounds"),
+        ("bench decode --threads 0", "--threads"),
+        ("bench llama --prefill 100 --max-len 64", "--max-len"),
+        ("bench minilm", "--model"),
+    ] {
+        let out = qkv(&args.split_whitespace().collect::<Vec<_>>());
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+    }
+}
