@@ -8,6 +8,7 @@
 mod backward;
 mod cache;
 mod disjoint;
+mod micro;
 mod reference;
 mod spec;
 mod tiled;

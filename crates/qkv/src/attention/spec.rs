@@ -269,6 +269,12 @@ impl<'s> Scorer<'s> {
         (lo, hi.max(lo))
     }
 
+    /// Whether any score needs more than the causal and window rules: key padding, a
+    /// mask or a bias.
+    pub fn has_mask_or_bias(&self) -> bool {
+        self.spec.key_padding.is_some() || self.spec.mask.is_some() || self.spec.bias.is_some()
+    }
+
     /// Turns raw scaled scores of query row i against keys `j0..j0 + row.len()` into
     /// final logits: adds the bias and writes −∞ where a key is not allowed.
     pub fn apply_row(&self, b: usize, h: usize, i: usize, j0: usize, row: &mut [f32]) {

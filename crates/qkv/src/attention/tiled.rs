@@ -10,13 +10,16 @@
 use super::disjoint::Disjoint;
 use rayon::prelude::*;
 
+use super::micro::{self, Strided, PANEL};
 use super::spec::Scorer;
 use super::{AttentionOutput, HeadsView};
 use crate::ops::{gemm, MatMut, MatRef, Par};
 use crate::tensor::Tensor;
 
-const BLOCK_Q: usize = 32;
-const BLOCK_K: usize = 64;
+/// Query rows per task.
+const BLOCK_Q: usize = 64;
+/// Keys per block (a whole number of panels).
+const BLOCK_K: usize = 128;
 
 /// Per-thread working space, allocated once per rayon worker and reused across tasks.
 struct Scratch {
@@ -24,8 +27,10 @@ struct Scratch {
     tile: Vec<f32>,
     /// [BLOCK_Q, Dv]
     acc: Vec<f32>,
+    /// [BLOCK_Q] running max, sum, and this block's rescale factor
     m: Vec<f32>,
     l: Vec<f32>,
+    corr: Vec<f32>,
 }
 
 /// q: [B,T,H,D], k: [B,S,G,D], v: [B,S,G,Dv] (validated) → out [B,T,H,Dv], lse [B,H,T].
@@ -43,6 +48,7 @@ pub(crate) fn attention(
     let mut lse = Tensor::zeros(&[dims.b, h_n, t]);
     let out_w = Disjoint::new(out.data_mut());
     let lse_w = Disjoint::new(lse.data_mut());
+    let keys = Panels::new(k);
 
     (0..dims.b * h_n * n_qblocks).into_par_iter().for_each_init(
         || Scratch {
@@ -50,13 +56,14 @@ pub(crate) fn attention(
             acc: vec![0.0; BLOCK_Q * dv],
             m: vec![0.0; BLOCK_Q],
             l: vec![0.0; BLOCK_Q],
+            corr: vec![0.0; BLOCK_Q],
         },
         |scratch, task| {
             let (bh, qb) = (task / n_qblocks, task % n_qblocks);
             let (b, h) = (bh / h_n, bh % h_n);
             let i0 = qb * BLOCK_Q;
             let rows = BLOCK_Q.min(t - i0);
-            query_block(q, k, v, scorer, b, h, i0, rows, scratch);
+            query_block(q, &keys, v, scorer, b, h, i0, rows, scratch);
             for r in 0..rows {
                 let i = i0 + r;
                 // SAFETY: task (b, h, qb) alone owns out[b, i0..i0+rows, h, :] and
@@ -90,11 +97,12 @@ pub(crate) fn attention(
 }
 
 /// Runs the online softmax for query rows i0..i0+rows of head h in batch b,
-/// leaving acc, m and l in `scratch`.
+/// leaving acc, m and l in `scratch`. Key blocks no row of the block may see are
+/// skipped; the mask is applied only to blocks where some row sees only part of it.
 #[allow(clippy::too_many_arguments)]
 fn query_block(
     q: &HeadsView,
-    k: &HeadsView,
+    keys: &Panels,
     v: &HeadsView,
     scorer: &Scorer,
     b: usize,
@@ -110,89 +118,93 @@ fn query_block(
     scratch.l[..rows].fill(0.0);
     scratch.acc[..rows * dv].fill(0.0);
 
-    // Key ranges grow with the row, so the block's union is [lo of first, hi of last).
-    let lo = scorer.key_range(i0).0;
-    let hi = scorer.key_range(i0 + rows - 1).1;
-    // Q block: rows × D, row stride H·D, starting at q[b, i0, h, 0].
-    let q_blk = MatRef {
-        data: &q.data[q.offset(b, i0, h)..],
-        rows,
-        cols: d,
-        row_stride: h_n * d,
-        col_stride: 1,
-    };
-    let mut j0 = lo;
+    // Key ranges grow with the row: the block's union is [lo of the first row, hi of
+    // the last), and every row sees all of [lo of the last, hi of the first).
+    let (lo, hi_first) = scorer.key_range(i0);
+    let (lo_last, hi) = scorer.key_range(i0 + rows - 1);
+    let q_blk = &q.data[q.offset(b, i0, h)..];
+    // from a panel boundary: the keys before `lo` in the first panel are masked
+    let mut j0 = lo - lo % PANEL;
     while j0 < hi {
         let cols = BLOCK_K.min(hi - j0);
-        // Kᵀ block: D × cols, read in place from k[b, j0.., g, :].
-        let k_t = MatRef {
-            data: &k.data[k.offset(b, j0, g)..],
-            rows: cols,
-            cols: d,
-            row_stride: g_n * d,
-            col_stride: 1,
-        }
-        .t();
-        gemm(
-            MatMut {
-                data: &mut scratch.tile,
-                rows,
-                cols,
-                row_stride: BLOCK_K,
-                col_stride: 1,
-            },
+        let panels = cols.div_ceil(PANEL);
+        micro::scores(
             q_blk,
-            k_t,
+            h_n * d,
+            rows,
+            d,
+            keys.from(b, g, j0),
+            panels,
             scorer.scale,
-            false,
-            Par::Single,
+            &mut scratch.tile,
+            BLOCK_K,
         );
+        let whole = j0 >= lo_last && j0 + cols <= hi_first && !scorer.has_mask_or_bias();
         for r in 0..rows {
             let row = &mut scratch.tile[r * BLOCK_K..r * BLOCK_K + cols];
-            scorer.apply_row(b, h, i0 + r, j0, row);
-            let m_old = scratch.m[r];
-            let m_new = row.iter().copied().fold(m_old, f32::max);
-            if m_new == f32::NEG_INFINITY {
-                // Nothing visible yet in this row: contribute nothing.
-                row.fill(0.0);
-                continue;
+            if !whole {
+                scorer.apply_row(b, h, i0 + r, j0, row);
             }
-            let mut sum = 0.0;
-            for x in row.iter_mut() {
-                *x = (*x - m_new).exp();
-                sum += *x;
-            }
-            let correction = (m_old - m_new).exp();
-            scratch.l[r] = scratch.l[r] * correction + sum;
-            scratch.m[r] = m_new;
-            if correction != 1.0 {
-                for a in &mut scratch.acc[r * dv..(r + 1) * dv] {
-                    *a *= correction;
-                }
-            }
+            scratch.corr[r] = micro::softmax_step(row, &mut scratch.m[r], &mut scratch.l[r]);
         }
-        // acc[rows, Dv] += P[rows, cols] · V[j0..j0+cols, g, :]
-        gemm(
-            MatMut::row_major(&mut scratch.acc[..rows * dv], rows, dv),
-            MatRef {
-                data: &scratch.tile,
-                rows,
-                cols,
-                row_stride: BLOCK_K,
-                col_stride: 1,
-            },
-            MatRef {
-                data: &v.data[v.offset(b, j0, g)..],
-                rows: cols,
-                cols: dv,
-                row_stride: g_n * dv,
-                col_stride: 1,
-            },
-            1.0,
-            true,
-            Par::Single,
+        // acc = corr·acc + P · V[j0..j0+cols, g, :]
+        let p = Strided {
+            data: &scratch.tile,
+            row: BLOCK_K,
+            col: 1,
+        };
+        let v_blk = &v.data[v.offset(b, j0, g)..];
+        let corr = Some(&scratch.corr[..]);
+        micro::mul_acc(
+            p,
+            rows,
+            cols,
+            v_blk,
+            g_n * dv,
+            dv,
+            corr,
+            &mut scratch.acc,
+            dv,
         );
         j0 += cols;
+    }
+}
+
+/// Every (batch, key head)'s keys (or values) in panels of 8 (see
+/// [`micro::pack_keys`]), packed once per call and read by all query blocks and all
+/// query heads of a GQA group.
+pub(crate) struct Panels {
+    data: Vec<f32>,
+    /// keys per (b, g), rounded up to whole panels
+    s_pad: usize,
+    g: usize,
+    d: usize,
+}
+
+impl Panels {
+    pub(crate) fn new(k: &HeadsView) -> Self {
+        let [b_n, s, g_n, d] = k.shape();
+        let s_pad = s.div_ceil(PANEL) * PANEL;
+        let mut data = vec![0.0; b_n * g_n * s_pad * d];
+        data.par_chunks_mut(s_pad * d)
+            .enumerate()
+            .for_each(|(bg, out)| {
+                let (b, g) = (bg / g_n, bg % g_n);
+                micro::pack_keys(|c| k.data[k.offset(b, c, g)..].as_ptr(), s, d, out);
+            });
+        Panels {
+            data,
+            s_pad,
+            g: g_n,
+            d,
+        }
+    }
+
+    /// The panels from key j0 (a multiple of 8) on, of batch b and key head g.
+    pub(crate) fn from(&self, b: usize, g: usize, j0: usize) -> &[f32] {
+        debug_assert!(j0.is_multiple_of(PANEL));
+        let start = ((b * self.g + g) * self.s_pad + j0) * self.d;
+        &self.data[start..((b * self.g + g) + 1) * self.s_pad * self.d]
     }
 }
 

@@ -3,6 +3,7 @@
 pub mod activation;
 pub mod fastmath;
 pub mod matmul;
+pub mod simd;
 pub mod softmax;
 
 pub use activation::Activation;
