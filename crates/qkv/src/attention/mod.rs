@@ -7,7 +7,6 @@
 
 mod backward;
 mod cache;
-mod disjoint;
 mod micro;
 mod reference;
 mod spec;

@@ -7,7 +7,7 @@
 //! l' = l·exp(m − m') + Σp, acc' = acc·exp(m − m') + p·V. At the end out = acc / l and
 //! the row's log-sum-exp is m + ln l, which the backward pass and the weights use.
 
-use super::disjoint::Disjoint;
+use crate::ops::disjoint::Disjoint;
 use rayon::prelude::*;
 
 use super::micro::{self, Strided, PANEL};

@@ -21,7 +21,7 @@
 //! `[B, H, T, S]` buffer, which is then summed over the axes the bias is broadcast along,
 //! in a fixed order (the bias gradient is T×S anyway).
 
-use crate::attention::disjoint::Disjoint;
+use crate::ops::disjoint::Disjoint;
 use rayon::prelude::*;
 
 use super::super::micro::{self, Strided, PANEL};

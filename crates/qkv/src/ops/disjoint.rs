@@ -1,5 +1,5 @@
-//! Shared by the tiled kernels (forward and backward): one output buffer that parallel
-//! tasks write into, each task to elements no other task touches.
+//! One output buffer that parallel tasks write into, each task to elements no other
+//! task touches: the tiled attention kernels and the blocked matrix product share it.
 
 /// A buffer that parallel tasks write through, each to its own disjoint elements.
 #[derive(Clone, Copy)]
@@ -27,5 +27,18 @@ impl Disjoint {
     pub(crate) unsafe fn range(&self, start: usize, n: usize) -> &mut [f32] {
         assert!(start + n <= self.len, "disjoint write outside buffer");
         std::slice::from_raw_parts_mut(self.ptr.add(start), n)
+    }
+
+    /// A pointer to element `start`, for a task that writes a strided set of elements
+    /// (a tile of a matrix) that ends before `end`.
+    ///
+    /// # Safety
+    /// The task writes only elements in `start..end` that no other task touches.
+    pub(crate) unsafe fn ptr(&self, start: usize, end: usize) -> *mut f32 {
+        assert!(
+            start <= end && end <= self.len,
+            "disjoint write outside buffer"
+        );
+        self.ptr.add(start)
     }
 }

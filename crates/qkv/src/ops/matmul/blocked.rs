@@ -1,0 +1,196 @@
+//! The engine behind [`super::gemm`]: C ← β·C + α·A·B on strided views.
+//!
+//! Two paths, chosen by shape:
+//! - **few rows** (a sentence of a dozen tokens, one decode step) against a weight read
+//!   in place as Wᵀ: [`super::dot`] streams each weight row once and dots it with every row of
+//!   A, so the product runs at memory speed with no packing;
+//! - **everything else**, blocked as in BLIS / GotoBLAS: C is cut into one rectangle
+//!   per thread, and each runs the sequential blocked product on its own: for each
+//!   slab of `kc` steps along K, its columns of B are packed into `[kc][NR]`
+//!   micro-panels, then each block of `MC` rows of A into `[kc][MR]` micro-panels, and
+//!   the [`super::kernel`] computes MR×NR tiles. A block of A (≤ 144 × 256 floats)
+//!   stays in L2 while each B micro-panel (≤ 256 × 16) is reused from L1 by all of its
+//!   tiles. The tasks share nothing and meet once, at the end of the call.
+//!
+//! No two tasks write the same element, and the result does not depend on the thread
+//! count: every element is summed in the same order (slab by slab, p ascending inside
+//! a slab) whichever task owns it.
+
+use super::kernel::{self, Dst};
+use super::{dot, pack};
+use super::{MatMut, MatRef, Par};
+use crate::ops::disjoint::Disjoint;
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// Rows of a micro-tile.
+pub(super) const MR: usize = 6;
+/// Columns of a micro-tile (two AVX2 vectors).
+pub(super) const NR: usize = 16;
+/// Most steps along K per slab; slabs are made equal so none is tiny.
+const KC: usize = 256;
+/// Rows of A per task block (a multiple of MR).
+const MC: usize = 144;
+/// Products smaller than this many multiply-adds run on the calling thread: waking
+/// another costs more than it saves.
+const PARALLEL_MACS: usize = 1 << 20;
+/// A few-rows product over a weight of this many floats (256 KiB) is split over the
+/// threads whatever its arithmetic: it is bound by reading the weight, and two cores
+/// read memory faster than one.
+const PARALLEL_WEIGHT: usize = 1 << 16;
+/// Largest scratch (floats, 16 MiB) a thread keeps between calls; a bigger one (a huge
+/// vocabulary head) is freed after its call.
+const KEEP_MAX: usize = 1 << 22;
+/// Row counts up to this go to the few-rows path when the layout allows it.
+const DOT_ROWS: usize = 16;
+
+/// C ← (add ? C : 0) + α·A·B, with shapes already checked by the caller: a `[M,K]`,
+/// b `[K,N]`, c `[M,N]`, all views inside their slices, M, N, K > 0.
+pub(super) fn product(
+    c: MatMut<'_>,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    alpha: f32,
+    add: bool,
+    par: Par,
+) {
+    let (m, n, k) = (c.rows, c.cols, a.cols);
+    let threads = rayon::current_num_threads();
+    let parallel = par == Par::Auto
+        && threads > 1
+        && (m * n * k >= PARALLEL_MACS || (m <= DOT_ROWS && n * k >= PARALLEL_WEIGHT));
+    if m <= DOT_ROWS && a.col_stride == 1 && b.row_stride == 1 {
+        dot::product(c, a, b, alpha, add, parallel);
+        return;
+    }
+    let parts = if parallel { threads } else { 1 };
+    let panels = n.div_ceil(NR);
+    // cut C into `parts` rectangles of whole micro-panels. Each part packs its own
+    // rows of A and columns of B, so a cut along N copies A `parts` times and a cut
+    // along M copies B: cut along the larger of M and N, where there is room for it.
+    let along_n = panels >= 4 * parts && (n >= m || m < 4 * parts * MR);
+    let (row_parts, col_parts) = if along_n { (1, parts) } else { (parts, 1) };
+    let rows_per_part = m.div_ceil(row_parts).next_multiple_of(MR);
+    let panels_per_part = panels.div_ceil(col_parts);
+    let out = Disjoint::new(c.data);
+    let (rs, cs) = (c.row_stride, c.col_stride);
+    let task = |t: usize| {
+        let r0 = (t / col_parts) * rows_per_part;
+        let c0 = (t % col_parts) * panels_per_part * NR;
+        if r0 < m && c0 < n {
+            let part = Part {
+                r0,
+                rows: rows_per_part.min(m - r0),
+                c0,
+                cols: (panels_per_part * NR).min(n - c0),
+            };
+            part.run(&a, &b, &out, (rs, cs), alpha, add);
+        }
+    };
+    if parts > 1 {
+        (0..parts).into_par_iter().for_each(task);
+    } else {
+        task(0);
+    }
+}
+
+/// One task's rectangle of C: rows `r0..r0 + rows`, columns `c0..c0 + cols`.
+struct Part {
+    r0: usize,
+    rows: usize,
+    c0: usize,
+    cols: usize,
+}
+
+impl Part {
+    /// The sequential blocked product on this rectangle: per slab of K, pack this part's
+    /// columns of B, then per block of MC rows pack A and sweep the micro-tiles, B's
+    /// micro-panel outer so it stays in L1 while A's block streams from L2.
+    fn run(
+        &self,
+        a: &MatRef,
+        b: &MatRef,
+        out: &Disjoint,
+        (rs, cs): (usize, usize),
+        alpha: f32,
+        add: bool,
+    ) {
+        let k = a.cols;
+        let slabs = k.div_ceil(KC);
+        let kc_max = k.div_ceil(slabs);
+        let panels = self.cols.div_ceil(NR);
+        with_buffer(&PACKED_B, panels * kc_max * NR, |packed_b| {
+            with_buffer(
+                &PACKED_A,
+                MC.min(self.rows).next_multiple_of(MR) * kc_max,
+                |packed_a| {
+                    for slab in 0..slabs {
+                        let k0 = slab * kc_max;
+                        let kc = kc_max.min(k - k0);
+                        pack::pack_b(b, k0, kc, self.c0, self.cols, packed_b);
+                        for r0 in (self.r0..self.r0 + self.rows).step_by(MC) {
+                            let rows = MC.min(self.r0 + self.rows - r0);
+                            pack::pack_a(a, r0, rows, k0, kc, packed_a);
+                            for j in 0..panels {
+                                let b_panel = &packed_b[j * kc * NR..][..kc * NR];
+                                let col = self.c0 + j * NR;
+                                let cols = NR.min(self.c0 + self.cols - col);
+                                for i in 0..rows.div_ceil(MR) {
+                                    let a_panel = &packed_a[i * kc * MR..][..kc * MR];
+                                    let r = r0 + i * MR;
+                                    let tile_rows = MR.min(r0 + rows - r);
+                                    let start = r * rs + col * cs;
+                                    let end = start + (tile_rows - 1) * rs + (cols - 1) * cs + 1;
+                                    let dst = Dst {
+                                        // SAFETY: the tile lies inside C (the caller checked
+                                        // C's view) and inside this part, which no other
+                                        // task writes.
+                                        ptr: unsafe { out.ptr(start, end) },
+                                        row_stride: rs,
+                                        col_stride: cs,
+                                        rows: tile_rows,
+                                        cols,
+                                        alpha,
+                                        add: add || slab > 0,
+                                    };
+                                    // SAFETY: the panels hold kc steps; `dst` is as above.
+                                    unsafe { kernel::tile(kc, a_panel, b_panel, &dst) };
+                                }
+                            }
+                        }
+                    }
+                },
+            )
+        })
+    }
+}
+
+thread_local! {
+    /// Packing space, kept between calls so a product allocates nothing once warm.
+    static PACKED_A: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static PACKED_B: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on a 64-byte-aligned scratch slice of `len` floats from `slot`. The vector is
+/// taken out of the slot for the call, so a nested product on the same thread (a rayon
+/// task that steals another) gets a fresh one rather than a second borrow.
+fn with_buffer<R>(
+    slot: &'static std::thread::LocalKey<RefCell<Vec<f32>>>,
+    len: usize,
+    f: impl FnOnce(&mut [f32]) -> R,
+) -> R {
+    const ALIGN: usize = 16;
+    let mut buf = slot.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    if buf.len() < len + ALIGN {
+        buf.resize(len + ALIGN, 0.0);
+    }
+    let skip = buf.as_ptr().align_offset(64).min(ALIGN);
+    let result = f(&mut buf[skip..skip + len]);
+    slot.with(|s| {
+        let mut kept = s.borrow_mut();
+        if kept.len() < buf.len() && buf.len() <= KEEP_MAX {
+            *kept = buf;
+        }
+    });
+    result
+}

@@ -1,0 +1,252 @@
+//! Copies of the operands' blocks in the order the micro-kernel reads them, so its
+//! inner loop walks memory contiguously whatever the operands' strides:
+//! - A block (rows × kc) → micro-panels of [`MR`] rows, each `[kc][MR]`;
+//! - B block (kc × cols) → micro-panels of [`NR`] columns, each `[kc][NR]`.
+//!
+//! The last panel's missing rows or columns are zeros, so the kernel always computes a
+//! whole tile and the store keeps only the part inside the matrix.
+//!
+//! The two layouts a linear layer's forward pass gives (A row-major, B = Wᵀ with W's
+//! rows contiguous) read each source line along K and write across it, a transpose:
+//! on AVX2 whole panels go through 8×8 register transposes; everything else, and the
+//! portable build, copies element by element.
+
+use super::blocked::{MR, NR};
+use crate::ops::MatRef;
+
+/// Packs rows `r0..r0+rows` × columns `k0..k0+kc` of `a` into `out`:
+/// element (r, p) at `(r / MR)·kc·MR + p·MR + r % MR`.
+pub(super) fn pack_a(a: &MatRef, r0: usize, rows: usize, k0: usize, kc: usize, out: &mut [f32]) {
+    let panels = rows.div_ceil(MR);
+    let out = &mut out[..panels * kc * MR];
+    for (i, panel) in out.chunks_exact_mut(kc * MR).enumerate() {
+        let live = (rows - i * MR).min(MR);
+        let base = (r0 + i * MR) * a.row_stride + k0 * a.col_stride;
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if live == MR && a.col_stride == 1 && crate::ops::simd::avx2_fma() {
+            // SAFETY: AVX2 is present; the MR rows hold kc values from `base` (the
+            // caller's view is inside its slice) and the panel holds kc·MR.
+            done = unsafe { x86::rows_to_panel_a(&a.data[base..], a.row_stride, kc, panel) };
+        }
+        if a.row_stride == 1 {
+            // column-major A (a transposed view): MR consecutive values per p
+            for (p, dst) in panel.chunks_exact_mut(MR).enumerate().skip(done) {
+                let src = &a.data[base + p * a.col_stride..][..live];
+                dst[..live].copy_from_slice(src);
+                dst[live..].fill(0.0);
+            }
+        } else {
+            for p in done..kc {
+                for r in 0..MR {
+                    panel[p * MR + r] = if r < live {
+                        a.data[base + r * a.row_stride + p * a.col_stride]
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// Packs rows `k0..k0+kc` × columns `c0..c0+cols` of `b` into `out`:
+/// element (p, c) at `(c / NR)·kc·NR + p·NR + c % NR`.
+pub(super) fn pack_b(b: &MatRef, k0: usize, kc: usize, c0: usize, cols: usize, out: &mut [f32]) {
+    let panels = cols.div_ceil(NR);
+    let out = &mut out[..panels * kc * NR];
+    for (j, panel) in out.chunks_exact_mut(kc * NR).enumerate() {
+        let live = (cols - j * NR).min(NR);
+        let base = k0 * b.row_stride + (c0 + j * NR) * b.col_stride;
+        if b.col_stride == 1 {
+            // row-major B: NR consecutive values per p
+            for (p, dst) in panel.chunks_exact_mut(NR).enumerate() {
+                let src = &b.data[base + p * b.row_stride..][..live];
+                dst[..live].copy_from_slice(src);
+                dst[live..].fill(0.0);
+            }
+            continue;
+        }
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if live == NR && b.row_stride == 1 && crate::ops::simd::avx2_fma() {
+            // SAFETY: AVX2 is present; the NR columns (W's rows) hold kc values from
+            // `base` and the panel holds kc·NR.
+            done = unsafe { x86::rows_to_panel_b(&b.data[base..], b.col_stride, kc, panel) };
+        }
+        for p in done..kc {
+            for c in 0..NR {
+                panel[p * NR + c] = if c < live {
+                    b.data[base + c * b.col_stride + p * b.row_stride]
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{MR, NR};
+    use std::arch::x86_64::*;
+
+    /// Transposes the 8×8 block whose row i is `v[i]`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn transpose8(v: &mut [__m256; 8]) {
+        let t0 = _mm256_unpacklo_ps(v[0], v[1]);
+        let t1 = _mm256_unpackhi_ps(v[0], v[1]);
+        let t2 = _mm256_unpacklo_ps(v[2], v[3]);
+        let t3 = _mm256_unpackhi_ps(v[2], v[3]);
+        let t4 = _mm256_unpacklo_ps(v[4], v[5]);
+        let t5 = _mm256_unpackhi_ps(v[4], v[5]);
+        let t6 = _mm256_unpacklo_ps(v[6], v[7]);
+        let t7 = _mm256_unpackhi_ps(v[6], v[7]);
+        let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        v[0] = _mm256_permute2f128_ps::<0x20>(s0, s4);
+        v[1] = _mm256_permute2f128_ps::<0x20>(s1, s5);
+        v[2] = _mm256_permute2f128_ps::<0x20>(s2, s6);
+        v[3] = _mm256_permute2f128_ps::<0x20>(s3, s7);
+        v[4] = _mm256_permute2f128_ps::<0x31>(s0, s4);
+        v[5] = _mm256_permute2f128_ps::<0x31>(s1, s5);
+        v[6] = _mm256_permute2f128_ps::<0x31>(s2, s6);
+        v[7] = _mm256_permute2f128_ps::<0x31>(s3, s7);
+    }
+
+    /// Packs the first steps of an A panel from MR rows that start `stride` apart in
+    /// `src`, each contiguous along K: panel[p·MR + r] = src[r·stride + p]. Each
+    /// 8-step block is transposed in registers and written as 8 vectors of 8 at a step
+    /// of MR, each spilling 2 floats into the next step's slot, which the next store
+    /// overwrites; so the last block stops short of the panel's end. Returns how many
+    /// steps were packed (the caller does the rest).
+    ///
+    /// # Safety
+    /// AVX2; rows MR−1 ends at `(MR−1)·stride + kc ≤ src.len()`; `panel` holds kc·MR.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn rows_to_panel_a(
+        src: &[f32],
+        stride: usize,
+        kc: usize,
+        panel: &mut [f32],
+    ) -> usize {
+        debug_assert!((MR - 1) * stride + kc <= src.len() && panel.len() >= kc * MR);
+        let mut p = 0;
+        while p + 8 < kc {
+            let mut v = [_mm256_setzero_ps(); 8];
+            for (r, row) in v.iter_mut().enumerate().take(MR) {
+                *row = _mm256_loadu_ps(src.as_ptr().add(r * stride + p));
+            }
+            transpose8(&mut v);
+            for (i, col) in v.iter().enumerate() {
+                _mm256_storeu_ps(panel.as_mut_ptr().add((p + i) * MR), *col);
+            }
+            p += 8;
+        }
+        p
+    }
+
+    /// Packs the first steps of a full B panel from NR columns stored as rows `stride`
+    /// apart in `src`, each contiguous along K: panel[p·NR + c] = src[c·stride + p].
+    /// Returns how many steps were packed (a multiple of 8).
+    ///
+    /// # Safety
+    /// AVX2; row NR−1 ends at `(NR−1)·stride + kc ≤ src.len()`; `panel` holds kc·NR.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn rows_to_panel_b(
+        src: &[f32],
+        stride: usize,
+        kc: usize,
+        panel: &mut [f32],
+    ) -> usize {
+        debug_assert!((NR - 1) * stride + kc <= src.len() && panel.len() >= kc * NR);
+        let mut p = 0;
+        while p + 8 <= kc {
+            for half in 0..NR / 8 {
+                let mut v = [_mm256_setzero_ps(); 8];
+                for (c, row) in v.iter_mut().enumerate() {
+                    *row = _mm256_loadu_ps(src.as_ptr().add((half * 8 + c) * stride + p));
+                }
+                transpose8(&mut v);
+                for (i, col) in v.iter().enumerate() {
+                    _mm256_storeu_ps(panel.as_mut_ptr().add((p + i) * NR + half * 8), *col);
+                }
+            }
+            p += 8;
+        }
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads the logical element (r, c) of a test matrix.
+    type At<'a> = Box<dyn Fn(usize, usize) -> f32 + 'a>;
+
+    /// `rows × cols` distinct values, stored row-major or (as a transposed view)
+    /// column-major; `at(r, c)` reads the logical element.
+    fn both_layouts(rows: usize, cols: usize, data: &[f32]) -> [(MatRef<'_>, At<'_>); 2] {
+        [
+            (
+                MatRef::row_major(data, rows, cols),
+                Box::new(move |r, c| data[r * cols + c]),
+            ),
+            (
+                MatRef::row_major(data, cols, rows).t(),
+                Box::new(move |r, c| data[c * rows + r]),
+            ),
+        ]
+    }
+
+    #[test]
+    fn packed_a_holds_each_element_once_and_zeros_past_the_rows() {
+        let (m, k) = (16, 40);
+        let data: Vec<f32> = (0..m * k).map(|i| i as f32 + 1.0).collect();
+        // three panels, the last partial; kc long enough for the vector path and a tail
+        let (r0, rows, k0, kc) = (1, 14, 2, 29);
+        for (a, at) in both_layouts(m, k, &data) {
+            let mut out = vec![f32::NAN; 3 * kc * MR];
+            pack_a(&a, r0, rows, k0, kc, &mut out);
+            for r in 0..3 * MR {
+                for p in 0..kc {
+                    let want = if r < rows { at(r0 + r, k0 + p) } else { 0.0 };
+                    assert_eq!(
+                        out[(r / MR) * kc * MR + p * MR + r % MR],
+                        want,
+                        "({r}, {p})"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn packed_b_holds_each_element_once_and_zeros_past_the_columns() {
+        let (k, n) = (40, 41);
+        let data: Vec<f32> = (0..k * n).map(|i| i as f32 + 1.0).collect();
+        let (k0, kc, c0, cols) = (1, 29, 2, 38);
+        for (b, at) in both_layouts(k, n, &data) {
+            let mut out = vec![f32::NAN; 3 * kc * NR];
+            pack_b(&b, k0, kc, c0, cols, &mut out);
+            for c in 0..3 * NR {
+                for p in 0..kc {
+                    let want = if c < cols { at(k0 + p, c0 + c) } else { 0.0 };
+                    assert_eq!(
+                        out[(c / NR) * kc * NR + p * NR + c % NR],
+                        want,
+                        "({p}, {c})"
+                    );
+                }
+            }
+        }
+    }
+}
