@@ -1,6 +1,6 @@
 //! Matrix products on strided views into slices, so a transposed weight, one head
 //! inside `[B,T,H,D]` or a K/V tile is read in place. The engine is our own (see
-//! [`blocked`]): packed AVX2 + FMA micro-kernels for most shapes and a packing-free
+//! `blocked.rs`): packed AVX2 + FMA micro-kernels for most shapes and a packing-free
 //! path for a few rows against a weight; the triple loop in the tests is its twin.
 
 mod blocked;
