@@ -181,13 +181,18 @@ fn batching_does_not_change_embeddings() {
         .map(|s| enc.embed(&[s]).unwrap().remove(0))
         .collect();
     check_embeddings("one at a time", &r, &alone);
-    let batched = enc.embed(&texts(&r)).unwrap();
-    for ((s, a), b) in r.sentences.iter().zip(&alone).zip(&batched) {
-        for (x, y) in a.iter().zip(b) {
-            assert!((x - y).abs() < 1e-5, "{s:?}: {x} alone vs {y} batched");
+    // batches of 32 (all at once here) and of 3 (grouped by token count across calls)
+    for batch in [32, 3] {
+        let batched = enc.embed_batched(&texts(&r), batch).unwrap();
+        for ((s, a), b) in r.sentences.iter().zip(&alone).zip(&batched) {
+            for (x, y) in a.iter().zip(b) {
+                assert!((x - y).abs() < 1e-5, "{s:?}: {x} alone vs {y} in batches of {batch}");
+            }
         }
     }
     assert!(enc.embed(&[]).unwrap().is_empty());
+    let err = enc.embed_batched(&texts(&r), 0).unwrap_err().to_string();
+    assert!(err.contains("batch_size"), "{err}");
 }
 
 /// Without modules.json the folder is a plain BERT model; sentence-transformers then

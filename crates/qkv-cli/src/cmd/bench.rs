@@ -131,8 +131,8 @@ struct MinilmArgs {
     /// Sentences in the batch workload (generated from --seed)
     #[arg(long, default_value_t = 256)]
     sentences: usize,
-    /// Sentences per `embed` call, longest first as sentence-transformers' encode sorts
-    /// them (`embed` itself runs at most 32 per forward)
+    /// Sentences per forward pass: one `embed_batched` call over all of them, as
+    /// sentence-transformers' `encode(batch_size=...)`
     #[arg(long, default_value_t = 32)]
     batch: usize,
     /// Print the generated sentences as a JSON list and exit (the PyTorch side encodes these)
@@ -302,13 +302,11 @@ fn bench_minilm(a: &MinilmArgs, p: &mut Printer<impl Write>) -> Result<()> {
     let encoder = SentenceEncoder::load(dir)
         .with_context(|| format!("loading sentence encoder {}", dir.display()))?;
 
-    // Longest first, then batches of --batch: what sentence-transformers' encode does.
-    let mut sorted: Vec<&str> = sentences.iter().map(String::as_str).collect();
-    sorted.sort_by_key(|s| std::cmp::Reverse(s.chars().count()));
+    // One call over every sentence, which `embed_batched` groups into batches, as
+    // sentence-transformers' encode groups them on the PyTorch side.
+    let all: Vec<&str> = sentences.iter().map(String::as_str).collect();
     let timing = measure(&a.common, || {
-        for chunk in sorted.chunks(a.batch) {
-            black_box(encoder.embed(chunk)?);
-        }
+        black_box(encoder.embed_batched(&all, a.batch)?);
         Ok(())
     })?;
     let n = sentences.len();

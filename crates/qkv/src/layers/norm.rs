@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use rayon::prelude::*;
+
+/// Inputs with at least this many elements are normalised on all threads.
+const PARALLEL_ELEMS: usize = 1 << 16;
 
 /// Which normalisation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,7 +122,8 @@ impl Norm {
         }
         let mut y = x.clone();
         let w = self.weight.data();
-        for row in y.data_mut().chunks_exact_mut(c) {
+        let bias = self.bias.as_ref().map(Tensor::data);
+        let row_stats = |row: &mut [f32]| {
             let (mean, r) = match self.kind {
                 NormKind::LayerNorm => {
                     // Two passes (mean, then centred squares) keep precision for rows with
@@ -137,29 +142,31 @@ impl Norm {
                     (0.0, (1.0 / (ms + self.eps as f64).sqrt()) as f32)
                 }
             };
-            if let Some(cache) = cache.as_deref_mut() {
-                if self.kind == NormKind::LayerNorm {
-                    cache.mean.push(mean);
-                }
-                cache.rstd.push(r);
+            for (v, wi) in row.iter_mut().zip(w) {
+                *v = (*v - mean) * r * wi;
             }
-            match self.kind {
-                NormKind::LayerNorm => {
-                    for (v, wi) in row.iter_mut().zip(w) {
-                        *v = (*v - mean) * r * wi;
-                    }
-                }
-                NormKind::RmsNorm => {
-                    for (v, wi) in row.iter_mut().zip(w) {
-                        *v = *v * r * wi;
-                    }
-                }
-            }
-            if let Some(b) = &self.bias {
-                for (v, bi) in row.iter_mut().zip(b.data()) {
+            if let Some(b) = bias {
+                for (v, bi) in row.iter_mut().zip(b) {
                     *v += bi;
                 }
             }
+            (mean, r)
+        };
+        // rows are independent: many of them (a batch of sentences) split over threads
+        let stats: Vec<(f32, f32)> =
+            if y.numel() >= PARALLEL_ELEMS && rayon::current_num_threads() > 1 {
+                y.data_mut()
+                    .par_chunks_exact_mut(c)
+                    .map(row_stats)
+                    .collect()
+            } else {
+                y.data_mut().chunks_exact_mut(c).map(row_stats).collect()
+            };
+        if let Some(cache) = cache.as_deref_mut() {
+            if self.kind == NormKind::LayerNorm {
+                cache.mean.extend(stats.iter().map(|s| s.0));
+            }
+            cache.rstd.extend(stats.iter().map(|s| s.1));
         }
         Ok(y)
     }

@@ -260,16 +260,41 @@ impl SentenceEncoder {
             .encode_batch(&refs, true, self.pad_id, Some(self.max_seq_length))
     }
 
-    /// One embedding of length [`SentenceEncoder::dim`] per text, in the order given.
-    /// Texts run in batches of 32, longest first, so each batch pads little (as
-    /// sentence-transformers' `encode` orders them); padding never changes a result.
+    /// One embedding of length [`SentenceEncoder::dim`] per text, in the order given,
+    /// 32 texts per forward pass (see [`SentenceEncoder::embed_batched`]).
     pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+        self.embed_batched(texts, BATCH)
+    }
+
+    /// As [`SentenceEncoder::embed`], with `batch_size` texts per forward pass (as
+    /// sentence-transformers' `encode(batch_size=...)`). Texts are grouped by token
+    /// count, longest first, so a batch pads only to its own longest text;
+    /// sentence-transformers groups by characters, which pads about half as much
+    /// again on mixed text. Padding never changes a result.
+    pub fn embed_batched(&self, texts: &[&str], batch_size: usize) -> Result<Vec<Vec<f32>>> {
+        if batch_size == 0 {
+            return Err(Error::invalid("batch_size", "must be at least 1"));
+        }
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let all = self.tokenize(texts)?;
+        let t = all.len;
+        let real = |i: usize| all.mask[i * t..(i + 1) * t].iter().filter(|&&m| m).count();
+        let lens: Vec<usize> = (0..texts.len()).map(real).collect();
         let mut order: Vec<usize> = (0..texts.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(texts[i].chars().count()));
+        order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
         let mut out = vec![Vec::new(); texts.len()];
-        for chunk in order.chunks(BATCH) {
-            let batch: Vec<&str> = chunk.iter().map(|&i| texts[i]).collect();
-            let tokens = self.tokenize(&batch)?;
+        for chunk in order.chunks(batch_size) {
+            // rows are right-padded, so the first `len` columns hold every real token
+            let len = lens[chunk[0]];
+            let mut ids = Vec::with_capacity(chunk.len() * len);
+            let mut mask = Vec::with_capacity(chunk.len() * len);
+            for &i in chunk {
+                ids.extend_from_slice(&all.ids[i * t..i * t + len]);
+                mask.extend_from_slice(&all.mask[i * t..i * t + len]);
+            }
+            let tokens = TokenBatch::new(ids, Some(mask), chunk.len(), len)?;
             let hidden = self.model.hidden_states(&tokens, None)?;
             let mut pooled = pool(&hidden, &tokens.mask, &self.pooling)?;
             if self.normalize {
