@@ -162,7 +162,7 @@ impl Norm {
             } else {
                 y.data_mut().chunks_exact_mut(c).map(row_stats).collect()
             };
-        if let Some(cache) = cache.as_deref_mut() {
+        if let Some(cache) = cache {
             if self.kind == NormKind::LayerNorm {
                 cache.mean.extend(stats.iter().map(|s| s.0));
             }

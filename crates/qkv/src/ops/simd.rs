@@ -83,7 +83,7 @@ pub mod x86 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn erf8(x: __m256) -> __m256 {
-        const C0: f32 = 1.128_379_2;
+        const C0: f32 = std::f32::consts::FRAC_2_SQRT_PI;
         const A: [f32; 6] = [
             -0.376_126_38,
             0.112_837_89,
