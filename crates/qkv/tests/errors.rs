@@ -5,7 +5,7 @@
 
 mod common;
 
-use qkv::attention::{attention_views, HeadsView};
+use qkv::attention::{attention_views, HeadsView, LayerKv};
 use qkv::layers::{Embedding, Linear, Norm};
 use qkv::position::{LearnedPositions, Rope, RopeLayout};
 use qkv::rng::Rng;
@@ -253,6 +253,27 @@ fn poisoned(x: &Tensor, index: usize, value: f32) -> Tensor {
     let mut y = x.clone();
     y.data_mut()[index] = value;
     y
+}
+
+/// A KV cache checks what it is given, so attention over it need not rescan it: a
+/// poisoned step is refused and leaves the cache as it was.
+#[test]
+fn nan_and_infinity_appended_to_a_kv_cache_are_rejected() {
+    let (_, k, v) = valid_qkv();
+    let [b, _, g, d] = k.shape().try_into().unwrap();
+    for value in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut cache = LayerKv::new(b, g, d, v.shape()[3]);
+        cache.append(&k, &v).unwrap();
+        let err = cache.append(&poisoned(&k, 3, value), &v).unwrap_err();
+        assert_non_finite(err, "cached k", 3);
+        let err = cache.append(&k, &poisoned(&v, 4, value)).unwrap_err();
+        assert_non_finite(err, "cached v", 4);
+        assert_eq!(
+            cache.len(),
+            k.shape()[1],
+            "a refused step must not be cached"
+        );
+    }
 }
 
 #[test]

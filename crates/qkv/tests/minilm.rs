@@ -186,7 +186,10 @@ fn batching_does_not_change_embeddings() {
         let batched = enc.embed_batched(&texts(&r), batch).unwrap();
         for ((s, a), b) in r.sentences.iter().zip(&alone).zip(&batched) {
             for (x, y) in a.iter().zip(b) {
-                assert!((x - y).abs() < 1e-5, "{s:?}: {x} alone vs {y} in batches of {batch}");
+                assert!(
+                    (x - y).abs() < 1e-5,
+                    "{s:?}: {x} alone vs {y} in batches of {batch}"
+                );
             }
         }
     }

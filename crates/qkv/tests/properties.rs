@@ -1367,14 +1367,30 @@ fn kernels_agree_when_value_width_differs() {
     }
 }
 
-/// Tiles are 32 queries × 64 keys: these sizes span several tiles with ragged edges,
-/// so the online softmax rescales across key blocks and skips blocks above the
-/// causal diagonal or outside a window.
+/// These sizes span several tiles with ragged edges, so the online softmax rescales
+/// across key blocks and skips blocks above the causal diagonal or outside a window;
+/// with up to 4 query rows the keys are split instead (flash-decoding, 512 keys a
+/// split), and the splits' softmax states are merged.
 #[test]
 fn kernels_agree_beyond_one_tile() {
     let mut rng = Rng::new(80);
-    let slopes = alibi_slopes(4);
-    for (t, s) in [(130, 130), (33, 200), (130, 7), (65, 129), (1, 300)] {
+    for (t, s) in [
+        (130, 130),
+        (33, 200),
+        (130, 7),
+        (65, 129),
+        (1, 300),
+        (1, 1300),
+        (3, 1100),
+        (4, 513),
+    ] {
+        // ALiBi's bias grows with the distance: at BLOOM's slopes a 1100-key row scores
+        // up to 275, where one f32 ulp is 3e-5 and two correct kernels' weights differ
+        // by that much. Slopes scaled to the length keep the bias range of S = 300.
+        let slopes: Vec<f32> = alibi_slopes(4)
+            .iter()
+            .map(|m| m * 300.0 / s.max(300) as f32)
+            .collect();
         let z = Sizes {
             b: 2,
             t,

@@ -3,7 +3,7 @@
 //! a step copies only its own new rows (the whole cache moves only on the rare growth).
 //! Attention reads the first `len` positions in place through [`HeadsView`].
 
-use super::HeadsView;
+use super::{AttentionOutput, AttentionSpec, HeadsView};
 use crate::batch::{limit_positions, real_positions};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -48,6 +48,10 @@ impl LayerKv {
         k.expect_shape("cached k", &[Some(b), None, Some(g), Some(self.dk)])?;
         let t = k.shape()[1];
         v.expect_shape("cached v", &[Some(b), Some(t), Some(g), Some(self.dv)])?;
+        // checked here, once per row, so that attending over the cache need not scan
+        // all of it at every step
+        k.check_finite("cached k")?;
+        v.check_finite("cached v")?;
         if self.len + t > self.cap {
             self.grow((self.len + t).max(2 * self.cap).max(16));
         }
@@ -75,6 +79,13 @@ impl LayerKv {
         self.k = k;
         self.v = v;
         self.cap = cap;
+    }
+
+    /// Attention of q `[B, T, H, Dk]` over the cached keys and values. Every cached
+    /// row was checked finite when appended, so unlike [`super::attention_views`]
+    /// this does not read the whole cache for that check.
+    pub fn attend(&self, q: &HeadsView, spec: &AttentionSpec) -> Result<AttentionOutput> {
+        super::run(q, &self.keys(), &self.values(), spec, false)
     }
 
     /// Cached keys `[B, len, G, Dk]`.

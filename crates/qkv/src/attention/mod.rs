@@ -7,6 +7,7 @@
 
 mod backward;
 mod cache;
+mod decode;
 mod micro;
 mod reference;
 mod spec;
@@ -59,7 +60,19 @@ pub fn attention_views(
     v: &HeadsView,
     spec: &AttentionSpec,
 ) -> Result<AttentionOutput> {
-    let dims = validate(q, k, v, spec)?;
+    run(q, k, v, spec, true)
+}
+
+/// [`attention_views`], scanning K and V for non-finite values only when `check_kv`
+/// (see [`spec::validate_inner`]).
+fn run(
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    spec: &AttentionSpec,
+    check_kv: bool,
+) -> Result<AttentionOutput> {
+    let dims = spec::validate_inner(q, k, v, spec, check_kv)?;
     let scorer = Scorer::new(dims, spec);
     Ok(match spec.kernel {
         Kernel::Reference => reference::attention(q, k, v, &scorer, spec.want_weights),

@@ -120,6 +120,19 @@ impl Dims {
 
 /// Checks Q, K, V and the spec against each other; returns the sizes.
 pub fn validate(q: &HeadsView, k: &HeadsView, v: &HeadsView, spec: &AttentionSpec) -> Result<Dims> {
+    validate_inner(q, k, v, spec, true)
+}
+
+/// As [`validate`]; without `check_kv` the O(S) finiteness scan of K and V is left
+/// out, for a KV cache whose every row was checked when it was appended (the scan
+/// would read the whole cache again at every decode step).
+pub(crate) fn validate_inner(
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    spec: &AttentionSpec,
+    check_kv: bool,
+) -> Result<Dims> {
     q.check_bounds("q")?;
     k.check_bounds("k")?;
     v.check_bounds("v")?;
@@ -158,8 +171,10 @@ pub fn validate(q: &HeadsView, k: &HeadsView, v: &HeadsView, spec: &AttentionSpe
         ));
     }
     q.check_finite("q")?;
-    k.check_finite("k")?;
-    v.check_finite("v")?;
+    if check_kv {
+        k.check_finite("k")?;
+        v.check_finite("v")?;
+    }
     if let Some(scale) = spec.scale {
         if !scale.is_finite() {
             return Err(Error::invalid(

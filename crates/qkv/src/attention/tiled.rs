@@ -10,6 +10,7 @@
 use crate::ops::disjoint::Disjoint;
 use rayon::prelude::*;
 
+use super::decode;
 use super::micro::{self, Strided, PANEL};
 use super::spec::Scorer;
 use super::{AttentionOutput, HeadsView};
@@ -34,6 +35,7 @@ struct Scratch {
 }
 
 /// q: [B,T,H,D], k: [B,S,G,D], v: [B,S,G,Dv] (validated) → out [B,T,H,Dv], lse [B,H,T].
+/// A few query rows (a decode step) go to [`decode`], which splits the keys instead.
 pub(crate) fn attention(
     q: &HeadsView,
     k: &HeadsView,
@@ -42,6 +44,11 @@ pub(crate) fn attention(
     want_weights: bool,
 ) -> AttentionOutput {
     let dims = scorer.dims;
+    if dims.t <= decode::MAX_ROWS {
+        let (out, lse) = decode::attention(q, k, v, scorer);
+        let weights = want_weights.then(|| weights_from_lse(q, k, scorer, &lse));
+        return AttentionOutput { out, lse, weights };
+    }
     let (t, h_n, dv) = (dims.t, dims.h, dims.dv);
     let n_qblocks = t.div_ceil(BLOCK_Q);
     let mut out = Tensor::zeros(&[dims.b, t, h_n, dv]);

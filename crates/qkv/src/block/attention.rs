@@ -18,8 +18,7 @@
 //! `[B,T,H,D]` in row-major order, and so is the merge.
 
 use crate::attention::{
-    attention, attention_backward, attention_views, AttentionOutput, AttentionSpec, HeadsView,
-    LayerKv,
+    attention, attention_backward, AttentionOutput, AttentionSpec, HeadsView, LayerKv,
 };
 use crate::error::{Error, Result};
 use crate::layers::Linear;
@@ -254,7 +253,7 @@ impl MultiHeadAttention {
                     ));
                 }
                 cache.append(k, v)?;
-                attention_views(&qv, &cache.keys(), &cache.values(), &rule.spec)?
+                cache.attend(&qv, &rule.spec)?
             }
             (Keys::Own(_), Some((k, v))) => attention(&q, k, v, &rule.spec)?,
             (Keys::Cross(kv), _) => attention(&q, &kv.k, &kv.v, &rule.spec)?,

@@ -1,0 +1,232 @@
+//! Flash-decoding: a few query rows (one decode step, or a short draft) against a long
+//! key/value cache. The tiled kernel's tasks are query blocks, so one query row would
+//! give one task per head and a cache read by as many tasks as there are heads; here
+//! the keys are split instead:
+//!
+//! - a task is (batch row b, key head g, a split of [`SPLIT`] keys). It scores every
+//!   query row i < T of the H/G query heads that share g against its keys, reading
+//!   each key and value once for the whole group, and keeps the split's own softmax
+//!   state: max m, sum l = Σ e^(s − m) and unnormalised output acc = Σ e^(s − m)·v;
+//! - then each (b, h, i) merges its splits: M = max m, L = Σ l·e^(m − M),
+//!   out = Σ acc·e^(m − M) / L, and the log-sum-exp is M + ln L.
+//!
+//! Keys are read in place (no packing), so a step reads the cache exactly once. The
+//! split size is fixed, so results do not depend on the number of threads.
+
+use rayon::prelude::*;
+
+use super::micro::{self, Strided};
+use super::spec::Scorer;
+use super::HeadsView;
+use crate::ops::{gemm, MatMut, MatRef, Par};
+use crate::tensor::Tensor;
+
+/// Query rows up to this many take this path.
+pub(super) const MAX_ROWS: usize = 4;
+/// Keys per task: enough work to amortise a task (a 128-wide head: 64K multiply-adds
+/// per query row), few enough that a 512-key cache of 8 key heads gives 8 tasks.
+const SPLIT: usize = 512;
+
+/// Keys per step of a split's online softmax (see `one_split`).
+const KEY_BLOCK: usize = 32;
+
+/// A task's working space, reused by the tasks of one worker.
+#[derive(Default)]
+struct Scratch {
+    /// [H/G, KEY_BLOCK] scores, then probabilities
+    scores: Vec<f32>,
+    /// [H/G] rescale factors of the accumulated output
+    corr: Vec<f32>,
+}
+
+/// One split's softmax state for one (query row, head): running max and sum.
+#[derive(Clone, Copy)]
+struct State {
+    m: f32,
+    l: f32,
+}
+
+/// q: [B,T,H,D], k: [B,S,G,D], v: [B,S,G,Dv] (validated, T ≤ [`MAX_ROWS`]) →
+/// out [B,T,H,Dv], lse [B,H,T].
+pub(super) fn attention(
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    scorer: &Scorer,
+) -> (Tensor, Tensor) {
+    let dims = scorer.dims;
+    let (b_n, t, s, h_n, g_n, dv) = (dims.b, dims.t, dims.s, dims.h, dims.g, dims.dv);
+    let hg = h_n / g_n;
+    let splits = s.div_ceil(SPLIT).max(1);
+    // per task: T·(H/G) rows of state and of acc, row r = i·(H/G) + head within group
+    let rows = t * hg;
+    let tasks = b_n * g_n * splits;
+    let mut states = vec![
+        State {
+            m: f32::NEG_INFINITY,
+            l: 0.0
+        };
+        tasks * rows
+    ];
+    let mut accs = vec![0.0f32; tasks * rows * dv];
+    states
+        .par_chunks_mut(rows)
+        .zip(accs.par_chunks_mut(rows * dv))
+        .enumerate()
+        .for_each_init(Scratch::default, |scratch, (task, (state, acc))| {
+            let (bg, split) = (task / splits, task % splits);
+            let keys = split * SPLIT..s.min((split + 1) * SPLIT);
+            one_split(
+                q,
+                k,
+                v,
+                scorer,
+                (bg / g_n, bg % g_n),
+                keys,
+                scratch,
+                state,
+                acc,
+            );
+        });
+
+    let mut out = Tensor::zeros(&[b_n, t, h_n, dv]);
+    let mut lse = Tensor::zeros(&[b_n, h_n, t]);
+    let lse_data = lse.data_mut();
+    for (bti, o_row) in out.data_mut().chunks_exact_mut(h_n * dv).enumerate() {
+        let (b, i) = (bti / t, bti % t);
+        for (h, o) in o_row.chunks_exact_mut(dv).enumerate() {
+            let (g, r) = (h / hg, i * hg + h % hg);
+            let parts = (0..splits).map(|sp| (b * g_n + g) * splits + sp);
+            let big_m = parts
+                .clone()
+                .map(|p| states[p * rows + r].m)
+                .fold(f32::NEG_INFINITY, f32::max);
+            let lse_at = &mut lse_data[(b * h_n + h) * t + i];
+            if big_m == f32::NEG_INFINITY {
+                // every key masked: zeros out, −∞ log-sum-exp (as the other kernels)
+                *lse_at = f32::NEG_INFINITY;
+                continue;
+            }
+            let mut big_l = 0.0;
+            for p in parts {
+                let st = states[p * rows + r];
+                if st.l == 0.0 {
+                    continue;
+                }
+                let w = (st.m - big_m).exp();
+                big_l += st.l * w;
+                for (oc, ac) in o.iter_mut().zip(&accs[(p * rows + r) * dv..][..dv]) {
+                    *oc += w * ac;
+                }
+            }
+            let inv = 1.0 / big_l;
+            o.iter_mut().for_each(|x| *x *= inv);
+            *lse_at = big_m + big_l.ln();
+        }
+    }
+    (out, lse)
+}
+
+/// The softmax state and unnormalised output of every query row and head of group g
+/// in batch row b over `keys`. `state`/`acc` come in at m = −∞, l = 0, acc = 0.
+///
+/// Keys go by in blocks of [`KEY_BLOCK`] with the online softmax across blocks. A
+/// key's row is only D floats inside a [S, G, D] cache, a run too short for the
+/// hardware prefetcher to get ahead of, so the next block's K and V rows are
+/// requested while this block is computed.
+#[allow(clippy::too_many_arguments)]
+fn one_split(
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    scorer: &Scorer,
+    (b, g): (usize, usize),
+    keys: std::ops::Range<usize>,
+    scratch: &mut Scratch,
+    state: &mut [State],
+    acc: &mut [f32],
+) {
+    let dims = scorer.dims;
+    let (h_n, g_n, d, dv) = (dims.h, dims.g, dims.d, dims.dv);
+    let hg = h_n / g_n;
+    scratch.scores.resize(hg * KEY_BLOCK, 0.0);
+    scratch.corr.resize(hg, 1.0);
+    for i in 0..dims.t {
+        let (lo, hi) = scorer.key_range(i);
+        let (lo, hi) = (lo.max(keys.start), hi.min(keys.end));
+        for j0 in (lo..hi).step_by(KEY_BLOCK) {
+            let n = KEY_BLOCK.min(hi - j0);
+            let next = j0 + n..hi.min(j0 + n + KEY_BLOCK);
+            prefetch_rows(k.data, k.offset(b, next.start, g), next.len(), g_n * d, d);
+            prefetch_rows(v.data, v.offset(b, next.start, g), next.len(), g_n * dv, dv);
+            let scores = &mut scratch.scores[..hg * n];
+            // the group's H/G query vectors are adjacent in q: [H/G, D] against keys
+            // j0.. read in place as Kᵀ ([D, n], a key every G·D floats)
+            gemm(
+                MatMut::row_major(scores, hg, n),
+                MatRef {
+                    data: &q.data[q.offset(b, i, g * hg)..],
+                    rows: hg,
+                    cols: d,
+                    row_stride: d,
+                    col_stride: 1,
+                },
+                MatRef {
+                    data: &k.data[k.offset(b, j0, g)..],
+                    rows: d,
+                    cols: n,
+                    row_stride: 1,
+                    col_stride: g_n * d,
+                },
+                scorer.scale,
+                false,
+                Par::Single,
+            );
+            for (x, row) in scores.chunks_exact_mut(n).enumerate() {
+                if scorer.has_mask_or_bias() {
+                    scorer.apply_row(b, g * hg + x, i, j0, row);
+                }
+                let st = &mut state[i * hg + x];
+                scratch.corr[x] = micro::softmax_step(row, &mut st.m, &mut st.l);
+            }
+            // acc = corr·acc + P · V[j0..j0+n]: values read in place, a row every G·Dv
+            micro::mul_acc(
+                Strided {
+                    data: scores,
+                    row: n,
+                    col: 1,
+                },
+                hg,
+                n,
+                &v.data[v.offset(b, j0, g)..],
+                g_n * dv,
+                dv,
+                Some(&scratch.corr),
+                &mut acc[i * hg * dv..],
+                dv,
+            );
+        }
+    }
+}
+
+/// Asks the CPU to start loading `rows` runs of `len` floats, `stride` apart from
+/// `start` in `data`: a hint with no effect on any result; runs past the end of
+/// `data` are left out.
+fn prefetch_rows(data: &[f32], start: usize, rows: usize, stride: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for r in 0..rows {
+        let Some(run) = data.get(start + r * stride..start + r * stride + len) else {
+            break;
+        };
+        for line in run.chunks(16) {
+            // SAFETY: a prefetch reads nothing architecturally and cannot fault; the
+            // address is inside `data` anyway.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast());
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, start, rows, stride, len);
+}
