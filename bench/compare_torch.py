@@ -9,6 +9,7 @@
     python3 bench/compare_torch.py minilm [--model DIR] [--sentences 256] [--batch 32]
     python3 bench/compare_torch.py llama [--d-model 512] [--layers 8] [--heads 8] [--kv-heads 4]
                                          [--vocab 32000] [--prefill 512] [--decode 128]
+    python3 bench/compare_torch.py matmul [--shapes 2048x384x1536,13x384x384]
   common options: --threads 2 --rounds 3 --reps 5 --warmup 1 --min-time 0.05 --seed 0
                   --json --qkv PATH (default: cargo build --release -p qkv-cli, target/release/qkv)
 
@@ -82,6 +83,8 @@ ALL = {
     "decode": dict(cache=[512, 4096, 32768]),
     "minilm": dict(sentences=256, batch=32),
     "llama": dict(d_model=512, layers=8, heads=8, kv_heads=4, vocab=32000, prefill=512, decode=128),
+    "matmul": dict(shapes=["2048x384x384", "2048x384x1536", "2048x1536x384", "13x384x384", "13x384x1536",
+                           "13x1536x384", "1x512x1536", "1x512x32000"]),
 }
 SMOKE = {
     "attention": [
@@ -92,6 +95,7 @@ SMOKE = {
     "decode": dict(cache=[512, 2048]),
     "minilm": dict(sentences=16, batch=8),
     "llama": dict(d_model=128, layers=2, heads=4, kv_heads=2, vocab=1000, prefill=32, decode=8),
+    "matmul": dict(shapes=["64x32x48", "3x32x48"]),
 }
 
 
@@ -249,6 +253,25 @@ def torch_decode(opts, case, qkv_rows):
     return rows
 
 
+def torch_matmul(opts, case, qkv_rows):
+    import torch
+    import torch.nn.functional as F
+
+    rows = []
+    for shape in case["shapes"]:
+        m, k, n = map(int, shape.split("x"))
+        gen = torch.Generator().manual_seed(opts.seed)
+        x = torch.randn(m, k, generator=gen)
+        w = torch.randn(n, k, generator=gen)
+
+        def call():
+            with torch.inference_mode():
+                F.linear(x, w)
+
+        rows.append(measure(opts, call))
+    return rows
+
+
 class MiniLM:
     def __init__(self, opts, case, qkv):
         from sentence_transformers import SentenceTransformer
@@ -383,6 +406,12 @@ def decode_workload(opts, case) -> Workload:
                     [f"S={s}" for s in case["cache"]], lambda r: (r["kv_bytes"] / 1e9, "GB/s K+V"))
 
 
+def matmul_workload(opts, case) -> Workload:
+    args = ["bench", "matmul", "--shapes", ",".join(case["shapes"])]
+    return Workload("matmul y = x·Wᵀ (M x K x N)", args, lambda rows: torch_matmul(opts, case, rows),
+                    case["shapes"], lambda r: (r["gflop"], "GFLOP/s"))
+
+
 def minilm_workload(opts, case, qkv) -> Workload:
     m = MiniLM(opts, case, qkv)
     args = ["bench", "minilm", "--model", str(m.dir), "--sentences", str(case["sentences"]),
@@ -511,6 +540,9 @@ def parse(argv):
     for k, v in ALL["llama"].items():
         ll.add_argument(f"--{k.replace('_', '-')}", type=int, default=v)
     ll.add_argument("--save", help="keep the model folder here (default: a temporary folder)")
+    mm = sub.add_parser("matmul", parents=[common], help="y = x·Wᵀ (a linear layer) against F.linear")
+    mm.add_argument("--shapes", type=lambda s: s.split(","), default=ALL["matmul"]["shapes"],
+                    help="MxKxN,... (default: training, batch, one-sentence and decode shapes)")
     al = sub.add_parser("all", parents=[common], help="every workload with the issue's sizes")
     al.add_argument("--smoke", action="store_true", help="tiny sizes, to check that every path runs")
     al.add_argument("--model", help="all-MiniLM-L6-v2 folder")
@@ -589,6 +621,7 @@ def workloads(opts, qkv, llama_folder):
                               sizes["decode"])
         yield minilm_workload(opts, sizes["minilm"], qkv)
         yield llama_workload(opts, sizes["llama"], qkv, llama_folder)
+        yield matmul_workload(opts, sizes["matmul"])
     elif opts.workload == "attention":
         yield attention_workload(opts, dict(n=opts.n, causal=opts.causal, backward=opts.backward))
     elif opts.workload == "decode":
@@ -597,6 +630,8 @@ def workloads(opts, qkv, llama_folder):
         yield minilm_workload(opts, dict(sentences=opts.sentences, batch=opts.batch), qkv)
     elif opts.workload == "llama":
         yield llama_workload(opts, {k: getattr(opts, k) for k in ALL["llama"]}, qkv, llama_folder)
+    elif opts.workload == "matmul":
+        yield matmul_workload(opts, dict(shapes=opts.shapes))
 
 
 if __name__ == "__main__":

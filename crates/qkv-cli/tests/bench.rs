@@ -98,6 +98,34 @@ fn decode_reports_bandwidth_of_the_cache() {
 }
 
 #[test]
+fn matmul_rows_per_shape_and_bad_shapes_named() {
+    let rows = bench("matmul --shapes 5x7x3,1x16x40", &[]);
+    assert_eq!(rows.len(), 2);
+    for (row, (m, k, n)) in rows.iter().zip([(5, 7, 3), (1, 16, 40)]) {
+        assert_eq!(row["bench"], "matmul");
+        assert_eq!(
+            (row["m"].as_u64(), row["k"].as_u64(), row["n"].as_u64()),
+            (Some(m), Some(k), Some(n))
+        );
+        assert_eq!(
+            row["gflop"].as_f64().unwrap(),
+            2.0 * (m * k * n) as f64 / 1e9
+        );
+        positive(row, TIMING);
+        positive(row, &["gflops_best", "gflops_median"]);
+    }
+    for bad in ["4x0x3", "4x3", "axbxc"] {
+        let out = qkv(&["bench", "matmul", "--shapes", bad]);
+        assert!(!out.status.success(), "--shapes {bad} accepted");
+        assert!(
+            stderr(&out).contains(&format!("--shapes: `{bad}`")),
+            "{}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
 fn llama_prefill_and_decode_and_the_saved_folder_loads() {
     let dir = std::env::temp_dir().join(format!("qkv-cli-bench-{}-llama", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

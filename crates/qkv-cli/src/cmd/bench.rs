@@ -17,11 +17,12 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use qkv::attention::{attention, attention_backward, HeadsView, LayerKv};
+use qkv::layers::linear::product_into;
 use qkv::models::generate::{generate_causal, GenerateOptions, Sampling};
 use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{Arch, TokenBatch, Transformer};
 use qkv::rng::Rng;
-use qkv::{AttentionSpec, CausalAlign, Kernel};
+use qkv::{AttentionSpec, CausalAlign, Kernel, Tensor};
 use serde_json::{json, Map, Value};
 
 #[derive(Args)]
@@ -44,6 +45,8 @@ enum Workload {
     Minilm(MinilmArgs),
     /// A randomly initialised Llama: prefill of a prompt and greedy decoding
     Llama(LlamaArgs),
+    /// Matrix products as a linear layer runs them: y [M,N] = x [M,K] · Wᵀ, W stored [N,K]
+    Matmul(MatmulArgs),
 }
 
 /// Options every workload takes.
@@ -173,12 +176,31 @@ struct LlamaArgs {
     common: Common,
 }
 
+#[derive(Args)]
+struct MatmulArgs {
+    /// Shapes MxKxN: training (2048 tokens of a d=384 model), a batch of sentences,
+    /// one sentence of 13 tokens, one decode step of a d=512 Llama
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_values_t = [
+            "2048x384x384".to_string(), "2048x384x1536".into(), "2048x1536x384".into(),
+            "13x384x384".into(), "13x384x1536".into(), "13x1536x384".into(),
+            "1x512x1536".into(), "1x512x32000".into(),
+        ]
+    )]
+    shapes: Vec<String>,
+    #[command(flatten)]
+    common: Common,
+}
+
 pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<()> {
     let common = match &args.workload {
         Workload::Attention(a) => &a.common,
         Workload::Decode(a) => &a.common,
         Workload::Minilm(a) => &a.common,
         Workload::Llama(a) => &a.common,
+        Workload::Matmul(a) => &a.common,
     };
     if common.rounds == 0 {
         bail!("--rounds must be at least 1");
@@ -201,6 +223,7 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<()> {
         Workload::Decode(a) => bench_decode(a, &mut printer),
         Workload::Minilm(a) => bench_minilm(a, &mut printer),
         Workload::Llama(a) => bench_llama(a, &mut printer),
+        Workload::Matmul(a) => bench_matmul(a, &mut printer),
     }
 }
 
@@ -249,6 +272,36 @@ fn bench_attention(a: &AttentionArgs, p: &mut Printer<impl Write>) -> Result<()>
                 "kernel": a.kernel.name(), "gflop": flop / 1e9,
                 "flop_convention": FLOP_CONVENTION,
             }),
+        })?;
+    }
+    Ok(())
+}
+
+fn bench_matmul(a: &MatmulArgs, p: &mut Printer<impl Write>) -> Result<()> {
+    for shape in &a.shapes {
+        let dims: Vec<usize> = shape
+            .split('x')
+            .map(str::parse)
+            .collect::<std::result::Result<_, _>>()
+            .ok()
+            .filter(|d: &Vec<usize>| d.len() == 3 && !d.contains(&0))
+            .with_context(|| format!("--shapes: `{shape}` is not MxKxN with sizes ≥ 1"))?;
+        let (m, k, n) = (dims[0], dims[1], dims[2]);
+        let mut rng = Rng::new(a.common.seed);
+        let x = rng.tensor(&[m, k], 1.0);
+        let w = rng.tensor(&[n, k], 1.0);
+        let mut y = Tensor::zeros(&[m, n]);
+        let timing = measure(&a.common, || {
+            product_into(&mut y, &x, &w, 1.0, false);
+            black_box(&y);
+            Ok(())
+        })?;
+        let flop = 2.0 * (m * k * n) as f64;
+        p.row(Row {
+            label: format!("matmul {m}x{k}x{n}"),
+            timing,
+            rate: Some(Rate::new("gflops", "GFLOP/s", flop / 1e9)),
+            fields: json!({"bench": "matmul", "m": m, "k": k, "n": n, "gflop": flop / 1e9}),
         })?;
     }
     Ok(())
