@@ -17,8 +17,10 @@ use super::{AttentionOutput, HeadsView};
 use crate::ops::{gemm, MatMut, MatRef, Par};
 use crate::tensor::Tensor;
 
-/// Query rows per task.
-const BLOCK_Q: usize = 64;
+/// Query rows per task. With 128 keys a block, a task's scores (32 × 128), its
+/// accumulator (32 × Dv) and a 16-column strip of the value block stay within L1 (32
+/// KiB here); 64 rows did not, and measured slower at short lengths.
+const BLOCK_Q: usize = 32;
 /// Keys per block (a whole number of panels).
 const BLOCK_K: usize = 128;
 
@@ -56,6 +58,7 @@ pub(crate) fn attention(
     let out_w = Disjoint::new(out.data_mut());
     let lse_w = Disjoint::new(lse.data_mut());
     let keys = Panels::new(k);
+    let values = Rows::new(v);
 
     (0..dims.b * h_n * n_qblocks).into_par_iter().for_each_init(
         || Scratch {
@@ -70,7 +73,7 @@ pub(crate) fn attention(
             let (b, h) = (bh / h_n, bh % h_n);
             let i0 = qb * BLOCK_Q;
             let rows = BLOCK_Q.min(t - i0);
-            query_block(q, &keys, v, scorer, b, h, i0, rows, scratch);
+            query_block(q, &keys, &values, scorer, b, h, i0, rows, scratch);
             for r in 0..rows {
                 let i = i0 + r;
                 // SAFETY: task (b, h, qb) alone owns out[b, i0..i0+rows, h, :] and
@@ -110,7 +113,7 @@ pub(crate) fn attention(
 fn query_block(
     q: &HeadsView,
     keys: &Panels,
-    v: &HeadsView,
+    values: &Rows,
     scorer: &Scorer,
     b: usize,
     h: usize,
@@ -119,7 +122,7 @@ fn query_block(
     scratch: &mut Scratch,
 ) {
     let dims = scorer.dims;
-    let (h_n, g_n, d, dv) = (dims.h, dims.g, dims.d, dims.dv);
+    let (h_n, d, dv) = (dims.h, dims.d, dims.dv);
     let g = dims.kv_head(h);
     scratch.m[..rows].fill(f32::NEG_INFINITY);
     scratch.l[..rows].fill(0.0);
@@ -160,14 +163,13 @@ fn query_block(
             row: BLOCK_K,
             col: 1,
         };
-        let v_blk = &v.data[v.offset(b, j0, g)..];
         let corr = Some(&scratch.corr[..]);
         micro::mul_acc(
             p,
             rows,
             cols,
-            v_blk,
-            g_n * dv,
+            values.from(b, g, j0),
+            dv,
             dv,
             corr,
             &mut scratch.acc,
@@ -212,6 +214,44 @@ impl Panels {
         debug_assert!(j0.is_multiple_of(PANEL));
         let start = ((b * self.g + g) * self.s_pad + j0) * self.d;
         &self.data[start..((b * self.g + g) + 1) * self.s_pad * self.d]
+    }
+}
+
+/// Every (batch, key head)'s values as contiguous `[S, Dv]` rows, copied once per call.
+/// In place, value rows lie G·Dv floats apart, and at common sizes (a multiple of
+/// 1 KiB) a block's 128 rows fall into a handful of L1 sets, so P·V would reload
+/// them from L2 at every column chunk; packed, consecutive rows use different sets.
+pub(crate) struct Rows {
+    data: Vec<f32>,
+    s: usize,
+    g: usize,
+    dv: usize,
+}
+
+impl Rows {
+    pub(crate) fn new(v: &HeadsView) -> Self {
+        let [b_n, s, g_n, dv] = v.shape();
+        let mut data = vec![0.0; b_n * g_n * s * dv];
+        data.par_chunks_mut(s * dv)
+            .enumerate()
+            .for_each(|(bg, out)| {
+                let (b, g) = (bg / g_n, bg % g_n);
+                for (j, row) in out.chunks_exact_mut(dv).enumerate() {
+                    row.copy_from_slice(v.vector(b, j, g));
+                }
+            });
+        Rows {
+            data,
+            s,
+            g: g_n,
+            dv,
+        }
+    }
+
+    /// The rows from value j0 on, of batch b and key head g.
+    pub(crate) fn from(&self, b: usize, g: usize, j0: usize) -> &[f32] {
+        let bg = b * self.g + g;
+        &self.data[(bg * self.s + j0) * self.dv..(bg + 1) * self.s * self.dv]
     }
 }
 
