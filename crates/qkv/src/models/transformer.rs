@@ -17,6 +17,7 @@ use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
 use crate::io::{write_atomic, Checkpoint};
 use crate::module::Module;
+use crate::ops::on_pool;
 use crate::tensor::Tensor;
 
 /// A model: its architecture, parameters and (once a backward has run) gradients.
@@ -207,7 +208,7 @@ impl Transformer {
     /// T) → logits `[B, T, V]`. A whole sequence is one call on an empty cache.
     pub fn forward_cached(&self, tokens: &TokenBatch, cache: &mut KvCache) -> Result<Tensor> {
         self.needs(ModelKind::Decoder, "forward_cached")?;
-        self.step(tokens, None, cache)
+        on_pool(|| self.step(tokens, None, cache))
     }
 
     /// Encoder-decoder: tgt `[B, T]` decoder tokens after those in `cache` → logits
@@ -231,7 +232,7 @@ impl Transformer {
                 ),
             ));
         }
-        self.step(tgt, Some(enc), cache)
+        on_pool(|| self.step(tgt, Some(enc), cache))
     }
 
     /// One decoding step of the decoder stack through the cache.
@@ -287,20 +288,20 @@ impl Transformer {
             ));
         }
         let input = self.stack_input(Side::Encoder, tokens, token_types)?;
-        let out = self
-            .net()
-            .run_stack(Side::Encoder, input, None, None, false, false)?;
+        let out = on_pool(|| {
+            self.net()
+                .run_stack(Side::Encoder, input, None, None, false, false)
+        })?;
         Ok(out.h)
     }
 
     /// A whole forward without a cache: logits (or an encoder's hidden states), and
     /// every layer's attention weights when `attentions` is set.
     pub fn forward(&self, input: &Input, attentions: bool) -> Result<Output> {
-        self.run(input, false, attentions)
-            .map(|(logits, _, a)| Output {
-                logits,
-                attentions: a,
-            })
+        on_pool(|| self.run(input, false, attentions)).map(|(logits, _, a)| Output {
+            logits,
+            attentions: a,
+        })
     }
 
     /// The training forward: logits and what [`Transformer::backward`] needs.
@@ -311,7 +312,7 @@ impl Transformer {
                 self.info.architecture
             )));
         }
-        let (logits, tape, _) = self.run(input, true, false)?;
+        let (logits, tape, _) = on_pool(|| self.run(input, true, false))?;
         Ok((logits, tape.expect("a model with a head keeps its tape")))
     }
 
@@ -323,7 +324,8 @@ impl Transformer {
             .grads
             .take()
             .unwrap_or_else(|| self.weights.zeros_like());
-        let result = self.net().backward(tape, dlogits, &mut grads);
+        let net = self.net();
+        let result = on_pool(|| net.backward(tape, dlogits, &mut grads));
         self.grads = Some(grads);
         result
     }

@@ -4,9 +4,11 @@ pub mod activation;
 pub(crate) mod disjoint;
 pub mod fastmath;
 pub mod matmul;
+pub mod pool;
 pub mod simd;
 pub mod softmax;
 
 pub use activation::Activation;
 pub use matmul::{gemm, matmul, MatMut, MatRef, Par};
+pub use pool::on_pool;
 pub use softmax::{softmax, softmax_backward, softmax_rows};
