@@ -26,8 +26,9 @@ What is compared:
              --causal, enable_gqa when G < H); --backward times forward + backward against a fixed
              random upstream gradient (torch.autograd.grad on both sides' equivalent).
              GFLOP/s: forward 4·B·H·N·N·D, halved when causal; forward+backward 2.5× that.
-  decode     one query against S cached keys/values (qkv: bottom-right causal, which lets the
-             one query see every key; SDPA: no mask, the same thing). GB/s of K+V read.
+  decode     one query against S cached keys/values (qkv: through a LayerKv cache, bottom-right
+             causal, which lets the one query see every key; SDPA: no mask, the same thing).
+             GB/s of K+V read.
   minilm     qkv's SentenceEncoder against sentence-transformers' SentenceTransformer(DIR).encode
              on the same generated sentences (`qkv bench minilm --print-sentences`), batch 32,
              and one short sentence. DIR: --model, else $QKV_MINILM_DIR, else
@@ -38,6 +39,8 @@ What is compared:
              prefill (one forward of the prompt with the cache on) and greedy generate of
              --decode new tokens from a 16-token prompt (min_new_tokens = max_new_tokens). The
              logits of both are checked equal first (`qkv forward` on a short prompt).
+  matmul     y = x·Wᵀ with W stored [N, K], as a linear layer: qkv::layers::linear::product_into
+             against torch.nn.functional.linear, on MxKxN shapes (--shapes). GFLOP/s: 2·M·K·N.
 
 Measurement. Each side gets --threads threads (qkv --threads; torch.set_num_threads and
 OMP/MKL_NUM_THREADS). For each workload, --rounds rounds alternate: `qkv bench ... --json` as a

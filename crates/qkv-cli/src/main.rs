@@ -33,7 +33,7 @@ enum Command {
     Inspect(cmd::inspect::InspectArgs),
     /// Train a decoder: from a Hugging Face folder on given batches, or a new model on a task or a text file
     Train(Box<cmd::train::TrainArgs>),
-    /// Time qkv on attention, decoding, MiniLM and Llama workloads (bench/compare_torch.py: against PyTorch)
+    /// Time qkv on attention, decoding, MiniLM, Llama and matrix-product workloads (bench/compare_torch.py: against PyTorch)
     Bench(cmd::bench::BenchArgs),
 }
 
