@@ -12,7 +12,12 @@ use rayon::prelude::*;
 /// order, one element at a time, while 8 independent ones fill a vector register.
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y).sum();
+    let tail: f32 = a8
+        .remainder()
+        .iter()
+        .zip(b8.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
     let mut lanes = [0.0f32; 8];
     for (x, y) in a8.zip(b8) {
         for l in 0..8 {
