@@ -10,7 +10,8 @@ use rayon::prelude::*;
 
 /// Σ a·b, kept as 8 interleaved partial sums: a single running sum must be added in
 /// order, one element at a time, while 8 independent ones fill a vector register.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+/// The reference backward recomputes P with it too.
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = a8
         .remainder()

@@ -3,15 +3,12 @@
 //! [`Scorer`] and softmax as the reference forward, so this twin depends on nothing the
 //! forward saved and checks the tiled kernel's use of the saved log-sum-exp.
 
+use super::super::reference::dot;
 use super::super::spec::Scorer;
 use super::super::HeadsView;
 use super::AttentionGrads;
 use crate::ops::softmax_rows;
 use crate::tensor::Tensor;
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
 
 /// `acc += alpha · x`
 fn axpy(acc: &mut [f32], alpha: f32, x: &[f32]) {
