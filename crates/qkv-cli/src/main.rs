@@ -1,5 +1,6 @@
 //! The `qkv` command: thin subcommands over the qkv library.
 
+mod alloc;
 mod cmd;
 mod demo;
 
@@ -38,6 +39,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    alloc::keep_freed_memory();
     let cli = Cli::parse();
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
