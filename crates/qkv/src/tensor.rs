@@ -2,11 +2,28 @@
 //! no autograd, no device. Kernels that need strided views take slices plus strides.
 
 use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct Tensor {
     shape: Vec<usize>,
     data: Vec<f32>,
+    /// Stamp of the contents: new on creation and on every mutable access, so a copy
+    /// derived from the data (a packed weight) can tell whether it is still current.
+    generation: u64,
+}
+
+/// Tensors compare by shape and values; the generation stamp is bookkeeping.
+impl PartialEq for Tensor {
+    fn eq(&self, other: &Self) -> bool {
+        self.shape == other.shape && self.data == other.data
+    }
+}
+
+/// A stamp no tensor has had before.
+fn fresh_generation() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl Tensor {
@@ -25,6 +42,7 @@ impl Tensor {
         Ok(Tensor {
             shape: shape.to_vec(),
             data,
+            generation: fresh_generation(),
         })
     }
 
@@ -32,6 +50,7 @@ impl Tensor {
         Tensor {
             shape: shape.to_vec(),
             data: vec![0.0; shape.iter().product()],
+            generation: fresh_generation(),
         }
     }
 
@@ -41,6 +60,7 @@ impl Tensor {
         Tensor {
             shape: shape.to_vec(),
             data: (0..n).map(f).collect(),
+            generation: fresh_generation(),
         }
     }
 
@@ -61,7 +81,15 @@ impl Tensor {
     }
 
     pub fn data_mut(&mut self) -> &mut [f32] {
+        self.generation = fresh_generation();
         &mut self.data
+    }
+
+    /// The stamp of the current contents: it changes whenever they may have (every
+    /// [`Tensor::data_mut`]), and no two tensors' contents share one unless one is a
+    /// clone of the other, made since the last change.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     pub fn into_data(self) -> Vec<f32> {
@@ -114,7 +142,7 @@ impl Tensor {
             "add_assign: shapes {:?} and {:?} differ",
             self.shape, other.shape
         );
-        for (a, &b) in self.data.iter_mut().zip(&other.data) {
+        for (a, &b) in self.data_mut().iter_mut().zip(&other.data) {
             *a += b;
         }
     }

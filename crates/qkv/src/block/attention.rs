@@ -43,6 +43,15 @@ pub struct MultiHeadAttention {
 
 crate::module!(MultiHeadAttention { q, k, v, o });
 
+impl MultiHeadAttention {
+    /// Packs the four projections for inference ([`Linear::pack`]).
+    pub fn pack_weights(&mut self) {
+        for p in [&mut self.q, &mut self.k, &mut self.v, &mut self.o] {
+            p.pack();
+        }
+    }
+}
+
 /// Everything about one attention call besides the projections: the kernel's spec
 /// (scale, causal, window, padding, bias, weights) and RoPE with each query's position.
 #[derive(Clone, Copy, Debug, Default)]

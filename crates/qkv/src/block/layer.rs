@@ -46,6 +46,17 @@ crate::module!(Block {
     ffn
 });
 
+impl Block {
+    /// Packs every projection of the layer for inference ([`crate::layers::Linear::pack`]).
+    pub fn pack_weights(&mut self) {
+        self.attn.pack_weights();
+        if let Some(cross) = &mut self.cross {
+            cross.pack_weights();
+        }
+        self.ffn.pack_weights();
+    }
+}
+
 /// A layer's rules: the residual arrangement and each attention's [`Attend`].
 #[derive(Clone, Copy, Debug)]
 pub struct LayerRule<'a> {

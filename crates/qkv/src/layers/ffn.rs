@@ -26,6 +26,17 @@ pub struct FeedForward {
 crate::module!(FeedForward { up, gate_up, down });
 
 impl FeedForward {
+    /// Packs the projections for inference ([`Linear::pack`]).
+    pub fn pack_weights(&mut self) {
+        self.up.pack();
+        if let Some(g) = &mut self.gate_up {
+            g.pack();
+        }
+        self.down.pack();
+    }
+}
+
+impl FeedForward {
     pub fn new(
         up: Linear,
         gate_up: Option<Linear>,

@@ -5,8 +5,9 @@
 //! is all the backward needs, and the caller holds it anyway.
 
 use crate::error::{Error, Result};
-use crate::ops::{gemm, MatMut, MatRef, Par};
+use crate::ops::{gemm, gemm_packed, MatMut, MatRef, PackedWeight, Par};
 use crate::tensor::Tensor;
+use std::sync::Arc;
 
 #[derive(Clone, Debug)]
 pub struct Linear {
@@ -14,6 +15,10 @@ pub struct Linear {
     pub weight: Tensor,
     /// `[out]`
     pub bias: Option<Tensor>,
+    /// `weight` packed for the matrix-product kernel by [`Linear::pack`], with the
+    /// [`Tensor::generation`] it was packed from: once the weight changes, the copy no
+    /// longer matches and is not used.
+    packed: Option<(u64, Arc<PackedWeight>)>,
 }
 
 impl Linear {
@@ -30,7 +35,11 @@ impl Linear {
         if let Some(b) = &bias {
             b.expect_shape("linear.bias", &[Some(weight.shape()[0])])?;
         }
-        Ok(Linear { weight, bias })
+        Ok(Linear {
+            weight,
+            bias,
+            packed: None,
+        })
     }
 
     pub fn in_features(&self) -> usize {
@@ -54,6 +63,25 @@ impl Linear {
         Ok(())
     }
 
+    /// Keeps a copy of the weight packed for the matrix-product kernel, for inference:
+    /// products of a few to a few hundred rows (a sentence, a prompt) then skip packing
+    /// the weight at every call, which costs about as much as their arithmetic. It
+    /// doubles the weight's memory. A weight changed afterwards (by training) is used
+    /// as it is; its stale copy is ignored.
+    pub fn pack(&mut self) {
+        let (n_out, n_in) = (self.out_features(), self.in_features());
+        let packed = PackedWeight::new(self.weight.data(), n_out, n_in);
+        self.packed = Some((self.weight.generation(), Arc::new(packed)));
+    }
+
+    /// The packed weight, when [`Linear::pack`] made one from the current weight.
+    fn current_packed(&self) -> Option<&PackedWeight> {
+        match &self.packed {
+            Some((generation, w)) if *generation == self.weight.generation() => Some(w),
+            _ => None,
+        }
+    }
+
     /// x: `[..., in]` → `[..., out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let n_out = self.out_features();
@@ -66,7 +94,20 @@ impl Linear {
                 row.copy_from_slice(b.data());
             }
         }
-        product_into(&mut y, x, &self.weight, 1.0, self.bias.is_some());
+        let rows = x.numel() / self.in_features();
+        match self.current_packed() {
+            // one row (a decoding step) reads the weight once in place, at memory speed,
+            // whichever copy it reads: the unpacked path's dot products suit it best
+            Some(packed) if rows > 1 => gemm_packed(
+                MatMut::row_major(y.data_mut(), rows, n_out),
+                MatRef::row_major(x.data(), rows, self.in_features()),
+                packed,
+                1.0,
+                self.bias.is_some(),
+                Par::Auto,
+            ),
+            _ => product_into(&mut y, x, &self.weight, 1.0, self.bias.is_some()),
+        }
         Ok(y)
     }
 }
@@ -207,5 +248,50 @@ impl Linear {
         }
         product_backward(x, &self.weight, 1.0, dy, &mut grads.weight, dx);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    fn random(rng: &mut Rng, shape: &[usize]) -> Tensor {
+        Tensor::new(shape, rng.normals(shape.iter().product(), 1.0)).unwrap()
+    }
+
+    /// A packed layer gives the unpacked layer's outputs for every row count, and once
+    /// its weight changes it computes with the new weight, never the stale copy.
+    #[test]
+    fn packed_forward_equals_unpacked_and_follows_weight_changes() {
+        let mut rng = Rng::new(5);
+        let (n_in, n_out) = (300, 70);
+        let plain = Linear::new(
+            random(&mut rng, &[n_out, n_in]),
+            Some(random(&mut rng, &[n_out])),
+        )
+        .unwrap();
+        let mut packed = plain.clone();
+        packed.pack();
+        assert!(packed.current_packed().is_some());
+        for rows in [1, 2, 13, 40] {
+            let x = random(&mut rng, &[rows, n_in]);
+            let (want, got) = (plain.forward(&x).unwrap(), packed.forward(&x).unwrap());
+            let scale = want.data().iter().fold(1.0f32, |m, v| m.max(v.abs()));
+            assert!(
+                got.max_abs_diff(&want) <= 1e-5 * scale,
+                "{rows} rows: {}",
+                got.max_abs_diff(&want)
+            );
+        }
+        packed.weight.data_mut()[0] += 1.0;
+        assert!(
+            packed.current_packed().is_none(),
+            "a stale copy is not used"
+        );
+        let mut changed = plain.clone();
+        changed.weight.data_mut()[0] += 1.0;
+        let x = random(&mut rng, &[13, n_in]);
+        assert_eq!(packed.forward(&x).unwrap(), changed.forward(&x).unwrap());
     }
 }

@@ -152,7 +152,7 @@ impl SentenceEncoder {
             (dir.to_path_buf(), None, false)
         };
 
-        let model = super::load(&transformer_dir)?.model;
+        let mut model = super::load(&transformer_dir)?.model;
         if model.kind() != ModelKind::Encoder {
             return Err(Error::Unsupported(format!(
                 "{}: sentence embeddings need an encoder (BERT family), not `{}`",
@@ -184,6 +184,8 @@ impl SentenceEncoder {
             ));
         }
 
+        // an encoder of embeddings only ever runs forward: its weights are packed once
+        model.pack_weights();
         let hidden = model.info().hidden;
         let pooling = match &pooling_dir {
             Some(p) => read_pooling(&p.join("config.json"), hidden)?,

@@ -295,6 +295,14 @@ impl Transformer {
         Ok(out.h)
     }
 
+    /// Packs every linear layer for inference ([`crate::layers::Linear::pack`]): faster
+    /// products for a sentence or a prompt, at the cost of a second copy of the
+    /// projection weights. Training afterwards stays correct (a changed weight is
+    /// used as it is), but the copies are then dead weight.
+    pub fn pack_weights(&mut self) {
+        self.weights.pack_weights();
+    }
+
     /// A whole forward without a cache: logits (or an encoder's hidden states), and
     /// every layer's attention weights when `attentions` is set.
     pub fn forward(&self, input: &Input, attentions: bool) -> Result<Output> {

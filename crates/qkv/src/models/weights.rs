@@ -75,6 +75,25 @@ crate::module!(HeadWeights {
     bias
 });
 
+impl Weights {
+    /// Packs every linear layer for inference ([`crate::layers::Linear::pack`]): the
+    /// attention and FFN projections of both stacks and the head's own layers. A
+    /// tied head reads the token table in place.
+    pub fn pack_weights(&mut self) {
+        for stack in [&mut self.encoder, &mut self.decoder].into_iter().flatten() {
+            for layer in &mut stack.layers {
+                layer.pack_weights();
+            }
+        }
+        for linear in [&mut self.head.lm_head, &mut self.head.dense]
+            .into_iter()
+            .flatten()
+        {
+            linear.pack();
+        }
+    }
+}
+
 /// Standard deviation of GPT-2's initialisation.
 const INIT_STD: f32 = 0.02;
 

@@ -9,6 +9,6 @@ pub mod simd;
 pub mod softmax;
 
 pub use activation::Activation;
-pub use matmul::{gemm, matmul, MatMut, MatRef, Par};
+pub use matmul::{gemm, gemm_packed, matmul, MatMut, MatRef, PackedWeight, Par};
 pub use pool::on_pool;
 pub use softmax::{softmax, softmax_backward, softmax_rows};

@@ -17,6 +17,7 @@
 //! a slab) whichever task owns it.
 
 use super::kernel::{self, Dst};
+use super::packed::PackedWeight;
 use super::{dot, pack};
 use super::{MatMut, MatRef, Par};
 use crate::ops::disjoint::Disjoint;
@@ -27,7 +28,7 @@ use std::cell::RefCell;
 pub(super) const MR: usize = 6;
 /// Columns of a micro-tile (two AVX2 vectors).
 pub(super) const NR: usize = 16;
-/// Most steps along K per slab; slabs are made equal so none is tiny.
+/// Most steps along K per slab.
 const KC: usize = 256;
 /// Rows of A per task block (a multiple of MR).
 const MC: usize = 144;
@@ -44,6 +45,30 @@ const KEEP_MAX: usize = 1 << 22;
 /// Row counts up to this go to the few-rows path when the layout allows it.
 const DOT_ROWS: usize = 16;
 
+/// How a product's K steps are cut into slabs: (count, steps of every slab but the
+/// last). Slabs are made equal so none is tiny; the cut depends on K alone, so a weight
+/// packed once ([`PackedWeight`]) has the slabs every product against it uses.
+pub(super) fn slabs(k: usize) -> (usize, usize) {
+    let count = k.div_ceil(KC);
+    (count, k.div_ceil(count))
+}
+
+/// The B operand of the blocked path.
+#[derive(Clone, Copy)]
+enum Operand<'a> {
+    /// A strided view, packed slab by slab during the product.
+    View(MatRef<'a>),
+    /// A weight packed once, read in place.
+    Packed(&'a PackedWeight),
+}
+
+/// Whether a product of this shape is split over the threads.
+fn parallel((m, n, k): (usize, usize, usize), par: Par) -> bool {
+    par == Par::Auto
+        && rayon::current_num_threads() > 1
+        && (m * n * k >= PARALLEL_MACS || (m <= DOT_ROWS && n * k >= PARALLEL_WEIGHT))
+}
+
 /// C ← (add ? C : 0) + α·A·B, with shapes already checked by the caller: a `[M,K]`,
 /// b `[K,N]`, c `[M,N]`, all views inside their slices, M, N, K > 0.
 pub(super) fn product(
@@ -54,15 +79,32 @@ pub(super) fn product(
     add: bool,
     par: Par,
 ) {
-    let (m, n, k) = (c.rows, c.cols, a.cols);
-    let threads = rayon::current_num_threads();
-    let parallel = par == Par::Auto
-        && threads > 1
-        && (m * n * k >= PARALLEL_MACS || (m <= DOT_ROWS && n * k >= PARALLEL_WEIGHT));
-    if m <= DOT_ROWS && a.col_stride == 1 && b.row_stride == 1 {
-        dot::product(c, a, b, alpha, add, parallel);
+    let shape = (c.rows, c.cols, a.cols);
+    if c.rows <= DOT_ROWS && a.col_stride == 1 && b.row_stride == 1 {
+        dot::product(c, a, b, alpha, add, parallel(shape, par));
         return;
     }
+    blocked(c, a, Operand::View(b), alpha, add, parallel(shape, par));
+}
+
+/// [`product`] with B a packed weight: the blocked path for every row count, without
+/// packing B. Shapes as [`product`] (b `[K,N]` is the packed Wᵀ).
+pub(super) fn product_packed(
+    c: MatMut<'_>,
+    a: MatRef<'_>,
+    b: &PackedWeight,
+    alpha: f32,
+    add: bool,
+    par: Par,
+) {
+    let shape = (c.rows, c.cols, a.cols);
+    blocked(c, a, Operand::Packed(b), alpha, add, parallel(shape, par));
+}
+
+/// The blocked product, cut into one rectangle of C per thread when `parallel`.
+fn blocked(c: MatMut<'_>, a: MatRef<'_>, b: Operand, alpha: f32, add: bool, parallel: bool) {
+    let (m, n) = (c.rows, c.cols);
+    let threads = rayon::current_num_threads();
     let parts = if parallel { threads } else { 1 };
     let panels = n.div_ceil(NR);
     // cut C into `parts` rectangles of whole micro-panels. Each part packs its own
@@ -84,7 +126,7 @@ pub(super) fn product(
                 c0,
                 cols: (panels_per_part * NR).min(n - c0),
             };
-            part.run(&a, &b, &out, (rs, cs), alpha, add);
+            part.run(&a, b, &out, (rs, cs), alpha, add);
         }
     };
     if parts > 1 {
@@ -109,17 +151,20 @@ impl Part {
     fn run(
         &self,
         a: &MatRef,
-        b: &MatRef,
+        b: Operand,
         out: &Disjoint,
         (rs, cs): (usize, usize),
         alpha: f32,
         add: bool,
     ) {
         let k = a.cols;
-        let slabs = k.div_ceil(KC);
-        let kc_max = k.div_ceil(slabs);
+        let (slabs, kc_max) = slabs(k);
         let panels = self.cols.div_ceil(NR);
-        with_buffer(&PACKED_B, panels * kc_max * NR, |packed_b| {
+        let b_scratch = match b {
+            Operand::View(_) => panels * kc_max * NR,
+            Operand::Packed(_) => 0,
+        };
+        with_buffer(&PACKED_B, b_scratch, |b_scratch| {
             with_buffer(
                 &PACKED_A,
                 MC.min(self.rows).next_multiple_of(MR) * kc_max,
@@ -127,7 +172,14 @@ impl Part {
                     for slab in 0..slabs {
                         let k0 = slab * kc_max;
                         let kc = kc_max.min(k - k0);
-                        pack::pack_b(b, k0, kc, self.c0, self.cols, packed_b);
+                        let packed_b: &[f32] = match b {
+                            Operand::View(view) => {
+                                pack::pack_b(&view, k0, kc, self.c0, self.cols, b_scratch);
+                                b_scratch
+                            }
+                            // a part starts on a panel boundary (c0 is a multiple of NR)
+                            Operand::Packed(w) => w.panels(k0, kc, self.c0 / NR, panels),
+                        };
                         for r0 in (self.r0..self.r0 + self.rows).step_by(MC) {
                             let rows = MC.min(self.r0 + self.rows - r0);
                             pack::pack_a(a, r0, rows, k0, kc, packed_a);

@@ -61,8 +61,13 @@ fn sweep<const W: usize>(
             // missing rows repeat the last live one; their sums are dropped
             let w: [&[f32]; W] =
                 std::array::from_fn(|c| &b.data[(j + c.min(w_live - 1)) * b.col_stride..][..k]);
-            for i in (0..m).step_by(ROWS) {
-                let a_live = (m - i).min(ROWS);
+            // rows in ⌈m/ROWS⌉ groups of near-equal size (13 = 4+3+3+3, not 4+4+4+1):
+            // a group of one row has only W independent sums, too few to cover the
+            // multiply-add's latency, and would run at half speed
+            let groups = m.div_ceil(ROWS);
+            for g in 0..groups {
+                let i = g * m / groups;
+                let a_live = (g + 1) * m / groups - i;
                 let row = |r: usize| &a.data[(i + r) * a.row_stride..][..k];
                 let sums = match a_live {
                     1 => widen(dots::<1, W>(&[row(0)], &w)),

@@ -7,6 +7,9 @@ mod blocked;
 mod dot;
 mod kernel;
 mod pack;
+mod packed;
+
+pub use packed::PackedWeight;
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -128,6 +131,36 @@ pub fn gemm(dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, alpha: f32, accumulat
         return;
     }
     blocked::product(dst, a, b, alpha, accumulate, par);
+}
+
+/// [`gemm`] with b = Wᵀ for a weight packed once: `dst = (accumulate ? dst : 0) + alpha ·
+/// a · Wᵀ`, a: `[M,K]`, W `[N,K]`, dst: `[M,N]`. Equal to [`gemm`] on W's transposed
+/// view up to the order of the sums (the few-rows path sums differently).
+///
+/// Panics if the shapes disagree or a view reaches outside its slice, as [`gemm`].
+pub fn gemm_packed(
+    dst: MatMut<'_>,
+    a: MatRef<'_>,
+    w: &PackedWeight,
+    alpha: f32,
+    accumulate: bool,
+    par: Par,
+) {
+    assert!(
+        a.rows == dst.rows && w.n() == dst.cols && a.cols == w.k(),
+        "gemm_packed shapes: a {}x{}, W {}x{}, dst {}x{}",
+        a.rows,
+        a.cols,
+        w.n(),
+        w.k(),
+        dst.rows,
+        dst.cols
+    );
+    assert!(a.fits() && dst.fits(), "gemm_packed view outside its slice");
+    if dst.rows == 0 {
+        return;
+    }
+    blocked::product_packed(dst, a, w, alpha, accumulate, par);
 }
 
 /// a: `[..., M, K]` (leading axes flattened into rows) times b: `[K, N]` → `[..., M, N]`.
@@ -280,6 +313,63 @@ mod tests {
                         c_data.iter().filter(|v| v.is_nan()).count() == c_data.len() - m * n,
                         "padding written"
                     );
+                }
+            }
+        }
+    }
+
+    /// A weight packed once gives the f64 triple loop's result on every path (few rows,
+    /// several K slabs, a last panel of fewer than NR columns, parallel or not), and
+    /// exactly the blocked path's bits when that path runs (more than DOT_ROWS rows):
+    /// the same tiles sum in the same order.
+    #[test]
+    fn packed_weight_matches_f64_loops_and_the_blocked_path() {
+        let mut rng = crate::rng::Rng::new(12);
+        for &(m, k, n) in &[
+            (1, 7, 3),
+            (2, 384, 40),
+            (13, 300, 70),
+            (17, 600, 33),
+            (301, 70, 45),
+        ] {
+            let a = rng.normals(m * k, 1.0);
+            let w = rng.normals(n * k, 1.0);
+            let c0 = rng.normals(m * n, 1.0);
+            let packed = PackedWeight::new(&w, n, k);
+            for (par, add) in [(Par::Auto, false), (Par::Single, true)] {
+                let mut got = c0.clone();
+                let mut blocked = c0.clone();
+                gemm_packed(
+                    MatMut::row_major(&mut got, m, n),
+                    MatRef::row_major(&a, m, k),
+                    &packed,
+                    -0.5,
+                    add,
+                    par,
+                );
+                gemm(
+                    MatMut::row_major(&mut blocked, m, n),
+                    MatRef::row_major(&a, m, k),
+                    MatRef::row_major(&w, n, k).t(),
+                    -0.5,
+                    add,
+                    par,
+                );
+                for i in 0..m {
+                    for j in 0..n {
+                        let dot: f64 = (0..k)
+                            .map(|p| a[i * k + p] as f64 * w[j * k + p] as f64)
+                            .sum();
+                        let want = -0.5 * dot + if add { c0[i * n + j] as f64 } else { 0.0 };
+                        let v = got[i * n + j] as f64;
+                        assert!(
+                            (v - want).abs() < 2e-6 * (k as f64).sqrt() * (1.0 + want.abs()),
+                            "{m}x{k}x{n} {par:?}: ({i}, {j}) {v} vs {want}"
+                        );
+                    }
+                }
+                if m > 16 {
+                    assert_eq!(got, blocked, "{m}x{k}x{n} {par:?}: packed vs blocked bits");
                 }
             }
         }

@@ -1,0 +1,74 @@
+//! A weight packed once, in the order the micro-kernel reads B, so products against
+//! it skip packing B at every call.
+//!
+//! A linear layer computes y = x·Wᵀ. The blocked path packs Wᵀ's panels at every call:
+//! reading W and writing its packed copy costs about as much as the arithmetic when x
+//! has a dozen rows (one sentence), and the packing work is repeated for every
+//! sentence. Packed once at load, the panels are read straight from memory by the
+//! kernel, and a dozen rows run at the kernel's speed rather than at packing speed.
+//!
+//! Layout: W `[N, K]` as B = Wᵀ `[K, N]`, cut into the same K slabs as
+//! [`super::blocked`] uses (sizes depend on K alone) and, inside each slab, into
+//! micro-panels of [`NR`] columns, each `[kc][NR]`; the last panel's missing columns
+//! are zeros. Slab s starts at float `k0(s)·panels·NR`, its panel j at `j·kc·NR` after
+//! that.
+
+use super::blocked::{slabs, NR};
+use super::{pack, MatRef};
+
+/// Wᵀ of a `[N, K]` weight, in micro-panels (see the module documentation).
+#[derive(Clone)]
+pub struct PackedWeight {
+    n: usize,
+    k: usize,
+    /// The panels, from float `offset` on (the start aligned to 64 bytes).
+    data: Vec<f32>,
+    offset: usize,
+}
+
+impl std::fmt::Debug for PackedWeight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedWeight {{ n: {}, k: {} }}", self.n, self.k)
+    }
+}
+
+impl PackedWeight {
+    /// Packs `w`, a row-major `[n, k]` weight (n, k ≥ 1) as a linear layer stores it.
+    pub fn new(w: &[f32], n: usize, k: usize) -> Self {
+        assert!(
+            n > 0 && k > 0 && w.len() == n * k,
+            "packed weight: {} floats for [{n}, {k}]",
+            w.len()
+        );
+        let (count, kc_max) = slabs(k);
+        let panels = n.div_ceil(NR);
+        const ALIGN: usize = 16;
+        let mut data = vec![0.0f32; k * panels * NR + ALIGN];
+        let offset = data.as_ptr().align_offset(64).min(ALIGN);
+        let wt = MatRef::row_major(w, n, k).t();
+        for s in 0..count {
+            let k0 = s * kc_max;
+            let kc = kc_max.min(k - k0);
+            let slab = &mut data[offset + k0 * panels * NR..][..kc * panels * NR];
+            pack::pack_b(&wt, k0, kc, 0, n, slab);
+        }
+        PackedWeight { n, k, data, offset }
+    }
+
+    /// Rows of the weight: columns of the product.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Columns of the weight: the product's inner dimension.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The micro-panels `first..first + count` of the slab starting at step `k0` with
+    /// `kc` steps: `count · kc · NR` floats.
+    pub(super) fn panels(&self, k0: usize, kc: usize, first: usize, count: usize) -> &[f32] {
+        let slab = self.offset + k0 * self.n.div_ceil(NR) * NR;
+        &self.data[slab + first * kc * NR..][..count * kc * NR]
+    }
+}
