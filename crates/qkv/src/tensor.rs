@@ -159,7 +159,7 @@ impl Tensor {
 
 /// Errors on the first NaN or infinity in `data`, naming it `name`.
 pub fn check_finite(name: &str, data: &[f32]) -> Result<()> {
-    match data.iter().position(|v| !v.is_finite()) {
+    match first_non_finite(data) {
         None => Ok(()),
         Some(index) => Err(Error::NonFinite {
             tensor: name.to_string(),
@@ -167,6 +167,28 @@ pub fn check_finite(name: &str, data: &[f32]) -> Result<()> {
             value: data[index],
         }),
     }
+}
+
+/// Index of the first NaN or infinity in `data`. Each chunk is scanned without an
+/// early exit, a loop the compiler vectorises (an element-by-element search with an
+/// exit runs at one element per cycle and was 9% of a short attention call); only a
+/// chunk that holds one is searched element by element.
+pub fn first_non_finite(data: &[f32]) -> Option<usize> {
+    const CHUNK: usize = 512;
+    // all exponent bits set: an infinity or a NaN
+    const EXPONENT: u32 = 0x7f80_0000;
+    data.chunks(CHUNK).enumerate().find_map(|(c, chunk)| {
+        let any = chunk.iter().fold(0u32, |any, x| {
+            any | u32::from(x.to_bits() & EXPONENT == EXPONENT)
+        });
+        if any == 0 {
+            return None;
+        }
+        chunk
+            .iter()
+            .position(|x| !x.is_finite())
+            .map(|i| c * CHUNK + i)
+    })
 }
 
 #[cfg(test)]
@@ -201,6 +223,30 @@ mod tests {
     #[should_panic(expected = "add_assign")]
     fn add_assign_rejects_other_shapes() {
         Tensor::zeros(&[2, 3]).add_assign(&Tensor::zeros(&[3, 2]));
+    }
+
+    #[test]
+    fn first_non_finite_finds_the_first_in_any_chunk() {
+        let mut data = vec![1.5f32; 3000];
+        assert_eq!(first_non_finite(&data), None);
+        for (at, bad) in [
+            (0, f32::NAN),
+            (511, f32::INFINITY),
+            (512, f32::NEG_INFINITY),
+            (2999, f32::NAN),
+        ] {
+            data[at] = bad;
+            assert_eq!(first_non_finite(&data), Some(at), "{bad} at {at}");
+            data[2000] = f32::NAN;
+            assert_eq!(
+                first_non_finite(&data),
+                Some(at.min(2000)),
+                "the first of two"
+            );
+            data[2000] = 1.5;
+            data[at] = f32::MAX;
+        }
+        assert_eq!(first_non_finite(&data), None, "f32::MAX is finite");
     }
 
     #[test]

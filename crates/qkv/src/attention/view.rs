@@ -86,10 +86,7 @@ impl<'a> HeadsView<'a> {
         let row = self.len * self.heads * self.dim;
         for b in 0..self.batch {
             let start = b * self.batch_stride;
-            if let Some(i) = self.data[start..start + row]
-                .iter()
-                .position(|x| !x.is_finite())
-            {
+            if let Some(i) = crate::tensor::first_non_finite(&self.data[start..start + row]) {
                 return Err(Error::NonFinite {
                     tensor: name.into(),
                     index: start + i,
