@@ -205,8 +205,10 @@ impl Part {
                                         alpha,
                                         add: add || slab > 0,
                                     };
+                                    let next_b = (i == 0 && j + 1 < panels)
+                                        .then(|| &packed_b[(j + 1) * kc * NR..][..kc * NR]);
                                     // SAFETY: the panels hold kc steps; `dst` is as above.
-                                    unsafe { kernel::tile(kc, a_panel, b_panel, &dst) };
+                                    unsafe { kernel::tile(kc, a_panel, b_panel, &dst, next_b) };
                                 }
                             }
                         }

@@ -24,13 +24,21 @@ pub(super) struct Dst {
 
 /// C tile ← β·C + α·(Σ_p a[p·MR + r] · b[p·NR + c]).
 ///
+/// `next_b`, when given, is the B micro-panel the following tiles will read: the vector
+/// kernel asks for one of its cache lines per step, so a panel streamed from memory
+/// (a weight packed once, too large for the caches) arrives before it is needed. Only a
+/// panel's first tile passes it; the others find the panel in L1.
+///
 /// # Safety
 /// `a` holds kc·MR and `b` kc·NR floats; `dst` points at a tile the caller may write.
-pub(super) unsafe fn tile(kc: usize, a: &[f32], b: &[f32], dst: &Dst) {
+pub(super) unsafe fn tile(kc: usize, a: &[f32], b: &[f32], dst: &Dst, next_b: Option<&[f32]>) {
     debug_assert!(a.len() >= kc * MR && b.len() >= kc * NR);
     #[cfg(target_arch = "x86_64")]
     if crate::ops::simd::avx2_fma() {
-        x86::tile(kc, a.as_ptr(), b.as_ptr(), dst);
+        match next_b {
+            Some(next) => x86::tile::<true>(kc, a.as_ptr(), b.as_ptr(), dst, next.as_ptr()),
+            None => x86::tile::<false>(kc, a.as_ptr(), b.as_ptr(), dst, std::ptr::null()),
+        }
         return;
     }
     portable_tile(kc, a, b, dst);
@@ -78,7 +86,13 @@ mod x86 {
     /// # Safety
     /// AVX2 and FMA; as [`super::tile`].
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile(kc: usize, a: *const f32, b: *const f32, dst: &Dst) {
+    pub(super) unsafe fn tile<const PREFETCH: bool>(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        dst: &Dst,
+        next_b: *const f32,
+    ) {
         // C's rows are touched only after the k loop; asking for them now hides
         // their miss (C is megabytes in a training step, out of every cache) behind
         // the loop's arithmetic. A prefetch never faults, even past C's end.
@@ -89,6 +103,10 @@ mod x86 {
         }
         let mut acc = [[_mm256_setzero_ps(); 2]; MR];
         for p in 0..kc {
+            if PREFETCH {
+                // one 64-byte line of the next panel per step: kc·NR floats in kc steps
+                _mm_prefetch::<_MM_HINT_T0>(next_b.wrapping_add(p * NR) as *const i8);
+            }
             let b0 = _mm256_loadu_ps(b.add(p * NR));
             let b1 = _mm256_loadu_ps(b.add(p * NR + 8));
             for (r, row) in acc.iter_mut().enumerate() {
@@ -146,7 +164,7 @@ mod tests {
         // SAFETY: `c` holds MR rows of NR + 3; the operands hold kc steps.
         unsafe {
             if vector {
-                tile(kc, a, b, &dst)
+                tile(kc, a, b, &dst, None)
             } else {
                 portable_tile(kc, a, b, &dst)
             }
