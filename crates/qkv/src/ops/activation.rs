@@ -20,6 +20,10 @@ pub enum Activation {
     Silu,
 }
 
+/// Elements per parallel task of the slice forms; slices shorter than four of these run
+/// on the calling thread.
+const CHUNK: usize = 1 << 14;
+
 impl Activation {
     /// Maps a config's `hidden_act` / `activation_function` name.
     pub fn from_hf_name(name: &str) -> Result<Self> {
@@ -54,7 +58,6 @@ impl Activation {
     /// on AVX2 + FMA (the vector `erf`, within 2 ulp), where [`Activation::apply`]
     /// with libm's `erff` is its readable twin.
     pub fn apply_slice(self, xs: &mut [f32]) {
-        const CHUNK: usize = 1 << 14;
         if xs.len() >= 4 * CHUNK && rayon::current_num_threads() > 1 {
             xs.par_chunks_mut(CHUNK).for_each(|c| self.apply_chunk(c));
         } else {
@@ -140,7 +143,19 @@ impl Activation {
             dy.len(),
             dx.len()
         );
-        // One loop per variant, as in `apply_slice`.
+        // a long slice is split over the threads, as in `apply_slice`
+        if x.len() >= 4 * CHUNK && rayon::current_num_threads() > 1 {
+            dx.par_chunks_mut(CHUNK)
+                .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
+                .for_each(|(dx, (x, dy))| self.backward_chunk(x, dy, dx));
+        } else {
+            self.backward_chunk(x, dy, dx);
+        }
+    }
+
+    /// [`Activation::backward_slice`] on one thread.
+    fn backward_chunk(self, x: &[f32], dy: &[f32], dx: &mut [f32]) {
+        // One loop per variant, as in `apply_chunk`.
         fn each(x: &[f32], dy: &[f32], dx: &mut [f32], f: impl Fn(f32) -> f32) {
             for ((d, &xi), &g) in dx.iter_mut().zip(x).zip(dy) {
                 *d += g * f(xi);
