@@ -4,13 +4,23 @@
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Tensor {
     shape: Vec<usize>,
     data: Vec<f32>,
     /// Stamp of the contents: new on creation and on every mutable access, so a copy
     /// derived from the data (a packed weight) can tell whether it is still current.
     generation: u64,
+}
+
+/// Shape and values: the generation stamp is bookkeeping.
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor")
+            .field("shape", &self.shape)
+            .field("data", &self.data)
+            .finish()
+    }
 }
 
 /// Tensors compare by shape and values; the generation stamp is bookkeeping.
