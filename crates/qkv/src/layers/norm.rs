@@ -129,16 +129,12 @@ impl Norm {
                     // Two passes (mean, then centred squares) keep precision for rows with
                     // a large common offset, where E[x²] − E[x]² would cancel; f64 sums keep
                     // the mean exact enough that x − mean is right to f32 rounding.
-                    let mean = (row.iter().map(|&v| v as f64).sum::<f64>() / c as f64) as f32;
-                    let var = row
-                        .iter()
-                        .map(|&v| ((v - mean) as f64).powi(2))
-                        .sum::<f64>()
-                        / c as f64;
+                    let mean = (sum_f64(row, |v| v as f64) / c as f64) as f32;
+                    let var = sum_f64(row, |v| ((v - mean) as f64).powi(2)) / c as f64;
                     (mean, (1.0 / (var + self.eps as f64).sqrt()) as f32)
                 }
                 NormKind::RmsNorm => {
-                    let ms = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / c as f64;
+                    let ms = sum_f64(row, |v| (v as f64).powi(2)) / c as f64;
                     (0.0, (1.0 / (ms + self.eps as f64).sqrt()) as f32)
                 }
             };
@@ -278,4 +274,20 @@ fn check_input(name: &str, x: &Tensor, c: usize) -> Result<()> {
         return Err(Error::shape(name, format!("[.., {c}]"), x.shape()));
     }
     Ok(())
+}
+
+/// Σ f(v) over `row`, in f64 and in 8 interleaved partial sums. One running f64 sum
+/// waits on each addition's latency (about 4 cycles a value, which made the norms of a
+/// 900-row batch a few percent of a MiniLM forward); eight independent ones vectorise,
+/// with the same f64 precision.
+fn sum_f64(row: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let mut chunks = row.chunks_exact(8);
+    for chunk in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(chunk) {
+            *a += f(v);
+        }
+    }
+    let tail: f64 = chunks.remainder().iter().map(|&v| f(v)).sum();
+    acc.iter().sum::<f64>() + tail
 }
