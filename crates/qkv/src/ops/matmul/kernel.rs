@@ -35,9 +35,22 @@ pub(super) unsafe fn tile(kc: usize, a: &[f32], b: &[f32], dst: &Dst, next_b: Op
     debug_assert!(a.len() >= kc * MR && b.len() >= kc * NR);
     #[cfg(target_arch = "x86_64")]
     if crate::ops::simd::avx2_fma() {
-        match next_b {
-            Some(next) => x86::tile::<true>(kc, a.as_ptr(), b.as_ptr(), dst, next.as_ptr()),
-            None => x86::tile::<false>(kc, a.as_ptr(), b.as_ptr(), dst, std::ptr::null()),
+        let (a, b) = (a.as_ptr(), b.as_ptr());
+        let next = next_b.map_or(std::ptr::null(), <[f32]>::as_ptr);
+        // a tile cut by C's last rows computes only its live rows: a step costs about
+        // max(rows, 4) cycles (two FMA units, four cycles of latency), so the single row
+        // left of a 13-row product costs two thirds of a whole tile, not all of it
+        match (dst.rows, next_b.is_some()) {
+            (1, false) => x86::tile::<false, 1>(kc, a, b, dst, next),
+            (1, true) => x86::tile::<true, 1>(kc, a, b, dst, next),
+            (2, false) => x86::tile::<false, 2>(kc, a, b, dst, next),
+            (2, true) => x86::tile::<true, 2>(kc, a, b, dst, next),
+            (3, false) => x86::tile::<false, 3>(kc, a, b, dst, next),
+            (3, true) => x86::tile::<true, 3>(kc, a, b, dst, next),
+            (4, false) => x86::tile::<false, 4>(kc, a, b, dst, next),
+            (4, true) => x86::tile::<true, 4>(kc, a, b, dst, next),
+            (_, false) => x86::tile::<false, MR>(kc, a, b, dst, next),
+            (_, true) => x86::tile::<true, MR>(kc, a, b, dst, next),
         }
         return;
     }
@@ -86,7 +99,7 @@ mod x86 {
     /// # Safety
     /// AVX2 and FMA; as [`super::tile`].
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile<const PREFETCH: bool>(
+    pub(super) unsafe fn tile<const PREFETCH: bool, const R: usize>(
         kc: usize,
         a: *const f32,
         b: *const f32,
@@ -101,7 +114,9 @@ mod x86 {
             _mm_prefetch::<_MM_HINT_T0>(row);
             _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(NR * 4 - 1));
         }
-        let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+        // only the first R rows of the A panel are read (R ≥ the tile's live rows, as
+        // the dispatch in `super::tile` guarantees); the others' sums would be dropped
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for p in 0..kc {
             if PREFETCH {
                 // one 64-byte line of the next panel per step: kc·NR floats in kc steps
@@ -116,7 +131,7 @@ mod x86 {
             }
         }
         let alpha = _mm256_set1_ps(dst.alpha);
-        if dst.rows == MR && dst.cols == NR && dst.col_stride == 1 {
+        if dst.rows == R && dst.cols == NR && dst.col_stride == 1 {
             for (r, row) in acc.iter().enumerate() {
                 for (half, v) in row.iter().enumerate() {
                     let p = dst.ptr.add(r * dst.row_stride + half * 8);
@@ -144,9 +159,10 @@ mod tests {
     use super::*;
     use crate::rng::Rng;
 
-    /// One tile into `c` (MR rows of NR + 3), by the vector or the portable kernel.
+    /// One tile into `c` (MR rows of NR + 3), by the portable kernel (`None`) or the
+    /// vector one, with or without a next panel to prefetch (`Some(prefetch)`).
     fn run(
-        vector: bool,
+        vector: Option<bool>,
         (kc, a, b): (usize, &[f32], &[f32]),
         c: &mut [f32],
         (rows, cols): (usize, usize),
@@ -163,10 +179,9 @@ mod tests {
         };
         // SAFETY: `c` holds MR rows of NR + 3; the operands hold kc steps.
         unsafe {
-            if vector {
-                tile(kc, a, b, &dst, None)
-            } else {
-                portable_tile(kc, a, b, &dst)
+            match vector {
+                Some(prefetch) => tile(kc, a, b, &dst, prefetch.then_some(b)),
+                None => portable_tile(kc, a, b, &dst),
             }
         }
     }
@@ -178,9 +193,18 @@ mod tests {
             let a = rng.normals(kc * MR, 1.0);
             let b = rng.normals(kc * NR, 1.0);
             let c0 = rng.normals(MR * (NR + 3), 1.0);
-            for (rows, cols) in [(MR, NR), (4, NR), (MR, 9), (1, 1)] {
+            for (rows, cols) in [
+                (MR, NR),
+                (5, NR),
+                (4, NR),
+                (3, 7),
+                (2, NR),
+                (MR, 9),
+                (1, 1),
+                (1, NR),
+            ] {
                 for add in [false, true] {
-                    for vector in [false, true] {
+                    for vector in [None, Some(false), Some(true)] {
                         let mut c = c0.clone();
                         run(vector, (kc, &a, &b), &mut c, (rows, cols), add);
                         for r in 0..MR {
