@@ -10,7 +10,7 @@
     python3 bench/compare_torch.py llama [--d-model 512] [--layers 8] [--heads 8] [--kv-heads 4]
                                          [--vocab 32000] [--prefill 512] [--decode 128]
     python3 bench/compare_torch.py matmul [--shapes 2048x384x1536,13x384x384]
-  common options: --threads 2 --rounds 3 --reps 5 --warmup 1 --min-time 0.05 --seed 0
+  common options: --threads 2 --rounds 4 --reps 5 --warmup 1 --min-time 0.05 --seed 0
                   --json --qkv PATH (default: cargo build --release -p qkv-cli, target/release/qkv)
 
 Training throughput has its own script: bench/train_tokens_per_sec.sh.
@@ -43,8 +43,10 @@ What is compared:
              against torch.nn.functional.linear, on MxKxN shapes (--shapes). GFLOP/s: 2·M·K·N.
 
 Measurement. Each side gets --threads threads (qkv --threads; torch.set_num_threads and
-OMP/MKL_NUM_THREADS). For each workload, --rounds rounds alternate: `qkv bench ... --json` as a
-subprocess, then PyTorch in this process, so load from other processes hits both alike. Within a
+OMP/MKL_NUM_THREADS). For each workload, --rounds rounds alternate `qkv bench ... --json` as a
+subprocess and PyTorch in this process, so load from other processes hits both alike; the order
+within a round alternates too (qkv first in rounds 1, 4, 5, 8, ...; PyTorch first in 2, 3, 6, 7,
+...), because whichever side runs second in a round measures slower on this VM. Within a
 round each side does --warmup untimed calls, then --reps timed samples; a sample repeats the call
 until it lasts --min-time seconds and counts its time per call. Reported per side: best = the
 fastest sample of all rounds; median = the median over rounds of each round's median. The ratio
@@ -446,12 +448,27 @@ def compare(opts, qkv: Path, w: Workload) -> list[dict]:
     else:
         c = None
     per_round = {"qkv": [], "torch": []}
-    for r in range(opts.rounds):
+
+    def run_qkv_side(r):
         print(f"{w.title}: round {r + 1}/{opts.rounds}: qkv...", file=sys.stderr)
         rows = [json.loads(l) for l in run_qkv(qkv, [*w.qkv_args, *common_qkv_args(opts)]).splitlines()]
         per_round["qkv"].append(rows)
+
+    def run_torch_side(r):
         print(f"{w.title}: round {r + 1}/{opts.rounds}: PyTorch...", file=sys.stderr)
-        per_round["torch"].append(w.torch_run(rows))
+        per_round["torch"].append(w.torch_run(per_round["qkv"][-1]))
+
+    # The side that runs second in a round measured slower here: qkv against a copy of
+    # itself came out 7-13% apart in A-then-B order. So the order alternates (ABBA):
+    # qkv first in rounds 1, 4, 5, 8, ..., PyTorch first in rounds 2, 3, 6, 7, ...
+    # (round 1 is always qkv first: PyTorch's MiniLM side reads the sentence qkv chose).
+    for r in range(opts.rounds):
+        if r % 4 in (0, 3):
+            run_qkv_side(r)
+            run_torch_side(r)
+        else:
+            run_torch_side(r)
+            run_qkv_side(r)
     out = []
     for i, label in enumerate(w.labels):
         qkv_row = per_round["qkv"][0][i]
@@ -509,7 +526,7 @@ def print_table(title: str, rows: list[dict]) -> None:
 def parse(argv):
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--threads", type=int, default=2, help="threads on each side (default 2)")
-    common.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    common.add_argument("--rounds", type=int, default=4, help="alternating rounds (default 4: each side first in two)")
     common.add_argument("--reps", type=int, default=5, help="timed samples per round and side (qkv bench --rounds)")
     common.add_argument("--warmup", type=int, default=1, help="untimed calls per round and side")
     common.add_argument("--min-time", type=float, default=0.05, help="seconds a sample lasts at least")

@@ -6,9 +6,9 @@
 # batches of B=8, T=256: one step is forward + cross-entropy + backward + AdamW.
 # Each side gets THREADS threads (default 2), runs WARMUP untimed steps (default 2),
 # then times STEPS steps (default 5): training tokens/s = STEPS·B·T / time. ROUNDS
-# (default 3) alternating runs of each; the best and the median are reported.
+# (default 4) alternating runs of each; the best and the median are reported.
 #
-#   bench/train_tokens_per_sec.sh            # THREADS=2 WARMUP=2 STEPS=5 ROUNDS=3
+#   bench/train_tokens_per_sec.sh            # THREADS=2 WARMUP=2 STEPS=5 ROUNDS=4
 #   THREADS=2 STEPS=10 ROUNDS=5 bench/train_tokens_per_sec.sh
 #
 # PyTorch comes from the fixture venv (.venv-ref, or $PYTHON); qkv is a release build.
@@ -18,7 +18,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 THREADS="${THREADS:-2}"
 WARMUP="${WARMUP:-2}"
 STEPS="${STEPS:-5}"
-ROUNDS="${ROUNDS:-3}"
+ROUNDS="${ROUNDS:-4}"
 PYTHON="${PYTHON:-$ROOT/.venv-ref/bin/python}"
 B=8
 T=256
@@ -35,19 +35,30 @@ QKV="$ROOT/target/release/qkv"
 
 # The two sides alternate for ROUNDS rounds, so that load from other processes hits
 # both alike; the best round of each is reported (the least disturbed), with the median.
-for round in $(seq 1 "$ROUNDS"); do
-  echo "round $round/$ROUNDS: PyTorch, $WARMUP warm-up + $STEPS timed steps on $THREADS threads..." >&2
+# The order inside a round alternates too (PyTorch first in rounds 1, 4, 5, 8, ...; qkv
+# first in 2, 3, 6, 7, ...): whichever side runs second in a round measures slower on
+# this VM (a binary against a copy of itself came out 7-13% apart in A-then-B order).
+run_torch() {
+  echo "round $1/$ROUNDS: PyTorch, $WARMUP warm-up + $STEPS timed steps on $THREADS threads..." >&2
   OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" "$PYTHON" \
     "$ROOT/bench/train_tokens_per_sec_torch.py" \
     --threads "$THREADS" --warmup "$WARMUP" --steps "$STEPS" --batch "$B" --seq "$T" \
     >>"$WORK/torch.jsonl"
-  echo "round $round/$ROUNDS: qkv, $WARMUP warm-up + $STEPS timed steps on $THREADS threads..." >&2
+}
+run_qkv() {
+  echo "round $1/$ROUNDS: qkv, $WARMUP warm-up + $STEPS timed steps on $THREADS threads..." >&2
   rm -rf "$WORK/ckpt"
   "$QKV" train --text "$WORK/random.bin" --style gpt2 \
     --d-model 384 --layers 6 --heads 6 --batch-size "$B" --seq-len "$T" \
     --steps "$((WARMUP + STEPS))" --lr 3e-4 --constant-lr --eval-batches 0 \
     --threads "$THREADS" --quiet --bench-warmup "$WARMUP" --out "$WORK/ckpt" \
     >>"$WORK/qkv.jsonl"
+}
+for round in $(seq 1 "$ROUNDS"); do
+  case $(((round - 1) % 4)) in
+    0 | 3) run_torch "$round"; run_qkv "$round" ;;
+    *) run_qkv "$round"; run_torch "$round" ;;
+  esac
 done
 
 "$PYTHON" - "$WORK/torch.jsonl" "$WORK/qkv.jsonl" <<'PY'
