@@ -78,9 +78,9 @@ impl Activation {
 
     fn apply_chunk(self, xs: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if self == Activation::Gelu && super::simd::avx2_fma() {
+        if self != Activation::Relu && super::simd::avx2_fma() {
             // SAFETY: the CPU has AVX2 and FMA.
-            unsafe { x86::gelu(xs) };
+            unsafe { x86::apply(self, xs) };
             return;
         }
         // One loop per variant: with the variant fixed, `apply` inlines to branch-free
@@ -166,6 +166,13 @@ impl Activation {
 
     /// [`Activation::backward_slice`] on one thread.
     fn backward_chunk(self, x: &[f32], dy: &[f32], dx: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if matches!(self, Activation::GeluTanh | Activation::Silu) && super::simd::avx2_fma() {
+            // SAFETY: the CPU has AVX2 and FMA; the three slices have one length
+            // (checked by `backward_slice`).
+            unsafe { x86::backward(self, x, dy, dx) };
+            return;
+        }
         // One loop per variant, as in `apply_chunk`.
         fn each(x: &[f32], dy: &[f32], dx: &mut [f32], f: impl Fn(f32) -> f32) {
             for ((d, &xi), &g) in dx.iter_mut().zip(x).zip(dy) {
@@ -194,30 +201,128 @@ impl std::fmt::Display for Activation {
     }
 }
 
+/// Exact GELU, GELU-tanh and SiLU 8 lanes at a time on AVX2 + FMA, with the vector
+/// `erf` and `exp` of `ops::simd`; [`Activation::apply`] and [`Activation::derivative`]
+/// are their readable twins, and the tests hold them together. Without these, the
+/// compiler's baseline (SSE2, no FMA) left the scalar loops at about 3.6 ns a value: 5%
+/// of a GPT-2 training step went to GELU-tanh.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::Activation;
-    use crate::ops::simd::x86::erf8;
+    use crate::ops::simd::x86::{erf8, exp8};
     use std::arch::x86_64::*;
 
-    /// Exact GELU in place, 0.5·x·(1 + erf(x/√2)), 8 lanes at a time.
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const KAPPA: f32 = 0.044_715;
+
+    /// tanh on 8 lanes as `fastmath::tanh` computes it: 1 − 2 / (e^{2x} + 1).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tanh8(x: __m256) -> __m256 {
+        let one = _mm256_set1_ps(1.0);
+        let e = exp8(_mm256_add_ps(x, x));
+        _mm256_sub_ps(
+            one,
+            _mm256_div_ps(_mm256_set1_ps(2.0), _mm256_add_ps(e, one)),
+        )
+    }
+
+    /// σ(x) = 1 / (1 + e^−x) on 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn sigmoid8(x: __m256) -> __m256 {
+        let one = _mm256_set1_ps(1.0);
+        let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        _mm256_div_ps(one, _mm256_add_ps(one, e))
+    }
+
+    /// (t, u′) for GELU-tanh: t = tanh(u) with u = √(2/π)·(x + κx³), and
+    /// u′ = √(2/π)·(1 + 3κx²).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn gelu_tanh_parts(x: __m256) -> (__m256, __m256) {
+        let c = _mm256_set1_ps(SQRT_2_OVER_PI);
+        let x2 = _mm256_mul_ps(x, x);
+        let inner = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(KAPPA), x2), x, x);
+        let t = tanh8(_mm256_mul_ps(c, inner));
+        let du = _mm256_mul_ps(
+            c,
+            _mm256_fmadd_ps(_mm256_set1_ps(3.0 * KAPPA), x2, _mm256_set1_ps(1.0)),
+        );
+        (t, du)
+    }
+
+    /// f(x) in place for every activation but ReLU.
     ///
     /// # Safety
     /// The CPU must have AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn gelu(xs: &mut [f32]) {
+    pub(super) unsafe fn apply(act: Activation, xs: &mut [f32]) {
+        let half = _mm256_set1_ps(0.5);
         let mut lanes = xs.chunks_exact_mut(8);
         for v in &mut lanes {
             let x = _mm256_loadu_ps(v.as_ptr());
-            let e = erf8(_mm256_mul_ps(
-                x,
-                _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2),
-            ));
-            let half_x = _mm256_mul_ps(x, _mm256_set1_ps(0.5));
-            _mm256_storeu_ps(v.as_mut_ptr(), _mm256_fmadd_ps(half_x, e, half_x));
+            let y = match act {
+                Activation::Gelu => {
+                    // 0.5·x·(1 + erf(x/√2))
+                    let e = erf8(_mm256_mul_ps(
+                        x,
+                        _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2),
+                    ));
+                    let half_x = _mm256_mul_ps(x, half);
+                    _mm256_fmadd_ps(half_x, e, half_x)
+                }
+                Activation::GeluTanh => {
+                    // 0.5·x·(1 + tanh(u))
+                    let (t, _) = gelu_tanh_parts(x);
+                    let half_x = _mm256_mul_ps(x, half);
+                    _mm256_fmadd_ps(half_x, t, half_x)
+                }
+                Activation::Silu => _mm256_mul_ps(x, sigmoid8(x)),
+                Activation::Relu => _mm256_max_ps(x, _mm256_setzero_ps()),
+            };
+            _mm256_storeu_ps(v.as_mut_ptr(), y);
         }
         for x in lanes.into_remainder() {
-            *x = Activation::Gelu.apply(*x);
+            *x = act.apply(*x);
+        }
+    }
+
+    /// dx += dy ∘ f′(x) for GELU-tanh and SiLU (the formulas of
+    /// [`Activation::derivative`]).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; the three slices have the same length.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn backward(act: Activation, x: &[f32], dy: &[f32], dx: &mut [f32]) {
+        let (one, half) = (_mm256_set1_ps(1.0), _mm256_set1_ps(0.5));
+        let whole = x.len() / 8 * 8;
+        for i in (0..whole).step_by(8) {
+            let xv = _mm256_loadu_ps(x.as_ptr().add(i));
+            let d = match act {
+                Activation::GeluTanh => {
+                    // ½(1 + t) + ½x·(1 − t²)·u′
+                    let (t, du) = gelu_tanh_parts(xv);
+                    let sech2 = _mm256_fnmadd_ps(t, t, one);
+                    let left = _mm256_mul_ps(half, _mm256_add_ps(one, t));
+                    let right = _mm256_mul_ps(_mm256_mul_ps(half, xv), _mm256_mul_ps(sech2, du));
+                    _mm256_add_ps(left, right)
+                }
+                Activation::Silu => {
+                    // σ(x)·(1 + x·(1 − σ(x)))
+                    let s = sigmoid8(xv);
+                    _mm256_mul_ps(s, _mm256_fmadd_ps(xv, _mm256_sub_ps(one, s), one))
+                }
+                Activation::Relu | Activation::Gelu => {
+                    unreachable!("only GELU-tanh and SiLU take the vector backward")
+                }
+            };
+            let out = dx.as_mut_ptr().add(i);
+            let g = _mm256_loadu_ps(dy.as_ptr().add(i));
+            _mm256_storeu_ps(out, _mm256_fmadd_ps(g, d, _mm256_loadu_ps(out)));
+        }
+        for i in whole..x.len() {
+            dx[i] += dy[i] * act.derivative(x[i]);
         }
     }
 }
@@ -241,6 +346,35 @@ mod tests {
                 (got - want).abs() <= 3e-7 * x.abs().max(1e-30),
                 "gelu({x}): {got} vs {want}"
             );
+        }
+    }
+
+    /// The vector forms of GELU-tanh and SiLU, forward and backward, against `apply`
+    /// and `derivative` (the scalar `exp` and `tanh` of `fastmath`), on slices long
+    /// enough to be split, with a tail shorter than a vector, and values from deep in
+    /// each saturated side to the middle.
+    #[test]
+    fn vector_gelu_tanh_and_silu_equal_the_scalar_formulas() {
+        let xs: Vec<f32> = (0..50_005)
+            .map(|i| (i as f32 - 25_000.0) * 4e-4 * (1.0 + (i % 5) as f32 * 10.0))
+            .collect();
+        let dy: Vec<f32> = (0..xs.len())
+            .map(|i| 1.0 - (i % 13) as f32 * 0.15)
+            .collect();
+        let close = |got: f32, want: f32| (got - want).abs() <= 2e-6 * want.abs().max(1.0);
+        for act in [Activation::GeluTanh, Activation::Silu] {
+            let mut fast = xs.clone();
+            act.apply_slice(&mut fast);
+            for (&x, &got) in xs.iter().zip(&fast) {
+                let want = act.apply(x);
+                assert!(close(got, want), "{act:?}({x}): {got} vs {want}");
+            }
+            let mut dx = vec![0.25f32; xs.len()];
+            act.backward_slice(&xs, &dy, &mut dx);
+            for ((&x, &g), &got) in xs.iter().zip(&dy).zip(&dx) {
+                let want = 0.25 + g * act.derivative(x);
+                assert!(close(got, want), "{act:?}′({x}): {got} vs {want}");
+            }
         }
     }
 
