@@ -56,9 +56,10 @@ impl Activation {
     }
 
     /// Applies the activation to every element in place. A long slice (an FFN's
-    /// `[tokens, 4C]`) is split over the threads; exact GELU runs 8 lanes at a time
-    /// on AVX2 + FMA (the vector `erf`, within 2 ulp), where [`Activation::apply`]
-    /// with libm's `erff` is its readable twin.
+    /// `[tokens, 4C]`) is split over the threads; every activation but ReLU runs 8 lanes
+    /// at a time on AVX2 + FMA (the vector `erf` and `exp`), where
+    /// [`Activation::apply`] (libm's `erff`, `fastmath`'s `exp` and `tanh`) is the
+    /// readable twin.
     pub fn apply_slice(self, xs: &mut [f32]) {
         let threads = rayon::current_num_threads();
         // ReLU is a max per value, too cheap to split below the long-slice size; the
