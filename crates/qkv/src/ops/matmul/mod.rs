@@ -245,6 +245,22 @@ mod tests {
         }
     }
 
+    /// Asserts that `got`, an element of C ← (add ? c0 : 0) − 0.5·A·B, equals −0.5·`dot`
+    /// (+ c0) computed in f64, to the rounding a sum of k f32 products allows.
+    fn assert_product(
+        got: f32,
+        dot: f64,
+        (c0, add): (f32, bool),
+        k: usize,
+        what: std::fmt::Arguments,
+    ) {
+        let want = -0.5 * dot + if add { c0 as f64 } else { 0.0 };
+        assert!(
+            (got as f64 - want).abs() < 2e-6 * (k as f64).sqrt() * (1.0 + want.abs()),
+            "{what} {got} vs {want}"
+        );
+    }
+
     /// Every path of the engine (few rows, blocked, several K slabs and row blocks,
     /// column chunks, parallel or not) on every operand layout equals an f64 triple loop.
     #[test]
@@ -301,12 +317,10 @@ mod tests {
                             let dot: f64 = (0..k)
                                 .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
                                 .sum();
-                            let want = -0.5 * dot + if add { c0[i * n + j] as f64 } else { 0.0 };
-                            let got = c_data[i * c_rs + j * c_cs] as f64;
-                            assert!(
-                                (got - want).abs() < 2e-6 * (k as f64).sqrt() * (1.0 + want.abs()),
-                                "{m}x{k}x{n} layout {layout} {par:?}: ({i}, {j}) {got} vs {want}"
-                            );
+                            let got = c_data[i * c_rs + j * c_cs];
+                            let what =
+                                format_args!("{m}x{k}x{n} layout {layout} {par:?}: ({i}, {j})");
+                            assert_product(got, dot, (c0[i * n + j], add), k, what);
                         }
                     }
                     assert!(
@@ -360,12 +374,8 @@ mod tests {
                         let dot: f64 = (0..k)
                             .map(|p| a[i * k + p] as f64 * w[j * k + p] as f64)
                             .sum();
-                        let want = -0.5 * dot + if add { c0[i * n + j] as f64 } else { 0.0 };
-                        let v = got[i * n + j] as f64;
-                        assert!(
-                            (v - want).abs() < 2e-6 * (k as f64).sqrt() * (1.0 + want.abs()),
-                            "{m}x{k}x{n} {par:?}: ({i}, {j}) {v} vs {want}"
-                        );
+                        let what = format_args!("{m}x{k}x{n} {par:?}: ({i}, {j})");
+                        assert_product(got[i * n + j], dot, (c0[i * n + j], add), k, what);
                     }
                 }
                 if m > 16 {
