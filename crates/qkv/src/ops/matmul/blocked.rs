@@ -190,10 +190,9 @@ impl Part {
                                 let b_panel = &packed_b[j * kc * NR..][..kc * NR];
                                 let col = self.c0 + j * NR;
                                 let cols = NR.min(self.c0 + self.cols - col);
-                                for i in 0..rows.div_ceil(MR) {
+                                for (i, (start, tile_rows)) in pack::row_tiles(rows).enumerate() {
                                     let a_panel = &packed_a[i * kc * MR..][..kc * MR];
-                                    let r = r0 + i * MR;
-                                    let tile_rows = MR.min(r0 + rows - r);
+                                    let r = r0 + start;
                                     let start = r * rs + col * cs;
                                     let end = start + (tile_rows - 1) * rs + (cols - 1) * cs + 1;
                                     let dst = Dst {

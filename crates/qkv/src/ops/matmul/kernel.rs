@@ -37,9 +37,9 @@ pub(super) unsafe fn tile(kc: usize, a: &[f32], b: &[f32], dst: &Dst, next_b: Op
     if crate::ops::simd::avx2_fma() {
         let (a, b) = (a.as_ptr(), b.as_ptr());
         let next = next_b.map_or(std::ptr::null(), <[f32]>::as_ptr);
-        // a tile cut by C's last rows computes only its live rows: a step costs about
-        // max(rows, 4) cycles (two FMA units, four cycles of latency), so the single row
-        // left of a 13-row product costs two thirds of a whole tile, not all of it
+        // a tile of fewer than MR rows (see `pack::row_tiles`) computes only its live
+        // rows: a step costs about max(rows, 4) cycles (two FMA units, four cycles of
+        // latency)
         match (dst.rows, next_b.is_some()) {
             (1, false) => x86::tile::<false, 1>(kc, a, b, dst, next),
             (1, true) => x86::tile::<true, 1>(kc, a, b, dst, next),
@@ -49,6 +49,8 @@ pub(super) unsafe fn tile(kc: usize, a: &[f32], b: &[f32], dst: &Dst, next_b: Op
             (3, true) => x86::tile::<true, 3>(kc, a, b, dst, next),
             (4, false) => x86::tile::<false, 4>(kc, a, b, dst, next),
             (4, true) => x86::tile::<true, 4>(kc, a, b, dst, next),
+            (5, false) => x86::tile::<false, 5>(kc, a, b, dst, next),
+            (5, true) => x86::tile::<true, 5>(kc, a, b, dst, next),
             (_, false) => x86::tile::<false, MR>(kc, a, b, dst, next),
             (_, true) => x86::tile::<true, MR>(kc, a, b, dst, next),
         }

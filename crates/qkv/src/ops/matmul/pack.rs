@@ -14,23 +14,22 @@
 use super::blocked::{MR, NR};
 use crate::ops::MatRef;
 
-/// Packs rows `r0..r0+rows` × columns `k0..k0+kc` of `a` into `out`:
-/// element (r, p) at `(r / MR)·kc·MR + p·MR + r % MR`.
+/// Packs rows `r0..r0+rows` × columns `k0..k0+kc` of `a` into `out`, one micro-panel
+/// per tile of [`row_tiles`]`(rows)`: the element at (start + r, p) of tile i goes to
+/// `i·kc·MR + p·MR + r`, and a tile's rows past its own count are zeros.
 pub(super) fn pack_a(a: &MatRef, r0: usize, rows: usize, k0: usize, kc: usize, out: &mut [f32]) {
-    let panels = rows.div_ceil(MR);
-    let out = &mut out[..panels * kc * MR];
-    for (i, panel) in out.chunks_exact_mut(kc * MR).enumerate() {
-        let live = (rows - i * MR).min(MR);
-        let base = (r0 + i * MR) * a.row_stride + k0 * a.col_stride;
+    let out = &mut out[..rows.div_ceil(MR) * kc * MR];
+    for ((start, live), panel) in row_tiles(rows).zip(out.chunks_exact_mut(kc * MR)) {
+        let base = (r0 + start) * a.row_stride + k0 * a.col_stride;
         let mut done = 0;
         #[cfg(target_arch = "x86_64")]
-        if live == MR && a.col_stride == 1 && crate::ops::simd::avx2_fma() {
-            // SAFETY: AVX2 is present; the MR rows hold kc values from `base` (the
+        if a.col_stride == 1 && crate::ops::simd::avx2_fma() {
+            // SAFETY: AVX2 is present; the `live` rows hold kc values from `base` (the
             // caller's view is inside its slice) and the panel holds kc·MR.
-            done = unsafe { x86::rows_to_panel_a(&a.data[base..], a.row_stride, kc, panel) };
+            done = unsafe { x86::rows_to_panel_a(&a.data[base..], a.row_stride, live, kc, panel) };
         }
         if a.row_stride == 1 {
-            // column-major A (a transposed view): MR consecutive values per p
+            // column-major A (a transposed view): `live` consecutive values per p
             for (p, dst) in panel.chunks_exact_mut(MR).enumerate().skip(done) {
                 copy_line::<MR>(dst, &a.data[base + p * a.col_stride..], live);
             }
@@ -46,6 +45,16 @@ pub(super) fn pack_a(a: &MatRef, r0: usize, rows: usize, k0: usize, kc: usize, o
             }
         }
     }
+}
+
+/// Cuts `rows` rows into `rows.div_ceil(MR)` tiles of near-equal size, as (first row,
+/// rows) pairs: 13 rows make tiles of 5, 4 and 4 rather than 6, 6 and 1. A kernel step
+/// costs about max(rows, 4) cycles (two FMA units, four cycles of latency), so 6 + 6 +
+/// 1 rows cost 16 cycles a step and 5 + 4 + 4 cost 13.
+pub(super) fn row_tiles(rows: usize) -> impl Iterator<Item = (usize, usize)> {
+    let tiles = rows.div_ceil(MR);
+    let (base, extra) = (rows / tiles.max(1), rows % tiles.max(1));
+    (0..tiles).map(move |i| (i * base + i.min(extra), base + usize::from(i < extra)))
 }
 
 /// Packs rows `k0..k0+kc` × columns `c0..c0+cols` of `b` into `out`:
@@ -132,27 +141,31 @@ mod x86 {
         v[7] = _mm256_permute2f128_ps::<0x31>(s3, s7);
     }
 
-    /// Packs the first steps of an A panel from MR rows that start `stride` apart in
-    /// `src`, each contiguous along K: panel[p·MR + r] = src[r·stride + p]. Each
+    /// Packs the first steps of an A panel from `live` ≤ MR rows that start `stride`
+    /// apart in `src`, each contiguous along K: panel[p·MR + r] = src[r·stride + p],
+    /// and zeros for r ≥ live. Each
     /// 8-step block is transposed in registers and written as 8 vectors of 8 at a step
     /// of MR, each spilling 2 floats into the next step's slot, which the next store
     /// overwrites; so the last block stops short of the panel's end. Returns how many
     /// steps were packed (the caller does the rest).
     ///
     /// # Safety
-    /// AVX2; rows MR−1 ends at `(MR−1)·stride + kc ≤ src.len()`; `panel` holds kc·MR.
+    /// AVX2; 1 ≤ live ≤ MR; row live−1 ends at `(live−1)·stride + kc ≤ src.len()`;
+    /// `panel` holds kc·MR.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn rows_to_panel_a(
         src: &[f32],
         stride: usize,
+        live: usize,
         kc: usize,
         panel: &mut [f32],
     ) -> usize {
-        debug_assert!((MR - 1) * stride + kc <= src.len() && panel.len() >= kc * MR);
+        debug_assert!((1..=MR).contains(&live));
+        debug_assert!((live - 1) * stride + kc <= src.len() && panel.len() >= kc * MR);
         let mut p = 0;
         while p + 8 < kc {
             let mut v = [_mm256_setzero_ps(); 8];
-            for (r, row) in v.iter_mut().enumerate().take(MR) {
+            for (r, row) in v.iter_mut().enumerate().take(live) {
                 *row = _mm256_loadu_ps(src.as_ptr().add(r * stride + p));
             }
             transpose8(&mut v);
@@ -222,19 +235,23 @@ mod tests {
     fn packed_a_holds_each_element_once_and_zeros_past_the_rows() {
         let (m, k) = (16, 40);
         let data: Vec<f32> = (0..m * k).map(|i| i as f32 + 1.0).collect();
-        // three panels, the last partial; kc long enough for the vector path and a tail
+        // three tiles of fewer than MR rows; kc long enough for the vector path and a tail
         let (r0, rows, k0, kc) = (1, 14, 2, 29);
         for (a, at) in both_layouts(m, k, &data) {
             let mut out = vec![f32::NAN; 3 * kc * MR];
             pack_a(&a, r0, rows, k0, kc, &mut out);
-            for r in 0..3 * MR {
-                for p in 0..kc {
-                    let want = if r < rows { at(r0 + r, k0 + p) } else { 0.0 };
-                    assert_eq!(
-                        out[(r / MR) * kc * MR + p * MR + r % MR],
-                        want,
-                        "({r}, {p})"
-                    );
+            let tiles: Vec<_> = row_tiles(rows).collect();
+            assert_eq!(tiles, [(0, 5), (5, 5), (10, 4)]);
+            for (i, &(start, live)) in tiles.iter().enumerate() {
+                for r in 0..MR {
+                    for p in 0..kc {
+                        let want = if r < live {
+                            at(r0 + start + r, k0 + p)
+                        } else {
+                            0.0
+                        };
+                        assert_eq!(out[i * kc * MR + p * MR + r], want, "tile {i} ({r}, {p})");
+                    }
                 }
             }
         }
