@@ -26,7 +26,7 @@ use rayon::prelude::*;
 
 use super::super::micro::{self, Strided, PANEL};
 use super::super::spec::{Dims, Scorer};
-use super::super::tiled::Panels;
+use super::super::tiled::{Panels, Rows};
 use super::super::{AttentionOutput, HeadsView};
 use super::AttentionGrads;
 use crate::tensor::Tensor;
@@ -42,6 +42,12 @@ struct Scratch {
     ds: Vec<f32>,
     /// [BLOCK_Q, D]: dQ of the current query block
     dq: Vec<f32>,
+    /// [BLOCK_Q, D] and [BLOCK_Q, Dv]: the query block's rows of Q and dO, contiguous.
+    /// In place, rows lie H·D floats apart, and at common sizes (a multiple of 1 KiB)
+    /// a block's rows fall into a handful of L1 sets, so every row group of dSᵀ·Q and
+    /// Pᵀ·dO would read them again from L2.
+    q_rows: Vec<f32>,
+    do_rows: Vec<f32>,
     /// [S, D] and [S, Dv]: dK and dV of the task's key/value head
     dk: Vec<f32>,
     dv: Vec<f32>,
@@ -79,6 +85,8 @@ pub(super) fn backward(
     });
     let keys = Panels::new(k);
     let values = Panels::new(v);
+    // K as contiguous rows for dQ = dS·K, for the same reason as `Scratch::q_rows`
+    let key_rows = Rows::new(k);
     let lse = fwd.lse.data();
 
     let mut dq = Tensor::zeros(&[dims.b, t, h_n, d]);
@@ -98,6 +106,8 @@ pub(super) fn backward(
             p: vec![0.0; BLOCK_Q * BLOCK_K],
             ds: vec![0.0; BLOCK_Q * BLOCK_K],
             dq: vec![0.0; BLOCK_Q * d],
+            q_rows: vec![0.0; BLOCK_Q * d],
+            do_rows: vec![0.0; BLOCK_Q * dv],
             dk: vec![0.0; s * d],
             dv: vec![0.0; s * dv],
         },
@@ -109,23 +119,21 @@ pub(super) fn backward(
                 for i0 in (0..t).step_by(BLOCK_Q) {
                     let rows = BLOCK_Q.min(t - i0);
                     sc.dq[..rows * d].fill(0.0);
+                    for r in 0..rows {
+                        sc.q_rows[r * d..(r + 1) * d].copy_from_slice(q.vector(b, i0 + r, h));
+                        sc.do_rows[r * dv..(r + 1) * dv].copy_from_slice(d_out.vector(
+                            b,
+                            i0 + r,
+                            h,
+                        ));
+                    }
                     // SAFETY: task (b, g) alone owns dS[b, h, i0..i0+rows, :] for its h.
                     let ds_rows = ds_w
                         .as_ref()
                         .map(|w| unsafe { w.range(((b * h_n + h) * t + i0) * s, rows * s) });
                     let blk = Block { b, h, g, i0, rows };
-                    let panels = (&keys, &values);
-                    query_block(
-                        &blk,
-                        (q, k),
-                        d_out,
-                        scorer,
-                        lse,
-                        &delta,
-                        panels,
-                        sc,
-                        ds_rows,
-                    );
+                    let panels = (&keys, &values, &key_rows);
+                    query_block(&blk, scorer, lse, &delta, panels, sc, ds_rows);
                     for r in 0..rows {
                         // SAFETY: only this task writes dq[b, i, h, :] for its heads h.
                         let dst = unsafe { dq_w.range(((b * t + i0 + r) * h_n + h) * d, d) };
@@ -175,26 +183,24 @@ struct Block {
 /// The tiles of one query block against every key block its rows may see: adds its
 /// unscaled dQ into `sc.dq` and its key blocks' dK (unscaled) and dV into `sc.dk`,
 /// `sc.dv`; writes dS into `ds_rows` (`[rows, S]`) when the bias gradient is asked for.
+/// The block's rows of Q and dO are in `sc.q_rows` and `sc.do_rows`.
 #[allow(clippy::too_many_arguments)]
 fn query_block(
     blk: &Block,
-    (q, k): (&HeadsView, &HeadsView),
-    d_out: &HeadsView,
     scorer: &Scorer,
     lse: &[f32],
     delta: &[f32],
-    (keys, values): (&Panels, &Panels),
+    (keys, values, key_rows): (&Panels, &Panels, &Rows),
     sc: &mut Scratch,
     mut ds_rows: Option<&mut [f32]>,
 ) {
     let dims = scorer.dims;
-    let (h_n, g_n, d, dv) = (dims.h, dims.g, dims.d, dims.dv);
+    let (h_n, d, dv) = (dims.h, dims.d, dims.dv);
     let Block { b, h, g, i0, rows } = *blk;
     let row0 = (b * h_n + h) * dims.t + i0;
     let (lo, hi_first) = scorer.key_range(i0);
     let (lo_last, hi) = scorer.key_range(i0 + rows - 1);
-    let q_blk = &q.data[q.offset(b, i0, h)..];
-    let do_blk = &d_out.data[d_out.offset(b, i0, h)..];
+    let (q_blk, do_blk) = (&sc.q_rows[..], &sc.do_rows[..]);
     let mut j0 = lo - lo % PANEL;
     while j0 < hi {
         let cols = BLOCK_K.min(hi - j0);
@@ -203,7 +209,7 @@ fn query_block(
         let k_panels = keys.from(b, g, j0);
         micro::scores(
             q_blk,
-            h_n * d,
+            d,
             rows,
             d,
             k_panels,
@@ -224,15 +230,7 @@ fn query_block(
         // dP = dO·Vᵀ, from (3) O = P·V
         let v_panels = values.from(b, g, j0);
         micro::scores(
-            do_blk,
-            h_n * dv,
-            rows,
-            dv,
-            v_panels,
-            panels,
-            1.0,
-            &mut sc.ds,
-            BLOCK_K,
+            do_blk, dv, rows, dv, v_panels, panels, 1.0, &mut sc.ds, BLOCK_K,
         );
         // dS = P∘(dP − D), from (2)
         for r in 0..rows {
@@ -260,21 +258,11 @@ fn query_block(
         };
         // dV_blk += Pᵀ·dO, from (3)
         let dv_blk = &mut sc.dv[j0 * dv..];
-        micro::mul_acc(p_t, cols, rows, do_blk, h_n * dv, dv, None, dv_blk, dv);
+        micro::mul_acc(p_t, cols, rows, do_blk, dv, dv, None, dv_blk, dv);
         // dK_blk += dSᵀ·Q and dQ += dS·K (both times scale, applied at the end), from (1)
-        micro::mul_acc(
-            ds_t,
-            cols,
-            rows,
-            q_blk,
-            h_n * d,
-            d,
-            None,
-            &mut sc.dk[j0 * d..],
-            d,
-        );
-        let k_blk = &k.data[k.offset(b, j0, g)..];
-        micro::mul_acc(ds, rows, cols, k_blk, g_n * d, d, None, &mut sc.dq, d);
+        micro::mul_acc(ds_t, cols, rows, q_blk, d, d, None, &mut sc.dk[j0 * d..], d);
+        let k_blk = key_rows.from(b, g, j0);
+        micro::mul_acc(ds, rows, cols, k_blk, d, d, None, &mut sc.dq, d);
         // dbias = dS, from (1) S = … + bias
         if let Some(dst) = ds_rows.as_deref_mut() {
             for r in 0..rows {
