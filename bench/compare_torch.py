@@ -10,6 +10,8 @@
     python3 bench/compare_torch.py llama [--d-model 512] [--layers 8] [--heads 8] [--kv-heads 4]
                                          [--vocab 32000] [--prefill 512] [--decode 128]
     python3 bench/compare_torch.py matmul [--shapes 2048x384x1536,13x384x384]
+  every command first and last prints the machine's limits (`qkv bench machine`: the f32
+  FMA peak and the memory read bandwidth on --threads threads)
   common options: --threads 2 --rounds 4 --reps 5 --warmup 1 --min-time 0.05 --seed 0
                   --json --qkv PATH (default: cargo build --release -p qkv-cli, target/release/qkv)
 
@@ -616,6 +618,7 @@ def main() -> None:
               f"(OMP_WAIT_POLICY=PASSIVE softens that); these numbers are not representative.",
               file=sys.stderr, flush=True)
 
+    report_limits(opts, qkv, "before")
     tmp = tempfile.mkdtemp(prefix="qkv-compare-")
     try:
         for w in workloads(opts, qkv, Path(opts.save) if getattr(opts, "save", None) else Path(tmp) / "llama"):
@@ -628,6 +631,25 @@ def main() -> None:
                 sys.stdout.flush()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    report_limits(opts, qkv, "after")
+
+
+def report_limits(opts, qkv: Path, when: str) -> None:
+    """The machine's limits with --threads threads, from `qkv bench machine`: the f32 FMA
+    peak and the memory read bandwidth. On a shared VM they move (a core taken by another
+    guest halves the peak), so they are measured before and after the workloads."""
+    args = ["bench", "machine", "--json", "--threads", str(opts.threads), "--rounds", "5"]
+    if getattr(opts, "smoke", False):
+        args += ["--bytes", str(1 << 24)]
+    rows = [json.loads(l) for l in run_qkv(qkv, args).splitlines()]
+    fma = next(r for r in rows if r["probe"] == "fma")
+    mem = next(r for r in rows if r["probe"] == "memory")
+    if opts.json:
+        print(json.dumps({"machine_limits": when, "fma": fma, "memory": mem}), flush=True)
+    else:
+        print(f"machine limits {when} the workloads ({opts.threads} threads, `qkv bench machine`): "
+              f"f32 FMA peak {fma['gflops_best']:.0f} GFLOP/s, memory read {mem['gbs_best']:.1f} GB/s",
+              flush=True)
 
 
 def workloads(opts, qkv, llama_folder):

@@ -98,6 +98,24 @@ fn decode_reports_bandwidth_of_the_cache() {
 }
 
 #[test]
+fn machine_rows_give_the_fma_peak_and_the_memory_bandwidth() {
+    let rows = bench("machine --bytes 4096", &[]);
+    assert_eq!(rows.len(), 2);
+    assert_eq!(
+        (&rows[0]["bench"], &rows[0]["probe"]),
+        (&"machine".into(), &"fma".into())
+    );
+    positive(&rows[0], TIMING);
+    positive(&rows[0], &["gflop", "gflops_best", "gflops_median"]);
+    assert_eq!(rows[1]["probe"], "memory");
+    assert_eq!(rows[1]["bytes"], 4096);
+    positive(&rows[1], TIMING);
+    positive(&rows[1], &["gbs_best", "gbs_median"]);
+    let out = qkv(&["bench", "machine", "--bytes", "4"]);
+    assert!(!out.status.success() && stderr(&out).contains("--bytes"));
+}
+
+#[test]
 fn matmul_rows_per_shape_and_bad_shapes_named() {
     let rows = bench("matmul --shapes 5x7x3,1x16x40", &[]);
     assert_eq!(rows.len(), 2);

@@ -1,6 +1,7 @@
 //! `qkv bench`: times qkv on the workloads of issue 8 (attention forward and backward,
-//! decoding against a long cache, all-MiniLM-L6-v2, a random Llama) and prints, per
-//! workload, the best and the median seconds per call. `bench/compare_torch.py` runs
+//! decoding against a long cache, all-MiniLM-L6-v2, a random Llama), and the machine's
+//! own limits (FMA peak, memory read bandwidth), and prints, per workload, the best and
+//! the median seconds per call. `bench/compare_torch.py` runs
 //! the same workloads on PyTorch, alternating rounds with this command.
 //!
 //! Timing (one place for every workload, [`measure`]): `--warmup` untimed calls, then
@@ -14,6 +15,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use super::machine::{fma_probe, MemoryProbe};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use qkv::attention::{attention, attention_backward, HeadsView, LayerKv};
@@ -47,6 +49,8 @@ enum Workload {
     Llama(LlamaArgs),
     /// Matrix products as a linear layer runs them: y [M,N] = x [M,K] · Wᵀ, W stored [N,K]
     Matmul(MatmulArgs),
+    /// The machine's limits: f32 FMA peak (GFLOP/s) and memory read bandwidth (GB/s)
+    Machine(MachineArgs),
 }
 
 /// Options every workload takes.
@@ -194,6 +198,15 @@ struct MatmulArgs {
     common: Common,
 }
 
+#[derive(Args)]
+struct MachineArgs {
+    /// Size of the buffer the memory probe reads: far above the last-level cache
+    #[arg(long, default_value_t = 1 << 30)]
+    bytes: usize,
+    #[command(flatten)]
+    common: Common,
+}
+
 pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<()> {
     let common = match &args.workload {
         Workload::Attention(a) => &a.common,
@@ -201,6 +214,7 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<()> {
         Workload::Minilm(a) => &a.common,
         Workload::Llama(a) => &a.common,
         Workload::Matmul(a) => &a.common,
+        Workload::Machine(a) => &a.common,
     };
     if common.rounds == 0 {
         bail!("--rounds must be at least 1");
@@ -224,6 +238,7 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<()> {
         Workload::Minilm(a) => bench_minilm(a, &mut printer),
         Workload::Llama(a) => bench_llama(a, &mut printer),
         Workload::Matmul(a) => bench_matmul(a, &mut printer),
+        Workload::Machine(a) => bench_machine(a, &mut printer),
     }
 }
 
@@ -305,6 +320,37 @@ fn bench_matmul(a: &MatmulArgs, p: &mut Printer<impl Write>) -> Result<()> {
         })?;
     }
     Ok(())
+}
+
+fn bench_machine(a: &MachineArgs, p: &mut Printer<impl Write>) -> Result<()> {
+    if a.bytes < 8 {
+        bail!("--bytes must be at least 8 (one word)");
+    }
+    // a million steps: about 2 ms a call at 100 GFLOP/s a thread
+    const STEPS: u64 = 1 << 20;
+    let mut flop = 0.0;
+    let timing = measure(&a.common, || {
+        flop = fma_probe(STEPS);
+        Ok(())
+    })?;
+    p.row(Row {
+        label: "machine f32 FMA peak".into(),
+        timing,
+        rate: Some(Rate::new("gflops", "GFLOP/s", flop / 1e9)),
+        fields: json!({"bench": "machine", "probe": "fma", "gflop": flop / 1e9}),
+    })?;
+    let probe = MemoryProbe::new(a.bytes);
+    let timing = measure(&a.common, || {
+        black_box(probe.read());
+        Ok(())
+    })?;
+    let gb = probe.bytes() as f64 / 1e9;
+    p.row(Row {
+        label: format!("machine memory read {:.2} GB", gb),
+        timing,
+        rate: Some(Rate::new("gbs", "GB/s", gb)),
+        fields: json!({"bench": "machine", "probe": "memory", "bytes": probe.bytes()}),
+    })
 }
 
 fn bench_decode(a: &DecodeArgs, p: &mut Printer<impl Write>) -> Result<()> {

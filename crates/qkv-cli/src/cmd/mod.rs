@@ -6,6 +6,7 @@ pub mod embed;
 pub mod forward;
 pub mod generate;
 pub mod inspect;
+mod machine;
 pub mod train;
 
 use std::path::Path;

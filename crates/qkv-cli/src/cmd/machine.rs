@@ -1,0 +1,141 @@
+//! The machine's own limits, which every workload of `qkv bench` is bounded by: how
+//! many f32 multiply-adds the cores can issue, and how fast they read memory. A
+//! workload's distance from these numbers says how much speed is left to find; the
+//! README's measurement table quotes them.
+//!
+//! Both probes run on every thread of the rayon pool at once (`rayon::broadcast`), so
+//! they measure what `--threads` threads get together, as the workloads do.
+
+use rayon::prelude::*;
+
+/// Independent FMA chains per thread: enough to cover an FMA's latency (4 cycles on
+/// Zen 3, Intel's cores alike) times the two it can start a cycle, with room to spare.
+const CHAINS: usize = 12;
+
+/// Runs `steps` steps of [`CHAINS`] 8-lane FMAs on every thread of the pool (scalar
+/// fused multiply-adds where AVX2 + FMA is missing) and returns the floating-point
+/// operations done in all (2 per lane per FMA).
+pub fn fma_probe(steps: u64) -> f64 {
+    let sums: Vec<f32> = rayon::broadcast(|_| fma_chains(steps));
+    // The sums are kept (and checked finite) so the loop cannot be optimised away.
+    assert!(
+        sums.iter().all(|s| s.is_finite()),
+        "FMA probe sums: {sums:?}"
+    );
+    (sums.len() as u64 * steps * CHAINS as u64 * lanes() * 2) as f64
+}
+
+/// Lanes per FMA in [`fma_chains`] on this CPU.
+fn lanes() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        return 8;
+    }
+    1
+}
+
+/// [`CHAINS`] accumulators, each x ← x·a + b per step: a and b keep x bounded (it
+/// tends to b / (1 − a) = 1) so no lane overflows or goes subnormal.
+fn fma_chains(steps: u64) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if lanes() == 8 {
+        // SAFETY: AVX2 and FMA are present (checked by `lanes`).
+        return unsafe { x86::fma_chains(steps) };
+    }
+    let (a, b) = (0.5f32, 0.5f32);
+    let mut acc = [0.0f32; CHAINS];
+    for _ in 0..steps {
+        for x in acc.iter_mut() {
+            *x = x.mul_add(a, b);
+        }
+        acc = std::hint::black_box(acc);
+    }
+    acc.iter().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::CHAINS;
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn fma_chains(steps: u64) -> f32 {
+        let (a, b) = (_mm256_set1_ps(0.5), _mm256_set1_ps(0.5));
+        let mut acc = [_mm256_setzero_ps(); CHAINS];
+        for _ in 0..steps {
+            for x in acc.iter_mut() {
+                *x = _mm256_fmadd_ps(*x, a, b);
+            }
+        }
+        let mut total = _mm256_setzero_ps();
+        for x in acc {
+            total = _mm256_add_ps(total, x);
+        }
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), total);
+        lanes.iter().sum()
+    }
+}
+
+/// A buffer far larger than the caches, read by all threads of the pool at once.
+pub struct MemoryProbe {
+    words: Vec<u64>,
+}
+
+impl MemoryProbe {
+    /// A buffer of `bytes` (rounded down to whole 8-byte words, at least one per
+    /// thread), every page written once so that reading it later takes no page fault.
+    pub fn new(bytes: usize) -> Self {
+        let len = (bytes / 8).max(rayon::current_num_threads());
+        let mut words = vec![0u64; len];
+        words
+            .par_iter_mut()
+            .enumerate()
+            .for_each(|(i, w)| *w = i as u64);
+        MemoryProbe { words }
+    }
+
+    /// Bytes one [`Self::read`] reads.
+    pub fn bytes(&self) -> usize {
+        self.words.len() * 8
+    }
+
+    /// Reads every word once, each thread its own contiguous share, and returns their
+    /// sum (so the reads cannot be optimised away). Integer adds vectorise, and cost
+    /// far less than the memory traffic.
+    pub fn read(&self) -> u64 {
+        let share = self.words.len().div_ceil(rayon::current_num_threads());
+        let sums: Vec<u64> = rayon::broadcast(|ctx| {
+            let start = (ctx.index() * share).min(self.words.len());
+            let end = (start + share).min(self.words.len());
+            self.words[start..end]
+                .iter()
+                .fold(0u64, |s, &w| s.wrapping_add(w))
+        });
+        sums.iter().fold(0u64, |s, &x| s.wrapping_add(x))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_probe_reads_every_word_once() {
+        let probe = MemoryProbe::new(8 * 1000 + 5);
+        assert_eq!(probe.bytes(), 8000);
+        // the words are 0..1000
+        assert_eq!(probe.read(), 999 * 1000 / 2);
+    }
+
+    #[test]
+    fn fma_probe_counts_two_operations_per_lane_per_chain_per_step() {
+        let flop = fma_probe(10);
+        let per_thread = 10.0 * CHAINS as f64 * lanes() as f64 * 2.0;
+        assert_eq!(flop, per_thread * rayon::current_num_threads() as f64);
+        // the chains converge to 1, whatever the steps
+        assert!((fma_chains(1000) - (CHAINS as u64 * lanes()) as f32).abs() < 1e-3);
+    }
+}
