@@ -13,7 +13,7 @@ forbid() {
   fi
 }
 
-forbid "block|models|train" tensor.rs error.rs rng.rs batch.rs module.rs ops io layers attention position text
+forbid "block|models|train" tensor.rs error.rs rng.rs batch.rs module.rs ops io layers attention position text rnn
 forbid "models|train" block
 forbid "train" models
 echo "check_layers: ok"

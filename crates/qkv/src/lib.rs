@@ -42,6 +42,7 @@ pub mod module;
 pub mod ops;
 pub mod position;
 pub mod rng;
+pub mod rnn;
 pub mod tensor;
 pub mod text;
 pub mod train;
