@@ -1,14 +1,16 @@
 //! The Elman RNN (`qkv::rnn::Elman`) against `torch.nn.RNN` (tools/fixtures/gen_rnn.py):
 //! outputs, final states and every gradient of BPTT, with padded rows through
 //! pack_padded_sequence; then the backward again by central finite differences, and
-//! the errors bad input gets.
+//! the errors bad input gets. Then the RNN encoder-decoder, with and without additive
+//! attention, against a PyTorch module written in gen_rnn.py, and by finite differences.
 
 mod common;
 
 use common::{assert_close, fixture, Fixture};
+use qkv::layers::{Embedding, Linear};
 use qkv::module::Module;
 use qkv::rng::Rng;
-use qkv::rnn::{Elman, ElmanLayer};
+use qkv::rnn::{Additive, Elman, ElmanLayer, RnnSeq2Seq, Seq2SeqInput};
 use qkv::train::gradcheck::{compare, numeric_grad, probe_loss};
 use qkv::Tensor;
 
@@ -196,4 +198,266 @@ fn bad_input_is_named() {
     broken.layers[1].weight_ih = rng.tensor(&[4, 3], 1.0);
     let e = Elman::new(broken.layers).unwrap_err().to_string();
     assert!(e.contains("weight_ih_l1"), "{e}");
+}
+
+// ---------------------------------------------------------------------------------
+// The RNN encoder-decoder, with and without additive attention
+// ---------------------------------------------------------------------------------
+
+fn seq2seq_from(f: &Fixture) -> RnnSeq2Seq {
+    let layers = f.param_usize("layers").unwrap();
+    let encoder = Elman::new(
+        (0..layers)
+            .map(|k| ElmanLayer {
+                weight_ih: f.t(&format!("encoder.weight_ih_l{k}")),
+                weight_hh: f.t(&format!("encoder.weight_hh_l{k}")),
+                bias_ih: f.t(&format!("encoder.bias_ih_l{k}")),
+                bias_hh: f.t(&format!("encoder.bias_hh_l{k}")),
+            })
+            .collect(),
+    )
+    .unwrap();
+    let decoder = ElmanLayer {
+        weight_ih: f.t("decoder.weight_ih"),
+        weight_hh: f.t("decoder.weight_hh"),
+        bias_ih: f.t("decoder.bias_ih"),
+        bias_hh: f.t("decoder.bias_hh"),
+    };
+    let attention = f.has("attention.query").then(|| {
+        Additive::new(
+            f.t("attention.query"),
+            f.t("attention.key"),
+            f.t("attention.bias"),
+            f.t("attention.score"),
+        )
+        .unwrap()
+    });
+    RnnSeq2Seq::new(
+        Embedding::new(f.t("source_embed.weight")).unwrap(),
+        Embedding::new(f.t("target_embed.weight")).unwrap(),
+        encoder,
+        decoder,
+        attention,
+        Linear::new(f.t("out.weight"), Some(f.t("out.bias"))).unwrap(),
+    )
+    .unwrap()
+}
+
+fn ids(f: &Fixture, name: &str) -> Vec<usize> {
+    f.ints(name).1.iter().map(|&i| i as usize).collect()
+}
+
+fn check_seq2seq(name: &str) {
+    let f = fixture("rnn", name);
+    let model = seq2seq_from(&f);
+    let (source, lengths, target) = (
+        ids(&f, "source"),
+        ids(&f, "source_lengths"),
+        ids(&f, "target"),
+    );
+    let input = Seq2SeqInput {
+        source: &source,
+        source_lengths: &lengths,
+        target: &target,
+        batch: lengths.len(),
+    };
+    let (logits, cache) = model.forward(&input).unwrap();
+    assert_close(
+        &format!("{name} logits"),
+        logits.data(),
+        f.t("logits").data(),
+        ATOL,
+        0.0,
+    );
+    if f.has("weights") {
+        // [B, T, S] in the fixture; qkv keeps each step's [B, S]
+        let want = f.t("weights");
+        let [b_n, t_n, s_n] = [want.shape()[0], want.shape()[1], want.shape()[2]];
+        for i in 0..t_n {
+            let got = cache.weights(i).unwrap();
+            for b in 0..b_n {
+                assert_close(
+                    &format!("{name} weights step {i} row {b}"),
+                    &got.data()[b * s_n..(b + 1) * s_n],
+                    &want.data()[(b * t_n + i) * s_n..][..s_n],
+                    ATOL,
+                    0.0,
+                );
+            }
+        }
+    } else {
+        assert!(cache.weights(0).is_none());
+    }
+    let mut grads = model.zeros_like();
+    model
+        .backward(&cache, &f.t("d_logits"), &mut grads)
+        .unwrap();
+    for (path, g) in grads.params() {
+        assert_close(
+            &format!("{name} d{path}"),
+            g.data(),
+            f.t(&format!("d{path}")).data(),
+            ATOL,
+            0.0,
+        );
+    }
+}
+
+#[test]
+fn encoder_decoder_with_additive_attention_equals_pytorch() {
+    check_seq2seq("seq2seq_attention");
+}
+
+#[test]
+fn encoder_decoder_without_attention_equals_pytorch() {
+    check_seq2seq("seq2seq_plain");
+}
+
+#[test]
+fn encoder_decoder_backward_equals_finite_differences() {
+    const H: f32 = 1e-2;
+    let mut rng = Rng::new(8);
+    let (v_src, v_tgt, e, hd, a) = (7, 5, 3, 4, 5);
+    for attention in [true, false] {
+        let model = RnnSeq2Seq::new(
+            Embedding::new(rng.tensor(&[v_src, e], 1.0)).unwrap(),
+            Embedding::new(rng.tensor(&[v_tgt, e], 1.0)).unwrap(),
+            random_elman(&mut rng, e, hd, 2),
+            ElmanLayer {
+                weight_ih: rng.tensor(&[hd, e + hd], 0.5),
+                weight_hh: rng.tensor(&[hd, hd], 0.5),
+                bias_ih: rng.tensor(&[hd], 0.5),
+                bias_hh: rng.tensor(&[hd], 0.5),
+            },
+            attention.then(|| {
+                Additive::new(
+                    rng.tensor(&[a, hd], 0.5),
+                    rng.tensor(&[a, hd], 0.5),
+                    rng.tensor(&[a], 0.5),
+                    rng.tensor(&[a], 1.0),
+                )
+                .unwrap()
+            }),
+            Linear::new(
+                rng.tensor(&[v_tgt, 2 * hd], 0.5),
+                Some(rng.tensor(&[v_tgt], 0.5)),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let (source, lengths, target) = (
+            vec![1, 4, 6, 2, 3, 5, 0, 0],
+            vec![4, 2],
+            vec![0, 3, 1, 4, 2, 2],
+        );
+        let input = Seq2SeqInput {
+            source: &source,
+            source_lengths: &lengths,
+            target: &target,
+            batch: 2,
+        };
+        let r = rng.tensor(&[2, 3, v_tgt], 1.0);
+        let (_, cache) = model.forward(&input).unwrap();
+        let mut grads = model.zeros_like();
+        model.backward(&cache, &r, &mut grads).unwrap();
+        let analytic = grads.params();
+        for (i, (name, p)) in model.params().iter().enumerate() {
+            let mut data = p.data().to_vec();
+            let num = numeric_grad(&mut data, H, |d| {
+                let mut moved = model.clone();
+                moved.params_mut()[i].1.data_mut().copy_from_slice(d);
+                probe_loss(moved.forward(&input).unwrap().0.data(), r.data())
+            });
+            compare(
+                &format!("attention {attention}: d{name}"),
+                analytic[i].1.data(),
+                &num,
+                5e-4,
+                1e-3,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
+
+fn random_elman(rng: &mut Rng, input: usize, hd: usize, layers: usize) -> Elman {
+    Elman::new(
+        (0..layers)
+            .map(|k| ElmanLayer {
+                weight_ih: rng.tensor(&[hd, if k == 0 { input } else { hd }], 0.5),
+                weight_hh: rng.tensor(&[hd, hd], 0.5),
+                bias_ih: rng.tensor(&[hd], 0.5),
+                bias_hh: rng.tensor(&[hd], 0.5),
+            })
+            .collect(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn encoder_decoder_bad_input_is_named() {
+    let f = fixture("rnn", "seq2seq_attention");
+    let model = seq2seq_from(&f);
+    let (source, target) = (ids(&f, "source"), ids(&f, "target"));
+    let run = |source: &[usize], lengths: &[usize], target: &[usize], batch: usize| {
+        let input = Seq2SeqInput {
+            source,
+            source_lengths: lengths,
+            target,
+            batch,
+        };
+        model.forward(&input).unwrap_err().to_string()
+    };
+    let e = run(&source, &[5, 3], &target, 3);
+    assert!(e.contains("2 lengths for a batch of 3"), "{e}");
+    let e = run(&source, &[5, 3, 0], &target, 3);
+    assert!(e.contains("row 2 has length 0"), "{e}");
+    let e = run(&source[..14], &[5, 3, 2], &target, 3);
+    assert!(e.contains("do not make 3 non-empty rows"), "{e}");
+    let mut bad = target.clone();
+    bad[4] = 9;
+    let e = run(&source, &[5, 3, 2], &bad, 3);
+    assert!(e.contains("embedding id") && e.contains('9'), "{e}");
+    // parts that do not fit: a decoder reading the wrong input width
+    let mut parts = model.clone();
+    parts.decoder.weight_ih = Tensor::zeros(&[6, 7]);
+    let e = RnnSeq2Seq::new(
+        parts.source_embed,
+        parts.target_embed,
+        parts.encoder,
+        parts.decoder,
+        parts.attention,
+        parts.out,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("decoder weight_ih"), "{e}");
+}
+
+#[test]
+fn additive_attention_refuses_a_row_with_every_key_masked() {
+    let mut rng = Rng::new(9);
+    let a = Additive::new(
+        rng.tensor(&[3, 2], 1.0),
+        rng.tensor(&[3, 2], 1.0),
+        rng.tensor(&[3], 1.0),
+        rng.tensor(&[3], 1.0),
+    )
+    .unwrap();
+    let keys = rng.tensor(&[2, 4, 2], 1.0);
+    let proj = a.project_keys(&keys).unwrap();
+    let query = rng.tensor(&[2, 2], 1.0);
+    let mask = [true, false, false, false, false, false, false, false];
+    let e = a
+        .step(&query, &proj, &keys, Some(&mask))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("row 1 masks every key"), "{e}");
+    // a real row's weights sum to one and are zero at its padded keys
+    let mask = [true, true, false, false, true, true, true, true];
+    let step = a.step(&query, &proj, &keys, Some(&mask)).unwrap();
+    let w = step.weights.data();
+    assert_eq!((w[2], w[3]), (0.0, 0.0));
+    assert!((w[..4].iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    assert!((w[4..].iter().sum::<f32>() - 1.0).abs() < 1e-6);
 }

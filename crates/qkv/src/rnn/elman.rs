@@ -32,6 +32,13 @@ pub struct ElmanLayer {
     pub bias_hh: Tensor,
 }
 
+crate::module!(ElmanLayer {
+    weight_ih,
+    weight_hh,
+    bias_ih,
+    bias_hh
+});
+
 /// A stack of Elman layers. Its parameters are named as in a `torch.nn.RNN` state dict:
 /// `weight_ih_l0`, `weight_hh_l0`, `bias_ih_l0`, `bias_hh_l0`, `weight_ih_l1`, …
 #[derive(Clone, Debug, PartialEq)]
