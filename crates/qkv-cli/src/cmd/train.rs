@@ -5,8 +5,8 @@
 //!
 //! ```text
 //! qkv train --init HF_DIR --data BATCHES.safetensors --steps N --lr LR [--constant-lr] --out DIR
-//! qkv train --task copy|reverse|sort|recall|long_range [model options] --out DIR
-//! qkv train --text FILE [model options] --out DIR       (byte-level language model)
+//! qkv train --task copy|reverse|sort|recall|long_range [--arch ARCH] [model options] --out DIR
+//! qkv train --text FILE [--arch ARCH] [model options] --out DIR   (byte-level language model)
 //! qkv train --resume DIR                                (continues exactly)
 //! ```
 
@@ -25,8 +25,10 @@ use qkv::models::{Arch, Position as ArchPosition, Transformer};
 use qkv::ops::Activation;
 use qkv::position::SinusoidalLayout;
 use qkv::train::checkpoint;
+use qkv::train::recurrent::{RecurrentKind, RecurrentModel, RecurrentSpec};
 use qkv::train::tasks::{Task, TaskOptions};
 use qkv::train::text_data::TextData;
+use qkv::train::trainable::TrainableModel;
 use qkv::train::trainer::{
     BatchSource, DecayParams, FixedBatches, RunOptions, StepLog, TaskBatches, TextBatches,
     TrainConfig, Trainer,
@@ -40,6 +42,42 @@ pub enum Style {
     Gpt2,
     /// RoPE, pre-norm RMSNorm, SwiGLU, untied head (saved as Llama)
     Llama,
+}
+
+/// `--arch`: the model family of a new model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ArchKind {
+    /// A Transformer decoder (--style and the options after it)
+    Transformer,
+    /// An Elman RNN language model
+    Rnn,
+    /// The 2014 RNN encoder-decoder without attention
+    RnnSeq2seq,
+    /// The RNN encoder-decoder with additive (Bahdanau) attention
+    RnnAttention,
+}
+
+/// The model being trained: a Transformer (any family) or a recurrent model.
+enum Model {
+    Transformer(Box<Transformer>),
+    Recurrent(Box<RecurrentModel>),
+}
+
+impl Model {
+    fn trainable(&mut self) -> &mut dyn TrainableModel {
+        match self {
+            Model::Transformer(m) => m.as_mut(),
+            Model::Recurrent(m) => m.as_mut(),
+        }
+    }
+
+    /// The vocabulary and the position limit (None: unlimited) batches must fit.
+    fn limits(&self) -> (usize, Option<usize>) {
+        match self {
+            Model::Transformer(m) => (m.arch.vocab, m.arch.max_positions()),
+            Model::Recurrent(m) => (m.spec().vocab, None),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -120,7 +158,14 @@ pub struct TrainArgs {
     batch_size: Option<usize>,
 
     // ---- model (--task / --text) ------------------------------------------------
-    /// Architecture preset; the options below override parts of it
+    /// Model family: a Transformer decoder, or one of the recurrent models it replaced
+    /// (rnn: an Elman language model; rnn-seq2seq: the 2014 encoder-decoder, whose
+    /// context is the encoder's final state; rnn-attention: the same with Bahdanau's
+    /// additive attention). The encoder-decoders read a task's source, up to its
+    /// separator. [default: transformer]
+    #[arg(long, value_enum, help_heading = "Model")]
+    arch: Option<ArchKind>,
+    /// Architecture preset of a Transformer; the options below override parts of it
     #[arg(long, value_enum, help_heading = "Model")]
     style: Option<Style>,
     /// Model width C [default: 64]
@@ -334,6 +379,7 @@ fn given(options: &[(&'static str, bool)]) -> Vec<&'static str> {
 impl TrainArgs {
     fn model_options(&self) -> Vec<&'static str> {
         given(&[
+            ("--arch", self.arch.is_some()),
             ("--style", self.style.is_some()),
             ("--d-model", self.d_model.is_some()),
             ("--layers", self.layers.is_some()),
@@ -453,7 +499,53 @@ impl TrainArgs {
         if self.threads == Some(0) {
             bail!("--threads must be at least 1");
         }
+        if self.arch.is_some_and(|a| a != ArchKind::Transformer) {
+            let transformer_only = given(&[
+                ("--style", self.style.is_some()),
+                ("--heads", self.heads.is_some()),
+                ("--kv-heads", self.kv_heads.is_some()),
+                ("--ffn", self.ffn.is_some()),
+                ("--position", self.position.is_some()),
+                ("--norm", self.norm.is_some()),
+                ("--post-norm", self.post_norm),
+                ("--ffn-kind", self.ffn_kind.is_some()),
+            ]);
+            if let [opt, ..] = transformer_only.as_slice() {
+                bail!("{opt} is an option of --arch transformer; a recurrent model takes --d-model (its embedding and state width) and --layers");
+            }
+        }
         Ok(())
+    }
+
+    /// A new recurrent model for `vocab` tokens: width --d-model (embedding, state and
+    /// attention), --layers Elman layers; the encoder-decoders split rows at the task's
+    /// separator.
+    fn recurrent(&self, kind: RecurrentKind, vocab: usize, seed: u64) -> Result<Model> {
+        let width = self.d_model.unwrap_or(64);
+        let separator = match &self.task {
+            Some(name) => Task::from_name(
+                name,
+                &TaskOptions {
+                    length: self.task_length,
+                    symbols: self.symbols,
+                    queries: self.queries,
+                    distance: self.distance,
+                },
+            )?
+            .separator(),
+            None => None,
+        };
+        let spec = RecurrentSpec {
+            kind,
+            vocab,
+            embedding: width,
+            hidden: width,
+            layers: self.layers.unwrap_or(1),
+            attention_width: width,
+            separator,
+        };
+        let model = RecurrentModel::new(&spec, seed).context("model options")?;
+        Ok(Model::Recurrent(Box::new(model)))
     }
 
     fn train_config(&self) -> TrainConfig {
@@ -726,8 +818,17 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let (mut model, config) = match (&state, &spec.source) {
         (Some(_), _) => {
             let dir = args.resume.as_ref().expect("resuming");
-            let model = Transformer::load(dir)
-                .with_context(|| format!("loading the model of {}", dir.display()))?;
+            let model = if RecurrentModel::is_saved_in(dir) {
+                Model::Recurrent(Box::new(
+                    RecurrentModel::load(dir)
+                        .with_context(|| format!("loading the model of {}", dir.display()))?,
+                ))
+            } else {
+                Model::Transformer(Box::new(
+                    Transformer::load(dir)
+                        .with_context(|| format!("loading the model of {}", dir.display()))?,
+                ))
+            };
             (model, None)
         }
         (None, Source::Init { init, .. }) => {
@@ -740,21 +841,34 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                     model.info().architecture
                 );
             }
-            (model, Some(args.train_config()))
+            (
+                Model::Transformer(Box::new(model)),
+                Some(args.train_config()),
+            )
         }
         (None, _) => {
             let (vocab, len) = shape.expect("tasks and text give a shape");
             let cfg = args.train_config();
-            let model = Transformer::new(&args.arch(vocab, len)?, cfg.seed)?;
+            let model = match args.arch.unwrap_or(ArchKind::Transformer) {
+                ArchKind::Transformer => Model::Transformer(Box::new(Transformer::new(
+                    &args.arch(vocab, len)?,
+                    cfg.seed,
+                )?)),
+                ArchKind::Rnn => args.recurrent(RecurrentKind::Lm, vocab, cfg.seed)?,
+                ArchKind::RnnSeq2seq => args.recurrent(RecurrentKind::Seq2Seq, vocab, cfg.seed)?,
+                ArchKind::RnnAttention => {
+                    args.recurrent(RecurrentKind::Seq2SeqAttention, vocab, cfg.seed)?
+                }
+            };
             (model, Some(cfg))
         }
     };
-    let (vocab, max_len) = (model.arch.vocab, model.arch.max_positions());
+    let (vocab, max_len) = model.limits();
     let run_json = serde_json::to_value(&spec).expect("RunSpec serialises");
     let mut trainer = match (state, config) {
         (Some(state), _) => {
             let dir = args.resume.as_ref().expect("resuming");
-            let mut t = Trainer::resume(&mut model, dir, state)
+            let mut t = Trainer::resume(model.trainable(), dir, state)
                 .with_context(|| format!("resuming from {}", dir.display()))?;
             t.set_run_config(run_json);
             if let Some(steps) = args.steps {
@@ -762,7 +876,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             }
             t
         }
-        (None, Some(cfg)) => Trainer::new(&mut model, cfg, run_json)?,
+        (None, Some(cfg)) => Trainer::new(model.trainable(), cfg, run_json)?,
         (None, None) => unreachable!("a fresh run has a configuration"),
     };
     let steps = trainer.config().steps;

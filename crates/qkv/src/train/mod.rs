@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod gradcheck;
 pub mod loss;
 pub mod optim;
+pub mod recurrent;
 pub mod schedule;
 pub mod tasks;
 pub mod text_data;
