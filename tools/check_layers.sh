@@ -13,7 +13,8 @@ forbid() {
   fi
 }
 
-forbid "block|models|train" tensor.rs error.rs rng.rs batch.rs module.rs ops io layers attention position text rnn
-forbid "models|train" block
-forbid "train" models
+forbid "block|models|train|experiments" tensor.rs error.rs rng.rs batch.rs module.rs ops io layers attention position text rnn
+forbid "models|train|experiments" block
+forbid "train|experiments" models
+forbid "experiments" train
 echo "check_layers: ok"

@@ -3,6 +3,7 @@
 mod alloc;
 mod cmd;
 mod demo;
+mod report;
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -34,6 +35,8 @@ enum Command {
     Inspect(cmd::inspect::InspectArgs),
     /// Train a decoder: from a Hugging Face folder on given batches, or a new model on a task or a text file
     Train(Box<cmd::train::TrainArgs>),
+    /// Measure one of the articles' claims: numbers, SVG figures and a verdict
+    Experiment(cmd::experiment::ExperimentArgs),
     /// Time qkv on attention, decoding, MiniLM, Llama and matrix-product workloads (bench/compare_torch.py: against PyTorch)
     Bench(cmd::bench::BenchArgs),
 }
@@ -61,6 +64,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Inspect(args) => cmd::inspect::run(args, &mut out)?,
         Command::Train(args) => cmd::train::run(args)?,
         Command::Bench(args) => cmd::bench::run(args, &mut out)?,
+        Command::Experiment(args) => cmd::experiment::run(args, &mut out)?,
     }
     out.flush()?;
     Ok(())

@@ -413,7 +413,7 @@ fn bad_input_fails_with_one_clear_line() {
         &["train", "--task", "copyy", "--out", o],
         &[
             "unknown task `copyy`",
-            "copy, reverse, sort, recall, long_range",
+            "copy, reverse, sort, recall, long_range, first",
         ],
     );
     fails(

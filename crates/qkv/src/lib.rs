@@ -35,6 +35,7 @@ pub mod attention;
 pub mod batch;
 pub mod block;
 pub mod error;
+pub mod experiments;
 pub mod io;
 pub mod layers;
 pub mod models;

@@ -175,6 +175,51 @@ fn long_range_layout() {
 }
 
 #[test]
+fn first_layout() {
+    for d in [1, 3, 40] {
+        let t = task(
+            "first",
+            TaskOptions {
+                symbols: Some(7),
+                distance: Some(d),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            (t.seq_len(), t.vocab_size(), t.separator()),
+            (d + 2, 8, Some(7))
+        );
+        assert_eq!(t.scored_per_example(), 1);
+        let b = sample(&t, 5, 4);
+        for r in 0..b.batch {
+            let (x, y) = row(&b, r);
+            // the first symbol, d distractors, the separator; the first symbol asked for there
+            assert!(
+                x[..=d].iter().all(|&s| s < 7) && x[d + 1] == 7,
+                "d {d}: {x:?}"
+            );
+            for (i, &target) in y.iter().enumerate() {
+                let want = if i == d + 1 {
+                    x[0] as i64
+                } else {
+                    IGNORE_INDEX
+                };
+                assert_eq!(target, want, "d {d}: position {i}");
+            }
+        }
+        // the options round-trip
+        assert_eq!(Task::from_name("first", &t.options()).unwrap(), t);
+    }
+    let e = Task::from_name("first", &opts(4, 5))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("length") && e.contains("`first` does not take"),
+        "{e}"
+    );
+}
+
+#[test]
 fn batches_are_deterministic_for_a_seed() {
     for name in TaskKind::NAMES {
         let t = task(name, TaskOptions::default());

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod embed;
+pub mod experiment;
 pub mod forward;
 pub mod generate;
 pub mod inspect;

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! qkv train --init HF_DIR --data BATCHES.safetensors --steps N --lr LR [--constant-lr] --out DIR
-//! qkv train --task copy|reverse|sort|recall|long_range [--arch ARCH] [model options] --out DIR
+//! qkv train --task copy|reverse|sort|recall|long_range|first [--arch ARCH] [model options] --out DIR
 //! qkv train --text FILE [--arch ARCH] [model options] --out DIR   (byte-level language model)
 //! qkv train --resume DIR                                (continues exactly)
 //! ```
@@ -126,7 +126,7 @@ pub struct TrainArgs {
     /// `decoder_input_ids` [steps, B, T] the decoder's inputs. Step s uses batch s
     #[arg(long, value_name = "BATCHES.safetensors", help_heading = "Data")]
     data: Option<PathBuf>,
-    /// A built-in task: copy, reverse, sort, recall, long_range
+    /// A built-in task: copy, reverse, sort, recall, long_range, first
     #[arg(long, value_name = "NAME", help_heading = "Data")]
     task: Option<String>,
     /// Byte-level language modelling on this file (last --val-fraction held out)

@@ -118,6 +118,14 @@ impl RecurrentModel {
         &self.spec
     }
 
+    /// The language model, when this is one.
+    pub fn lm(&self) -> Option<&RnnLm> {
+        match &self.net {
+            Net::Lm(m) => Some(m),
+            Net::Seq2Seq(_) => None,
+        }
+    }
+
     /// Whether `dir/config.json` names a recurrent model (its `architectures`).
     pub fn is_saved_in(dir: &Path) -> bool {
         std::fs::read_to_string(dir.join("config.json"))

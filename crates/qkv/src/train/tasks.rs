@@ -26,7 +26,7 @@ use crate::rng::Rng;
 pub use crate::train::loss::IGNORE_INDEX;
 pub use crate::train::trainable::{Batch, Source};
 
-/// The five tasks. `n` is `symbols`; examples use the tokens of the default layout.
+/// The six tasks. `n` is `symbols`; examples use the tokens of the default layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TaskKind {
     /// `length` random symbols, the separator, then the same symbols again.
@@ -52,11 +52,18 @@ pub enum TaskKind {
     /// length 7, distance 3: `s = 5 2 7 5 2 7 5 2` → inputs `5 2 7 5 2 7 5`,
     /// targets `−100 −100 5 2 7 5 2`.
     LongRange,
+    /// The first token after `distance` distractors: a symbol, `distance` random
+    /// symbols, the separator, then the first symbol again, the only scored token. The
+    /// answer lies `distance + 1` positions back from where it is asked for.
+    /// distance 3, n = 10: `s = 4 | 7 1 7 | 10 | 4` → inputs `4 7 1 7 10`,
+    /// targets `−100 ×4, 4`.
+    First,
 }
 
 impl TaskKind {
     /// Every task name, in the order [`Task::from_name`] lists them.
-    pub const NAMES: [&'static str; 5] = ["copy", "reverse", "sort", "recall", "long_range"];
+    pub const NAMES: [&'static str; 6] =
+        ["copy", "reverse", "sort", "recall", "long_range", "first"];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -65,6 +72,7 @@ impl TaskKind {
             TaskKind::Sort => "sort",
             TaskKind::Recall => "recall",
             TaskKind::LongRange => "long_range",
+            TaskKind::First => "first",
         }
     }
 
@@ -75,6 +83,7 @@ impl TaskKind {
             "sort" => TaskKind::Sort,
             "recall" => TaskKind::Recall,
             "long_range" => TaskKind::LongRange,
+            "first" => TaskKind::First,
             _ => return None,
         })
     }
@@ -83,12 +92,12 @@ impl TaskKind {
 /// Task options; `None` takes the task's default. An option the task does not use is
 /// an error (e.g. `distance` for `copy`).
 ///
-/// | option | copy / reverse / sort | recall | long_range |
-/// |---|---|---|---|
-/// | `length` | source length, default 8 | pairs, default 8 | `T`, default 32 |
-/// | `symbols` | default 10 | keys = values, default 16 | default 10 |
-/// | `queries` | — | default 4 (≤ `length`) | — |
-/// | `distance` | — | — | default 8 (2 ≤ d ≤ `length`) |
+/// | option | copy / reverse / sort | recall | long_range | first |
+/// |---|---|---|---|---|
+/// | `length` | source length, default 8 | pairs, default 8 | `T`, default 32 | — |
+/// | `symbols` | default 10 | keys = values, default 16 | default 10 | default 10 |
+/// | `queries` | — | default 4 (≤ `length`) | — | — |
+/// | `distance` | — | — | default 8 (2 ≤ d ≤ `length`) | distractors, default 8 (≥ 1) |
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TaskOptions {
     pub length: Option<usize>,
@@ -203,6 +212,19 @@ impl Task {
                     distance,
                 }
             }
+            TaskKind::First => {
+                forbid("length", o.length)?;
+                forbid("queries", o.queries)?;
+                let distance = at_least("distance", o.distance.unwrap_or(8), 1, "one distractor")?;
+                Task {
+                    kind,
+                    // the source: the first symbol and the distractors
+                    length: distance + 1,
+                    symbols: at_least("symbols", o.symbols.unwrap_or(10), 2, "two symbols")?,
+                    queries: 0,
+                    distance,
+                }
+            }
         };
         Ok(task)
     }
@@ -226,6 +248,10 @@ impl Task {
         match self.kind {
             TaskKind::Recall => o.queries = Some(self.queries),
             TaskKind::LongRange => o.distance = Some(self.distance),
+            TaskKind::First => {
+                o.length = None;
+                o.distance = Some(self.distance);
+            }
             _ => {}
         }
         o
@@ -234,7 +260,9 @@ impl Task {
     /// Vocabulary size `V` a model needs: every token id is below it.
     pub fn vocab_size(&self) -> usize {
         match self.kind {
-            TaskKind::Copy | TaskKind::Reverse | TaskKind::Sort => self.symbols + 1,
+            TaskKind::Copy | TaskKind::Reverse | TaskKind::Sort | TaskKind::First => {
+                self.symbols + 1
+            }
             TaskKind::Recall => 2 * self.symbols + 1,
             TaskKind::LongRange => self.symbols,
         }
@@ -243,7 +271,9 @@ impl Task {
     /// The separator token, for tasks that have one.
     pub fn separator(&self) -> Option<usize> {
         match self.kind {
-            TaskKind::Copy | TaskKind::Reverse | TaskKind::Sort => Some(self.symbols),
+            TaskKind::Copy | TaskKind::Reverse | TaskKind::Sort | TaskKind::First => {
+                Some(self.symbols)
+            }
             TaskKind::Recall => Some(2 * self.symbols),
             TaskKind::LongRange => None,
         }
@@ -255,6 +285,7 @@ impl Task {
             TaskKind::Copy | TaskKind::Reverse | TaskKind::Sort => 2 * self.length,
             TaskKind::Recall => 2 * (self.length + self.queries),
             TaskKind::LongRange => self.length,
+            TaskKind::First => self.length + 1,
         }
     }
 
@@ -264,6 +295,7 @@ impl Task {
             TaskKind::Copy | TaskKind::Reverse | TaskKind::Sort => self.length,
             TaskKind::Recall => self.queries,
             TaskKind::LongRange => self.length - self.distance + 1,
+            TaskKind::First => 1,
         }
     }
 
@@ -317,6 +349,13 @@ impl Task {
                     targets[t] = s[t + 1] as i64;
                 }
             }
+            TaskKind::First => {
+                s.extend((0..self.length).map(|_| rng.below(n)));
+                s.push(n);
+                s.push(s[0]);
+                // asked for at the separator, position `length`
+                targets[self.length] = s[0] as i64;
+            }
         }
         debug_assert_eq!(s.len(), self.seq_len() + 1);
         s.pop();
@@ -356,7 +395,7 @@ impl fmt::Display for Task {
         )?;
         match self.kind {
             TaskKind::Recall => write!(f, ", queries={}", self.queries)?,
-            TaskKind::LongRange => write!(f, ", distance={}", self.distance)?,
+            TaskKind::LongRange | TaskKind::First => write!(f, ", distance={}", self.distance)?,
             _ => {}
         }
         write!(f, ")")

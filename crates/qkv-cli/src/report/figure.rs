@@ -1,0 +1,105 @@
+//! Line figures as SVG, drawn with `plotters` from an experiment's [`Figure`] data.
+//!
+//! Logarithmic axes are drawn as linear axes over log₂ x or log₁₀ y, labelled with
+//! the values themselves, so every figure uses one chart type.
+
+use anyhow::{anyhow, Result};
+use plotters::prelude::*;
+use qkv::experiments::Figure;
+
+/// Pixels of every figure.
+const SIZE: (u32, u32) = (720, 440);
+
+/// The figure as a standalone SVG document.
+pub fn svg(fig: &Figure) -> Result<String> {
+    let fx = |x: f64| if fig.log_x { x.log2() } else { x };
+    let fy = |y: f64| if fig.log_y { y.log10() } else { y };
+    let points: Vec<Vec<(f64, f64)>> = fig
+        .series
+        .iter()
+        .map(|s| s.points.iter().map(|&(x, y)| (fx(x), fy(y))).collect())
+        .collect();
+    let all = points.iter().flatten();
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y) in all {
+        if !(x.is_finite() && y.is_finite()) {
+            return Err(anyhow!("figure `{}`: a point is not finite", fig.title));
+        }
+        (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
+    }
+    if x0 > x1 {
+        return Err(anyhow!("figure `{}` has no points", fig.title));
+    }
+    // room around the data; a flat series still gets a visible range
+    let pad = |lo: f64, hi: f64| {
+        let r = (hi - lo).max(1e-9);
+        (lo - 0.05 * r, hi + 0.05 * r)
+    };
+    let ((x0, x1), (y0, y1)) = (pad(x0, x1), pad(y0, y1));
+    let draw = |e: &dyn std::fmt::Debug| anyhow!("drawing figure `{}`: {e:?}", fig.title);
+
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| draw(&e))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(&fig.title, ("sans-serif", 20))
+            .margin(14)
+            .x_label_area_size(44)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x0..x1, y0..y1)
+            .map_err(|e| draw(&e))?;
+        // on a log₂ axis only whole powers of two are labelled
+        let x_label = |v: &f64| {
+            if !fig.log_x {
+                format!("{v}")
+            } else if (v - v.round()).abs() < 1e-6 {
+                format!("{}", 2f64.powf(v.round()))
+            } else {
+                String::new()
+            }
+        };
+        let y_label = |v: &f64| {
+            if fig.log_y {
+                format!("1e{:.0}", v)
+            } else {
+                format!("{v:.2}")
+            }
+        };
+        chart
+            .configure_mesh()
+            .x_desc(fig.x_label.as_str())
+            .y_desc(fig.y_label.as_str())
+            .x_label_formatter(&x_label)
+            .y_label_formatter(&y_label)
+            .draw()
+            .map_err(|e| draw(&e))?;
+        for (i, (series, pts)) in fig.series.iter().zip(&points).enumerate() {
+            let color = if series.label == "chance" {
+                RGBColor(150, 150, 150)
+            } else {
+                let (r, g, b) = Palette99::pick(i).rgb();
+                RGBColor(r, g, b)
+            };
+            let style = color.stroke_width(2);
+            chart
+                .draw_series(LineSeries::new(pts.iter().copied(), style))
+                .map_err(|e| draw(&e))?
+                .label(series.label.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+            if pts.len() <= 32 {
+                chart
+                    .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                    .map_err(|e| draw(&e))?;
+            }
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| draw(&e))?;
+        root.present().map_err(|e| draw(&e))?;
+    }
+    Ok(out)
+}

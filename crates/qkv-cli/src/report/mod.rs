@@ -1,0 +1,3 @@
+//! What the CLI draws from the library's measurements: SVG figures.
+
+pub mod figure;

@@ -1,0 +1,102 @@
+//! `qkv experiment`: each quick experiment runs end to end, keeps the JSON contract,
+//! writes its figures, and its verdict is the one the measurement gives here.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn qkv(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_qkv"))
+        .args(args)
+        .output()
+        .expect("the qkv binary runs")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("qkv-experiment-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Runs `qkv experiment NAME --quick --json` into a fresh folder; returns the report
+/// and the folder.
+fn quick(name: &str) -> (Value, PathBuf) {
+    let dir = scratch(name);
+    let out = qkv(&[
+        "experiment",
+        name,
+        "--quick",
+        "--json",
+        "--threads",
+        "2",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    (report, dir)
+}
+
+/// The contract every experiment keeps: the keys, a verdict from the three, the claim
+/// in both languages, and figures that are SVG documents on disk.
+fn check_contract(report: &Value, name: &str, dir: &Path) {
+    assert_eq!(report["name"], name);
+    assert!(["supported", "not supported", "inconclusive"]
+        .contains(&report["verdict"].as_str().unwrap()));
+    assert!(!report["claim"]["zh"].as_str().unwrap().is_empty());
+    assert!(!report["claim"]["en"].as_str().unwrap().is_empty());
+    assert!(!report["rule"].as_str().unwrap().is_empty());
+    assert!(report["metrics"].is_object());
+    let figures = report["figures"].as_array().unwrap();
+    assert_eq!(report["figure"], figures[0]);
+    for f in figures {
+        let svg = std::fs::read_to_string(f.as_str().unwrap()).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
+            "{f}"
+        );
+    }
+    let saved: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap())
+            .unwrap();
+    assert_eq!(&saved, report);
+}
+
+#[test]
+fn long_range_recurrent_memories_forget_and_attention_does_not() {
+    let (report, dir) = quick("long_range");
+    check_contract(&report, "long_range", &dir);
+    assert_eq!(report["verdict"], "supported", "{report:#}");
+    // the gradient through the fresh RNN falls by orders of magnitude over the probe
+    let norms = report["metrics"]["rnn_input_gradient"]["norm_by_distance"]
+        .as_array()
+        .unwrap();
+    let (near, far) = (
+        norms[0].as_f64().unwrap(),
+        norms[norms.len() - 1].as_f64().unwrap(),
+    );
+    assert!(far < near * 1e-6, "{near} → {far}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_unknown_experiment_is_named() {
+    let out = qkv(&[
+        "experiment",
+        "nope",
+        "--out",
+        scratch("nope").to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("unknown experiment `nope`")
+            && err.contains("long_range"),
+        "{err}"
+    );
+}

@@ -1,0 +1,85 @@
+//! Experiments that measure the articles' claims (`../shared/seeds/`): each trains or
+//! probes real models here, reports its numbers, the data of one figure, and a verdict
+//! computed from those numbers by a rule the experiment states. Plotting and printing
+//! are the caller's (the `qkv experiment` command); this module only measures.
+
+pub mod long_range;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// Every experiment, by the name `qkv experiment NAME` takes.
+pub const NAMES: [&str; 1] = ["long_range"];
+
+/// How an experiment runs.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The small version: at most about two minutes on two cores.
+    pub quick: bool,
+    /// Seed of the data and of every model's initial weights.
+    pub seed: u64,
+}
+
+/// What a measurement says about the claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Verdict {
+    #[serde(rename = "supported")]
+    Supported,
+    #[serde(rename = "not supported")]
+    NotSupported,
+    #[serde(rename = "inconclusive")]
+    Inconclusive,
+}
+
+/// One line of a figure: (x, y) points.
+#[derive(Clone, Debug, Serialize)]
+pub struct Series {
+    pub label: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// The data of one figure: line plots sharing axes.
+#[derive(Clone, Debug, Serialize)]
+pub struct Figure {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    /// Base-2 logarithmic x axis.
+    pub log_x: bool,
+    /// Base-10 logarithmic y axis.
+    pub log_y: bool,
+    pub series: Vec<Series>,
+}
+
+/// A claim of the articles: the sentence quoted in Chinese, and an English gloss.
+#[derive(Clone, Debug, Serialize)]
+pub struct Claim {
+    pub zh: &'static str,
+    pub en: &'static str,
+}
+
+/// An experiment's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub name: &'static str,
+    pub claim: Claim,
+    pub verdict: Verdict,
+    /// The rule that turned the metrics into the verdict, in words.
+    pub rule: String,
+    pub metrics: serde_json::Value,
+    /// One or more figures; the first is the experiment's main picture.
+    pub figures: Vec<Figure>,
+}
+
+/// Runs the experiment called `name`; `progress` receives a line per finished unit of
+/// work (a model trained, a probe done).
+pub fn run(name: &str, options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    match name {
+        "long_range" => long_range::run(options, progress),
+        _ => Err(Error::invalid(
+            "experiment",
+            format!("unknown experiment `{name}`; known: {}", NAMES.join(", ")),
+        )),
+    }
+}
