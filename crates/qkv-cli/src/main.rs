@@ -2,6 +2,7 @@
 
 mod alloc;
 mod cmd;
+mod counting;
 mod demo;
 mod report;
 
@@ -9,6 +10,9 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+#[global_allocator]
+static ALLOCATOR: counting::Counting = counting::Counting;
 
 #[derive(Parser)]
 #[command(

@@ -72,7 +72,7 @@ fn long_range_recurrent_memories_forget_and_attention_does_not() {
     let (report, dir) = quick("long_range");
     check_contract(&report, "long_range", &dir);
     assert_eq!(report["verdict"], "supported", "{report:#}");
-    // the gradient through the fresh RNN falls by orders of magnitude over the probe
+    // the gradient through the fresh RNN falls by orders of magnitude over the probe…
     let norms = report["metrics"]["rnn_input_gradient"]["norm_by_distance"]
         .as_array()
         .unwrap();
@@ -81,6 +81,43 @@ fn long_range_recurrent_memories_forget_and_attention_does_not() {
         norms[norms.len() - 1].as_f64().unwrap(),
     );
     assert!(far < near * 1e-6, "{near} → {far}");
+    // through the Transformer it does not: attention's path to every input is one step
+    let norms = report["metrics"]["transformer_input_gradient"]["norm_by_distance"]
+        .as_array()
+        .unwrap();
+    let (t_near, t_far) = (
+        norms[0].as_f64().unwrap(),
+        norms[norms.len() - 1].as_f64().unwrap(),
+    );
+    assert!(t_far > t_near * 1e-3, "{t_near} → {t_far}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn parallel_reference_attention_memory_grows_as_n_squared_and_tiled_as_n() {
+    let (report, dir) = quick("parallel");
+    check_contract(&report, "parallel", &dir);
+    // Timings are reported, never asserted (a benchmark is not a test); the extra
+    // memory, counted by the binary's allocator, is deterministic for a thread count.
+    let slopes = &report["metrics"]["memory_log_log_slope"];
+    let (reference, tiled) = (
+        slopes["reference"].as_f64().unwrap(),
+        slopes["tiled"].as_f64().unwrap(),
+    );
+    assert!(
+        (1.7..=2.3).contains(&reference),
+        "reference memory slope {reference}"
+    );
+    assert!((0.7..=1.3).contains(&tiled), "tiled memory slope {tiled}");
+    for layer in ["rnn", "attention (reference)", "attention (tiled)"] {
+        let times = report["metrics"]["layers"][layer]["seconds_2_threads"]
+            .as_array()
+            .unwrap();
+        assert!(
+            times.iter().all(|t| t["seconds"].as_f64().unwrap() > 0.0),
+            "{layer}"
+        );
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -19,7 +19,7 @@ use crate::report::figure;
 
 #[derive(Args)]
 pub struct ExperimentArgs {
-    /// The experiment: long_range
+    /// The experiment: long_range, parallel
     name: String,
     /// The small version: at most about two minutes on two cores
     #[arg(long)]
@@ -63,6 +63,7 @@ pub fn run(args: &ExperimentArgs, out: &mut impl Write) -> Result<()> {
     let options = Options {
         quick: args.quick,
         seed: args.seed,
+        memory: Some(crate::counting::probe()),
     };
     let quiet = args.quiet;
     let report = experiments::run(&args.name, &options, &mut |line| {

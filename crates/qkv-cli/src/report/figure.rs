@@ -59,9 +59,10 @@ pub fn svg(fig: &Figure) -> Result<String> {
                 String::new()
             }
         };
+        // a log₁₀ axis is labelled with the values, to one significant digit
         let y_label = |v: &f64| {
             if fig.log_y {
-                format!("1e{:.0}", v)
+                format!("{:.0e}", 10f64.powf(*v))
             } else {
                 format!("{v:.2}")
             }
@@ -95,6 +96,7 @@ pub fn svg(fig: &Figure) -> Result<String> {
         }
         chart
             .configure_series_labels()
+            .position(emptiest_corner(&points, (x0, x1), (y0, y1)))
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()
@@ -102,4 +104,33 @@ pub fn svg(fig: &Figure) -> Result<String> {
         root.present().map_err(|e| draw(&e))?;
     }
     Ok(out)
+}
+
+/// The corner of the plot with the fewest data points, for the legend.
+fn emptiest_corner(
+    series: &[Vec<(f64, f64)>],
+    (x0, x1): (f64, f64),
+    (y0, y1): (f64, f64),
+) -> SeriesLabelPosition {
+    // a corner region: 45% of the width, 35% of the height
+    let count = |right: bool, top: bool| {
+        series
+            .iter()
+            .flatten()
+            .filter(|&&(x, y)| {
+                let (u, v) = ((x - x0) / (x1 - x0), (y - y0) / (y1 - y0));
+                (if right { u > 0.55 } else { u < 0.45 }) && (if top { v > 0.65 } else { v < 0.35 })
+            })
+            .count()
+    };
+    [
+        (SeriesLabelPosition::UpperRight, count(true, true)),
+        (SeriesLabelPosition::LowerRight, count(true, false)),
+        (SeriesLabelPosition::LowerLeft, count(false, false)),
+        (SeriesLabelPosition::UpperLeft, count(false, true)),
+    ]
+    .into_iter()
+    .min_by_key(|&(_, n)| n)
+    .map(|(corner, _)| corner)
+    .expect("four corners")
 }

@@ -7,8 +7,9 @@
 //! of similar size learn it at each distance: the Elman language model (`rnn`), the
 //! 2014 encoder-decoder without attention (`rnn-seq2seq`), the same with additive
 //! attention (`rnn-attention`), and a one-layer Transformer decoder. Then the gradient
-//! of a last-position loss is followed back through a freshly initialised RNN: its
-//! norm at the input k steps back, ‖∂L/∂x_{T−1−k}‖, against k.
+//! of a last-position loss is followed back through a freshly initialised RNN and a
+//! freshly initialised Transformer: its norm at the input k steps back,
+//! ‖∂L/∂x_{T−1−k}‖, against k.
 
 use serde_json::json;
 
@@ -19,8 +20,8 @@ use crate::module::Module;
 use crate::rng::Rng;
 use crate::rnn::RnnLm;
 use crate::train::recurrent::{RecurrentKind, RecurrentModel, RecurrentSpec};
-use crate::train::tasks::{Task, TaskOptions};
-use crate::train::trainable::TrainableModel;
+use crate::train::tasks::{Task, TaskOptions, IGNORE_INDEX};
+use crate::train::trainable::{Batch, TrainableModel};
 use crate::train::trainer::{evaluate, BatchSource, RunOptions, TaskBatches, TrainConfig, Trainer};
 
 const CLAIM: Claim = Claim {
@@ -144,6 +145,49 @@ fn gradient_norms(lm: &RnnLm, steps: usize, seed: u64) -> Result<Vec<f64>> {
         .collect())
 }
 
+/// The same gradient norms through a fresh one-layer Transformer (Llama style: RoPE,
+/// untied head), read from its token table's gradient: each sequence is `steps`
+/// distinct tokens, so the table row of the token at position t receives exactly
+/// ∂L/∂x_t (the untied head adds nothing to the table). Averaged over `runs` sequences.
+fn transformer_gradient_norms(steps: usize, runs: usize, seed: u64) -> Result<Vec<f64>> {
+    let vocab = steps + 1;
+    let arch = Arch::llama(vocab, TRANSFORMER_WIDTH, 1, 4, 4, steps);
+    let mut model = Transformer::new(&arch, seed)?;
+    let mut rng = Rng::new(seed ^ 0x9e37_79b9);
+    let mut sums = vec![0.0f64; steps];
+    for _ in 0..runs {
+        // a random arrangement of distinct tokens (Fisher–Yates over the vocabulary)
+        let mut ids: Vec<usize> = (0..vocab).collect();
+        for i in (1..vocab).rev() {
+            ids.swap(i, rng.below(i + 1));
+        }
+        ids.truncate(steps);
+        let mut targets = vec![IGNORE_INDEX; steps];
+        targets[steps - 1] = rng.below(vocab) as i64;
+        let batch = Batch {
+            inputs: ids.clone(),
+            targets,
+            batch: 1,
+            len: steps,
+            mask: None,
+            source: None,
+        };
+        model.zero_grads();
+        model.loss_and_backward(&batch)?;
+        let mut table = Vec::new();
+        model.visit_params(&mut |name, _, g| {
+            if name == "embed_tokens.weight" {
+                table = g.data().to_vec();
+            }
+        });
+        for (k, sum) in sums.iter_mut().enumerate() {
+            let row = &table[ids[steps - 1 - k] * TRANSFORMER_WIDTH..][..TRANSFORMER_WIDTH];
+            *sum += row.iter().map(|&g| (g as f64).powi(2)).sum::<f64>().sqrt();
+        }
+    }
+    Ok(sums.into_iter().map(|s| s / runs as f64).collect())
+}
+
 pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     let (distances, steps): (&[usize], u64) = if options.quick {
         (&[2, 8, 32], 400)
@@ -207,6 +251,13 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
         norms[probe_steps - 1],
         probe_steps - 1
     ));
+    let attention_norms = transformer_gradient_norms(probe_steps, 8, options.seed)?;
+    progress(&format!(
+        "gradient through the Transformer: {:.2e} at the last input, {:.2e} {} steps back",
+        attention_norms[0],
+        attention_norms[probe_steps - 1],
+        probe_steps - 1
+    ));
 
     let longest = *distances.last().expect("distances");
     let at_longest = |arch: &str| -> f64 {
@@ -239,21 +290,35 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
             "steps": probe_steps,
             "norm_by_distance": norms,
         },
+        "transformer_input_gradient": {
+            "steps": probe_steps,
+            "norm_by_distance": attention_norms,
+        },
     });
     let gradient = Figure {
-        title: "Gradient of a last-position loss through a fresh RNN".into(),
+        title: "Gradient of a last-position loss, fresh models".into(),
         x_label: "k, steps back from the loss".into(),
         y_label: "mean ‖∂L/∂x_(T−1−k)‖".into(),
         log_x: false,
         log_y: true,
-        series: vec![Series {
-            label: format!("Elman RNN, width {RNN_WIDTH}"),
-            points: norms
-                .iter()
-                .enumerate()
-                .map(|(k, &n)| (k as f64, n.max(1e-30)))
-                .collect(),
-        }],
+        series: vec![
+            Series {
+                label: format!("Elman RNN, width {RNN_WIDTH}"),
+                points: norms
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &n)| (k as f64, n.max(1e-30)))
+                    .collect(),
+            },
+            Series {
+                label: format!("Transformer (Llama style), 1 layer, width {TRANSFORMER_WIDTH}"),
+                points: attention_norms
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &n)| (k as f64, n.max(1e-30)))
+                    .collect(),
+            },
+        ],
     };
     Ok(Report {
         name: "long_range",

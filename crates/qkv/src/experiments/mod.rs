@@ -4,21 +4,33 @@
 //! are the caller's (the `qkv experiment` command); this module only measures.
 
 pub mod long_range;
+pub mod parallel;
 
 use serde::Serialize;
 
 use crate::error::{Error, Result};
 
 /// Every experiment, by the name `qkv experiment NAME` takes.
-pub const NAMES: [&str; 1] = ["long_range"];
+pub const NAMES: [&str; 2] = ["long_range", "parallel"];
 
 /// How an experiment runs.
-#[derive(Clone, Debug)]
-pub struct Options {
+#[derive(Clone, Copy, Default)]
+pub struct Options<'a> {
     /// The small version: at most about two minutes on two cores.
     pub quick: bool,
     /// Seed of the data and of every model's initial weights.
     pub seed: u64,
+    /// The process's allocation counter, for experiments that measure memory; the
+    /// library cannot count allocations itself (the global allocator is the program's).
+    pub memory: Option<&'a dyn MemoryProbe>,
+}
+
+/// A program's count of the bytes it has allocated.
+pub trait MemoryProbe: Sync {
+    /// Starts a new peak at the bytes allocated now, and returns them.
+    fn reset_peak(&self) -> usize;
+    /// The most bytes allocated at once since the last reset.
+    fn peak(&self) -> usize;
 }
 
 /// What a measurement says about the claim.
@@ -77,6 +89,7 @@ pub struct Report {
 pub fn run(name: &str, options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     match name {
         "long_range" => long_range::run(options, progress),
+        "parallel" => parallel::run(options, progress),
         _ => Err(Error::invalid(
             "experiment",
             format!("unknown experiment `{name}`; known: {}", NAMES.join(", ")),
