@@ -122,6 +122,28 @@ fn parallel_reference_attention_memory_grows_as_n_squared_and_tiled_as_n() {
 }
 
 #[test]
+fn scaling_without_the_square_root_saturates_softmax() {
+    let (report, dir) = quick("scaling");
+    check_contract(&report, "scaling", &dir);
+    assert_eq!(report["verdict"], "supported", "{report:#}");
+    let probe = report["metrics"]["probe"].as_array().unwrap();
+    let row = |scaled: bool, d: u64| {
+        probe
+            .iter()
+            .find(|r| r["scaled"] == scaled && r["d_k"] == d)
+            .unwrap()
+    };
+    // near one-hot without the scale, spread over the 16 keys with it
+    assert!(row(false, 1024)["largest_weight"].as_f64().unwrap() > 0.9);
+    assert!(row(true, 1024)["entropy"].as_f64().unwrap() > 2.0);
+    // both small models are trained and evaluated
+    for t in report["metrics"]["training"].as_array().unwrap() {
+        assert!(t["held_out_accuracy"].as_f64().is_some(), "{t}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn an_unknown_experiment_is_named() {
     let out = qkv(&[
         "experiment",

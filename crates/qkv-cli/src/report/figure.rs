@@ -59,10 +59,10 @@ pub fn svg(fig: &Figure) -> Result<String> {
                 String::new()
             }
         };
-        // a log₁₀ axis is labelled with the values, to one significant digit
+        // a log₁₀ axis is labelled with the values, to two significant digits
         let y_label = |v: &f64| {
             if fig.log_y {
-                format!("{:.0e}", 10f64.powf(*v))
+                format!("{:.1e}", 10f64.powf(*v))
             } else {
                 format!("{v:.2}")
             }

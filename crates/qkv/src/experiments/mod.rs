@@ -5,13 +5,14 @@
 
 pub mod long_range;
 pub mod parallel;
+pub mod scaling;
 
 use serde::Serialize;
 
 use crate::error::{Error, Result};
 
 /// Every experiment, by the name `qkv experiment NAME` takes.
-pub const NAMES: [&str; 2] = ["long_range", "parallel"];
+pub const NAMES: [&str; 3] = ["long_range", "parallel", "scaling"];
 
 /// How an experiment runs.
 #[derive(Clone, Copy, Default)]
@@ -90,6 +91,7 @@ pub fn run(name: &str, options: &Options, progress: &mut dyn FnMut(&str)) -> Res
     match name {
         "long_range" => long_range::run(options, progress),
         "parallel" => parallel::run(options, progress),
+        "scaling" => scaling::run(options, progress),
         _ => Err(Error::invalid(
             "experiment",
             format!("unknown experiment `{name}`; known: {}", NAMES.join(", ")),
