@@ -144,6 +144,28 @@ fn scaling_without_the_square_root_saturates_softmax() {
 }
 
 #[test]
+fn mask_without_it_training_cheats_and_generation_fails() {
+    let (report, dir) = quick("mask");
+    check_contract(&report, "mask", &dir);
+    assert_eq!(report["verdict"], "supported", "{report:#}");
+    let models = report["metrics"]["models"].as_array().unwrap();
+    let (masked, unmasked) = (&models[0], &models[1]);
+    assert_eq!(masked["model"], "causal mask");
+    // causality exactly: later tokens leave earlier logits bit for bit unchanged
+    assert_eq!(
+        masked["max_logit_change_at_or_before_t"].as_f64(),
+        Some(0.0)
+    );
+    assert!(
+        unmasked["max_logit_change_at_or_before_t"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn an_unknown_experiment_is_named() {
     let out = qkv(&[
         "experiment",

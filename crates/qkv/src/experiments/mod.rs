@@ -4,6 +4,7 @@
 //! are the caller's (the `qkv experiment` command); this module only measures.
 
 pub mod long_range;
+pub mod mask;
 pub mod parallel;
 pub mod scaling;
 
@@ -12,7 +13,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 
 /// Every experiment, by the name `qkv experiment NAME` takes.
-pub const NAMES: [&str; 3] = ["long_range", "parallel", "scaling"];
+pub const NAMES: [&str; 4] = ["long_range", "parallel", "scaling", "mask"];
 
 /// How an experiment runs.
 #[derive(Clone, Copy, Default)]
@@ -92,6 +93,7 @@ pub fn run(name: &str, options: &Options, progress: &mut dyn FnMut(&str)) -> Res
         "long_range" => long_range::run(options, progress),
         "parallel" => parallel::run(options, progress),
         "scaling" => scaling::run(options, progress),
+        "mask" => mask::run(options, progress),
         _ => Err(Error::invalid(
             "experiment",
             format!("unknown experiment `{name}`; known: {}", NAMES.join(", ")),
