@@ -101,7 +101,8 @@ fn accuracy(arch: &str, distance: usize, steps: u64, seed: u64) -> Result<(f64, 
 }
 
 /// ‖∂L/∂x_{T−1−k}‖ for k = 0..T, averaged over a batch of random sequences, where L is
-/// the cross-entropy of a random target at the last position of `lm`'s logits.
+/// the cross-entropy at the last position of `lm`'s logits, row b's target being the
+/// token (7b + 3) mod V, a fixed target per row.
 fn gradient_norms(lm: &RnnLm, steps: usize, seed: u64) -> Result<Vec<f64>> {
     let mut rng = Rng::new(seed);
     let batch = 16;
@@ -124,7 +125,7 @@ fn gradient_norms(lm: &RnnLm, steps: usize, seed: u64) -> Result<Vec<f64>> {
         let max = last.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let sum: f32 = last.iter().map(|v| (v - max).exp()).sum();
         last.iter_mut().for_each(|v| *v = (*v - max).exp() / sum);
-        last[(b * 7 + 3) % vocab] -= 1.0;
+        last[(b * 7 + 3) % vocab] -= 1.0; // the target's one-hot
     }
     let mut head_grads = lm.head.zeros_like();
     let d_states = lm.head.backward(&y.out, &logits, &mut head_grads)?;
