@@ -166,6 +166,19 @@ fn mask_without_it_training_cheats_and_generation_fails() {
 }
 
 #[test]
+fn order_without_positions_is_no_better_than_a_bag_of_symbols() {
+    let (report, dir) = quick("order");
+    check_contract(&report, "order", &dir);
+    assert_eq!(report["verdict"], "supported", "{report:#}");
+    let m = &report["metrics"];
+    let acc = |e: &str| m["encodings"][e]["held_out_accuracy"].as_f64().unwrap();
+    let bag = m["order_blind_best"].as_f64().unwrap();
+    assert!(acc("none") <= bag + 0.05, "{} against {bag}", acc("none"));
+    assert!(acc("learned") >= 0.95 && acc("sinusoidal") >= 0.95, "{m:#}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn an_unknown_experiment_is_named() {
     let out = qkv(&[
         "experiment",

@@ -5,6 +5,7 @@
 
 pub mod long_range;
 pub mod mask;
+pub mod order;
 pub mod parallel;
 pub mod scaling;
 
@@ -13,7 +14,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 
 /// Every experiment, by the name `qkv experiment NAME` takes.
-pub const NAMES: [&str; 4] = ["long_range", "parallel", "scaling", "mask"];
+pub const NAMES: [&str; 5] = ["long_range", "parallel", "scaling", "mask", "order"];
 
 /// How an experiment runs.
 #[derive(Clone, Copy, Default)]
@@ -94,6 +95,7 @@ pub fn run(name: &str, options: &Options, progress: &mut dyn FnMut(&str)) -> Res
         "parallel" => parallel::run(options, progress),
         "scaling" => scaling::run(options, progress),
         "mask" => mask::run(options, progress),
+        "order" => order::run(options, progress),
         _ => Err(Error::invalid(
             "experiment",
             format!("unknown experiment `{name}`; known: {}", NAMES.join(", ")),
