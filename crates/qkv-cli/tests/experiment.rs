@@ -179,6 +179,20 @@ fn order_without_positions_is_no_better_than_a_bag_of_symbols() {
 }
 
 #[test]
+fn positions_sinusoids_shift_linearly_and_rope_scores_are_relative() {
+    let (report, dir) = quick("positions");
+    check_contract(&report, "positions", &dir);
+    assert_eq!(report["verdict"], "supported", "{report:#}");
+    let m = &report["metrics"];
+    assert!(m["rope_relative_shift_deviation"].as_f64().unwrap() <= 1e-4);
+    // every encoding is trained and evaluated at each length
+    let acc = m["extrapolation"]["accuracy"].as_object().unwrap();
+    assert_eq!(acc.len(), 5);
+    assert!(acc.values().all(|v| v.as_array().unwrap().len() == 3));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn an_unknown_experiment_is_named() {
     let out = qkv(&[
         "experiment",

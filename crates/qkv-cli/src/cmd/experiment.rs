@@ -19,7 +19,7 @@ use crate::report::figure;
 
 #[derive(Args)]
 pub struct ExperimentArgs {
-    /// The experiment: long_range, parallel, scaling, mask, order
+    /// The experiment: long_range, parallel, scaling, mask, order, positions
     name: String,
     /// The small version: at most about two minutes on two cores
     #[arg(long)]

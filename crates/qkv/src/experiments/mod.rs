@@ -7,6 +7,7 @@ pub mod long_range;
 pub mod mask;
 pub mod order;
 pub mod parallel;
+pub mod positions;
 pub mod scaling;
 
 use serde::Serialize;
@@ -14,7 +15,14 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 
 /// Every experiment, by the name `qkv experiment NAME` takes.
-pub const NAMES: [&str; 5] = ["long_range", "parallel", "scaling", "mask", "order"];
+pub const NAMES: [&str; 6] = [
+    "long_range",
+    "parallel",
+    "scaling",
+    "mask",
+    "order",
+    "positions",
+];
 
 /// How an experiment runs.
 #[derive(Clone, Copy, Default)]
@@ -96,6 +104,7 @@ pub fn run(name: &str, options: &Options, progress: &mut dyn FnMut(&str)) -> Res
         "scaling" => scaling::run(options, progress),
         "mask" => mask::run(options, progress),
         "order" => order::run(options, progress),
+        "positions" => positions::run(options, progress),
         _ => Err(Error::invalid(
             "experiment",
             format!("unknown experiment `{name}`; known: {}", NAMES.join(", ")),
