@@ -99,21 +99,6 @@ fn one_layer_over_twenty_steps() {
     check_case("elman_plain");
 }
 
-/// A random stack of `layers` layers, In = 3, Hd = 4.
-fn random_stack(rng: &mut Rng, layers: usize) -> Elman {
-    Elman::new(
-        (0..layers)
-            .map(|k| ElmanLayer {
-                weight_ih: rng.tensor(&[4, if k == 0 { 3 } else { 4 }], 0.5),
-                weight_hh: rng.tensor(&[4, 4], 0.5),
-                bias_ih: rng.tensor(&[4], 0.5),
-                bias_hh: rng.tensor(&[4], 0.5),
-            })
-            .collect(),
-    )
-    .unwrap()
-}
-
 #[test]
 fn backward_equals_finite_differences() {
     // Values are O(1) and the loss Σ out∘r + Σ h_n∘s sums ~60 terms: with h = 1e-2
@@ -121,7 +106,7 @@ fn backward_equals_finite_differences() {
     // truncation h²·|∂³L|/6 ~ 2e-5.
     const H: f32 = 1e-2;
     let mut rng = Rng::new(5);
-    let rnn = random_stack(&mut rng, 2);
+    let rnn = random_elman(&mut rng, 3, 4, 2);
     let (x, h0) = (rng.tensor(&[2, 5, 3], 1.0), rng.tensor(&[2, 2, 4], 1.0));
     let lengths = [5, 3];
     let (r, s) = (rng.tensor(&[2, 5, 4], 1.0), rng.tensor(&[2, 2, 4], 1.0));
@@ -162,7 +147,7 @@ fn backward_equals_finite_differences() {
 #[test]
 fn a_row_past_its_length_outputs_zeros_and_keeps_its_last_state() {
     let mut rng = Rng::new(6);
-    let rnn = random_stack(&mut rng, 1);
+    let rnn = random_elman(&mut rng, 3, 4, 1);
     let x = rng.tensor(&[1, 6, 3], 1.0);
     let (whole, _) = rnn.forward(&x, None, None).unwrap();
     let (cut, _) = rnn.forward(&x, Some(&[2]), None).unwrap();
@@ -175,7 +160,7 @@ fn a_row_past_its_length_outputs_zeros_and_keeps_its_last_state() {
 #[test]
 fn bad_input_is_named() {
     let mut rng = Rng::new(7);
-    let rnn = random_stack(&mut rng, 2);
+    let rnn = random_elman(&mut rng, 3, 4, 2);
     let err = |x: &Tensor, lengths: Option<&[usize]>| {
         rnn.forward(x, lengths, None).unwrap_err().to_string()
     };
@@ -380,6 +365,7 @@ fn encoder_decoder_backward_equals_finite_differences() {
     }
 }
 
+/// A random stack of `layers` Elman layers, input width `input`, state width `hd`.
 fn random_elman(rng: &mut Rng, input: usize, hd: usize, layers: usize) -> Elman {
     Elman::new(
         (0..layers)

@@ -22,7 +22,7 @@ use crate::rnn::RnnLm;
 use crate::train::recurrent::{RecurrentKind, RecurrentModel, RecurrentSpec};
 use crate::train::tasks::{Task, TaskOptions, IGNORE_INDEX};
 use crate::train::trainable::{Batch, TrainableModel};
-use crate::train::trainer::{evaluate, BatchSource, RunOptions, TaskBatches, TrainConfig, Trainer};
+use crate::train::trainer::{evaluate, BatchSource, TaskBatches};
 
 const CLAIM: Claim = Claim {
     zh: "在 RNN 中，第 1 个词要影响第 100 个词，必须经过 99 次状态传递。路径很长，信息容易衰减，梯度也容易消失。",
@@ -82,21 +82,8 @@ fn accuracy(arch: &str, distance: usize, steps: u64, seed: u64) -> Result<(f64, 
         task,
         batch_size: 32,
     };
-    let config = TrainConfig {
-        steps,
-        lr: 3e-3,
-        warmup: 20,
-        min_lr: 3e-4,
-        clip: Some(1.0),
-        eval_every: 0,
-        eval_batches: 8,
-        seed,
-        ..TrainConfig::default()
-    };
-    let eval = data.eval_batches(seed, config.eval_batches)?;
-    let mut trainer = Trainer::new(model.as_mut(), config, serde_json::Value::Null)?;
-    trainer.run(&mut data, &eval, RunOptions::default(), &mut |_| {})?;
-    drop(trainer);
+    let eval = data.eval_batches(seed, 8)?;
+    super::train(model.as_mut(), &mut data, steps, seed)?;
     Ok((evaluate(model.as_ref(), &eval)?.accuracy, params))
 }
 

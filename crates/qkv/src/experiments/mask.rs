@@ -16,7 +16,7 @@ use crate::models::{Arch, Transformer};
 use crate::rng::Rng;
 use crate::train::tasks::{Task, TaskOptions, IGNORE_INDEX};
 use crate::train::trainable::{Batch, TrainableModel};
-use crate::train::trainer::{evaluate, BatchSource, RunOptions, TaskBatches, TrainConfig, Trainer};
+use crate::train::trainer::{evaluate, BatchSource, TaskBatches};
 
 const CLAIM: Claim = Claim {
     zh: "在生成式任务中，Decoder 通常需要逐词生成。当模型生成第 3 个词时，它不应该看到第 4 个词及之后的内容，否则训练时就会“作弊”。",
@@ -38,32 +38,6 @@ fn model(task: &Task, causal: bool, seed: u64) -> Result<Transformer> {
         arch.encoder = arch.decoder.take();
     }
     Transformer::new(&arch, seed)
-}
-
-/// Trains; returns the training loss of every step.
-fn train(model: &mut Transformer, task: &Task, steps: u64, seed: u64) -> Result<Vec<f64>> {
-    let mut data = TaskBatches {
-        task: task.clone(),
-        batch_size: 32,
-    };
-    let config = TrainConfig {
-        steps,
-        lr: 3e-3,
-        warmup: 20,
-        min_lr: 3e-4,
-        clip: Some(1.0),
-        eval_every: 0,
-        eval_batches: 4,
-        seed,
-        ..TrainConfig::default()
-    };
-    let eval = data.eval_batches(seed, config.eval_batches)?;
-    let mut losses = Vec::new();
-    let mut trainer = Trainer::new(model, config, serde_json::Value::Null)?;
-    trainer.run(&mut data, &eval, RunOptions::default(), &mut |log| {
-        losses.push(log.loss as f64)
-    })?;
-    Ok(losses)
 }
 
 /// Greedy generation of the answers of `batch` from each row's source and separator:
@@ -158,7 +132,11 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
     for causal in [true, false] {
         let label = if causal { "causal mask" } else { "no mask" };
         let mut m = model(&task, causal, options.seed)?;
-        let losses = train(&mut m, &task, steps, options.seed)?;
+        let mut data = TaskBatches {
+            task: task.clone(),
+            batch_size: 32,
+        };
+        let losses = super::train(&mut m, &mut data, steps, options.seed)?;
         let forced = evaluate(&m, std::slice::from_ref(&eval))?;
         let (free_tokens, free_exact) = generate(&m, &eval)?;
         let leaked = leak(&m, &eval, LENGTH, &mut rng)?;

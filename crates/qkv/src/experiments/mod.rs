@@ -13,6 +13,10 @@ pub mod scaling;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::models::Position;
+use crate::position::SinusoidalLayout;
+use crate::train::trainable::TrainableModel;
+use crate::train::trainer::{BatchSource, RunOptions, TrainConfig, Trainer};
 
 /// Every experiment, by the name `qkv experiment NAME` takes.
 pub const NAMES: [&str; 6] = [
@@ -109,5 +113,51 @@ pub fn run(name: &str, options: &Options, progress: &mut dyn FnMut(&str)) -> Res
             "experiment",
             format!("unknown experiment `{name}`; known: {}", NAMES.join(", ")),
         )),
+    }
+}
+
+/// Trains `model` on `data` for `steps` steps with the one recipe every experiment
+/// uses (AdamW at 3e-3, 20 warm-up steps, cosine decay to 3e-4, clipping at 1), with
+/// no evaluation during the run; returns the training loss of every step.
+fn train(
+    model: &mut dyn TrainableModel,
+    data: &mut dyn BatchSource,
+    steps: u64,
+    seed: u64,
+) -> Result<Vec<f64>> {
+    let config = TrainConfig {
+        steps,
+        lr: 3e-3,
+        warmup: 20,
+        min_lr: 3e-4,
+        clip: Some(1.0),
+        eval_every: 0,
+        seed,
+        ..TrainConfig::default()
+    };
+    let mut losses = Vec::new();
+    let mut trainer = Trainer::new(model, config, serde_json::Value::Null)?;
+    trainer.run(data, &[], RunOptions::default(), &mut |log| {
+        losses.push(log.loss as f64)
+    })?;
+    Ok(losses)
+}
+
+/// The position encoding called `name` (none, sinusoidal, learned, rope, alibi) for
+/// sequences of up to `max_len` tokens.
+fn position(name: &str, max_len: usize) -> Position {
+    match name {
+        "sinusoidal" => Position::Sinusoidal {
+            max_len,
+            layout: SinusoidalLayout::Interleaved,
+        },
+        "learned" => Position::Learned { max_len },
+        "rope" => Position::Rope {
+            theta: 10_000.0,
+            linear_scaling: 1.0,
+            max_len: Some(max_len),
+        },
+        "alibi" => Position::Alibi,
+        _ => Position::None,
     }
 }

@@ -12,11 +12,10 @@ use serde_json::json;
 
 use super::{Claim, Figure, Options, Report, Series, Verdict};
 use crate::error::Result;
-use crate::models::{Arch, Position, Transformer};
-use crate::position::SinusoidalLayout;
+use crate::models::{Arch, Transformer};
 use crate::rng::Rng;
 use crate::train::trainable::Batch;
-use crate::train::trainer::{evaluate, BatchSource, RunOptions, TrainConfig, Trainer};
+use crate::train::trainer::{evaluate, BatchSource};
 
 const CLAIM: Claim = Claim {
     zh: "更严格地说，标准 Self-Attention 对输入具有置换等变性：如果把输入矩阵的行顺序打乱，输出矩阵的行也会以相同方式被重新排列，但每个位置对应的计算规则本身并不知道原始顺序。",
@@ -71,23 +70,6 @@ impl BatchSource for Mirror {
     }
 }
 
-fn position(name: &str) -> Position {
-    match name {
-        "sinusoidal" => Position::Sinusoidal {
-            max_len: LENGTH,
-            layout: SinusoidalLayout::Interleaved,
-        },
-        "learned" => Position::Learned { max_len: LENGTH },
-        "rope" => Position::Rope {
-            theta: 10_000.0,
-            linear_scaling: 1.0,
-            max_len: Some(LENGTH),
-        },
-        "alibi" => Position::Alibi,
-        _ => Position::None,
-    }
-}
-
 /// The best accuracy without any order: a position that knows only its own symbol and
 /// the bag of the row's symbols sees its mirror as any of the other LENGTH − 1
 /// positions alike, so it can do no better than answer the commonest of their symbols.
@@ -122,30 +104,14 @@ fn bag_accuracy(batches: &[Batch]) -> f64 {
 fn train(encoding: &str, steps: u64, seed: u64) -> Result<(Vec<f64>, f64)> {
     let mut arch = Arch::gpt2(SYMBOLS, 64, 2, 4, LENGTH);
     arch.encoder = arch.decoder.take();
-    arch.position = position(encoding);
+    arch.position = super::position(encoding, LENGTH);
     // the original Transformer scales its token embeddings by √C before adding the
     // sinusoids (whose entries are ±1); without it the small initial embeddings drown
     arch.embed.scale = encoding == "sinusoidal";
     let mut model = Transformer::new(&arch, seed)?;
     let mut data = Mirror { batch_size: 32 };
-    let config = TrainConfig {
-        steps,
-        lr: 3e-3,
-        warmup: 20,
-        min_lr: 3e-4,
-        clip: Some(1.0),
-        eval_every: 0,
-        eval_batches: 8,
-        seed,
-        ..TrainConfig::default()
-    };
-    let eval = data.eval_batches(seed, config.eval_batches)?;
-    let mut losses = Vec::new();
-    let mut trainer = Trainer::new(&mut model, config, serde_json::Value::Null)?;
-    trainer.run(&mut data, &eval, RunOptions::default(), &mut |log| {
-        losses.push(log.loss as f64)
-    })?;
-    drop(trainer);
+    let eval = data.eval_batches(seed, 8)?;
+    let losses = super::train(&mut model, &mut data, steps, seed)?;
     Ok((losses, evaluate(&model, &eval)?.accuracy))
 }
 

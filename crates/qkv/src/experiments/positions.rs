@@ -13,12 +13,12 @@ use serde_json::json;
 
 use super::{Claim, Figure, Options, Report, Series, Verdict};
 use crate::error::Result;
-use crate::models::{Arch, Position, Transformer};
+use crate::models::{Arch, Transformer};
 use crate::position::sinusoidal::shift_matrix;
 use crate::position::{sinusoidal_table, Rope, RopeLayout, SinusoidalLayout};
 use crate::rng::Rng;
 use crate::train::tasks::{Task, TaskOptions};
-use crate::train::trainer::{evaluate, BatchSource, RunOptions, TaskBatches, TrainConfig, Trainer};
+use crate::train::trainer::{evaluate, BatchSource, TaskBatches};
 
 const CLAIM: Claim = Claim {
     zh: "对于固定偏移 k，PE_{pos+k} 可以近似由 PE_{pos} 的线性变换得到。……当两个旋转后的向量做点积时，绝对位置 m 和 n 的影响会被部分消去，保留下来的是它们之间的相对距离 m−n。",
@@ -100,23 +100,6 @@ fn rope_shift_deviation(rng: &mut Rng) -> Result<f64> {
     Ok(worst / scale)
 }
 
-fn position(name: &str, max_len: usize) -> Position {
-    match name {
-        "sinusoidal" => Position::Sinusoidal {
-            max_len,
-            layout: SinusoidalLayout::Interleaved,
-        },
-        "learned" => Position::Learned { max_len },
-        "rope" => Position::Rope {
-            theta: 10_000.0,
-            linear_scaling: 1.0,
-            max_len: Some(max_len),
-        },
-        "alibi" => Position::Alibi,
-        _ => Position::None,
-    }
-}
-
 fn task(len: usize) -> Result<Task> {
     Task::from_name(
         "long_range",
@@ -133,27 +116,14 @@ fn task(len: usize) -> Result<Task> {
 fn extrapolation(encoding: &str, steps: u64, seed: u64) -> Result<Vec<(f64, f64)>> {
     let longest = EVAL_LENS[EVAL_LENS.len() - 1];
     let mut arch = Arch::gpt2(10, 64, 2, 4, longest);
-    arch.position = position(encoding, longest);
+    arch.position = super::position(encoding, longest);
     arch.embed.scale = encoding == "sinusoidal";
     let mut model = Transformer::new(&arch, seed)?;
     let mut data = TaskBatches {
         task: task(TRAIN_LEN)?,
         batch_size: 32,
     };
-    let config = TrainConfig {
-        steps,
-        lr: 3e-3,
-        warmup: 20,
-        min_lr: 3e-4,
-        clip: Some(1.0),
-        eval_every: 0,
-        eval_batches: 4,
-        seed,
-        ..TrainConfig::default()
-    };
-    let mut trainer = Trainer::new(&mut model, config, serde_json::Value::Null)?;
-    trainer.run(&mut data, &[], RunOptions::default(), &mut |_| {})?;
-    drop(trainer);
+    super::train(&mut model, &mut data, steps, seed)?;
     EVAL_LENS
         .iter()
         .map(|&len| {

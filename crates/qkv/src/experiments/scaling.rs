@@ -16,7 +16,7 @@ use crate::error::Result;
 use crate::models::{Arch, Transformer};
 use crate::rng::Rng;
 use crate::train::tasks::{Task, TaskOptions};
-use crate::train::trainer::{evaluate, BatchSource, RunOptions, TaskBatches, TrainConfig, Trainer};
+use crate::train::trainer::{evaluate, BatchSource, TaskBatches};
 
 const CLAIM: Claim = Claim {
     zh: "除以 √d_k 是为了控制点积尺度，避免 Softmax 进入梯度极小的饱和区域。",
@@ -88,24 +88,8 @@ fn train(scaled: bool, steps: u64, seed: u64) -> Result<(Vec<f64>, f64)> {
         task,
         batch_size: 32,
     };
-    let config = TrainConfig {
-        steps,
-        lr: 3e-3,
-        warmup: 20,
-        min_lr: 3e-4,
-        clip: Some(1.0),
-        eval_every: 0,
-        eval_batches: 8,
-        seed,
-        ..TrainConfig::default()
-    };
-    let eval = data.eval_batches(seed, config.eval_batches)?;
-    let mut losses = Vec::new();
-    let mut trainer = Trainer::new(&mut model, config, serde_json::Value::Null)?;
-    trainer.run(&mut data, &eval, RunOptions::default(), &mut |log| {
-        losses.push(log.loss as f64)
-    })?;
-    drop(trainer);
+    let eval = data.eval_batches(seed, 8)?;
+    let losses = super::train(&mut model, &mut data, steps, seed)?;
     Ok((losses, evaluate(&model, &eval)?.accuracy))
 }
 
