@@ -193,6 +193,64 @@ fn positions_sinusoids_shift_linearly_and_rope_scores_are_relative() {
 }
 
 #[test]
+fn cross_attention_finds_the_aligned_source_word() {
+    let (report, dir) = quick("cross");
+    check_contract(&report, "cross", &dir);
+    assert_eq!(report["verdict"], "supported", "{report:#}");
+    let m = &report["metrics"];
+    assert!(
+        m["held_out_token_accuracy"].as_f64().unwrap() >= 0.9,
+        "{m:#}"
+    );
+    let best = m["aligned_by_layer"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_f64().unwrap())
+        .fold(0.0, f64::max);
+    assert!(best >= 0.8, "{m:#}");
+    // the figures are maps: a panel per layer (captioned "layer L (…% aligned)"),
+    // then a panel per head of the best layer
+    for (i, caption, panels) in [(0, "\nlayer ", 2), (1, "\nhead ", 4)] {
+        let svg = std::fs::read_to_string(report["figures"][i].as_str().unwrap()).unwrap();
+        assert_eq!(svg.matches(caption).count(), panels, "figure {i}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn heads_several_heads_learn_five_relations_one_head_does_not() {
+    let (report, dir) = quick("heads");
+    check_contract(&report, "heads", &dir);
+    assert_eq!(report["verdict"], "supported", "{report:#}");
+    let models = report["metrics"]["models"].as_array().unwrap();
+    let acc = |i: usize| models[i]["held_out_accuracy"].as_f64().unwrap();
+    assert!(acc(0) < 0.8 && acc(2) >= 0.9, "{models:#?}");
+    // the same parameters, split differently
+    assert_eq!(models[0]["parameters"], models[2]["parameters"]);
+    // the four heads share the five offsets out: each leans on its own
+    let by_head = models[2]["mean_weight_by_offset_and_head"]
+        .as_array()
+        .unwrap();
+    let mut favourite: Vec<usize> = by_head
+        .iter()
+        .map(|h| {
+            let w: Vec<f64> = h
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
+            (0..w.len()).max_by(|&a, &b| w[a].total_cmp(&w[b])).unwrap()
+        })
+        .collect();
+    favourite.sort();
+    favourite.dedup();
+    assert!(favourite.len() >= 3, "{by_head:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn an_unknown_experiment_is_named() {
     let out = qkv(&[
         "experiment",

@@ -1,17 +1,36 @@
-//! Line figures as SVG, drawn with `plotters` from an experiment's [`Figure`] data.
+//! Figures as SVG, drawn with `plotters` from an experiment's [`Figure`] data: line
+//! plots here, heatmaps in [`super::heatmap`].
 //!
 //! Logarithmic axes are drawn as linear axes over log₂ x or log₁₀ y, labelled with
 //! the values themselves, so every figure uses one chart type.
 
 use anyhow::{anyhow, Result};
 use plotters::prelude::*;
-use qkv::experiments::Figure;
+use qkv::experiments::{Figure, Lines};
 
-/// Pixels of every figure.
+/// Line colours: the Okabe–Ito set, told apart with colour-blindness too, without its
+/// yellow (faint on white).
+const PALETTE: [RGBColor; 6] = [
+    RGBColor(0, 114, 178),
+    RGBColor(213, 94, 0),
+    RGBColor(0, 158, 115),
+    RGBColor(204, 121, 167),
+    RGBColor(230, 159, 0),
+    RGBColor(86, 180, 233),
+];
+
+/// Pixels of every line figure.
 const SIZE: (u32, u32) = (720, 440);
 
 /// The figure as a standalone SVG document.
 pub fn svg(fig: &Figure) -> Result<String> {
+    match fig {
+        Figure::Lines(lines) => lines_svg(lines),
+        Figure::Heatmaps(maps) => super::heatmap::svg(maps),
+    }
+}
+
+fn lines_svg(fig: &Lines) -> Result<String> {
     let fx = |x: f64| if fig.log_x { x.log2() } else { x };
     let fy = |y: f64| if fig.log_y { y.log10() } else { y };
     let points: Vec<Vec<(f64, f64)>> = fig
@@ -79,8 +98,7 @@ pub fn svg(fig: &Figure) -> Result<String> {
             let color = if series.label == "chance" {
                 RGBColor(150, 150, 150)
             } else {
-                let (r, g, b) = Palette99::pick(i).rgb();
-                RGBColor(r, g, b)
+                PALETTE[i % PALETTE.len()]
             };
             let style = color.stroke_width(2);
             chart

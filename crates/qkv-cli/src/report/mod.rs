@@ -1,3 +1,4 @@
 //! What the CLI draws from the library's measurements: SVG figures.
 
 pub mod figure;
+mod heatmap;

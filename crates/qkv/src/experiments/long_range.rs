@@ -13,7 +13,7 @@
 
 use serde_json::json;
 
-use super::{Claim, Figure, Options, Report, Series, Verdict};
+use super::{Claim, Lines, Options, Report, Series, Verdict};
 use crate::error::Result;
 use crate::models::{Arch, Transformer};
 use crate::module::Module;
@@ -283,7 +283,7 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
             "norm_by_distance": attention_norms,
         },
     });
-    let gradient = Figure {
+    let gradient = Lines {
         title: "Gradient of a last-position loss, fresh models".into(),
         x_label: "k, steps back from the loss".into(),
         y_label: "mean ‖∂L/∂x_(T−1−k)‖".into(),
@@ -307,7 +307,8 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
                     .collect(),
             },
         ],
-    };
+    }
+    .into();
     Ok(Report {
         name: "long_range",
         claim: CLAIM,
@@ -315,14 +316,15 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
         rule,
         metrics,
         figures: vec![
-            Figure {
+            Lines {
                 title: "Recall the first token after d distractors".into(),
                 x_label: "distance d".into(),
                 y_label: "held-out accuracy".into(),
                 log_x: true,
                 log_y: false,
                 series: curves,
-            },
+            }
+            .into(),
             gradient,
         ],
     })

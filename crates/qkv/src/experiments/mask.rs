@@ -10,7 +10,7 @@
 
 use serde_json::json;
 
-use super::{Claim, Figure, Options, Report, Series, Verdict};
+use super::{Claim, Lines, Options, Report, Series, Verdict};
 use crate::error::Result;
 use crate::models::{Arch, Transformer};
 use crate::rng::Rng;
@@ -188,13 +188,14 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
             "task": format!("{TASK}(length={LENGTH}, symbols={SYMBOLS})"),
             "models": results,
         }),
-        figures: vec![Figure {
+        figures: vec![Lines {
             title: "Training loss on sort, with and without the causal mask".into(),
             x_label: "step".into(),
             y_label: "cross-entropy".into(),
             log_x: false,
             log_y: true,
             series: curves,
-        }],
+        }
+        .into()],
     })
 }

@@ -3,6 +3,8 @@
 //! computed from those numbers by a rule the experiment states. Plotting and printing
 //! are the caller's (the `qkv experiment` command); this module only measures.
 
+pub mod cross;
+pub mod heads;
 pub mod long_range;
 pub mod mask;
 pub mod order;
@@ -19,13 +21,15 @@ use crate::train::trainable::TrainableModel;
 use crate::train::trainer::{BatchSource, RunOptions, TrainConfig, Trainer};
 
 /// Every experiment, by the name `qkv experiment NAME` takes.
-pub const NAMES: [&str; 6] = [
+pub const NAMES: [&str; 8] = [
     "long_range",
     "parallel",
     "scaling",
     "mask",
     "order",
     "positions",
+    "cross",
+    "heads",
 ];
 
 /// How an experiment runs.
@@ -66,9 +70,17 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
-/// The data of one figure: line plots sharing axes.
+/// The data of one figure.
 #[derive(Clone, Debug, Serialize)]
-pub struct Figure {
+#[serde(untagged)]
+pub enum Figure {
+    Lines(Lines),
+    Heatmaps(Heatmaps),
+}
+
+/// Line plots sharing axes.
+#[derive(Clone, Debug, Serialize)]
+pub struct Lines {
     pub title: String,
     pub x_label: String,
     pub y_label: String,
@@ -77,6 +89,37 @@ pub struct Figure {
     /// Base-10 logarithmic y axis.
     pub log_y: bool,
     pub series: Vec<Series>,
+}
+
+impl From<Lines> for Figure {
+    fn from(lines: Lines) -> Self {
+        Figure::Lines(lines)
+    }
+}
+
+/// Heatmaps side by side over the same labelled rows and columns, such as the
+/// attention weights of several heads: `panels[p].values[row][column]`, row 0 on top.
+#[derive(Clone, Debug, Serialize)]
+pub struct Heatmaps {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub columns: Vec<String>,
+    pub rows: Vec<String>,
+    pub panels: Vec<Panel>,
+}
+
+impl From<Heatmaps> for Figure {
+    fn from(maps: Heatmaps) -> Self {
+        Figure::Heatmaps(maps)
+    }
+}
+
+/// One heatmap: `values[row][column]`, each in [0, 1].
+#[derive(Clone, Debug, Serialize)]
+pub struct Panel {
+    pub label: String,
+    pub values: Vec<Vec<f64>>,
 }
 
 /// A claim of the articles: the sentence quoted in Chinese, and an English gloss.
@@ -109,6 +152,8 @@ pub fn run(name: &str, options: &Options, progress: &mut dyn FnMut(&str)) -> Res
         "mask" => mask::run(options, progress),
         "order" => order::run(options, progress),
         "positions" => positions::run(options, progress),
+        "cross" => cross::run(options, progress),
+        "heads" => heads::run(options, progress),
         _ => Err(Error::invalid(
             "experiment",
             format!("unknown experiment `{name}`; known: {}", NAMES.join(", ")),

@@ -10,7 +10,7 @@
 
 use serde_json::json;
 
-use super::{Claim, Figure, Options, Report, Series, Verdict};
+use super::{Claim, Lines, Options, Report, Series, Verdict};
 use crate::error::Result;
 use crate::models::{Arch, Transformer};
 use crate::rng::Rng;
@@ -165,13 +165,14 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
             "order_blind_best": bag,
             "encodings": results,
         }),
-        figures: vec![Figure {
+        figures: vec![Lines {
             title: "Reversing in place, by position encoding".into(),
             x_label: "step".into(),
             y_label: "training loss".into(),
             log_x: false,
             log_y: true,
             series: curves,
-        }],
+        }
+        .into()],
     })
 }

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::{Claim, Figure, Options, Report, Series, Verdict};
+use super::{Claim, Lines, Options, Report, Series, Verdict};
 use crate::attention::{attention, AttentionSpec, Kernel};
 use crate::error::{Error, Result};
 use crate::rng::Rng;
@@ -187,7 +187,7 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
         "attention_extra_memory": if options.memory.is_some() { json!(memory_json) } else { json!(null) },
         "memory_log_log_slope": {"reference": ref_memory_slope, "tiled": tiled_memory_slope},
     });
-    let mut figures = vec![Figure {
+    let mut figures = vec![Lines {
         title: "One layer over N tokens".into(),
         x_label: "N".into(),
         y_label: "seconds per call".into(),
@@ -206,31 +206,35 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
                 })
             })
             .collect(),
-    }];
+    }
+    .into()];
     if !memory.is_empty() {
-        figures.push(Figure {
-            title: "Extra memory of one attention call".into(),
-            x_label: "N".into(),
-            y_label: "bytes".into(),
-            log_x: true,
-            log_y: true,
-            series: vec![
-                Series {
-                    label: "reference (N×N weights)".into(),
-                    points: memory
-                        .iter()
-                        .map(|&(n, [r, _])| (n as f64, r.max(1) as f64))
-                        .collect(),
-                },
-                Series {
-                    label: "tiled".into(),
-                    points: memory
-                        .iter()
-                        .map(|&(n, [_, t])| (n as f64, t.max(1) as f64))
-                        .collect(),
-                },
-            ],
-        });
+        figures.push(
+            Lines {
+                title: "Extra memory of one attention call".into(),
+                x_label: "N".into(),
+                y_label: "bytes".into(),
+                log_x: true,
+                log_y: true,
+                series: vec![
+                    Series {
+                        label: "reference (N×N weights)".into(),
+                        points: memory
+                            .iter()
+                            .map(|&(n, [r, _])| (n as f64, r.max(1) as f64))
+                            .collect(),
+                    },
+                    Series {
+                        label: "tiled".into(),
+                        points: memory
+                            .iter()
+                            .map(|&(n, [_, t])| (n as f64, t.max(1) as f64))
+                            .collect(),
+                    },
+                ],
+            }
+            .into(),
+        );
     }
     Ok(Report {
         name: "parallel",

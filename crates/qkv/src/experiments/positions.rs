@@ -11,7 +11,7 @@
 
 use serde_json::json;
 
-use super::{Claim, Figure, Options, Report, Series, Verdict};
+use super::{Claim, Lines, Options, Report, Series, Verdict};
 use crate::error::Result;
 use crate::models::{Arch, Transformer};
 use crate::position::sinusoidal::shift_matrix;
@@ -200,7 +200,7 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
             },
         }),
         figures: vec![
-            Figure {
+            Lines {
                 title: "⟨PE(p), PE(p + k)⟩ of the sinusoidal table, d = 64".into(),
                 x_label: "offset k".into(),
                 y_label: "mean dot product".into(),
@@ -210,15 +210,17 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
                     label: "sinusoidal".into(),
                     points: dots,
                 }],
-            },
-            Figure {
+            }
+            .into(),
+            Lines {
                 title: format!("Trained on rows of {TRAIN_LEN}, evaluated on longer rows"),
                 x_label: "row length".into(),
                 y_label: "held-out accuracy".into(),
                 log_x: true,
                 log_y: false,
                 series: curves,
-            },
+            }
+            .into(),
         ],
     })
 }

@@ -11,7 +11,7 @@
 
 use serde_json::json;
 
-use super::{Claim, Figure, Options, Report, Series, Verdict};
+use super::{Claim, Lines, Options, Report, Series, Verdict};
 use crate::error::Result;
 use crate::models::{Arch, Transformer};
 use crate::rng::Rng;
@@ -200,22 +200,24 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
         rule,
         metrics,
         figures: vec![
-            Figure {
+            Lines {
                 title: "Gradient through softmax, 16 random keys".into(),
                 x_label: "d_k".into(),
                 y_label: "mean ‖diag(p) − p·pᵀ‖".into(),
                 log_x: true,
                 log_y: true,
                 series: curves,
-            },
-            Figure {
+            }
+            .into(),
+            Lines {
                 title: "Training loss, one head of width 128, copy".into(),
                 x_label: "step".into(),
                 y_label: "cross-entropy".into(),
                 log_x: false,
                 log_y: true,
                 series: loss_curves,
-            },
+            }
+            .into(),
         ],
     })
 }
