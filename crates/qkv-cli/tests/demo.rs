@@ -1,5 +1,8 @@
-//! Runs the built `qkv demo` and checks what its numbers must honestly show.
+//! Runs the built `qkv demo` and checks what its numbers must honestly show, the JSON
+//! contract of its experiments, and the report it writes. (That the report renders in a
+//! browser is `tests/report.rs`.)
 
+use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
@@ -12,11 +15,30 @@ fn qkv(args: &[&str]) -> Output {
         .expect("the qkv binary runs")
 }
 
-/// `qkv demo --json`, run once and shared by the tests.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("qkv-demo-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// The names `--json` keys its experiments by, exactly.
+const EXPERIMENTS: [&str; 8] = [
+    "long_range",
+    "parallel",
+    "scaling",
+    "order",
+    "positions",
+    "mask",
+    "cross",
+    "heads",
+];
+
+/// `qkv demo --json --out DIR`, run once and shared by the tests.
 fn report() -> &'static Value {
     static REPORT: OnceLock<Value> = OnceLock::new();
     REPORT.get_or_init(|| {
-        let out = qkv(&["demo", "--json"]);
+        let dir = scratch("json");
+        let out = qkv(&["demo", "--json", "--out", dir.to_str().unwrap()]);
         assert!(
             out.status.success(),
             "demo --json failed: {}",
@@ -121,23 +143,96 @@ fn scaling_variances_match_theory() {
 }
 
 #[test]
+fn every_experiment_keeps_the_contract_and_writes_its_files() {
+    let experiments = report()["experiments"].as_object().unwrap();
+    let mut names: Vec<&str> = experiments.keys().map(String::as_str).collect();
+    names.sort();
+    let mut want = EXPERIMENTS;
+    want.sort();
+    assert_eq!(names, want);
+    for (name, e) in experiments {
+        assert_eq!(e["name"], name.as_str());
+        assert!(["supported", "not supported", "inconclusive"]
+            .contains(&e["verdict"].as_str().unwrap()));
+        assert!(!e["claim"]["zh"].as_str().unwrap().is_empty(), "{name}");
+        assert!(e["metrics"].is_object(), "{name}");
+        let figure = std::fs::read_to_string(e["figure"].as_str().unwrap()).unwrap();
+        assert!(figure.starts_with("<svg"), "{name}");
+    }
+    // measured here, the quick runs support every claim
+    for name in EXPERIMENTS {
+        assert_eq!(
+            experiments[name]["verdict"], "supported",
+            "{name}: {:#}",
+            experiments[name]
+        );
+    }
+    // the page holds every figure inline and asks for nothing outside itself
+    let index = report()["report"].as_str().unwrap();
+    let page = std::fs::read_to_string(index).unwrap();
+    let figures: usize = experiments
+        .values()
+        .map(|e| e["figures"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(page.matches("<figure><svg").count(), figures);
+    for name in EXPERIMENTS {
+        assert!(page.contains(&format!("<section id=\"{name}\">")), "{name}");
+    }
+    // (an SVG's namespace is a name, not a request)
+    let namespaces = page.matches("http://www.w3.org/2000/svg").count();
+    assert_eq!(page.matches("http").count(), namespaces);
+    assert!(!page.contains("<script"));
+}
+
+/// Everything but `parallel`'s measurements and the files' paths. Its seconds vary from
+/// run to run, and so, by a few tens of KB, does the extra memory it counts: a worker
+/// thread's first call allocates its scratch, and which worker takes which call is the
+/// scheduler's choice. (Its memory slopes are asserted in tests/experiment.rs.)
+fn without_timings(mut v: Value) -> Value {
+    let parallel = &mut v["experiments"]["parallel"];
+    for key in ["verdict", "rule", "metrics"] {
+        parallel[key] = Value::Null;
+    }
+    for e in v["experiments"].as_object_mut().unwrap().values_mut() {
+        e["figure"] = Value::Null;
+        e["figures"] = Value::Null;
+    }
+    v["report"] = Value::Null;
+    v
+}
+
+#[test]
 fn json_is_deterministic() {
-    let again: Value = serde_json::from_slice(&qkv(&["demo", "--json"]).stdout).unwrap();
-    assert_eq!(&again, report());
+    let out = qkv(&["demo", "--json", "--no-report", "--quiet"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(again["report"], Value::Null, "--no-report writes no page");
+    assert_eq!(without_timings(again), without_timings(report().clone()));
 }
 
 #[test]
 fn text_mode_shows_every_section() {
-    let out = qkv(&["demo"]);
+    let dir = scratch("text");
+    let out = qkv(&["demo", "--out", dir.to_str().unwrap()]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    for needle in ["Food delivery", "狗咬人", "人咬狗", "Scaling by √d_k"] {
+    for needle in ["Food delivery", "狗咬人", "人咬狗", "Scaling by √d_k"]
+        .into_iter()
+        .chain(EXPERIMENTS)
+    {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }
+    assert!(text.contains(&format!("Report: {}", dir.join("index.html").display())));
+    assert!(dir.join("index.html").is_file() && dir.join("cross-2.svg").is_file());
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -1,10 +1,6 @@
 //! `qkv experiment NAME [--quick] [--json] [--out DIR]`: measure one of the articles'
-//! claims (`qkv::experiments`), draw its figures as SVG, and print the verdict.
-//!
-//! Files, each written atomically: `DIR/NAME.svg` (the main figure), `DIR/NAME-2.svg`
-//! and so on (any further figures), and `DIR/NAME.json` (the whole report). With
-//! `--json`, stdout is one object: `{"name", "claim", "verdict", "rule", "metrics",
-//! "figure", "figures"}`, `figure` being the main SVG's path.
+//! claims (`qkv::experiments`), draw its figures as SVG into DIR, and print the verdict
+//! (or, with `--json`, the document of [`crate::report::files`]).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -12,14 +8,12 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use qkv::experiments::{self, Options, Report};
-use qkv::io::write_atomic;
-use serde_json::json;
 
-use crate::report::figure;
+use crate::report::files;
 
 #[derive(Args)]
 pub struct ExperimentArgs {
-    /// The experiment: long_range, parallel, scaling, mask, order, positions
+    /// The experiment: long_range, parallel, scaling, mask, order, positions, cross, heads
     name: String,
     /// The small version: at most about two minutes on two cores
     #[arg(long)]
@@ -71,45 +65,24 @@ pub fn run(args: &ExperimentArgs, out: &mut impl Write) -> Result<()> {
             eprintln!("{}: {line}", args.name);
         }
     })?;
-    let mut paths = Vec::new();
-    for (i, fig) in report.figures.iter().enumerate() {
-        let file = match i {
-            0 => format!("{}.svg", report.name),
-            _ => format!("{}-{}.svg", report.name, i + 1),
-        };
-        let path = args.out.join(file);
-        write_atomic(&path, figure::svg(fig)?.as_bytes())?;
-        paths.push(path.display().to_string());
-    }
-    let doc = json!({
-        "name": report.name,
-        "claim": report.claim,
-        "verdict": report.verdict,
-        "rule": report.rule,
-        "metrics": report.metrics,
-        "figure": paths.first(),
-        "figures": paths,
-    });
-    let json_path = args.out.join(format!("{}.json", report.name));
-    let text = serde_json::to_string_pretty(&doc).expect("a report serialises");
-    write_atomic(&json_path, format!("{text}\n").as_bytes())?;
+    let drawn = files::draw(&report, Some(&args.out))?;
     if args.json {
-        writeln!(out, "{doc}")?;
+        writeln!(out, "{}", drawn.doc)?;
     } else {
-        print_summary(&report, &paths, out)?;
+        print_summary(&report, &drawn.doc, out)?;
     }
     Ok(())
 }
 
-fn print_summary(report: &Report, figures: &[String], out: &mut impl Write) -> Result<()> {
+fn print_summary(report: &Report, doc: &serde_json::Value, out: &mut impl Write) -> Result<()> {
     let verdict = serde_json::to_value(report.verdict).expect("a verdict serialises");
     writeln!(out, "{}", report.name)?;
     writeln!(out, "  claim: {}", report.claim.zh)?;
     writeln!(out, "         {}", report.claim.en)?;
     writeln!(out, "  verdict: {}", verdict.as_str().unwrap_or("?"))?;
     writeln!(out, "  rule: {}", report.rule)?;
-    for f in figures {
-        writeln!(out, "  figure: {f}")?;
+    for f in doc["figures"].as_array().into_iter().flatten() {
+        writeln!(out, "  figure: {}", f.as_str().unwrap_or("?"))?;
     }
     Ok(())
 }
