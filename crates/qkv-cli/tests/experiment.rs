@@ -72,6 +72,17 @@ fn long_range_recurrent_memories_forget_and_attention_does_not() {
     let (report, dir) = quick("long_range");
     check_contract(&report, "long_range", &dir);
     assert_eq!(report["verdict"], "supported", "{report:#}");
+    // a fair race: the four models' sizes are within 10% of each other
+    let sizes: Vec<f64> = report["metrics"]["models"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|m| m["parameters"].as_f64().unwrap())
+        .collect();
+    let (small, large) = sizes
+        .iter()
+        .fold((f64::MAX, 0.0f64), |(a, b), &x| (a.min(x), b.max(x)));
+    assert!(large <= 1.1 * small, "{sizes:?}");
     // the gradient through the fresh RNN falls by orders of magnitude over the probe…
     let norms = report["metrics"]["rnn_input_gradient"]["norm_by_distance"]
         .as_array()
