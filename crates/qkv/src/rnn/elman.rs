@@ -189,6 +189,74 @@ impl Elman {
 }
 
 impl ElmanLayer {
+    /// One step of the cell alone, as the encoder-decoder's decoder takes it: x
+    /// `[B, In]`, s `[B, Hd]` → `tanh(W_ih·x + b_ih + W_hh·s + b_hh)` `[B, Hd]`.
+    pub(crate) fn step(&self, x: &Tensor, s: &Tensor) -> Tensor {
+        let (b_n, hd) = (s.shape()[0], self.weight_hh.shape()[0]);
+        let mut pre = Tensor::zeros(&[b_n, hd]);
+        for row in pre.data_mut().chunks_exact_mut(hd) {
+            for ((p, &a), &b) in row
+                .iter_mut()
+                .zip(self.bias_ih.data())
+                .zip(self.bias_hh.data())
+            {
+                *p = a + b;
+            }
+        }
+        product_into(&mut pre, x, &self.weight_ih, 1.0, true);
+        product_into(&mut pre, s, &self.weight_hh, 1.0, true);
+        pre.data_mut().iter_mut().for_each(|v| *v = v.tanh());
+        pre
+    }
+
+    /// Backward of [`Self::step`]: `next` is its output and `d_next` `[B, Hd]` the
+    /// gradient reaching it. **Accumulates** the parameters' gradients into `grads`;
+    /// returns (d x `[B, In]`, d s `[B, Hd]`).
+    pub(crate) fn step_backward(
+        &self,
+        (x, s, next): (&Tensor, &Tensor, &Tensor),
+        d_next: &Tensor,
+        grads: &mut ElmanLayer,
+    ) -> (Tensor, Tensor) {
+        let hd = self.weight_hh.shape()[0];
+        // next = tanh(pre)  →  d pre = d next · (1 − next²)
+        let mut d_pre = d_next.clone();
+        for (d, &h) in d_pre.data_mut().iter_mut().zip(next.data()) {
+            *d *= 1.0 - h * h;
+        }
+        let mut dx = Tensor::zeros(x.shape());
+        let mut ds = Tensor::zeros(s.shape());
+        product_backward(
+            x,
+            &self.weight_ih,
+            1.0,
+            &d_pre,
+            &mut grads.weight_ih,
+            (&mut dx, false),
+        );
+        product_backward(
+            s,
+            &self.weight_hh,
+            1.0,
+            &d_pre,
+            &mut grads.weight_hh,
+            (&mut ds, false),
+        );
+        for row in d_pre.data().chunks_exact(hd) {
+            for ((gi, gh), &d) in grads
+                .bias_ih
+                .data_mut()
+                .iter_mut()
+                .zip(grads.bias_hh.data_mut().iter_mut())
+                .zip(row)
+            {
+                *gi += d;
+                *gh += d;
+            }
+        }
+        (dx, ds)
+    }
+
     /// One layer over input `[B, T, In]` from h0 `[B, Hd]`: returns its states
     /// `[B, T, Hd]` and its final states `[B·Hd]`.
     fn run(&self, input: &Tensor, lengths: &[usize], h0: &[f32]) -> (Tensor, Vec<f32>) {

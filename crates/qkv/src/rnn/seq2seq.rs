@@ -17,7 +17,6 @@ use super::elman::{Elman, ElmanCache, ElmanLayer};
 use crate::error::{Error, Result};
 use crate::layers::{Embedding, Linear};
 use crate::module::Module;
-use crate::ops::{gemm, MatMut, MatRef, Par};
 use crate::tensor::Tensor;
 
 /// The encoder-decoder's parameters. E: embedding width, Hd: state width.
@@ -195,7 +194,7 @@ impl RnnSeq2Seq {
                 row[..e].copy_from_slice(&y.data()[(b * t_n + i) * e..][..e]);
                 row[e..].copy_from_slice(&context.data()[b * hd..(b + 1) * hd]);
             }
-            let next = self.cell(&cell_in, &state);
+            let next = self.decoder.step(&cell_in, &state);
             for b in 0..b_n {
                 let f = &mut features.data_mut()[(b * t_n + i) * 2 * hd..][..2 * hd];
                 f[..hd].copy_from_slice(&next.data()[b * hd..(b + 1) * hd]);
@@ -214,32 +213,6 @@ impl RnnSeq2Seq {
             features,
         };
         Ok((logits, cache))
-    }
-
-    /// One decoder step: tanh(W_ih·x + b_ih + W_hh·s + b_hh), x `[B, E + Hd]`, s `[B, Hd]`.
-    fn cell(&self, x: &Tensor, s: &Tensor) -> Tensor {
-        let c = &self.decoder;
-        let (b_n, hd, n_in) = (s.shape()[0], self.hidden(), x.shape()[1]);
-        let mut pre = Tensor::zeros(&[b_n, hd]);
-        for row in pre.data_mut().chunks_exact_mut(hd) {
-            for ((p, &a), &b) in row.iter_mut().zip(c.bias_ih.data()).zip(c.bias_hh.data()) {
-                *p = a + b;
-            }
-        }
-        let mut add = |m: &Tensor, w: &Tensor, k: usize| {
-            gemm(
-                MatMut::row_major(pre.data_mut(), b_n, hd),
-                MatRef::row_major(m.data(), b_n, k),
-                MatRef::row_major(w.data(), hd, k).t(),
-                1.0,
-                true,
-                Par::Auto,
-            )
-        };
-        add(x, &c.weight_ih, n_in);
-        add(s, &c.weight_hh, hd);
-        pre.data_mut().iter_mut().for_each(|v| *v = v.tanh());
-        pre
     }
 
     /// Backward for d logits `[B, T, V_tgt]`: **accumulates** every parameter's
@@ -271,67 +244,32 @@ impl RnnSeq2Seq {
         // the gradient reaching s_i from later steps, and the constant context's
         let mut d_state = Tensor::zeros(&[b_n, hd]);
         let mut d_s0 = Tensor::zeros(&[b_n, hd]);
-        let c = &self.decoder;
         for i in (0..t_n).rev() {
             let (cell_in, prev, attended) = &cache.steps[i];
             // the features are [s_i; c_i]: their gradient splits into d s_i and d c_i
-            let mut d_pre = Tensor::zeros(&[b_n, hd]);
+            let mut s_i = Tensor::zeros(&[b_n, hd]);
+            let mut d_s = Tensor::zeros(&[b_n, hd]);
             let mut d_context = Tensor::zeros(&[b_n, hd]);
             for b in 0..b_n {
                 let at = (b * t_n + i) * 2 * hd;
                 let df = &d_features.data()[at..at + 2 * hd];
-                let s_i = &cache.features.data()[at..at + hd];
-                for j in 0..hd {
-                    let g = df[j] + d_state.data()[b * hd + j];
-                    // s = tanh(pre)  →  d pre = d s·(1 − s²)
-                    d_pre.data_mut()[b * hd + j] = g * (1.0 - s_i[j] * s_i[j]);
+                let row = b * hd..(b + 1) * hd;
+                s_i.data_mut()[row.clone()].copy_from_slice(&cache.features.data()[at..at + hd]);
+                for ((d, &f), &later) in d_s.data_mut()[row.clone()]
+                    .iter_mut()
+                    .zip(&df[..hd])
+                    .zip(&d_state.data()[row.clone()])
+                {
+                    *d = f + later;
                 }
-                d_context.data_mut()[b * hd..(b + 1) * hd].copy_from_slice(&df[hd..]);
+                d_context.data_mut()[row].copy_from_slice(&df[hd..]);
             }
-            // pre = W_ih·x + W_hh·s_{i−1} + b  →  weight and bias gradients, dx, d s_{i−1}
+            let (d_in, mut d_prev) =
+                self.decoder
+                    .step_backward((cell_in, prev, &s_i), &d_s, &mut grads.decoder);
             let n_in = e + hd;
-            gemm(
-                MatMut::row_major(grads.decoder.weight_ih.data_mut(), hd, n_in),
-                MatRef::row_major(d_pre.data(), b_n, hd).t(),
-                MatRef::row_major(cell_in.data(), b_n, n_in),
-                1.0,
-                true,
-                Par::Auto,
-            );
-            gemm(
-                MatMut::row_major(grads.decoder.weight_hh.data_mut(), hd, hd),
-                MatRef::row_major(d_pre.data(), b_n, hd).t(),
-                MatRef::row_major(prev.data(), b_n, hd),
-                1.0,
-                true,
-                Par::Auto,
-            );
-            for row in d_pre.data().chunks_exact(hd) {
-                for (k, &d) in row.iter().enumerate() {
-                    grads.decoder.bias_ih.data_mut()[k] += d;
-                    grads.decoder.bias_hh.data_mut()[k] += d;
-                }
-            }
-            let mut d_in = vec![0.0; b_n * n_in];
-            gemm(
-                MatMut::row_major(&mut d_in, b_n, n_in),
-                MatRef::row_major(d_pre.data(), b_n, hd),
-                MatRef::row_major(c.weight_ih.data(), hd, n_in),
-                1.0,
-                false,
-                Par::Auto,
-            );
-            let mut d_prev = Tensor::zeros(&[b_n, hd]);
-            gemm(
-                MatMut::row_major(d_prev.data_mut(), b_n, hd),
-                MatRef::row_major(d_pre.data(), b_n, hd),
-                MatRef::row_major(c.weight_hh.data(), hd, hd),
-                1.0,
-                false,
-                Par::Auto,
-            );
             for b in 0..b_n {
-                let row = &d_in[b * n_in..(b + 1) * n_in];
+                let row = &d_in.data()[b * n_in..(b + 1) * n_in];
                 d_y.data_mut()[(b * t_n + i) * e..][..e].copy_from_slice(&row[..e]);
                 for (g, &d) in d_context.data_mut()[b * hd..(b + 1) * hd]
                     .iter_mut()
