@@ -37,11 +37,11 @@ const HEAD_COUNTS: [usize; 3] = [1, 2, 4];
 
 /// Rows of LENGTH symbols; position t ≥ OFFSETS answers the number whose base-SYMBOLS
 /// digits are the symbols at t − 1 (lowest digit), …, t − OFFSETS.
-struct Pairs {
+struct Preceding {
     batch_size: usize,
 }
 
-impl Pairs {
+impl Preceding {
     fn batch(&self, rng: &mut Rng) -> Batch {
         let n = self.batch_size * LENGTH;
         let (mut inputs, mut targets) = (Vec::with_capacity(n), Vec::with_capacity(n));
@@ -66,7 +66,7 @@ impl Pairs {
     }
 }
 
-impl BatchSource for Pairs {
+impl BatchSource for Preceding {
     fn train_batch(&mut self, _step: u64, rng: &mut Rng) -> Result<Batch> {
         Ok(self.batch(rng))
     }
@@ -128,7 +128,7 @@ fn offset_weights(weights: &Tensor) -> Vec<Vec<f64>> {
 
 pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     let steps = if options.quick { 400 } else { 1500 };
-    let mut data = Pairs { batch_size: 32 };
+    let mut data = Preceding { batch_size: 32 };
     let eval = data.eval_batches(options.seed, 8)?;
     let mut results = Vec::new();
     let mut curves = Vec::new();
