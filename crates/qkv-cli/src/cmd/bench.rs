@@ -222,15 +222,7 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<()> {
     if !(common.min_time >= 0.0 && common.min_time.is_finite()) {
         bail!("--min-time must be a finite number ≥ 0");
     }
-    if let Some(n) = common.threads {
-        if n == 0 {
-            bail!("--threads must be at least 1");
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .context("setting the number of threads")?;
-    }
+    super::set_threads(common.threads)?;
     let mut printer = Printer::new(common, out);
     match &args.workload {
         Workload::Attention(a) => bench_attention(a, &mut printer),

@@ -43,15 +43,7 @@ pub fn run(args: &ExperimentArgs, out: &mut impl Write) -> Result<()> {
             experiments::NAMES.join(", ")
         );
     }
-    if let Some(n) = args.threads {
-        if n == 0 {
-            bail!("--threads must be at least 1");
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .context("setting the number of threads")?;
-    }
+    super::set_threads(args.threads)?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating --out {}", args.out.display()))?;
     let options = Options {

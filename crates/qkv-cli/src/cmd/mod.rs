@@ -16,6 +16,20 @@ use anyhow::{bail, Context, Result};
 use qkv::io::TensorFile;
 use qkv::models::{self, Loaded, TokenBatch};
 
+/// Sizes the global rayon pool from a `--threads` flag (`None`: all cores).
+pub fn set_threads(threads: Option<usize>) -> Result<()> {
+    if let Some(n) = threads {
+        if n == 0 {
+            bail!("--threads must be at least 1");
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("setting the number of threads")?;
+    }
+    Ok(())
+}
+
 /// Loads a model folder, with the folder named in any error.
 pub fn load_model(dir: &Path) -> Result<Loaded> {
     models::load(dir).with_context(|| format!("loading model {}", dir.display()))

@@ -807,12 +807,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             (spec, None, out)
         }
     };
-    if let Some(n) = spec.threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .context("setting the number of threads")?;
-    }
+    super::set_threads(spec.threads)?;
 
     let (mut data, shape) = spec.source.open()?;
     let (mut model, config) = match (&state, &spec.source) {

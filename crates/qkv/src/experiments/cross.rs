@@ -12,7 +12,7 @@
 
 use serde_json::json;
 
-use super::{Claim, Heatmaps, Options, Panel, Report, Verdict};
+use super::{Claim, Drawn, Heatmaps, Options, Panel, Report, Verdict};
 use crate::batch::TokenBatch;
 use crate::error::Result;
 use crate::models::{Arch, Input, Transformer};
@@ -41,59 +41,43 @@ const LENGTH: usize = 8;
 const LAYERS: usize = 2;
 const HEADS: usize = 4;
 
+/// The task's batch source: batches of 32 rows.
+fn task() -> Drawn {
+    Drawn {
+        batch_size: 32,
+        len: LENGTH,
+        salt: 0x6372_6f73,
+        draw: translation,
+    }
+}
+
 /// Sentences of LENGTH random source words and their reversed translations.
-struct Translation {
-    batch_size: usize,
-}
-
-impl Translation {
-    fn batch(&self, rng: &mut Rng) -> Batch {
-        let b = self.batch_size;
-        let (mut source, mut inputs, mut targets) = (
-            Vec::with_capacity(b * LENGTH),
-            Vec::with_capacity(b * LENGTH),
-            Vec::with_capacity(b * LENGTH),
-        );
-        for _ in 0..b {
-            let row: Vec<usize> = (0..LENGTH).map(|_| rng.below(WORDS)).collect();
-            let translated: Vec<usize> = row.iter().rev().map(|&w| WORDS + w).collect();
-            // teacher forcing: the decoder reads the start token, then the answer so far
-            inputs.push(BOS);
-            inputs.extend_from_slice(&translated[..LENGTH - 1]);
-            targets.extend(translated.iter().map(|&w| w as i64));
-            source.extend(row);
-        }
-        Batch {
-            inputs,
-            targets,
-            batch: b,
+fn translation(batch_size: usize, rng: &mut Rng) -> Batch {
+    let (mut source, mut inputs, mut targets) = (
+        Vec::with_capacity(batch_size * LENGTH),
+        Vec::with_capacity(batch_size * LENGTH),
+        Vec::with_capacity(batch_size * LENGTH),
+    );
+    for _ in 0..batch_size {
+        let row: Vec<usize> = (0..LENGTH).map(|_| rng.below(WORDS)).collect();
+        let translated: Vec<usize> = row.iter().rev().map(|&w| WORDS + w).collect();
+        // teacher forcing: the decoder reads the start token, then the answer so far
+        inputs.push(BOS);
+        inputs.extend_from_slice(&translated[..LENGTH - 1]);
+        targets.extend(translated.iter().map(|&w| w as i64));
+        source.extend(row);
+    }
+    Batch {
+        inputs,
+        targets,
+        batch: batch_size,
+        len: LENGTH,
+        mask: None,
+        source: Some(Source {
+            mask: vec![true; source.len()],
+            ids: source,
             len: LENGTH,
-            mask: None,
-            source: Some(Source {
-                mask: vec![true; source.len()],
-                ids: source,
-                len: LENGTH,
-            }),
-        }
-    }
-}
-
-impl BatchSource for Translation {
-    fn train_batch(&mut self, _step: u64, rng: &mut Rng) -> Result<Batch> {
-        Ok(self.batch(rng))
-    }
-
-    fn eval_batches(&self, seed: u64, count: u64) -> Result<Vec<Batch>> {
-        let mut rng = Rng::new(seed ^ 0x6372_6f73);
-        Ok((0..count).map(|_| self.batch(&mut rng)).collect())
-    }
-
-    fn tokens_per_batch(&self) -> usize {
-        self.batch_size * LENGTH
-    }
-
-    fn check(&self, _vocab: usize, _max_positions: Option<usize>, _steps: u64) -> Result<()> {
-        Ok(())
+        }),
     }
 }
 
@@ -158,7 +142,7 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
     let mut arch = Arch::gpt2(BOS + 1, 64, LAYERS, HEADS, LENGTH);
     arch.encoder = arch.decoder;
     let mut model = Transformer::new(&arch, options.seed)?;
-    let mut data = Translation { batch_size: 32 };
+    let mut data = task();
     let eval = data.eval_batches(options.seed, 2)?;
     let losses = super::train(&mut model, &mut data, steps, options.seed)?;
     let accuracy = evaluate(&model, &eval)?.accuracy;

@@ -12,7 +12,7 @@
 
 use serde_json::json;
 
-use super::{Claim, Heatmaps, Lines, Options, Panel, Report, Series, Verdict};
+use super::{Claim, Drawn, Heatmaps, Lines, Options, Panel, Report, Series, Verdict};
 use crate::batch::TokenBatch;
 use crate::error::Result;
 use crate::models::{Arch, Input, Transformer};
@@ -35,53 +35,38 @@ const LENGTH: usize = 16;
 const WIDTH: usize = 64;
 const HEAD_COUNTS: [usize; 3] = [1, 2, 4];
 
+/// The task's batch source: batches of 32 rows.
+fn task() -> Drawn {
+    Drawn {
+        batch_size: 32,
+        len: LENGTH,
+        salt: 0x6865_6164,
+        draw: preceding,
+    }
+}
+
 /// Rows of LENGTH symbols; position t ≥ OFFSETS answers the number whose base-SYMBOLS
 /// digits are the symbols at t − 1 (lowest digit), …, t − OFFSETS.
-struct Preceding {
-    batch_size: usize,
-}
-
-impl Preceding {
-    fn batch(&self, rng: &mut Rng) -> Batch {
-        let n = self.batch_size * LENGTH;
-        let (mut inputs, mut targets) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for _ in 0..self.batch_size {
-            let row: Vec<usize> = (0..LENGTH).map(|_| rng.below(SYMBOLS)).collect();
-            targets.extend([IGNORE_INDEX; OFFSETS]);
-            targets.extend((OFFSETS..LENGTH).map(|t| {
-                (1..=OFFSETS)
-                    .rev()
-                    .fold(0, |answer, k| answer * SYMBOLS + row[t - k]) as i64
-            }));
-            inputs.extend(row);
-        }
-        Batch {
-            inputs,
-            targets,
-            batch: self.batch_size,
-            len: LENGTH,
-            mask: None,
-            source: None,
-        }
+fn preceding(batch_size: usize, rng: &mut Rng) -> Batch {
+    let n = batch_size * LENGTH;
+    let (mut inputs, mut targets) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..batch_size {
+        let row: Vec<usize> = (0..LENGTH).map(|_| rng.below(SYMBOLS)).collect();
+        targets.extend([IGNORE_INDEX; OFFSETS]);
+        targets.extend((OFFSETS..LENGTH).map(|t| {
+            (1..=OFFSETS)
+                .rev()
+                .fold(0, |answer, k| answer * SYMBOLS + row[t - k]) as i64
+        }));
+        inputs.extend(row);
     }
-}
-
-impl BatchSource for Preceding {
-    fn train_batch(&mut self, _step: u64, rng: &mut Rng) -> Result<Batch> {
-        Ok(self.batch(rng))
-    }
-
-    fn eval_batches(&self, seed: u64, count: u64) -> Result<Vec<Batch>> {
-        let mut rng = Rng::new(seed ^ 0x6865_6164);
-        Ok((0..count).map(|_| self.batch(&mut rng)).collect())
-    }
-
-    fn tokens_per_batch(&self) -> usize {
-        self.batch_size * LENGTH
-    }
-
-    fn check(&self, _vocab: usize, _max_positions: Option<usize>, _steps: u64) -> Result<()> {
-        Ok(())
+    Batch {
+        inputs,
+        targets,
+        batch: batch_size,
+        len: LENGTH,
+        mask: None,
+        source: None,
     }
 }
 
@@ -128,7 +113,7 @@ fn offset_weights(weights: &Tensor) -> Vec<Vec<f64>> {
 
 pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     let steps = if options.quick { 400 } else { 1500 };
-    let mut data = Preceding { batch_size: 32 };
+    let mut data = task();
     let eval = data.eval_batches(options.seed, 8)?;
     let mut results = Vec::new();
     let mut curves = Vec::new();

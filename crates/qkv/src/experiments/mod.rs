@@ -17,7 +17,8 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::models::Position;
 use crate::position::SinusoidalLayout;
-use crate::train::trainable::TrainableModel;
+use crate::rng::Rng;
+use crate::train::trainable::{Batch, TrainableModel};
 use crate::train::trainer::{BatchSource, RunOptions, TrainConfig, Trainer};
 
 /// Every experiment, by the name `qkv experiment NAME` takes.
@@ -158,6 +159,36 @@ pub fn run(name: &str, options: &Options, progress: &mut dyn FnMut(&str)) -> Res
             "experiment",
             format!("unknown experiment `{name}`; known: {}", NAMES.join(", ")),
         )),
+    }
+}
+
+/// An experiment's own synthetic task: `draw(batch_size, rng)` makes a batch of rows of
+/// `len` tokens. Held-out batches come from `seed ^ salt`, a different stream per task.
+struct Drawn {
+    batch_size: usize,
+    len: usize,
+    salt: u64,
+    draw: fn(usize, &mut Rng) -> Batch,
+}
+
+impl BatchSource for Drawn {
+    fn train_batch(&mut self, _step: u64, rng: &mut Rng) -> Result<Batch> {
+        Ok((self.draw)(self.batch_size, rng))
+    }
+
+    fn eval_batches(&self, seed: u64, count: u64) -> Result<Vec<Batch>> {
+        let mut rng = Rng::new(seed ^ self.salt);
+        Ok((0..count)
+            .map(|_| (self.draw)(self.batch_size, &mut rng))
+            .collect())
+    }
+
+    fn tokens_per_batch(&self) -> usize {
+        self.batch_size * self.len
+    }
+
+    fn check(&self, _vocab: usize, _max_positions: Option<usize>, _steps: u64) -> Result<()> {
+        Ok(())
     }
 }
 

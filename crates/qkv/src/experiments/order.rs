@@ -10,7 +10,7 @@
 
 use serde_json::json;
 
-use super::{Claim, Lines, Options, Report, Series, Verdict};
+use super::{Claim, Drawn, Lines, Options, Report, Series, Verdict};
 use crate::error::Result;
 use crate::models::{Arch, Transformer};
 use crate::rng::Rng;
@@ -26,47 +26,32 @@ const LENGTH: usize = 8;
 const SYMBOLS: usize = 10;
 const ENCODINGS: [&str; 5] = ["none", "sinusoidal", "learned", "rope", "alibi"];
 
+/// The task's batch source: batches of 32 rows.
+fn task() -> Drawn {
+    Drawn {
+        batch_size: 32,
+        len: LENGTH,
+        salt: 0x6f72_6465,
+        draw: mirror,
+    }
+}
+
 /// Rows of LENGTH random symbols; every position's target is the symbol mirrored.
-struct Mirror {
-    batch_size: usize,
-}
-
-impl Mirror {
-    fn batch(&self, rng: &mut Rng) -> Batch {
-        let mut inputs = Vec::with_capacity(self.batch_size * LENGTH);
-        let mut targets = Vec::with_capacity(self.batch_size * LENGTH);
-        for _ in 0..self.batch_size {
-            let row: Vec<usize> = (0..LENGTH).map(|_| rng.below(SYMBOLS)).collect();
-            targets.extend(row.iter().rev().map(|&s| s as i64));
-            inputs.extend(row);
-        }
-        Batch {
-            inputs,
-            targets,
-            batch: self.batch_size,
-            len: LENGTH,
-            mask: None,
-            source: None,
-        }
+fn mirror(batch_size: usize, rng: &mut Rng) -> Batch {
+    let mut inputs = Vec::with_capacity(batch_size * LENGTH);
+    let mut targets = Vec::with_capacity(batch_size * LENGTH);
+    for _ in 0..batch_size {
+        let row: Vec<usize> = (0..LENGTH).map(|_| rng.below(SYMBOLS)).collect();
+        targets.extend(row.iter().rev().map(|&s| s as i64));
+        inputs.extend(row);
     }
-}
-
-impl BatchSource for Mirror {
-    fn train_batch(&mut self, _step: u64, rng: &mut Rng) -> Result<Batch> {
-        Ok(self.batch(rng))
-    }
-
-    fn eval_batches(&self, seed: u64, count: u64) -> Result<Vec<Batch>> {
-        let mut rng = Rng::new(seed ^ 0x6f72_6465);
-        Ok((0..count).map(|_| self.batch(&mut rng)).collect())
-    }
-
-    fn tokens_per_batch(&self) -> usize {
-        self.batch_size * LENGTH
-    }
-
-    fn check(&self, _vocab: usize, _max_positions: Option<usize>, _steps: u64) -> Result<()> {
-        Ok(())
+    Batch {
+        inputs,
+        targets,
+        batch: batch_size,
+        len: LENGTH,
+        mask: None,
+        source: None,
     }
 }
 
@@ -109,7 +94,7 @@ fn train(encoding: &str, steps: u64, seed: u64) -> Result<(Vec<f64>, f64)> {
     // sinusoids (whose entries are ±1); without it the small initial embeddings drown
     arch.embed.scale = encoding == "sinusoidal";
     let mut model = Transformer::new(&arch, seed)?;
-    let mut data = Mirror { batch_size: 32 };
+    let mut data = task();
     let eval = data.eval_batches(seed, 8)?;
     let losses = super::train(&mut model, &mut data, steps, seed)?;
     Ok((losses, evaluate(&model, &eval)?.accuracy))
@@ -140,7 +125,7 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
         });
     }
     let chance = 1.0 / SYMBOLS as f64;
-    let bag = bag_accuracy(&Mirror { batch_size: 32 }.eval_batches(options.seed, 8)?);
+    let bag = bag_accuracy(&task().eval_batches(options.seed, 8)?);
     let none = accuracy[0].1;
     let encoded: Vec<f64> = accuracy[1..].iter().map(|&(_, a)| a).collect();
     let verdict = if none <= bag + 0.05 && encoded.iter().any(|&a| a >= 0.95) {

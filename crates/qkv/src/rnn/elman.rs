@@ -189,12 +189,11 @@ impl Elman {
 }
 
 impl ElmanLayer {
-    /// One step of the cell alone, as the encoder-decoder's decoder takes it: x
-    /// `[B, In]`, s `[B, Hd]` → `tanh(W_ih·x + b_ih + W_hh·s + b_hh)` `[B, Hd]`.
-    pub(crate) fn step(&self, x: &Tensor, s: &Tensor) -> Tensor {
-        let (b_n, hd) = (s.shape()[0], self.weight_hh.shape()[0]);
-        let mut pre = Tensor::zeros(&[b_n, hd]);
-        for row in pre.data_mut().chunks_exact_mut(hd) {
+    /// A tensor of `shape` (last axis Hd) whose every row is b_ih + b_hh: the
+    /// pre-activation before the products are added.
+    fn biases(&self, shape: &[usize]) -> Tensor {
+        let mut pre = Tensor::zeros(shape);
+        for row in pre.data_mut().chunks_exact_mut(self.bias_ih.numel()) {
             for ((p, &a), &b) in row
                 .iter_mut()
                 .zip(self.bias_ih.data())
@@ -203,6 +202,31 @@ impl ElmanLayer {
                 *p = a + b;
             }
         }
+        pre
+    }
+
+    /// Adds the gradient of both biases, the sum of the rows of d pre (`[…, Hd]`), to
+    /// this gradient tree.
+    fn add_bias_grads(&mut self, d_pre: &Tensor) {
+        for row in d_pre.data().chunks_exact(self.bias_ih.numel()) {
+            for ((gi, gh), &d) in self
+                .bias_ih
+                .data_mut()
+                .iter_mut()
+                .zip(self.bias_hh.data_mut().iter_mut())
+                .zip(row)
+            {
+                *gi += d;
+                *gh += d;
+            }
+        }
+    }
+
+    /// One step of the cell alone, as the encoder-decoder's decoder takes it: x
+    /// `[B, In]`, s `[B, Hd]` → `tanh(W_ih·x + b_ih + W_hh·s + b_hh)` `[B, Hd]`.
+    pub(crate) fn step(&self, x: &Tensor, s: &Tensor) -> Tensor {
+        let (b_n, hd) = (s.shape()[0], self.weight_hh.shape()[0]);
+        let mut pre = self.biases(&[b_n, hd]);
         product_into(&mut pre, x, &self.weight_ih, 1.0, true);
         product_into(&mut pre, s, &self.weight_hh, 1.0, true);
         pre.data_mut().iter_mut().for_each(|v| *v = v.tanh());
@@ -218,7 +242,6 @@ impl ElmanLayer {
         d_next: &Tensor,
         grads: &mut ElmanLayer,
     ) -> (Tensor, Tensor) {
-        let hd = self.weight_hh.shape()[0];
         // next = tanh(pre)  →  d pre = d next · (1 − next²)
         let mut d_pre = d_next.clone();
         for (d, &h) in d_pre.data_mut().iter_mut().zip(next.data()) {
@@ -242,18 +265,7 @@ impl ElmanLayer {
             &mut grads.weight_hh,
             (&mut ds, false),
         );
-        for row in d_pre.data().chunks_exact(hd) {
-            for ((gi, gh), &d) in grads
-                .bias_ih
-                .data_mut()
-                .iter_mut()
-                .zip(grads.bias_hh.data_mut().iter_mut())
-                .zip(row)
-            {
-                *gi += d;
-                *gh += d;
-            }
-        }
+        grads.add_bias_grads(&d_pre);
         (dx, ds)
     }
 
@@ -266,16 +278,7 @@ impl ElmanLayer {
             self.weight_hh.shape()[0],
         );
         // every step's input projection at once, with both biases: [B, T, Hd]
-        let mut pre = Tensor::zeros(&[b_n, t_n, hd]);
-        for row in pre.data_mut().chunks_exact_mut(hd) {
-            for ((p, &a), &b) in row
-                .iter_mut()
-                .zip(self.bias_ih.data())
-                .zip(self.bias_hh.data())
-            {
-                *p = a + b;
-            }
-        }
+        let mut pre = self.biases(&[b_n, t_n, hd]);
         product_into(&mut pre, input, &self.weight_ih, 1.0, true);
         // the recurrence, one step at a time: state [B, Hd], its product with W_hhᵀ
         let mut state = Tensor::new(&[b_n, hd], h0.to_vec()).expect("h0 is [B, Hd]");
@@ -379,18 +382,7 @@ impl ElmanLayer {
             &mut grads.weight_ih,
             (&mut d_input, false),
         );
-        for row in d_pre.data().chunks_exact(hd) {
-            for ((gi, gh), &d) in grads
-                .bias_ih
-                .data_mut()
-                .iter_mut()
-                .zip(grads.bias_hh.data_mut().iter_mut())
-                .zip(row)
-            {
-                *gi += d;
-                *gh += d;
-            }
-        }
+        grads.add_bias_grads(&d_pre);
         (d_input, dh.into_data())
     }
 }
