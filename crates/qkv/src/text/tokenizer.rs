@@ -1,12 +1,14 @@
 //! A model folder's `tokenizer.json`, read by Hugging Face's own `tokenizers` crate
 //! (pure-Rust regex backend), with batch encoding into a padded [`TokenBatch`].
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use tokenizers::PostProcessor;
 
 use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
+use crate::text::labels::{label_tokens, TokenLabel};
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -97,10 +99,35 @@ impl Tokenizer {
 
     /// Text of `ids`, without special tokens.
     pub fn decode(&self, ids: &[usize]) -> Result<String> {
+        self.decode_keeping(ids, false)
+    }
+
+    /// Text of `ids`, with special tokens when `special` is true.
+    fn decode_keeping(&self, ids: &[usize], special: bool) -> Result<String> {
         let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
         self.inner
-            .decode(&ids, true)
+            .decode(&ids, !special)
             .map_err(|e| Error::Tokenizer(format!("{}: decoding: {e}", self.path.display())))
+    }
+
+    /// Readable labels of `ids` (see [`labels`](super::labels)); ids in `also_special`
+    /// (the model's BOS, EOS, padding) count as special besides the tokenizer's own.
+    pub fn labels(&self, ids: &[usize], also_special: &[usize]) -> Result<Vec<TokenLabel>> {
+        let special: HashSet<usize> = self
+            .inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| id as usize)
+            .chain(also_special.iter().copied())
+            .collect();
+        let decode = |ids: &[usize]| self.decode_keeping(ids, true);
+        let piece = |id: usize| {
+            self.inner
+                .id_to_token(id as u32)
+                .unwrap_or_else(|| format!("#{id}"))
+        };
+        label_tokens(ids, decode, piece, |id| special.contains(&id))
     }
 
     /// Id of a token string such as `[PAD]` or `</s>`.

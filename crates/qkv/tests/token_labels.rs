@@ -1,0 +1,83 @@
+//! Token labels for attention maps, against transformers' fast tokenizers: for each of
+//! the four ways vocabularies spell word boundaries (WordPiece `##`, byte-level `Ġ`,
+//! SentencePiece `▁` with byte fallback, Unigram `▁`), every token's label is the text
+//! it covers in the input (after the tokenizer's normaliser), as
+//! `return_offsets_mapping` says; special tokens are flagged. Fixtures:
+//! `tests/fixtures/tokenizers/` (tools/fixtures/gen_tokenizers.py).
+
+use std::path::PathBuf;
+
+use qkv::text::Tokenizer;
+
+#[derive(serde::Deserialize)]
+struct Case {
+    text: String,
+    input_ids: Vec<usize>,
+    tokens: Vec<String>,
+    spans: Vec<Option<String>>,
+}
+
+#[derive(serde::Deserialize)]
+struct Reference {
+    cases: Vec<Case>,
+}
+
+fn dir(scheme: &str) -> PathBuf {
+    [env!("CARGO_MANIFEST_DIR"), "tests/fixtures/tokenizers", scheme]
+        .iter()
+        .collect()
+}
+
+fn reference(scheme: &str) -> Reference {
+    let path = dir(scheme).join("reference.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn labels_are_the_text_each_token_covers() {
+    for scheme in ["wordpiece", "bytelevel", "sentencepiece_bpe", "unigram"] {
+        let tok = Tokenizer::from_dir(&dir(scheme)).unwrap();
+        for case in reference(scheme).cases {
+            let what = format!("{scheme} {:?}", case.text);
+            let ids = tok.encode(&case.text, true).unwrap();
+            assert_eq!(ids, case.input_ids, "{what}: ids");
+            let labels = tok.labels(&ids, &[]).unwrap();
+            assert_eq!(labels.len(), ids.len(), "{what}");
+            for (i, (label, span)) in labels.iter().zip(&case.spans).enumerate() {
+                assert_eq!(label.piece, case.tokens[i], "{what} token {i}");
+                match span {
+                    None => assert!(label.special, "{what} token {i} {label:?} is special"),
+                    Some(span) => {
+                        assert!(!label.special, "{what} token {i} {label:?}");
+                        assert_eq!(label.text.trim(), span, "{what} token {i} {label:?}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn labels_read_as_words_and_characters() {
+    let shown = |scheme: &str, text: &str| -> Vec<String> {
+        let tok = Tokenizer::from_dir(&dir(scheme)).unwrap();
+        let ids = tok.encode(text, true).unwrap();
+        tok.labels(&ids, &[]).unwrap().iter().map(|l| l.label()).collect()
+    };
+    assert_eq!(
+        shown("wordpiece", "it was too tired"),
+        ["[CLS]", "i", "t", "w", "a", "s", "t", "o", "o", "t", "i", "r", "e", "d", "[SEP]"]
+    );
+    // `Ġ` + the three bytes of 龙, which the byte-level vocabulary never merged
+    assert_eq!(shown("bytelevel", "tion 龙"), ["tion", "␣", "龙¹", "龙²", "龙³"]);
+    // byte fallback: <0xE9> <0xBE> <0x99>
+    assert_eq!(
+        shown("sentencepiece_bpe", "龙"),
+        ["<s>", "␣", "龙¹", "龙²", "龙³"]
+    );
+    assert_eq!(
+        shown("unigram", "The animal"),
+        ["The", "animal", "</s>"]
+    );
+}
