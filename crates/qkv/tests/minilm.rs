@@ -1,26 +1,28 @@
 //! The real all-MiniLM-L6-v2 (BERT, 6 layers, 384 wide) against sentence-transformers:
 //! tokenisation and embeddings from `tests/fixtures/minilm/reference.json`
 //! (tools/fixtures/gen_minilm.py). The model is too large to commit; `.ci/run` fetches it
-//! with `tools/fetch_minilm.sh DIR` and points `QKV_MINILM_DIR` at the folder. Without
-//! that variable every test here says so and returns.
+//! with `tools/fetch_minilm.sh DIR`, points `QKV_MINILM_DIR` at the folder and runs these
+//! tests, which `cargo test` ignores, with `-- --ignored`; without the variable they fail
+//! and say why.
+
+mod common;
 
 use std::path::{Path, PathBuf};
 
 use qkv::models::sentence::{PoolingMode, SentenceEncoder};
+use qkv::models::{Input, TokenBatch};
+use qkv::text::Tokenizer;
 
 /// Every embedding must point the same way as sentence-transformers' (float32 noise
 /// alone stays above 0.999999).
 const MIN_COSINE: f64 = 0.99999;
 
-fn model_dir(test: &str) -> Option<PathBuf> {
+fn model_dir() -> PathBuf {
     match std::env::var_os("QKV_MINILM_DIR") {
-        Some(d) if !d.is_empty() => Some(PathBuf::from(d)),
-        _ => {
-            println!(
-                "{test}: skipped, QKV_MINILM_DIR is not set (run `tools/fetch_minilm.sh DIR` and set QKV_MINILM_DIR=DIR, as .ci/run does)"
-            );
-            None
-        }
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => panic!(
+            "QKV_MINILM_DIR is not set: run `tools/fetch_minilm.sh DIR` and set QKV_MINILM_DIR=DIR, as .ci/run does"
+        ),
     }
 }
 
@@ -79,10 +81,9 @@ fn texts(r: &Reference) -> Vec<&str> {
 }
 
 #[test]
+#[ignore = "needs all-MiniLM-L6-v2: set QKV_MINILM_DIR (tools/fetch_minilm.sh DIR), as .ci/run does"]
 fn configuration_is_read_from_the_folder() {
-    let Some(dir) = model_dir("configuration_is_read_from_the_folder") else {
-        return;
-    };
+    let dir = model_dir();
     let r = reference();
     let enc = load(&dir);
     assert_eq!(enc.max_seq_length(), r.max_seq_length);
@@ -97,10 +98,9 @@ fn configuration_is_read_from_the_folder() {
 }
 
 #[test]
+#[ignore = "needs all-MiniLM-L6-v2: set QKV_MINILM_DIR (tools/fetch_minilm.sh DIR), as .ci/run does"]
 fn tokenization_matches_sentence_transformers() {
-    let Some(dir) = model_dir("tokenization_matches_sentence_transformers") else {
-        return;
-    };
+    let dir = model_dir();
     let r = reference();
     let enc = load(&dir);
     for (s, want) in r.sentences.iter().zip(&r.input_ids) {
@@ -123,10 +123,9 @@ fn tokenization_matches_sentence_transformers() {
 
 /// Truncation to max_seq_length keeps [SEP] last, as the HF tokenizer does.
 #[test]
+#[ignore = "needs all-MiniLM-L6-v2: set QKV_MINILM_DIR (tools/fetch_minilm.sh DIR), as .ci/run does"]
 fn long_text_is_cut_to_max_seq_length_keeping_sep() {
-    let Some(dir) = model_dir("long_text_is_cut_to_max_seq_length_keeping_sep") else {
-        return;
-    };
+    let dir = model_dir();
     let enc = load(&dir);
     let long = "attention is all you need ".repeat(100);
     let cut = enc.tokenize(&[&long]).unwrap();
@@ -142,10 +141,9 @@ fn long_text_is_cut_to_max_seq_length_keeping_sep() {
 }
 
 #[test]
+#[ignore = "needs all-MiniLM-L6-v2: set QKV_MINILM_DIR (tools/fetch_minilm.sh DIR), as .ci/run does"]
 fn embeddings_match_sentence_transformers() {
-    let Some(dir) = model_dir("embeddings_match_sentence_transformers") else {
-        return;
-    };
+    let dir = model_dir();
     let r = reference();
     let enc = load(&dir);
     let got = enc.embed(&texts(&r)).unwrap();
@@ -169,10 +167,9 @@ fn embeddings_match_sentence_transformers() {
 
 /// Each text alone gives the embedding it gets in a padded batch.
 #[test]
+#[ignore = "needs all-MiniLM-L6-v2: set QKV_MINILM_DIR (tools/fetch_minilm.sh DIR), as .ci/run does"]
 fn batching_does_not_change_embeddings() {
-    let Some(dir) = model_dir("batching_does_not_change_embeddings") else {
-        return;
-    };
+    let dir = model_dir();
     let r = reference();
     let enc = load(&dir);
     let alone: Vec<Vec<f32>> = r
@@ -202,10 +199,9 @@ fn batching_does_not_change_embeddings() {
 /// builds Transformer + mean pooling without Normalize, and so does qkv.
 #[cfg(unix)]
 #[test]
+#[ignore = "needs all-MiniLM-L6-v2: set QKV_MINILM_DIR (tools/fetch_minilm.sh DIR), as .ci/run does"]
 fn folder_without_modules_json_is_mean_pooled_unnormalized() {
-    let Some(dir) = model_dir("folder_without_modules_json_is_mean_pooled_unnormalized") else {
-        return;
-    };
+    let dir = model_dir();
     let plain = std::env::temp_dir().join(format!("qkv-minilm-plain-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&plain);
     std::fs::create_dir_all(&plain).unwrap();
@@ -234,4 +230,69 @@ fn folder_without_modules_json_is_mean_pooled_unnormalized() {
     }
     // normalising the plain mean gives the sentence-transformers embedding back
     check_embeddings("plain mean, direction", &r, &got);
+}
+
+/// Where `it` attends most to `animal` in "The animal didn't cross the street because it
+/// was too tired.": layer 3, head 1 (from 0), as the README says; transformers agrees
+/// (`strongest_layer` / `strongest_head` in the fixture).
+const IT_TO_ANIMAL: (usize, usize) = (3, 1);
+
+#[test]
+#[ignore = "needs all-MiniLM-L6-v2: set QKV_MINILM_DIR (tools/fetch_minilm.sh DIR), as .ci/run does"]
+fn attention_weights_on_the_animal_sentence_match_transformers() {
+    let dir = model_dir();
+    let f = common::fixture("minilm", "animal");
+    let text = f.params["text"].as_str().unwrap();
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let ids = tok.encode(text, true).unwrap();
+    let want_ids: Vec<usize> = f.ints("input_ids").1.iter().map(|&i| i as usize).collect();
+    assert_eq!(ids, want_ids);
+    let labels: Vec<String> = tok
+        .labels(&ids, &[])
+        .unwrap()
+        .iter()
+        .map(|l| l.label())
+        .collect();
+    let tokens: Vec<&str> = f.params["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(labels, tokens);
+
+    let model = qkv::models::load(&dir).unwrap().model;
+    let batch = TokenBatch::single(ids).unwrap();
+    let input = Input {
+        source: Some(&batch),
+        ..Default::default()
+    };
+    let maps = model.forward(&input, true).unwrap().attentions.encoder;
+    assert_eq!(maps.len(), 6);
+    for (l, got) in maps.iter().enumerate() {
+        let want = f.t(&format!("attentions.{l}"));
+        common::assert_tensor_close(&format!("layer {l}"), got, &want, 1e-5, 0.0);
+    }
+
+    // the measurement the README quotes
+    let (it, animal) = (labels.iter().position(|t| t == "it").unwrap(), 2);
+    assert_eq!(labels[animal], "animal");
+    let t = labels.len();
+    let mut best = (0.0f32, 0, 0);
+    for (l, m) in maps.iter().enumerate() {
+        for h in 0..12 {
+            let w = m.data()[(h * t + it) * t + animal];
+            if w > best.0 {
+                best = (w, l, h);
+            }
+        }
+    }
+    let reference = (
+        f.params["strongest_layer"].as_u64().unwrap() as usize,
+        f.params["strongest_head"].as_u64().unwrap() as usize,
+    );
+    assert_eq!((best.1, best.2), reference);
+    assert_eq!((best.1, best.2), IT_TO_ANIMAL);
+    let weight = f.params["strongest_weight"].as_f64().unwrap() as f32;
+    assert!((best.0 - weight).abs() < 1e-5, "{} vs {weight}", best.0);
 }

@@ -23,9 +23,13 @@ struct Reference {
 }
 
 fn dir(scheme: &str) -> PathBuf {
-    [env!("CARGO_MANIFEST_DIR"), "tests/fixtures/tokenizers", scheme]
-        .iter()
-        .collect()
+    [
+        env!("CARGO_MANIFEST_DIR"),
+        "tests/fixtures/tokenizers",
+        scheme,
+    ]
+    .iter()
+    .collect()
 }
 
 fn reference(scheme: &str) -> Reference {
@@ -63,21 +67,25 @@ fn labels_read_as_words_and_characters() {
     let shown = |scheme: &str, text: &str| -> Vec<String> {
         let tok = Tokenizer::from_dir(&dir(scheme)).unwrap();
         let ids = tok.encode(text, true).unwrap();
-        tok.labels(&ids, &[]).unwrap().iter().map(|l| l.label()).collect()
+        tok.labels(&ids, &[])
+            .unwrap()
+            .iter()
+            .map(|l| l.label())
+            .collect()
     };
     assert_eq!(
         shown("wordpiece", "it was too tired"),
         ["[CLS]", "i", "t", "w", "a", "s", "t", "o", "o", "t", "i", "r", "e", "d", "[SEP]"]
     );
     // `Ġ` + the three bytes of 龙, which the byte-level vocabulary never merged
-    assert_eq!(shown("bytelevel", "tion 龙"), ["tion", "␣", "龙¹", "龙²", "龙³"]);
+    assert_eq!(
+        shown("bytelevel", "tion 龙"),
+        ["tion", "␣", "龙¹", "龙²", "龙³"]
+    );
     // byte fallback: <0xE9> <0xBE> <0x99>
     assert_eq!(
         shown("sentencepiece_bpe", "龙"),
         ["<s>", "␣", "龙¹", "龙²", "龙³"]
     );
-    assert_eq!(
-        shown("unigram", "The animal"),
-        ["The", "animal", "</s>"]
-    );
+    assert_eq!(shown("unigram", "The animal"), ["The", "animal", "</s>"]);
 }
