@@ -1,7 +1,8 @@
-//! What the CLI draws from the library's measurements: SVG figures, experiment files
-//! and the demo's HTML page.
+//! What the CLI draws from the library's measurements: SVG figures, PNG heatmaps,
+//! experiment files and the demo's HTML page.
 
 pub mod figure;
 pub mod files;
-mod heatmap;
+pub mod heatmap;
 pub mod html;
+pub mod raster;
