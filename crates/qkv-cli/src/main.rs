@@ -4,6 +4,7 @@ mod alloc;
 mod cmd;
 mod counting;
 mod demo;
+mod maps;
 mod report;
 
 use std::io::{self, Write};
@@ -33,6 +34,8 @@ enum Command {
     Forward(cmd::forward::ForwardArgs),
     /// Continue a prompt, or transform a source sentence, greedily or by sampling
     Generate(cmd::generate::GenerateArgs),
+    /// Attention maps of a checkpoint on a text: a heatmap (.svg, .png), an offline viewer (.html) or JSON
+    Attention(Box<cmd::attention::AttentionArgs>),
     /// Sentence embeddings following the folder's sentence-transformers files
     Embed(cmd::embed::EmbedArgs),
     /// Describe a checkpoint: family, sizes, position encoding, norm, FFN, parameters
@@ -64,6 +67,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(args, &mut out)?,
         Command::Forward(args) => cmd::forward::run(args)?,
         Command::Generate(args) => cmd::generate::run(args, &mut out)?,
+        Command::Attention(args) => cmd::attention::run(args)?,
         Command::Embed(args) => cmd::embed::run(args, &mut out)?,
         Command::Inspect(args) => cmd::inspect::run(args, &mut out)?,
         Command::Train(args) => cmd::train::run(args)?,

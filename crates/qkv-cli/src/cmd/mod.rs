@@ -1,6 +1,7 @@
-//! Subcommands over real checkpoints (forward, generate, embed, inspect), training, and
-//! benchmarks.
+//! Subcommands over real checkpoints (forward, generate, attention, embed, inspect),
+//! training, and benchmarks.
 
+pub mod attention;
 pub mod bench;
 pub mod embed;
 pub mod experiment;

@@ -1,0 +1,301 @@
+//! Attention maps of one input through a checkpoint: the weights of chosen layers and
+//! heads, with the tokens they relate. [`Maps`] serialises as the document that
+//! `qkv attention --json` writes and the viewer embeds:
+//!
+//! ```text
+//! {"model", "architecture", "family",
+//!  "tokens": [label], "token_details": [{id, piece, text, special, part}],
+//!  "target_tokens", "target_token_details"        (encoder-decoders only)
+//!  "layers": [{"kind": "encoder" | "decoder" | "cross", "layer", "heads": ["0", …] | ["mean"],
+//!              "queries": "tokens" | "target_tokens", "keys": …, "weights": [H][T][S]}]}
+//! ```
+//!
+//! Encoders and encoder-decoders' encoders attend over `tokens`; a decoder-only model's
+//! causal self-attention too; an encoder-decoder's decoder attends over
+//! `target_tokens` (its input: the start token, then the target), and its
+//! cross-attention from `target_tokens` to `tokens`.
+
+pub mod viewer;
+
+use anyhow::{bail, Result};
+use qkv::experiments::{Heatmaps, Panel};
+use qkv::models::Attentions;
+use qkv::text::TokenLabel;
+use qkv::Tensor;
+use serde::ser::{SerializeSeq, SerializeStruct};
+use serde::{Serialize, Serializer};
+
+/// Which attention of the model a map shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// The encoder's self-attention (encoders, encoder-decoders).
+    Encoder,
+    /// The decoder's causal self-attention.
+    Decoder,
+    /// The decoder's attention over the encoder's output.
+    Cross,
+}
+
+impl Kind {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Kind::Encoder => "encoder self-attention",
+            Kind::Decoder => "decoder self-attention",
+            Kind::Cross => "cross-attention",
+        }
+    }
+
+    /// This kind's maps among `att`, one per layer.
+    fn of(self, att: &Attentions) -> &[Tensor] {
+        match self {
+            Kind::Encoder => &att.encoder,
+            Kind::Decoder => &att.decoder,
+            Kind::Cross => &att.cross,
+        }
+    }
+
+    /// The kinds `att` has, in model order.
+    pub fn present(att: &Attentions) -> Vec<Kind> {
+        [Kind::Encoder, Kind::Decoder, Kind::Cross]
+            .into_iter()
+            .filter(|k| !k.of(att).is_empty())
+            .collect()
+    }
+}
+
+/// Which heads a map holds: all, one, or their average.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Heads {
+    All,
+    One(usize),
+    Mean,
+}
+
+/// What to take from a forward's attentions.
+#[derive(Clone, Debug)]
+pub struct Selection {
+    pub kinds: Vec<Kind>,
+    /// One layer, or every layer.
+    pub layer: Option<usize>,
+    pub heads: Heads,
+}
+
+/// One layer's weights for the chosen heads.
+#[derive(Clone, Debug)]
+pub struct Map {
+    pub kind: Kind,
+    pub layer: usize,
+    /// "0", "1", … or "mean".
+    pub heads: Vec<String>,
+    /// Query tokens T (rows).
+    pub queries: usize,
+    /// Key tokens S (columns).
+    pub keys: usize,
+    /// `[heads, T, S]`, each row summing to 1 over the keys it may see.
+    pub weights: Vec<f32>,
+}
+
+impl Map {
+    /// Head `h`'s `[T, S]` rows.
+    pub fn head(&self, h: usize) -> &[f32] {
+        let size = self.queries * self.keys;
+        &self.weights[h * size..(h + 1) * size]
+    }
+}
+
+/// The document described in the module's comment.
+#[derive(Clone, Debug)]
+pub struct Maps {
+    pub model: String,
+    pub architecture: String,
+    pub family: String,
+    pub tokens: Vec<TokenLabel>,
+    pub target_tokens: Option<Vec<TokenLabel>>,
+    pub layers: Vec<Map>,
+}
+
+/// `[1, H, T, S]` weights of one layer → the chosen heads' `[h, T, S]`, with names.
+fn pick(att: &Tensor, heads: Heads) -> (Vec<String>, Vec<f32>) {
+    let shape = att.shape();
+    let (h, size) = (shape[1], shape[2] * shape[3]);
+    let data = &att.data()[..h * size];
+    match heads {
+        Heads::All => ((0..h).map(|i| i.to_string()).collect(), data.to_vec()),
+        Heads::One(i) => (vec![i.to_string()], data[i * size..(i + 1) * size].to_vec()),
+        Heads::Mean => {
+            let mut mean = vec![0f32; size];
+            for head in data.chunks_exact(size) {
+                mean.iter_mut().zip(head).for_each(|(m, &w)| *m += w);
+            }
+            mean.iter_mut().for_each(|m| *m /= h as f32);
+            (vec!["mean".into()], mean)
+        }
+    }
+}
+
+impl Selection {
+    /// Takes the selection from `att` (a batch of one). The layer and head must exist
+    /// in every chosen kind.
+    pub fn take(&self, att: &Attentions) -> Result<Vec<Map>> {
+        let sel = self;
+        let mut layers = Vec::new();
+        for &kind in &sel.kinds {
+            let all = kind.of(att);
+            if all.is_empty() {
+                bail!("this model has no {}", kind.describe());
+            }
+            let heads = all[0].shape()[1];
+            if let Some(l) = sel.layer.filter(|&l| l >= all.len()) {
+                bail!(
+                    "--layer {l} is out of range: the {} has {} layers (0 to {})",
+                    kind.describe(),
+                    all.len(),
+                    all.len() - 1
+                );
+            }
+            if let Heads::One(h) = sel.heads {
+                if h >= heads {
+                    bail!(
+                        "--head {h} is out of range: the {} has {heads} heads (0 to {}, or mean)",
+                        kind.describe(),
+                        heads - 1
+                    );
+                }
+            }
+            for (l, w) in all.iter().enumerate() {
+                if sel.layer.is_some_and(|only| only != l) {
+                    continue;
+                }
+                let (names, weights) = pick(w, sel.heads);
+                layers.push(Map {
+                    kind,
+                    layer: l,
+                    heads: names,
+                    queries: w.shape()[2],
+                    keys: w.shape()[3],
+                    weights,
+                });
+            }
+        }
+        Ok(layers)
+    }
+}
+
+impl Maps {
+    /// The query and key tokens of `kind`.
+    pub fn sequences(&self, kind: Kind) -> (&[TokenLabel], &[TokenLabel]) {
+        let target = self.target_tokens.as_deref().unwrap_or(&self.tokens);
+        match kind {
+            Kind::Encoder => (&self.tokens, &self.tokens),
+            Kind::Decoder => (target, target),
+            Kind::Cross => (target, &self.tokens),
+        }
+    }
+
+    /// Weights the document holds.
+    pub fn weight_count(&self) -> usize {
+        self.layers.iter().map(|m| m.weights.len()).sum()
+    }
+
+    /// Map `i`, head `h` as one heatmap. With `hide_special`, special tokens' rows and
+    /// columns are dropped and each row is renormalised over the keys left.
+    pub fn heatmap(&self, i: usize, h: usize, hide_special: bool) -> Heatmaps {
+        let map = &self.layers[i];
+        let (queries, keys) = self.sequences(map.kind);
+        let shown = |seq: &[TokenLabel]| -> Vec<usize> {
+            (0..seq.len())
+                .filter(|&j| !(hide_special && seq[j].special))
+                .collect()
+        };
+        let (rows, cols) = (shown(queries), shown(keys));
+        let w = map.head(h);
+        let values = rows
+            .iter()
+            .map(|&r| {
+                let row: Vec<f64> = cols.iter().map(|&c| w[r * map.keys + c] as f64).collect();
+                let sum: f64 = row.iter().sum();
+                match hide_special && sum > 0.0 {
+                    true => row.iter().map(|v| v / sum).collect(),
+                    false => row,
+                }
+            })
+            .collect();
+        let head = match map.heads[h].as_str() {
+            "mean" => "mean of heads".to_string(),
+            n => format!("head {n}"),
+        };
+        let names =
+            |seq: &[TokenLabel], idx: &[usize]| idx.iter().map(|&j| seq[j].label()).collect();
+        Heatmaps {
+            title: format!(
+                "{}: {}, layer {}, {head}",
+                self.model,
+                map.kind.describe(),
+                map.layer
+            ),
+            x_label: "key (attended to)".into(),
+            y_label: "query (attending)".into(),
+            columns: names(keys, &cols),
+            rows: names(queries, &rows),
+            panels: vec![Panel {
+                label: match hide_special {
+                    true => "special tokens hidden, rows renormalised".into(),
+                    false => String::new(),
+                },
+                values,
+            }],
+        }
+    }
+}
+
+/// `[H][T][S]` nested lists of a map's flat weights.
+struct Nested<'a>(&'a Map);
+
+impl Serialize for Nested<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let m = self.0;
+        let mut heads = s.serialize_seq(Some(m.heads.len()))?;
+        for h in 0..m.heads.len() {
+            let rows: Vec<&[f32]> = m.head(h).chunks_exact(m.keys.max(1)).collect();
+            heads.serialize_element(&rows)?;
+        }
+        heads.end()
+    }
+}
+
+impl Serialize for Map {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let (queries, keys) = match self.kind {
+            Kind::Encoder => ("tokens", "tokens"),
+            Kind::Decoder => ("target_tokens", "target_tokens"),
+            Kind::Cross => ("target_tokens", "tokens"),
+        };
+        let mut st = s.serialize_struct("Map", 6)?;
+        st.serialize_field("kind", &self.kind)?;
+        st.serialize_field("layer", &self.layer)?;
+        st.serialize_field("heads", &self.heads)?;
+        st.serialize_field("queries", queries)?;
+        st.serialize_field("keys", keys)?;
+        st.serialize_field("weights", &Nested(self))?;
+        st.end()
+    }
+}
+
+impl Serialize for Maps {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let labels = |seq: &[TokenLabel]| seq.iter().map(TokenLabel::label).collect::<Vec<_>>();
+        let mut st = s.serialize_struct("Maps", 8)?;
+        st.serialize_field("model", &self.model)?;
+        st.serialize_field("architecture", &self.architecture)?;
+        st.serialize_field("family", &self.family)?;
+        st.serialize_field("tokens", &labels(&self.tokens))?;
+        st.serialize_field("token_details", &self.tokens)?;
+        if let Some(t) = &self.target_tokens {
+            st.serialize_field("target_tokens", &labels(t))?;
+            st.serialize_field("target_token_details", t)?;
+        }
+        st.serialize_field("layers", &self.layers)?;
+        st.end()
+    }
+}
