@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use resvg::tiny_skia::{Pixmap, Transform};
 use resvg::usvg::{fontdb, Options, Tree};
 
@@ -21,7 +21,7 @@ const SANS: &[&str] = &[
     "Noto Sans CJK SC",
 ];
 
-/// What to install when the system has no font.
+/// What to install when the system has no font (the figure is then drawn without text).
 pub const FONT_HINT: &str =
     "install fonts (Debian: apt-get install fonts-dejavu-core fonts-wqy-zenhei) or pass --font FILE.ttf";
 
@@ -44,7 +44,7 @@ fn fonts(font: Option<&Path>) -> Result<fontdb::Database> {
             db.set_sans_serif_family(family);
         }
     } else if db.is_empty() {
-        bail!("no font found to draw the PNG's text: {FONT_HINT}, or write .svg");
+        eprintln!("warning: no fonts found, so the PNG has no text: {FONT_HINT}, or write .svg");
     } else if let Some(family) = SANS.iter().find(|f| {
         db.faces()
             .any(|face| face.families.iter().any(|(n, _)| n == *f))
