@@ -284,7 +284,7 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
     steps.step("loaded");
     let tok = match &args.text {
         Some(_) => Some(Tokenizer::from_dir(&args.model)?),
-        None => Tokenizer::from_dir(&args.model).ok(),
+        None => Tokenizer::optional(&args.model)?,
     };
     let ids = match (&args.text, &args.input_ids, &tok) {
         (Some(text), _, Some(tok)) => tok.encode(text, true)?,

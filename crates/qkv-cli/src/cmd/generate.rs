@@ -5,7 +5,9 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use qkv::models::generate::{generate_causal, generate_seq2seq, GenerateOptions, Sampling};
+use qkv::models::generate::{
+    generate_causal_each, generate_seq2seq_each, GenerateOptions, Sampling,
+};
 use qkv::models::{ModelKind, TokenBatch};
 use qkv::text::Tokenizer;
 
@@ -60,42 +62,109 @@ impl GenerateArgs {
     }
 }
 
+/// `asked` new tokens, fewer where the model's position table ends first: a model with
+/// learned or sinusoidal positions cannot go past its last row, and `used` positions
+/// are taken (the prompt's for a decoder-only model, the start token's for a decoder).
+fn clamp_to_positions(asked: usize, used: usize, max: Option<usize>) -> Result<usize> {
+    let Some(max) = max else { return Ok(asked) };
+    let room = max.saturating_sub(used);
+    if room == 0 {
+        bail!("the prompt takes all {max} positions of the model: nothing can be generated");
+    }
+    if asked > room {
+        eprintln!(
+            "warning: --max-new-tokens {asked} goes past the model's {max} positions; generating at most {room}"
+        );
+    }
+    Ok(asked.min(room))
+}
+
+/// Bytes of the key/value cache after `tokens` positions (self-attention of every
+/// decoder layer; an encoder-decoder also caches the source's `src` positions per layer).
+fn cache_bytes(m: &qkv::models::Transformer, tokens: usize, src: usize) -> Option<usize> {
+    let s = m.arch.decoder?;
+    let per_position = s
+        .layers
+        .checked_mul(2)?
+        .checked_mul(s.kv_heads)?
+        .checked_mul(s.head_dim)?
+        .checked_mul(4)?;
+    per_position.checked_mul(tokens.checked_add(src)?)
+}
+
 pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
     let loaded = super::load_model(&args.model)?;
     let tokenizer = match &args.prompt {
         Some(_) => Some(Tokenizer::from_dir(&args.model)?),
-        None => Tokenizer::from_dir(&args.model).ok(),
+        None => Tokenizer::optional(&args.model)?,
     };
     let ids = match (&args.prompt, &args.input_ids, &tokenizer) {
         (Some(text), _, Some(tok)) => tok.encode(text, true)?,
         (_, Some(ids), _) => ids.clone(),
         _ => bail!("give --prompt or --input-ids"),
     };
-    let prompt = TokenBatch::single(ids)?;
-    let opts = |eos: &[usize]| GenerateOptions {
-        max_new_tokens: args.max_new_tokens,
-        sampling: args.sampling(),
-        eos: eos.to_vec(),
-    };
     let m = &loaded.model;
-    let eos = &m.special_tokens().eos;
+    let max = m.arch.max_positions();
+    let (max_new, src) = match m.kind() {
+        ModelKind::Decoder => (clamp_to_positions(args.max_new_tokens, ids.len(), max)?, 0),
+        _ => (clamp_to_positions(args.max_new_tokens, 1, max)?, ids.len()),
+    };
+    super::check_memory(
+        cache_bytes(m, ids.len().saturating_add(max_new), src),
+        &format!("the key/value cache of {max_new} new tokens"),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}: ask for fewer --max-new-tokens"))?;
+    let prompt = TokenBatch::single(ids)?;
+    let opts = GenerateOptions {
+        max_new_tokens: max_new,
+        sampling: args.sampling(),
+        eos: m.special_tokens().eos.clone(),
+    };
+    // Text goes out as it is made, as llama.cpp prints it; `--json` and bare ids (no
+    // tokenizer) come whole at the end.
+    let mut stream = tokenizer
+        .as_ref()
+        .filter(|_| !args.json)
+        .map(Tokenizer::stream);
+    let mut failed: Option<anyhow::Error> = None;
+    let mut emit = |_row: usize, id: usize| {
+        let Some(stream) = stream.as_mut() else {
+            return;
+        };
+        if failed.is_some() {
+            return;
+        }
+        let piece = stream
+            .push(id)
+            .map_err(anyhow::Error::from)
+            .and_then(|text| {
+                if let Some(text) = text {
+                    out.write_all(text.as_bytes())?;
+                    out.flush()?;
+                }
+                Ok(())
+            });
+        if let Err(e) = piece {
+            failed = Some(e);
+        }
+    };
     let new = match m.kind() {
-        ModelKind::Decoder => generate_causal(m, &prompt, &opts(eos))?,
-        ModelKind::EncoderDecoder => generate_seq2seq(m, &prompt, &opts(eos))?,
+        ModelKind::Decoder => generate_causal_each(m, &prompt, &opts, &mut emit)?,
+        ModelKind::EncoderDecoder => generate_seq2seq_each(m, &prompt, &opts, &mut emit)?,
         ModelKind::Encoder => bail!(
             "{} is an encoder ({}); it has no language-model head to generate with",
             args.model.display(),
             m.info().architecture
         ),
     };
+    if let Some(e) = failed {
+        return Err(e);
+    }
     let new = new.into_iter().next().unwrap_or_default();
-    if args.json {
-        writeln!(out, "{}", serde_json::to_string(&new)?)?;
-    } else {
-        match &tokenizer {
-            Some(tok) => writeln!(out, "{}", tok.decode(&new)?)?,
-            None => writeln!(out, "{new:?}")?,
-        }
+    match (&tokenizer, args.json) {
+        (_, true) => writeln!(out, "{}", serde_json::to_string(&new)?)?,
+        (Some(_), false) => writeln!(out)?,
+        (None, false) => writeln!(out, "{new:?}")?,
     }
     Ok(())
 }

@@ -24,7 +24,6 @@ use qkv::models::arch::NormSpec;
 use qkv::models::{Arch, Position as ArchPosition, Transformer};
 use qkv::ops::Activation;
 use qkv::position::SinusoidalLayout;
-use qkv::train::checkpoint;
 use qkv::train::recurrent::{RecurrentKind, RecurrentModel, RecurrentSpec};
 use qkv::train::tasks::{Task, TaskOptions};
 use qkv::train::text_data::TextData;
@@ -33,6 +32,7 @@ use qkv::train::trainer::{
     BatchSource, DecayParams, FixedBatches, RunOptions, StepLog, TaskBatches, TextBatches,
     TrainConfig, Trainer,
 };
+use qkv::train::{checkpoint, memory, output};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -254,6 +254,10 @@ pub struct TrainArgs {
     /// trainer state [default with --resume: the resumed folder]
     #[arg(long, value_name = "DIR", help_heading = "Output")]
     out: Option<PathBuf>,
+    /// Write into a non-empty --out that is not a training checkpoint, replacing its
+    /// model and tokenizer files (without it such a folder is refused)
+    #[arg(long, help_heading = "Output")]
+    overwrite: bool,
     /// Write one JSON object per step: step, loss (before the update), lr, grad_norm,
     /// and eval_loss / eval_accuracy on evaluation steps [default with --resume: the
     /// resumed run's log, continued]
@@ -436,6 +440,9 @@ impl TrainArgs {
             [] => bail!("say what to train on: --init DIR --data BATCHES, --task NAME, --text FILE, or --resume DIR"),
             [_] => {}
             [a, b, ..] => bail!("{a} and {b} cannot be used together: give one of --init, --task, --text, --resume"),
+        }
+        if self.stop_after == Some(0) {
+            bail!("--stop-after 0 would train no step: give at least 1");
         }
         if self.data.is_some() && self.init.is_none() && self.resume.is_none() {
             bail!("--data holds batches for --init (a Hugging Face model folder to start from); give --init DIR too");
@@ -798,12 +805,6 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 log_json: args.log_json.clone(),
             };
             let out = args.out.clone().expect("checked: --out is given");
-            if checkpoint::exists(&out) {
-                bail!(
-                    "{} already holds a training checkpoint: continue it with --resume {0}, or choose another --out",
-                    out.display()
-                );
-            }
             (spec, None, out)
         }
     };
@@ -844,6 +845,26 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         (None, _) => {
             let (vocab, len) = shape.expect("tasks and text give a shape");
             let cfg = args.train_config();
+            let batch = args.batch_size.unwrap_or(TASK_DEFAULT_BATCH);
+            let need = match args.arch.unwrap_or(ArchKind::Transformer) {
+                ArchKind::Transformer => {
+                    memory::transformer_bytes(&args.arch(vocab, len)?, batch, len)
+                }
+                _ => memory::recurrent_bytes(
+                    vocab,
+                    args.d_model.unwrap_or(64),
+                    args.layers.unwrap_or(1),
+                    batch,
+                    len,
+                ),
+            };
+            super::check_memory(
+                need,
+                &format!("training a model over {vocab} symbols on batches of {batch} × {len} tokens"),
+            )
+            .map_err(|e| {
+                anyhow!("{e}: make --d-model, --layers, --batch-size, --seq-len, --task-length or --symbols smaller")
+            })?;
             let model = match args.arch.unwrap_or(ArchKind::Transformer) {
                 ArchKind::Transformer => Model::Transformer(Box::new(Transformer::new(
                     &args.arch(vocab, len)?,
@@ -885,6 +906,12 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             ),
             _ => "the data does not fit the model".to_string(),
         })?;
+    // the output folder is checked, created and locked before the first step
+    if args.resume.as_ref() != Some(&out) {
+        output::prepare(&out, args.overwrite)
+            .with_context(|| format!("--out {}", out.display()))?;
+    }
+    let _lock = output::Lock::acquire(&out).with_context(|| format!("--out {}", out.display()))?;
     if let Source::Init { init, .. } = &spec.source {
         copy_tokenizer_files(init, &out)?;
     }

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 
 /// The whole of the text file `path`; an error names the file.
 pub fn read_text(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| Error::io(path, e))
+    super::read_regular_text(path)
 }
 
 /// Parses the JSON file `path` as `T`.

@@ -3,6 +3,7 @@
 pub mod atomic;
 pub mod checkpoint;
 pub mod config;
+pub mod files;
 pub mod safetensors;
 
 pub use self::atomic::write_atomic;
@@ -11,4 +12,5 @@ pub use self::config::{
     aliased_size, bad_field, check_heads, check_positive, eps, epsilon, field_error, read_config,
     read_json, read_json_or_default, read_text, size, yes,
 };
+pub use self::files::{check_regular, open_regular, read_regular, read_regular_text};
 pub use self::safetensors::{save, TensorFile};

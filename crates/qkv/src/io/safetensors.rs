@@ -10,24 +10,62 @@ use safetensors::{Dtype, SafeTensors};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
-/// A memory-mapped safetensors file, with tensors converted on request.
+/// Where one tensor lies in the file.
+struct Entry {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Byte range in the whole file.
+    bytes: std::ops::Range<usize>,
+}
+
+/// A memory-mapped safetensors file, with tensors converted on request. The header is
+/// parsed once, at open, into a name → (dtype, shape, bytes) map: a lookup costs one
+/// hash, however many tensors the file holds.
 pub struct TensorFile {
     path: PathBuf,
     bytes: memmap2::Mmap,
+    entries: HashMap<String, Entry>,
+    metadata: HashMap<String, String>,
 }
 
 impl TensorFile {
     /// Reads and parses the header; a truncated or corrupt file is an error naming it.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let io_err = |e| Error::io(&path, e);
-        let file = std::fs::File::open(&path).map_err(io_err)?;
+        let file = super::open_regular(&path)?;
         // SAFETY: the map is read-only; a file truncated or rewritten by another process
         // while mapped is outside what this library can defend against, as for any mmap.
-        let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
-        let file = TensorFile { path, bytes };
-        file.parsed()?;
-        Ok(file)
+        let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
+        let bad = |reason: String| Error::Safetensors {
+            path: path.display().to_string(),
+            reason,
+        };
+        // deserialize checks every tensor's offsets against its shape and the file size
+        let parsed = SafeTensors::deserialize(&bytes)
+            .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
+        let base = bytes.as_ptr() as usize;
+        let entries = parsed
+            .iter()
+            .map(|(name, view)| {
+                let start = view.data().as_ptr() as usize - base;
+                let entry = Entry {
+                    dtype: view.dtype(),
+                    shape: view.shape().to_vec(),
+                    bytes: start..start + view.data().len(),
+                };
+                (name.to_string(), entry)
+            })
+            .collect();
+        let (_, meta) =
+            SafeTensors::read_metadata(&bytes).map_err(|e| bad(format!("bad header: {e}")))?;
+        let metadata = meta.metadata().clone().unwrap_or_default();
+        drop(parsed);
+        Ok(TensorFile {
+            path,
+            bytes,
+            entries,
+            metadata,
+        })
     }
 
     fn err(&self, reason: impl Into<String>) -> Error {
@@ -37,34 +75,20 @@ impl TensorFile {
         }
     }
 
-    fn parsed(&self) -> Result<SafeTensors<'_>> {
-        SafeTensors::deserialize(&self.bytes)
-            .map_err(|e| self.err(format!("not a valid safetensors file: {e}")))
-    }
-
     /// Names of all tensors, sorted.
     pub fn names(&self) -> Result<Vec<String>> {
-        let mut names: Vec<String> = self
-            .parsed()?
-            .names()
-            .into_iter()
-            .map(String::from)
-            .collect();
+        let mut names: Vec<String> = self.entries.keys().cloned().collect();
         names.sort();
         Ok(names)
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.parsed()
-            .map(|st| st.tensor(name).is_ok())
-            .unwrap_or(false)
+        self.entries.contains_key(name)
     }
 
     /// The `__metadata__` string map (empty when the file has none).
     pub fn metadata(&self) -> Result<HashMap<String, String>> {
-        let (_, meta) = SafeTensors::read_metadata(&self.bytes)
-            .map_err(|e| self.err(format!("bad header: {e}")))?;
-        Ok(meta.metadata().clone().unwrap_or_default())
+        Ok(self.metadata.clone())
     }
 
     pub fn path(&self) -> &Path {
@@ -74,19 +98,15 @@ impl TensorFile {
     /// Shape and dtype name (`F32`, `BF16`, …) of a tensor without converting it.
     pub fn info(&self, name: &str) -> Result<(Vec<usize>, String)> {
         let (dtype, shape, _) = self.view(name)?;
-        Ok((shape, format!("{dtype:?}")))
+        Ok((shape.to_vec(), format!("{dtype:?}")))
     }
 
-    fn view(&self, name: &str) -> Result<(Dtype, Vec<usize>, &[u8])> {
-        let st = self.parsed()?;
-        let view = st
-            .tensor(name)
-            .map_err(|_| self.err(format!("missing tensor `{name}`")))?;
-        let (dtype, shape) = (view.dtype(), view.shape().to_vec());
-        // Re-slice from our own buffer so the bytes outlive the parsed header.
-        let data = view.data();
-        let start = data.as_ptr() as usize - self.bytes.as_ptr() as usize;
-        Ok((dtype, shape, &self.bytes[start..start + data.len()]))
+    fn view(&self, name: &str) -> Result<(Dtype, &[usize], &[u8])> {
+        let e = self
+            .entries
+            .get(name)
+            .ok_or_else(|| self.err(format!("missing tensor `{name}`")))?;
+        Ok((e.dtype, &e.shape, &self.bytes[e.bytes.clone()]))
     }
 
     /// A floating-point tensor as f32 (f16, bf16 and f64 are converted).
@@ -115,7 +135,7 @@ impl TensorFile {
                 )))
             }
         };
-        Tensor::new(&shape, data)
+        Tensor::new(shape, data)
     }
 
     /// An integer or boolean tensor as (shape, i64 values).
@@ -137,7 +157,7 @@ impl TensorFile {
                 )))
             }
         };
-        Ok((shape, data))
+        Ok((shape.to_vec(), data))
     }
 }
 

@@ -126,6 +126,9 @@ fn last_rows(logits: &Tensor) -> Vec<&[f32]> {
         .collect()
 }
 
+/// Called with (row, token) for each token as it is chosen, in order.
+pub type OnToken<'a> = &'a mut dyn FnMut(usize, usize);
+
 /// Runs the decode loop shared by both model kinds. `step` maps the tokens chosen last
 /// (one per row) to next logits [B, 1, V]. Returns each row's new tokens, ending at
 /// (and including) its EOS when one came.
@@ -133,6 +136,7 @@ fn decode_loop(
     first: Tensor,
     batch: usize,
     opts: &GenerateOptions,
+    on_token: OnToken,
     mut step: impl FnMut(&TokenBatch) -> Result<Tensor>,
 ) -> Result<Vec<Vec<usize>>> {
     opts.sampling.validate()?;
@@ -149,6 +153,7 @@ fn decode_loop(
         for (r, row) in last_rows(&logits).into_iter().enumerate() {
             let tok = choose(row, opts.sampling, &mut rng);
             if !done[r] {
+                on_token(r, tok);
                 out[r].push(tok);
                 done[r] = opts.eos.contains(&tok);
             }
@@ -172,9 +177,19 @@ pub fn generate_causal(
     prompt: &TokenBatch,
     opts: &GenerateOptions,
 ) -> Result<Vec<Vec<usize>>> {
+    generate_causal_each(model, prompt, opts, &mut |_, _| {})
+}
+
+/// [`generate_causal`], calling `on_token` with each token as it is chosen.
+pub fn generate_causal_each(
+    model: &Transformer,
+    prompt: &TokenBatch,
+    opts: &GenerateOptions,
+    on_token: OnToken,
+) -> Result<Vec<Vec<usize>>> {
     let mut cache = model.new_cache(prompt.batch);
     let first = model.forward_cached(prompt, &mut cache)?;
-    decode_loop(first, prompt.batch, opts, |tokens| {
+    decode_loop(first, prompt.batch, opts, on_token, |tokens| {
         model.forward_cached(tokens, &mut cache)
     })
 }
@@ -185,6 +200,16 @@ pub fn generate_seq2seq(
     model: &Transformer,
     src: &TokenBatch,
     opts: &GenerateOptions,
+) -> Result<Vec<Vec<usize>>> {
+    generate_seq2seq_each(model, src, opts, &mut |_, _| {})
+}
+
+/// [`generate_seq2seq`], calling `on_token` with each token as it is chosen.
+pub fn generate_seq2seq_each(
+    model: &Transformer,
+    src: &TokenBatch,
+    opts: &GenerateOptions,
+    on_token: OnToken,
 ) -> Result<Vec<Vec<usize>>> {
     let start = model.special_tokens().decoder_start.ok_or_else(|| {
         Error::invalid(
@@ -199,7 +224,7 @@ pub fn generate_seq2seq(
         &enc,
         &mut cache,
     )?;
-    decode_loop(first, src.batch, opts, |tokens| {
+    decode_loop(first, src.batch, opts, on_token, |tokens| {
         model.decode_cached(tokens, &enc, &mut cache)
     })
 }

@@ -192,6 +192,30 @@ impl Family {
     }
 }
 
+/// Refuses a config whose sizes describe more parameters than the checkpoint stores,
+/// before any is allocated: every parameter is read from the checkpoint, so a larger
+/// model cannot be right, and its sizes (a `head_dim` of 2^40, say) could ask for
+/// terabytes and abort the process.
+fn check_size(dir: &Path, arch: &Arch, stored: usize) -> Result<()> {
+    let count = Weights::count(arch);
+    if count.is_some_and(|n| n <= stored) {
+        return Ok(());
+    }
+    let first = arch.encoder.or(arch.decoder).expect("validated: a stack");
+    let described = match count {
+        Some(n) => format!("{n} parameters"),
+        None => "more parameters than a machine can address".into(),
+    };
+    Err(crate::io::bad_field(
+        dir,
+        "(sizes)",
+        format!(
+            "the sizes describe {described} (hidden {}, {} layers, {} heads of width {}, FFN {}, vocabulary {}) but the checkpoint stores {stored} values: one of them does not match the weights",
+            arch.d_model, first.layers, first.heads, first.head_dim, first.ffn_dim, arch.vocab
+        ),
+    ))
+}
+
 /// A float as JSON without f32 → f64 noise (1e-5, not 9.999999747378752e-6).
 fn json_f32(x: f32) -> Value {
     let shortest: f64 = x.to_string().parse().expect("f32 Display parses as f64");
@@ -270,6 +294,8 @@ pub fn load(dir: &Path) -> Result<Loaded> {
     };
     arch.validate()
         .map_err(|e| crate::io::bad_field(dir, "(architecture)", e.to_string()))?;
+    let dtypes = ckpt.dtypes()?;
+    check_size(dir, &arch, dtypes.iter().map(|(_, n)| n).sum())?;
     let (weights, logits_bias) = Transformer::read_weights(&ckpt, &arch, family)?;
     let mut special = special::special_tokens(dir, tokens)?;
     if family == Family::T5 {
@@ -295,7 +321,6 @@ pub fn load(dir: &Path) -> Result<Loaded> {
         source_config,
         architecture,
     )?;
-    let dtypes = ckpt.dtypes()?;
     Ok(Loaded {
         model,
         parameters: dtypes.iter().map(|(_, n)| n).sum(),

@@ -183,6 +183,84 @@ impl Weights {
         })
     }
 
+    /// Elements [`Weights::new`] would allocate for `arch`, counted without allocating;
+    /// `None` when a size overflows. It mirrors `new` term by term (a test holds the two
+    /// equal), so that a config's sizes can be checked before anything is allocated.
+    pub fn count(arch: &Arch) -> Option<usize> {
+        let c = arch.d_model;
+        let sum = |terms: &[Option<usize>]| {
+            terms
+                .iter()
+                .try_fold(0usize, |acc, t| acc.checked_add((*t)?))
+        };
+        let table = |rows: usize| rows.checked_mul(c);
+        let norm = c.checked_mul(1 + usize::from(arch.norm.bias));
+        let linear = |out: usize, inp: usize, bias: bool| {
+            out.checked_mul(inp)?
+                .checked_add(if bias { out } else { 0 })
+        };
+        let stack = |dims: Option<StackDims>, cross: bool| -> Option<usize> {
+            let Some(s) = dims else { return Some(0) };
+            let (hd, gd) = (
+                s.heads.checked_mul(s.head_dim)?,
+                s.kv_heads.checked_mul(s.head_dim)?,
+            );
+            let a = &arch.attention;
+            let attention = sum(&[
+                linear(hd, c, a.qkv_bias),
+                linear(gd, c, a.qkv_bias),
+                linear(gd, c, a.qkv_bias),
+                linear(c, hd, a.out_bias),
+            ]);
+            let f = &arch.ffn;
+            let up = linear(s.ffn_dim, c, f.bias);
+            let layer = sum(&[
+                norm,
+                attention,
+                if cross { norm } else { Some(0) },
+                if cross { attention } else { Some(0) },
+                norm,
+                up,
+                if f.gated { up } else { Some(0) },
+                linear(c, s.ffn_dim, f.bias),
+            ]);
+            sum(&[
+                layer?.checked_mul(s.layers),
+                match arch.position {
+                    Position::Learned { max_len } => table(max_len),
+                    _ => Some(0),
+                },
+                match arch.position {
+                    Position::Relative { buckets, .. } => buckets.checked_mul(s.heads),
+                    _ => Some(0),
+                },
+                table(arch.embed.token_types),
+                if arch.embed.norm { norm } else { Some(0) },
+                if arch.residual != crate::block::Residual::PostNorm {
+                    norm
+                } else {
+                    Some(0)
+                },
+            ])
+        };
+        let masked = matches!(arch.head, Head::MaskedLm { .. });
+        sum(&[
+            table(arch.vocab),
+            arch.src_vocab.map_or(Some(0), table),
+            stack(arch.encoder, false),
+            stack(arch.decoder, arch.encoder.is_some()),
+            match arch.head {
+                Head::Lm { tied: false, .. } => linear(arch.vocab, c, false),
+                _ => Some(0),
+            },
+            if masked {
+                sum(&[linear(c, c, true), norm, Some(arch.vocab)])
+            } else {
+                Some(0)
+            },
+        ])
+    }
+
     /// GPT-2's initialisation, drawn in visiting order from one seeded [`Rng`]: every
     /// matrix and table ~ N(0, 0.02²), except the projections that end a residual branch
     /// (`attn.o`, `cross.o`, `ffn.down`), ~ N(0, (0.02/√n)²) with n the residual

@@ -5,4 +5,4 @@ pub mod labels;
 pub mod tokenizer;
 
 pub use labels::TokenLabel;
-pub use tokenizer::Tokenizer;
+pub use tokenizer::{TextStream, Tokenizer};

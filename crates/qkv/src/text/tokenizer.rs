@@ -10,12 +10,43 @@ use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
 use crate::text::labels::{label_tokens, TokenLabel};
 
+/// See [`Tokenizer::stream`].
+pub struct TextStream<'a> {
+    inner: tokenizers::DecodeStream<
+        'a,
+        tokenizers::ModelWrapper,
+        tokenizers::NormalizerWrapper,
+        tokenizers::PreTokenizerWrapper,
+        tokenizers::PostProcessorWrapper,
+        tokenizers::DecoderWrapper,
+    >,
+    path: &'a Path,
+}
+
+impl TextStream<'_> {
+    /// The text `id` completes, if any.
+    pub fn push(&mut self, id: usize) -> Result<Option<String>> {
+        self.inner.step(id as u32).map_err(|e| {
+            Error::Tokenizer(format!("{}: decoding token {id}: {e}", self.path.display()))
+        })
+    }
+}
+
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
 }
 
 impl Tokenizer {
+    /// `dir/tokenizer.json` when the folder has one (`None` when it has none); a file
+    /// that is there but unreadable is an error, not a silent fallback to ids.
+    pub fn optional(dir: &Path) -> Result<Option<Self>> {
+        match dir.join("tokenizer.json").exists() {
+            true => Tokenizer::from_dir(dir).map(Some),
+            false => Ok(None),
+        }
+    }
+
     /// Loads `dir/tokenizer.json`. A folder without one (Marian ships SentencePiece
     /// files instead) is an error that says so and points at `--input-ids`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
@@ -26,6 +57,7 @@ impl Tokenizer {
                 path.display()
             )));
         }
+        crate::io::check_regular(&path)?;
         let mut inner = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
         // transformers overrides the file's padding and truncation on every call (a call
@@ -128,6 +160,16 @@ impl Tokenizer {
                 .unwrap_or_else(|| format!("#{id}"))
         };
         label_tokens(ids, decode, piece, |id| special.contains(&id))
+    }
+
+    /// A decoder fed one token at a time, for printing tokens as they are generated: each
+    /// step returns the text that token completes (none while it holds only part of a
+    /// character's bytes), and the pieces join into [`Tokenizer::decode`]'s text.
+    pub fn stream(&self) -> TextStream<'_> {
+        TextStream {
+            inner: self.inner.decode_stream(true),
+            path: &self.path,
+        }
     }
 
     /// Id of a token string such as `[PAD]` or `</s>`.

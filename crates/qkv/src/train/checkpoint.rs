@@ -78,7 +78,7 @@ pub struct FileDigest {
 impl FileDigest {
     pub fn of(path: &Path) -> Result<FileDigest> {
         let io_err = |e| Error::io(path, e);
-        let mut file = std::fs::File::open(path).map_err(io_err)?;
+        let mut file = crate::io::open_regular(path)?;
         let mut hasher = Hasher::default();
         let mut buf = vec![0u8; 1 << 20];
         loop {

@@ -5,7 +5,9 @@
 pub mod checkpoint;
 pub mod gradcheck;
 pub mod loss;
+pub mod memory;
 pub mod optim;
+pub mod output;
 pub mod recurrent;
 pub mod schedule;
 pub mod tasks;

@@ -128,7 +128,7 @@ impl RecurrentModel {
 
     /// Whether `dir/config.json` names a recurrent model (its `architectures`).
     pub fn is_saved_in(dir: &Path) -> bool {
-        std::fs::read_to_string(dir.join("config.json"))
+        crate::io::read_regular_text(&dir.join("config.json"))
             .ok()
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
             .is_some_and(|c| c["architectures"][0] == ARCHITECTURE)
@@ -137,7 +137,7 @@ impl RecurrentModel {
     /// Reads a folder written by [`TrainableModel::save`].
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let text = crate::io::read_regular_text(&path)?;
         let config: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Config {
             path: path.display().to_string(),
             field: "(file)".into(),

@@ -53,7 +53,7 @@ impl TextData {
     /// too short for one window of `seq_len + 1` bytes in each split.
     pub fn open(path: impl AsRef<Path>, seq_len: usize, val_fraction: f64) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let bytes = crate::io::read_regular(path)?;
         TextData::from_bytes(&path.display().to_string(), bytes, seq_len, val_fraction)
     }
 

@@ -1,0 +1,364 @@
+//! Hostile input, each case of the hardening issue: the command must fail within
+//! seconds with one clear line naming the file, flag or field (or do the right thing),
+//! without aborting, hanging, using more than 1 GB, or replacing what it should not.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use common::{fixture, fixtures, qkv, scratch, stderr};
+
+/// Runs `qkv args`, checking it took under 20 s; returns the output.
+fn timed(args: &[&str]) -> Output {
+    let t = Instant::now();
+    let out = qkv(args);
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "{args:?} took {:?}",
+        t.elapsed()
+    );
+    out
+}
+
+/// `qkv args` fails with one line containing `expected`, and did not abort.
+fn fails(args: &[&str], expected: &str) {
+    let out = timed(args);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+    assert!(err.contains(expected), "{args:?}: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+}
+
+/// The largest resident size any child of this test process reached, in bytes.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn children_max_rss() -> u64 {
+    // SAFETY: getrusage only writes into the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    usage.ru_maxrss as u64 * 1024
+}
+
+/// A copy of fixture `name` with `patch` merged into its config.json.
+fn patched(dir: &Path, name: &str, patch: serde_json::Value) -> PathBuf {
+    let out = dir.join(name);
+    std::fs::create_dir_all(&out).unwrap();
+    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), out.join(entry.file_name())).unwrap();
+    }
+    let path = out.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    for (k, v) in patch.as_object().unwrap() {
+        config[k] = v.clone();
+    }
+    std::fs::write(&path, config.to_string()).unwrap();
+    out
+}
+
+#[test]
+fn huge_sizes_are_refused_before_they_are_allocated() {
+    let dir = scratch("hostile-sizes");
+    let llama = patched(
+        &dir,
+        "llama_gqa",
+        serde_json::json!({"head_dim": 1u64 << 40}),
+    );
+    fails(
+        &["inspect", "--model", llama.to_str().unwrap()],
+        "but the checkpoint stores 24928 values",
+    );
+    // a huge position limit costs nothing until positions are used
+    let marian = patched(
+        &dir,
+        "marian",
+        serde_json::json!({"max_position_embeddings": 1_000_000_000u64}),
+    );
+    let reference = fixture("marian").join("reference.safetensors");
+    let out = dir.join("logits.safetensors");
+    let run = timed(&[
+        "forward",
+        "--model",
+        marian.to_str().unwrap(),
+        "--input",
+        reference.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let train_out = dir.join("train");
+    for flag in [
+        ["--d-model", "65536"],
+        ["--batch-size", "1000000000"],
+        ["--task-length", "1000000000"],
+        ["--symbols", "1000000000"],
+    ] {
+        let mut args = vec!["train", "--task", "copy", "--steps", "1", "--quiet"];
+        args.extend(flag);
+        args.extend(["--out", train_out.to_str().unwrap()]);
+        fails(&args, "GB available");
+        assert!(!train_out.exists(), "{flag:?} created its --out");
+    }
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    assert!(children_max_rss() < 1 << 30, "{} bytes", children_max_rss());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_header_of_20000_tensors_is_read_once() {
+    let dir = scratch("hostile-header");
+    let model = dir.join("gpt2");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::copy(
+        fixture("gpt2").join("config.json"),
+        model.join("config.json"),
+    )
+    .unwrap();
+    let real = qkv::io::TensorFile::open(fixture("gpt2").join("model.safetensors")).unwrap();
+    let mut tensors: Vec<(String, qkv::Tensor)> = real
+        .names()
+        .unwrap()
+        .into_iter()
+        .map(|n| {
+            let t = real.tensor(&n).unwrap();
+            (n, t)
+        })
+        .collect();
+    let tiny = qkv::Tensor::zeros(&[1]);
+    tensors.extend((0..20_000).map(|i| (format!("extra.{i}"), tiny.clone())));
+    let refs: Vec<(&str, &qkv::Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    qkv::io::save(&model.join("model.safetensors"), &refs, None).unwrap();
+    let out = timed(&["inspect", "--model", model.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn generation_stays_within_positions_memory_and_streams() {
+    let gpt2 = fixture("gpt2");
+    let out = timed(&[
+        "generate",
+        "--model",
+        gpt2.to_str().unwrap(),
+        "--input-ids",
+        "1,2,3",
+        "--max-new-tokens",
+        "1000000000",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("generating at most 61"),
+        "{}",
+        stderr(&out)
+    );
+    let ids: Vec<usize> = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(!ids.is_empty() && ids.len() <= 61);
+    // no position table: the cache is what limits, and it is refused up front
+    fails(
+        &[
+            "generate",
+            "--model",
+            fixture("llama_gqa").to_str().unwrap(),
+            "--input-ids",
+            "1,2,3",
+            "--max-new-tokens",
+            "1000000000",
+        ],
+        "ask for fewer --max-new-tokens",
+    );
+    // text is printed as it comes, and equals the whole decode
+    let dir = scratch("hostile-stream");
+    let model = dir.join("gpt2");
+    std::fs::create_dir_all(&model).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(gpt2.join(f), model.join(f)).unwrap();
+    }
+    std::fs::copy(
+        fixtures().join("tokenizers/bytelevel/tokenizer.json"),
+        model.join("tokenizer.json"),
+    )
+    .unwrap();
+    let m = model.to_str().unwrap();
+    let args = [
+        "generate",
+        "--model",
+        m,
+        "--input-ids",
+        "40,41",
+        "--max-new-tokens",
+        "12",
+    ];
+    let text = timed(&args);
+    assert!(text.status.success(), "{}", stderr(&text));
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let ids: Vec<usize> = serde_json::from_slice(&timed(&json_args).stdout).unwrap();
+    let tok = qkv::text::Tokenizer::from_dir(&model).unwrap();
+    assert_eq!(
+        String::from_utf8(text.stdout).unwrap(),
+        format!("{}\n", tok.decode(&ids).unwrap())
+    );
+    // a corrupt tokenizer.json is an error even when ids are given
+    std::fs::write(model.join("tokenizer.json"), "{not json").unwrap();
+    fails(&args, "tokenizer.json");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[cfg(unix)]
+#[test]
+fn special_files_are_neither_read_forever_nor_replaced() {
+    let dir = scratch("hostile-special");
+    let model = dir.join("fifo-model");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::copy(
+        fixture("gpt2").join("model.safetensors"),
+        model.join("model.safetensors"),
+    )
+    .unwrap();
+    let fifo = model.join("config.json");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    fails(
+        &["inspect", "--model", model.to_str().unwrap()],
+        "is a FIFO",
+    );
+
+    // outputs through a symlink to /dev/null, or a folder
+    let gpt2 = fixture("gpt2");
+    let reference = gpt2.join("reference.safetensors");
+    let link = dir.join("null-link");
+    std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+    let run = |output: &Path| {
+        timed(&[
+            "forward",
+            "--model",
+            gpt2.to_str().unwrap(),
+            "--input",
+            reference.to_str().unwrap(),
+            "--output",
+            output.to_str().unwrap(),
+        ])
+    };
+    let out = run(&link);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(!std::fs::metadata("/dev/null").unwrap().is_file());
+    let out = run(&dir);
+    assert!(stderr(&out).contains("is a folder"), "{}", stderr(&out));
+    // the longest file name a folder may hold
+    let long = dir.join(format!("{}.safetensors", "n".repeat(240)));
+    let out = run(&long);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(long.is_file());
+    // a folder given as --input
+    fails(
+        &[
+            "forward",
+            "--model",
+            gpt2.to_str().unwrap(),
+            "--input",
+            dir.to_str().unwrap(),
+            "--output",
+            dir.join("o.safetensors").to_str().unwrap(),
+        ],
+        "is a folder, not a regular file",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn training_output_is_checked_before_the_first_step() {
+    let dir = scratch("hostile-train-out");
+    // an existing Hugging Face folder is not overwritten without --overwrite
+    let hf = dir.join("hf");
+    std::fs::create_dir_all(&hf).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture("gpt2").join(f), hf.join(f)).unwrap();
+    }
+    std::fs::write(hf.join("tokenizer.json"), "{}").unwrap();
+    let h = hf.to_str().unwrap();
+    let args = [
+        "train", "--task", "copy", "--steps", "2", "--quiet", "--out", h,
+    ];
+    fails(&args, "is not empty");
+    assert_eq!(
+        std::fs::read(hf.join("config.json")).unwrap(),
+        std::fs::read(fixture("gpt2").join("config.json")).unwrap()
+    );
+    let mut over = args.to_vec();
+    over.push("--overwrite");
+    let out = timed(&over);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        !hf.join("tokenizer.json").exists(),
+        "a stale tokenizer was left"
+    );
+    // an --out that cannot be created fails before training
+    let file = dir.join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let under_file = file.join("out");
+    fails(
+        &[
+            "train",
+            "--task",
+            "copy",
+            "--steps",
+            "200",
+            "--quiet",
+            "--out",
+            under_file.to_str().unwrap(),
+        ],
+        "--out",
+    );
+    // a folder another live run holds (pid 1 is always alive)
+    let held = dir.join("held");
+    std::fs::create_dir_all(&held).unwrap();
+    std::fs::write(held.join(".qkv-train.lock"), "1").unwrap();
+    fails(
+        &[
+            "train",
+            "--task",
+            "copy",
+            "--steps",
+            "2",
+            "--quiet",
+            "--out",
+            held.to_str().unwrap(),
+        ],
+        "another `qkv train` (process 1)",
+    );
+    fails(
+        &[
+            "train",
+            "--task",
+            "copy",
+            "--stop-after",
+            "0",
+            "--out",
+            dir.join("z").to_str().unwrap(),
+        ],
+        "--stop-after 0",
+    );
+    fails(
+        &[
+            "train",
+            "--task",
+            "copy",
+            "--threads",
+            "100000",
+            "--out",
+            dir.join("z").to_str().unwrap(),
+        ],
+        "--threads 100000: at most 1024",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
