@@ -40,6 +40,29 @@ fn children_max_rss() -> u64 {
     usage.ru_maxrss as u64 * 1024
 }
 
+/// A safetensors file of int64 tensors (name, shape, values), written by hand: the
+/// library saves only floats.
+fn int64_safetensors(tensors: &[(&str, &[usize], &[i64])]) -> Vec<u8> {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, shape, values) in tensors {
+        let start = data.len();
+        data.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        header.insert(
+            name.to_string(),
+            serde_json::json!({"dtype": "I64", "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    let mut text = serde_json::Value::Object(header).to_string();
+    while !text.len().is_multiple_of(8) {
+        text.push(' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend(text.as_bytes());
+    out.extend(data);
+    out
+}
+
 /// A copy of fixture `name` with `patch` merged into its config.json.
 fn patched(dir: &Path, name: &str, patch: serde_json::Value) -> PathBuf {
     let out = dir.join(name);
@@ -128,10 +151,17 @@ fn a_header_of_20000_tensors_is_read_once() {
         .collect();
     let tiny = qkv::Tensor::zeros(&[1]);
     tensors.extend((0..20_000).map(|i| (format!("extra.{i}"), tiny.clone())));
+    // (unused, so named in a warning that shows five of them)
     let refs: Vec<(&str, &qkv::Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
     qkv::io::save(&model.join("model.safetensors"), &refs, None).unwrap();
     let out = timed(&["inspect", "--model", model.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("does not use 20000 tensors"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("and 19995 more"), "{}", stderr(&out));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -359,6 +389,75 @@ fn training_output_is_checked_before_the_first_step() {
             dir.join("z").to_str().unwrap(),
         ],
         "--threads 100000: at most 1024",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn what_was_accepted_silently_is_refused() {
+    let dir = scratch("hostile-silent");
+    // a config with fewer layers than the checkpoint holds
+    let gpt2 = patched(&dir, "gpt2", serde_json::json!({"n_layer": 0}));
+    fails(
+        &["inspect", "--model", gpt2.to_str().unwrap()],
+        "a weight of layer 0, but config.json has 0 layers",
+    );
+    // a shard index that points outside the model folder
+    let sharded = dir.join("sharded");
+    std::fs::create_dir_all(&sharded).unwrap();
+    std::fs::copy(
+        fixture("gpt2").join("config.json"),
+        sharded.join("config.json"),
+    )
+    .unwrap();
+    std::fs::write(
+        sharded.join("model.safetensors.index.json"),
+        r#"{"weight_map": {"wte.weight": "../../etc/model.safetensors"}}"#,
+    )
+    .unwrap();
+    fails(
+        &["inspect", "--model", sharded.to_str().unwrap()],
+        "a path outside the model folder",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn messages_name_the_real_thing() {
+    let dir = scratch("hostile-messages");
+    let gpt2 = patched(&dir, "gpt2", serde_json::json!({"n_head": -32}));
+    fails(
+        &["inspect", "--model", gpt2.to_str().unwrap()],
+        "field `n_head`",
+    );
+    let llama = patched(&dir, "llama_gqa", serde_json::json!({"hidden_size": 32.5}));
+    fails(
+        &["inspect", "--model", llama.to_str().unwrap()],
+        "field `hidden_size`",
+    );
+    // an empty decoder input is named as such
+    let input = dir.join("input.safetensors");
+    std::fs::write(
+        &input,
+        int64_safetensors(&[
+            ("input_ids", &[1, 3], &[5, 6, 1]),
+            ("decoder_input_ids", &[1, 0], &[]),
+        ]),
+    )
+    .unwrap();
+    let out = timed(&[
+        "forward",
+        "--model",
+        fixture("t5").to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        dir.join("o.safetensors").to_str().unwrap(),
+    ]);
+    assert!(
+        stderr(&out).contains("`decoder_input_ids` is empty"),
+        "{}",
+        stderr(&out)
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

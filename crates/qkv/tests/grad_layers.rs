@@ -663,19 +663,13 @@ fn torch_cross_entropy_with_ignored_targets() {
     assert_eq!(cross_entropy_in_place(&mut z, &targets).unwrap(), loss);
     assert_eq!(z, d);
 
-    // Every target ignored: PyTorch's mean is 0/0 = NaN with a zero gradient; qkv
-    // deliberately returns loss 0 (documented in train::loss) and the same gradient.
+    // Every target ignored: PyTorch's mean is 0/0 = NaN; qkv refuses the batch with an
+    // error that says so rather than pass a NaN (or a perfect-looking 0) on.
     assert!(f.t("loss_all_ignored").data()[0].is_nan());
-    let (loss, d) =
-        cross_entropy(&f.t("logits_all_ignored"), &f.ints("targets_all_ignored").1).unwrap();
-    assert_eq!(loss, 0.0);
-    close(
-        "cross_entropy all ignored",
-        &d,
-        &f.t("dlogits_all_ignored"),
-        0.0,
-        0.0,
-    );
+    let err = cross_entropy(&f.t("logits_all_ignored"), &f.ints("targets_all_ignored").1)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no scored targets"), "{err}");
 }
 
 /// Runs a feed-forward fixture: forward output, dx, and every linear's gradients.

@@ -71,8 +71,23 @@ pub fn check_memory(need: Option<usize>, what: &str) -> Result<()> {
 }
 
 /// Loads a model folder, with the folder named in any error.
+/// Tensors the model does not read are named in a warning (the first few of them).
 pub fn load_model(dir: &Path) -> Result<Loaded> {
-    models::load(dir).with_context(|| format!("loading model {}", dir.display()))
+    let loaded = models::load(dir).with_context(|| format!("loading model {}", dir.display()))?;
+    if !loaded.unused.is_empty() {
+        let shown: Vec<&str> = loaded.unused.iter().take(5).map(String::as_str).collect();
+        let more = match loaded.unused.len() - shown.len() {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        };
+        eprintln!(
+            "warning: {}: the model does not use {} tensors of the checkpoint: {}{more}",
+            dir.display(),
+            loaded.unused.len(),
+            shown.join(", ")
+        );
+    }
+    Ok(loaded)
 }
 
 /// Reads an int64 `[B, T]` ids tensor (and an optional 0/1 mask of the same shape)
@@ -83,6 +98,12 @@ pub fn read_batch(
     mask_name: Option<&str>,
 ) -> Result<TokenBatch> {
     let (shape, ids) = file.ints(ids_name)?;
+    if shape.contains(&0) {
+        bail!(
+            "{}: `{ids_name}` is empty (shape {shape:?}): need at least one token",
+            file.path().display()
+        );
+    }
     if shape.len() != 2 {
         bail!(
             "{}: `{ids_name}` must be [B, T], got shape {shape:?}",

@@ -31,7 +31,10 @@ impl Checkpoint {
             let mut shards: Vec<&String> = index.weight_map.values().collect();
             shards.sort();
             shards.dedup();
-            shards.into_iter().map(|s| dir.join(s)).collect()
+            shards
+                .into_iter()
+                .map(|s| super::inside(dir, s, &index_path))
+                .collect::<Result<_>>()?
         } else {
             return Err(Error::Safetensors {
                 path: dir.display().to_string(),

@@ -16,10 +16,17 @@ pub fn read_text(path: &Path) -> Result<String> {
 /// Parses the JSON file `path` as `T`.
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
     let text = read_text(path)?;
-    serde_json::from_str(&text).map_err(|e| {
-        let reason = e.to_string();
-        field_error(path, &serde_field(&reason), reason)
-    })
+    let mut de = serde_json::Deserializer::from_str(&text);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let field = match e.path().to_string() {
+            p if p == "." => top_level_field(&text, &e.inner().to_string()),
+            p => p,
+        };
+        field_error(path, &field, e.inner().to_string())
+    })?;
+    de.end()
+        .map_err(|e| field_error(path, "(json)", e.to_string()))?;
+    Ok(value)
 }
 
 /// Like [`read_json`], with `T::default()` for a file that does not exist.
@@ -36,10 +43,24 @@ pub fn read_config<T: DeserializeOwned>(dir: &Path) -> Result<T> {
     read_json(&dir.join("config.json"))
 }
 
-/// serde_json names the field in "missing field `x`" / "unknown variant" messages;
-/// lift it out so the error's field slot is filled where possible.
-fn serde_field(msg: &str) -> String {
-    msg.split('`').nth(1).unwrap_or("(json)").to_string()
+/// The field a top-level error is about. serde_json names it only in some messages
+/// ("missing field `x`"); others name the bad value ("integer `-32`"), and structs
+/// with flattened parts lose the path, so the value is looked up among the file's
+/// top-level fields.
+fn top_level_field(text: &str, msg: &str) -> String {
+    let quoted = msg.split('`').nth(1).unwrap_or("(json)");
+    let by_value = serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|v| {
+            v.as_object()?
+                .iter()
+                .find(|(_, value)| serde_json::to_string(value).is_ok_and(|s| s == quoted))
+                .map(|(k, _)| k.clone())
+        });
+    match (msg.starts_with("invalid"), by_value) {
+        (true, Some(field)) => field,
+        _ => quoted.to_string(),
+    }
 }
 
 /// An error for a field of the JSON file `path` whose value parsed but cannot be used.

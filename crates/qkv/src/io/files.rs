@@ -74,3 +74,24 @@ pub fn read_regular_text(path: &Path) -> Result<String> {
         )
     })
 }
+
+/// `dir` joined with `rel`, a path a file inside the folder names (a shard in an index,
+/// a module in `modules.json`): refused when absolute or climbing out with `..`, so a
+/// model folder cannot make qkv read files outside it.
+pub fn inside(dir: &Path, rel: &str, named_in: &Path) -> Result<std::path::PathBuf> {
+    use std::path::Component;
+    let path = Path::new(rel);
+    let escapes = path
+        .components()
+        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
+    if escapes {
+        return Err(Error::io(
+            named_in,
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("names `{rel}`, a path outside the model folder"),
+            ),
+        ));
+    }
+    Ok(dir.join(path))
+}

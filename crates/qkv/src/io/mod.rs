@@ -12,5 +12,5 @@ pub use self::config::{
     aliased_size, bad_field, check_heads, check_positive, eps, epsilon, field_error, read_config,
     read_json, read_json_or_default, read_text, size, yes,
 };
-pub use self::files::{check_regular, open_regular, read_regular, read_regular_text};
+pub use self::files::{check_regular, inside, open_regular, read_regular, read_regular_text};
 pub use self::safetensors::{save, TensorFile};

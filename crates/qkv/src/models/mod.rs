@@ -192,13 +192,76 @@ impl Family {
     }
 }
 
-/// Refuses a config whose sizes describe more parameters than the checkpoint stores,
-/// before any is allocated: every parameter is read from the checkpoint, so a larger
-/// model cannot be right, and its sizes (a `head_dim` of 2^40, say) could ask for
-/// terabytes and abort the process.
+/// Tensors checkpoints carry that no qkv output reads: causal-mask and RoPE buffers
+/// saved by older transformers, position-id buffers, and BERT's pooler and
+/// next-sentence head (they feed only `pooler_output` and pre-training losses).
+fn needless(name: &str) -> bool {
+    const ENDINGS: [&str; 4] = [
+        ".attn.bias",
+        ".attn.masked_bias",
+        "rotary_emb.inv_freq",
+        "position_ids",
+    ];
+    ENDINGS.iter().any(|e| name.ends_with(e))
+        || name.contains("pooler.")
+        || name.starts_with("cls.seq_relationship")
+}
+
+/// The checkpoint's tensors `used` leaves out, apart from [`needless`] ones. A tensor
+/// of a layer beyond the config's layer count is an error: the config describes fewer
+/// layers than were trained (`n_layer: 0`, say), and the model would run without them.
+fn unused_tensors(
+    dir: &Path,
+    arch: &Arch,
+    ckpt: &Checkpoint,
+    used: &std::collections::HashSet<String>,
+) -> Result<Vec<String>> {
+    let mut unused: Vec<String> = ckpt
+        .names()
+        .filter(|n| !used.contains(*n) && !needless(n))
+        .map(String::from)
+        .collect();
+    unused.sort();
+    let layers = [arch.encoder, arch.decoder]
+        .iter()
+        .flatten()
+        .map(|s| s.layers)
+        .max()
+        .unwrap_or(0);
+    // the index after the families' layer list names: `h.3`, `layers.3`, `layer.3`,
+    // `block.3` (T5's `block.3.layer.1` is block 3)
+    let layer_of = |name: &str| {
+        let parts: Vec<&str> = name.split('.').collect();
+        parts.windows(2).find_map(|w| match w[0] {
+            "h" | "layers" | "layer" | "block" | "blocks" => w[1].parse::<usize>().ok(),
+            _ => None,
+        })
+    };
+    if let Some(name) = unused
+        .iter()
+        .find(|n| layer_of(n).is_some_and(|l| l >= layers))
+    {
+        return Err(crate::io::bad_field(
+            dir,
+            "(layers)",
+            format!(
+                "the checkpoint holds `{name}`, a weight of layer {}, but config.json has {layers} layers",
+                layer_of(name).unwrap_or(0)
+            ),
+        ));
+    }
+    Ok(unused)
+}
+
+/// Refuses a config whose sizes describe far more parameters than the checkpoint
+/// stores, before any is allocated: every parameter is read from the checkpoint, so a
+/// larger model cannot be right, and its sizes (a `head_dim` of 2^40, say) could ask
+/// for terabytes and abort the process.
 fn check_size(dir: &Path, arch: &Arch, stored: usize) -> Result<()> {
+    // Up to twice what is stored (plus 16 M values) is left to the loader, whose error
+    // names the missing or misshapen tensor; a config far beyond is refused here.
     let count = Weights::count(arch);
-    if count.is_some_and(|n| n <= stored) {
+    if count.is_some_and(|n| n <= stored.saturating_mul(2).saturating_add(1 << 24)) {
         return Ok(());
     }
     let first = arch.encoder.or(arch.decoder).expect("validated: a stack");
@@ -244,6 +307,9 @@ pub struct Loaded {
     pub parameters: usize,
     /// Dtypes on disk with their element counts.
     pub dtypes: Vec<(String, usize)>,
+    /// Checkpoint tensors the model does not read (sorted), besides the buffers and
+    /// heads no qkv output needs (see `unused_tensors`).
+    pub unused: Vec<String>,
 }
 
 /// Loads the model in folder `dir` (a Hugging Face folder or one qkv saved),
@@ -296,7 +362,8 @@ pub fn load(dir: &Path) -> Result<Loaded> {
         .map_err(|e| crate::io::bad_field(dir, "(architecture)", e.to_string()))?;
     let dtypes = ckpt.dtypes()?;
     check_size(dir, &arch, dtypes.iter().map(|(_, n)| n).sum())?;
-    let (weights, logits_bias) = Transformer::read_weights(&ckpt, &arch, family)?;
+    let (weights, logits_bias, used) = Transformer::read_weights(&ckpt, &arch, family)?;
+    let unused = unused_tensors(dir, &arch, &ckpt, &used)?;
     let mut special = special::special_tokens(dir, tokens)?;
     if family == Family::T5 {
         // Without a decoder start token, generation starts from BOS, as Hugging Face's
@@ -325,5 +392,6 @@ pub fn load(dir: &Path) -> Result<Loaded> {
         model,
         parameters: dtypes.iter().map(|(_, n)| n).sum(),
         dtypes,
+        unused,
     })
 }

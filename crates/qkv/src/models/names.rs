@@ -4,7 +4,7 @@
 //! (GPT-2's `c_attn`, BLOOM's per-head `query_key_value`). Reading and writing both go
 //! through the table, so a folder is saved exactly as it was read.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::Weights;
 use crate::error::{Error, Result};
@@ -65,7 +65,8 @@ pub(crate) fn read(
     weights: &mut Weights,
     locate: &dyn Fn(&str) -> Result<Loc>,
     aliases: &dyn Fn(&str) -> Vec<String>,
-) -> Result<()> {
+) -> Result<HashSet<String>> {
+    let mut used = HashSet::new();
     let mut last: Option<(String, Tensor)> = None;
     for (path, param) in weights.params_mut() {
         let loc = locate(&path)?;
@@ -126,8 +127,9 @@ pub(crate) fn read(
             return Err(Error::shape(name, expected, value.shape()));
         }
         *param = value;
+        used.insert(name);
     }
-    Ok(())
+    Ok(used)
 }
 
 /// Every parameter of `weights` as the checkpoint stores it, under its name, in the

@@ -335,8 +335,8 @@ fn read_modules(dir: &Path, modules_path: &Path) -> Result<(PathBuf, Option<Path
         )));
     }
     Ok((
-        dir.join(&modules[0].path),
-        Some(dir.join(&modules[1].path)),
+        crate::io::inside(dir, &modules[0].path, modules_path)?,
+        Some(crate::io::inside(dir, &modules[1].path, modules_path)?),
         normalize,
     ))
 }

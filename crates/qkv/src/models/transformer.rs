@@ -3,6 +3,7 @@
 //! needs, and the backward), returns attention weights when asked, and saves itself in
 //! its family's layout.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use serde_json::{json, Map, Value};
@@ -433,13 +434,15 @@ impl Transformer {
     }
 
     /// Fills `weights` from the checkpoint in `family`'s layout.
+    /// The weights `arch` needs from `ckpt`, the logits bias where the head has one,
+    /// and the checkpoint names that were read.
     pub(crate) fn read_weights(
         ckpt: &Checkpoint,
         arch: &Arch,
         family: Family,
-    ) -> Result<(Weights, Option<Tensor>)> {
+    ) -> Result<(Weights, Option<Tensor>, HashSet<String>)> {
         let mut weights = Weights::new(arch)?;
-        names::read(ckpt, &mut weights, &family.locator(arch), &|n| {
+        let mut used = names::read(ckpt, &mut weights, &family.locator(arch), &|n| {
             family.aliases(n)
         })?;
         let logits_bias = match arch.head {
@@ -447,6 +450,7 @@ impl Transformer {
                 logits_bias: true, ..
             } if ckpt.has("final_logits_bias") => {
                 let b = ckpt.tensor_shaped("final_logits_bias", &[1, arch.vocab])?;
+                used.insert("final_logits_bias".into());
                 Some(b.reshape(&[arch.vocab])?)
             }
             Head::Lm {
@@ -454,6 +458,6 @@ impl Transformer {
             } => Some(Tensor::zeros(&[arch.vocab])),
             _ => None,
         };
-        Ok((weights, logits_bias))
+        Ok((weights, logits_bias, used))
     }
 }

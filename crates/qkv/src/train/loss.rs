@@ -7,8 +7,8 @@
 //! ignored ones.
 //!
 //! One deliberate difference from PyTorch: when every target is ignored (a batch of
-//! padding only), PyTorch's mean is 0/0 = NaN; here the loss is 0 with a zero
-//! gradient, so such a batch changes nothing instead of poisoning the run with NaN.
+//! padding only), PyTorch's mean is 0/0 = NaN; here it is an error saying there are no
+//! scored targets, so the batch is neither trained on as NaN nor reported as loss 0.
 //! Non-finite logits still give a non-finite loss, for the trainer to report.
 
 use rayon::prelude::*;
@@ -29,7 +29,7 @@ const MIN_ELEMENTS_PER_TASK: usize = 1 << 15;
 /// d loss / d logits (`[.., V]`, shaped as `logits`).
 ///
 /// Errors if `targets` does not have one entry per row, or a target is neither in
-/// 0..V nor −100. If every target is ignored the loss is 0 and the gradient zero.
+/// 0..V nor −100, and when every target is ignored (no scored targets; torch gives NaN).
 pub fn cross_entropy(logits: &Tensor, targets: &[i64]) -> Result<(f32, Tensor)> {
     let mut dlogits = logits.clone();
     let loss = cross_entropy_in_place(&mut dlogits, targets)?;
@@ -79,8 +79,11 @@ pub fn cross_entropy_in_place(logits: &mut Tensor, targets: &[i64]) -> Result<f3
         valid += 1;
     }
     if valid == 0 {
-        logits.data_mut().fill(0.0);
-        return Ok(0.0);
+        // torch returns NaN (0 / 0); a loss of 0 would read as a perfect fit
+        return Err(Error::invalid(
+            "cross-entropy targets",
+            format!("no scored targets: all {n} are the ignore index {IGNORE_INDEX}"),
+        ));
     }
     // d mean / d (row loss) = 1 / n_valid for every valid row.
     let scale = 1.0 / valid as f32;
@@ -168,10 +171,11 @@ mod tests {
     }
 
     #[test]
-    fn all_ignored_is_zero_not_nan() {
+    fn all_ignored_is_an_error_not_a_perfect_loss() {
         let logits = Tensor::from_fn(&[3, 5], |i| i as f32 * 0.1);
-        let (loss, d) = cross_entropy(&logits, &[IGNORE_INDEX; 3]).unwrap();
-        assert_eq!(loss, 0.0);
-        assert!(d.data().iter().all(|&v| v == 0.0));
+        let err = cross_entropy(&logits, &[IGNORE_INDEX; 3])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no scored targets"), "{err}");
     }
 }
