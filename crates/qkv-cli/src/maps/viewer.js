@@ -137,16 +137,21 @@
     ctx.putImageData(img, 0, 0);
   }
 
-  function drawModel() {
+  // A table whose first row names the current kind's heads, `name` spelling each.
+  function headsTable(name) {
     const table = document.createElement("table");
-    const heads = maps()[0].heads;
     const top = table.insertRow();
     top.append(document.createElement("th"));
-    heads.forEach((h) => {
+    maps()[0].heads.forEach((h) => {
       const th = document.createElement("th");
-      th.textContent = h === "mean" ? "mean" : `head ${h}`;
+      th.textContent = h === "mean" ? "mean" : name(h);
       top.append(th);
     });
+    return table;
+  }
+
+  function drawModel() {
+    const table = headsTable((h) => `head ${h}`);
     maps().forEach((m, l) => {
       const row = table.insertRow();
       const th = document.createElement("th");
@@ -327,15 +332,7 @@
   }
 
   function drawEntropy() {
-    const table = document.createElement("table");
-    const heads = maps()[0].heads;
-    const top = table.insertRow();
-    top.append(document.createElement("th"));
-    heads.forEach((h) => {
-      const th = document.createElement("th");
-      th.textContent = h === "mean" ? "mean" : h;
-      top.append(th);
-    });
+    const table = headsTable((h) => h);
     const values = maps().map((m) => m.heads.map((_, h) => entropy(matrix(m, h))));
     const most = Math.max(1e-9, ...values.flat());
     maps().forEach((m, l) => {
