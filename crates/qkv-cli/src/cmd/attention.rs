@@ -407,11 +407,7 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
                     true => Kind::Cross,
                     false => present[0],
                 });
-                let count = match kind {
-                    Kind::Encoder => att.encoder.len(),
-                    Kind::Decoder => att.decoder.len(),
-                    Kind::Cross => att.cross.len(),
-                };
+                let count = kind.of(&att).len();
                 let one = Selection {
                     kinds: vec![kind],
                     layer: Some(args.layer.unwrap_or(count - 1)),

@@ -47,7 +47,7 @@ impl Kind {
     }
 
     /// This kind's maps among `att`, one per layer.
-    fn of(self, att: &Attentions) -> &[Tensor] {
+    pub fn of(self, att: &Attentions) -> &[Tensor] {
         match self {
             Kind::Encoder => &att.encoder,
             Kind::Decoder => &att.decoder,
