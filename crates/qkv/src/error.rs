@@ -1,7 +1,9 @@
 //! The one error type of the library: everything a user's input can cause.
 
 /// Errors name the tensor, field or file at fault so the message alone says what to fix.
+/// New kinds may be added, so a `match` on it needs a `_` arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A tensor's shape does not fit what an operation needs.
     #[error("shape mismatch for `{tensor}`: expected {expected}, got {got:?}")]

@@ -654,3 +654,89 @@ fn tensor_reshape_rejects_wrong_element_count() {
     let err = Tensor::zeros(&[2, 3]).reshape(&[4, 2]).unwrap_err();
     assert_invalid(err, "tensor data");
 }
+
+/// The low-level operations of the public API (item 7 of the hardening issue) give
+/// errors on shapes that do not fit, as the layers above them do, since bindings
+/// reach them with user data.
+#[test]
+fn low_level_ops_name_shapes_that_do_not_fit() {
+    use qkv::layers::linear::{product_backward, product_into};
+    use qkv::ops::{
+        gemm, gemm_packed, softmax_backward, Activation, MatMut, MatRef, PackedWeight, Par,
+    };
+
+    let mut a = Tensor::zeros(&[2, 3]);
+    assert_shape_error(
+        a.add_assign(&Tensor::zeros(&[3, 2])).unwrap_err(),
+        "add_assign operand",
+    );
+
+    let (x, w) = (vec![1.0f32; 6], vec![1.0f32; 12]);
+    let mut out = vec![0.0f32; 8];
+    // a [2,3] · b [4,3]: inner sizes differ
+    let err = gemm(
+        MatMut::row_major(&mut out, 2, 4),
+        MatRef::row_major(&x, 2, 3),
+        MatRef::row_major(&w, 4, 3),
+        1.0,
+        false,
+        Par::Auto,
+    )
+    .unwrap_err();
+    assert_shape_error(err, "gemm operands");
+    // a view whose strides reach past its slice, and one whose span overflows usize
+    for row_stride in [7, usize::MAX / 2] {
+        let err = gemm(
+            MatMut::row_major(&mut out, 2, 4),
+            MatRef {
+                data: &x,
+                rows: 2,
+                cols: 3,
+                row_stride,
+                col_stride: 1,
+            },
+            MatRef::row_major(&w, 3, 4),
+            1.0,
+            false,
+            Par::Auto,
+        )
+        .unwrap_err();
+        assert_invalid(err, "gemm view a");
+    }
+    let packed = PackedWeight::new(&w, 4, 3).unwrap();
+    let err = gemm_packed(
+        MatMut::row_major(&mut out, 2, 4),
+        MatRef::row_major(&w, 4, 3),
+        &packed,
+        1.0,
+        false,
+        Par::Auto,
+    )
+    .unwrap_err();
+    assert_shape_error(err, "gemm_packed operands");
+    assert_shape_error(PackedWeight::new(&w, 5, 3).unwrap_err(), "packed weight");
+    assert_shape_error(PackedWeight::new(&[], 0, 3).unwrap_err(), "packed weight");
+
+    let err = softmax_backward(&[0.5; 4], &[0.0; 4], 3, &mut [0.0; 4]).unwrap_err();
+    assert_shape_error(err, "softmax backward y");
+    let err = Activation::Relu
+        .backward_slice(&[1.0; 4], &[1.0; 3], &mut [0.0; 4])
+        .unwrap_err();
+    assert_shape_error(err, "activation backward dy, dx");
+
+    let (xt, wt) = (Tensor::zeros(&[2, 3]), Tensor::zeros(&[4, 5]));
+    let mut y = Tensor::zeros(&[2, 4]);
+    assert_shape_error(
+        product_into(&mut y, &xt, &wt, 1.0, false).unwrap_err(),
+        "product input",
+    );
+    let mut dw = Tensor::zeros(&[4, 5]);
+    let err =
+        product_backward(&xt, &Tensor::zeros(&[4]), 1.0, &y, &mut dw, (&mut a, false)).unwrap_err();
+    assert_shape_error(err, "product weight");
+    // the output too small for x·Wᵀ: caught as a view outside its slice
+    let wt = Tensor::zeros(&[4, 3]);
+    let mut small = Tensor::zeros(&[2, 3]);
+    let err = product_into(&mut small, &xt, &wt, 1.0, false).unwrap_err();
+    assert_invalid(err, "gemm view dst");
+}

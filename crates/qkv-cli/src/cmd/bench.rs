@@ -299,7 +299,7 @@ fn bench_matmul(a: &MatmulArgs, p: &mut Printer<impl Write>) -> Result<()> {
         let w = rng.tensor(&[n, k], 1.0);
         let mut y = Tensor::zeros(&[m, n]);
         let timing = measure(&a.common, || {
-            product_into(&mut y, &x, &w, 1.0, false);
+            product_into(&mut y, &x, &w, 1.0, false)?;
             black_box(&y);
             Ok(())
         })?;

@@ -18,7 +18,8 @@ use rayon::prelude::*;
 use super::micro::{self, Strided};
 use super::spec::Scorer;
 use super::HeadsView;
-use crate::ops::{gemm, MatMut, MatRef, Par};
+use crate::ops::matmul::gemm_views;
+use crate::ops::{MatMut, MatRef, Par};
 use crate::tensor::Tensor;
 
 /// Query rows up to this many take this path.
@@ -162,7 +163,7 @@ fn one_split(
             let scores = &mut scratch.scores[..hg * n];
             // the group's H/G query vectors are adjacent in q: [H/G, D] against keys
             // j0.. read in place as Kᵀ ([D, n], a key every G·D floats)
-            gemm(
+            gemm_views(
                 MatMut::row_major(scores, hg, n),
                 MatRef {
                     data: &q.data[q.offset(b, i, g * hg)..],

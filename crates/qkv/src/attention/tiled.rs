@@ -14,7 +14,8 @@ use super::decode;
 use super::micro::{self, Strided, PANEL};
 use super::spec::Scorer;
 use super::{AttentionOutput, HeadsView};
-use crate::ops::{gemm, MatMut, MatRef, Par};
+use crate::ops::matmul::gemm_views;
+use crate::ops::{MatMut, MatRef, Par};
 use crate::tensor::Tensor;
 
 /// Query rows per task. With 128 keys a block, a task's scores (32 × 128), its
@@ -267,7 +268,7 @@ fn weights_from_lse(q: &HeadsView, k: &HeadsView, scorer: &Scorer, lse: &Tensor)
         .for_each(|(bh, w_bh)| {
             let (b, h) = (bh / h_n, bh % h_n);
             let g = dims.kv_head(h);
-            gemm(
+            gemm_views(
                 MatMut::row_major(w_bh, t, s),
                 MatRef {
                     data: &q.data[q.offset(b, 0, h)..],

@@ -116,7 +116,7 @@ fn sublayer<T>(
     if residual == Residual::PostNorm {
         // r = x + f(x); out = norm(r)
         let (mut r, inner) = f(&x)?;
-        r.add_assign(&x);
+        r.add_assign(&x)?;
         let out = norm.forward_impl(&r, stats.as_mut())?;
         let tape = stats.map(|stats| ResTape {
             norm_in: r,
@@ -132,7 +132,7 @@ fn sublayer<T>(
         &x
     } else {
         &a
-    });
+    })?;
     let tape = stats.map(|stats| ResTape {
         norm_in: x,
         stats,
@@ -161,20 +161,20 @@ fn sublayer_backward(
             // out = norm(r), r = x + f(x)
             let d_r = norm.backward(&d_out, norm_in, stats, grads)?;
             let mut dx = f_back(branch_in, &d_r)?;
-            dx.add_assign(&d_r);
+            dx.add_assign(&d_r)?;
             dx
         }
         Residual::PreNorm => {
             // out = x + f(a), a = norm(x)
             let d_a = f_back(branch_in, &d_out)?;
             let mut dx = norm.backward(&d_a, norm_in, stats, grads)?;
-            dx.add_assign(&d_out);
+            dx.add_assign(&d_out)?;
             dx
         }
         Residual::PreNormFromNormed => {
             // out = a + f(a), a = norm(x)
             let mut d_a = f_back(branch_in, &d_out)?;
-            d_a.add_assign(&d_out);
+            d_a.add_assign(&d_out)?;
             norm.backward(&d_a, norm_in, stats, grads)?
         }
     })

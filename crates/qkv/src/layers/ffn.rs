@@ -167,7 +167,8 @@ impl FeedForward {
             }
             _ => {
                 // forward: m = act(h)  →  dh = dm ⊙ act′(h)
-                self.activation.backward_slice(h, dm.data(), dh.data_mut());
+                self.activation
+                    .backward_slice(h, dm.data(), dh.data_mut())?;
                 None
             }
         };

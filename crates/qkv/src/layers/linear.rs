@@ -70,8 +70,10 @@ impl Linear {
     /// as it is; its stale copy is ignored.
     pub fn pack(&mut self) {
         let (n_out, n_in) = (self.out_features(), self.in_features());
-        let packed = PackedWeight::new(self.weight.data(), n_out, n_in);
-        self.packed = Some((self.weight.generation(), Arc::new(packed)));
+        // an empty weight (no inputs or outputs) has no product to speed up: left unpacked
+        self.packed = PackedWeight::new(self.weight.data(), n_out, n_in)
+            .ok()
+            .map(|packed| (self.weight.generation(), Arc::new(packed)));
     }
 
     /// The packed weight, when [`Linear::pack`] made one from the current weight.
@@ -105,8 +107,8 @@ impl Linear {
                 1.0,
                 self.bias.is_some(),
                 Par::Auto,
-            ),
-            _ => product_into(&mut y, x, &self.weight, 1.0, self.bias.is_some()),
+            )?,
+            _ => product_into(&mut y, x, &self.weight, 1.0, self.bias.is_some())?,
         }
         Ok(y)
     }
@@ -115,9 +117,14 @@ impl Linear {
 /// y (+)= α·x·Wᵀ for x `[rows, in]`, W `[out, in]` read in place, y `[rows, out]`
 /// (any leading axes): overwritten, or added to when `accumulate`. A tied LM head reads
 /// the embedding table as its W this way.
-pub fn product_into(y: &mut Tensor, x: &Tensor, w: &Tensor, alpha: f32, accumulate: bool) {
-    let (n_out, n_in) = (w.shape()[0], w.shape()[1]);
-    let rows = x.numel() / n_in;
+pub fn product_into(
+    y: &mut Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    alpha: f32,
+    accumulate: bool,
+) -> Result<()> {
+    let (n_out, n_in, rows) = product_dims(x, w)?;
     gemm(
         MatMut::row_major(y.data_mut(), rows, n_out),
         MatRef::row_major(x.data(), rows, n_in),
@@ -125,7 +132,22 @@ pub fn product_into(y: &mut Tensor, x: &Tensor, w: &Tensor, alpha: f32, accumula
         alpha,
         accumulate,
         Par::Auto,
-    );
+    )
+}
+
+/// (out, in, rows) of `x·Wᵀ`, for W `[out, in]` and x `[..., in]`.
+fn product_dims(x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize)> {
+    let &[n_out, n_in] = w.shape() else {
+        return Err(Error::shape("product weight", "[out, in]", w.shape()));
+    };
+    if x.rank() == 0 || x.last_dim() != n_in {
+        return Err(Error::shape(
+            "product input",
+            format!("[..., {n_in}] (the weight's in)"),
+            x.shape(),
+        ));
+    }
+    Ok((n_out, n_in, x.numel() / n_in.max(1)))
 }
 
 /// Backward of [`product_into`] (`y = α·x·Wᵀ`): dy `[rows, out]` → dx `[rows, in]`
@@ -138,9 +160,8 @@ pub fn product_backward(
     dy: &Tensor,
     dw: &mut Tensor,
     (dx, accumulate): (&mut Tensor, bool),
-) {
-    let (n_out, n_in) = (w.shape()[0], w.shape()[1]);
-    let rows = x.numel() / n_in;
+) -> Result<()> {
+    let (n_out, n_in, rows) = product_dims(x, w)?;
     let dy_m = MatRef::row_major(dy.data(), rows, n_out);
     // forward: y = α·x·Wᵀ  →  dW += α·dyᵀ·x   ([out, N]·[N, in])
     gemm(
@@ -150,7 +171,7 @@ pub fn product_backward(
         alpha,
         true,
         Par::Auto,
-    );
+    )?;
     // forward: y = α·x·Wᵀ  →  dx = α·dy·W   ([N, out]·[out, in])
     gemm(
         MatMut::row_major(dx.data_mut(), rows, n_in),
@@ -159,7 +180,7 @@ pub fn product_backward(
         alpha,
         accumulate,
         Par::Auto,
-    );
+    )
 }
 
 crate::module!(Linear { weight, bias });
@@ -246,7 +267,7 @@ impl Linear {
                 }
             }
         }
-        product_backward(x, &self.weight, 1.0, dy, &mut grads.weight, dx);
+        product_backward(x, &self.weight, 1.0, dy, &mut grads.weight, dx)?;
         Ok(())
     }
 }

@@ -24,10 +24,16 @@ pub struct Tape {
 
 /// Backward of [`project`](super::forward::project), `y = s·h·Wᵀ`: dy → dh `[.., C]`;
 /// **accumulates** into `dw` `[V, C]`.
-fn project_backward(h: &Tensor, w: &Tensor, s: f32, dy: &Tensor, dw: &mut Tensor) -> Tensor {
+fn project_backward(
+    h: &Tensor,
+    w: &Tensor,
+    s: f32,
+    dy: &Tensor,
+    dw: &mut Tensor,
+) -> Result<Tensor> {
     let mut dh = Tensor::zeros(h.shape());
-    product_backward(h, w, s, dy, dw, (&mut dh, false));
-    dh
+    product_backward(h, w, s, dy, dw, (&mut dh, false))?;
+    Ok(dh)
 }
 
 /// Σ over rows of dy `[.., V]`, added into `db` `[V]`.
@@ -62,7 +68,7 @@ impl Net<'_> {
                             if let (Some(cross), Some(gc), Some(d)) =
                                 (&layer.cross, lg.cross.as_mut(), d)
                             {
-                                dm.add_assign(&cross.cross_kv_backward(&m.hidden, d, gc)?);
+                                dm.add_assign(&cross.cross_kv_backward(&m.hidden, d, gc)?)?;
                             }
                         }
                         Some(dm)
@@ -91,24 +97,24 @@ impl Net<'_> {
                     1.0
                 };
                 // logits = s·h·Wᵀ (+ a fixed bias)
-                Ok(match (&hw.lm_head, g.head.lm_head.as_mut(), tied) {
+                match (&hw.lm_head, g.head.lm_head.as_mut(), tied) {
                     (Some(lin), Some(gl), false) => {
                         project_backward(&tape.h, &lin.weight, s, dl, &mut gl.weight)
                     }
                     _ => project_backward(&tape.h, table, s, dl, &mut g.embed_tokens.weight),
-                })
+                }
             }
             (Head::MaskedLm { activation }, Some((z, a, stats, n))) => {
                 let (dense, norm) = (hw.dense.as_ref(), hw.norm.as_ref());
                 let (dense, norm) = dense.zip(norm).expect("a masked-LM arch builds its head");
                 // logits = n·Eᵀ + bias
                 sum_rows_into(dl, g.head.bias.as_mut().expect("masked-LM bias grad"));
-                let dn = project_backward(&n, table, 1.0, dl, &mut g.embed_tokens.weight);
+                let dn = project_backward(&n, table, 1.0, dl, &mut g.embed_tokens.weight)?;
                 // n = norm(a), a = act(z), z = dense(h)
                 let gn = g.head.norm.as_mut().expect("masked-LM norm grad");
                 let da = norm.backward(&dn, &a, &stats, gn)?;
                 let mut dz = Tensor::zeros(z.shape());
-                activation.backward_slice(z.data(), da.data(), dz.data_mut());
+                activation.backward_slice(z.data(), da.data(), dz.data_mut())?;
                 let gd = g.head.dense.as_mut().expect("masked-LM dense grad");
                 dense.backward(&tape.h, &dz, gd)
             }
@@ -162,7 +168,7 @@ impl Net<'_> {
             dx = r.dx;
             d_cross.push(r.d_cross);
             match (&mut dbias, r.dbias) {
-                (Some(sum), Some(d)) => sum.add_assign(&d),
+                (Some(sum), Some(d)) => sum.add_assign(&d)?,
                 (sum, d) if sum.is_none() => *sum = d,
                 _ => {}
             }

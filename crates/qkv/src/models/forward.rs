@@ -323,7 +323,7 @@ impl<'m> Net<'m> {
             x.data_mut().iter_mut().for_each(|v| *v *= k);
         }
         if let Some(table) = &stack.embed_positions {
-            x.add_assign(&table.forward(&input.positions)?);
+            x.add_assign(&table.forward(&input.positions)?)?;
         }
         if let Position::Sinusoidal { layout, .. } = self.arch.position {
             for (row, &p) in x.data_mut().chunks_exact_mut(c).zip(&input.positions) {
@@ -334,7 +334,7 @@ impl<'m> Net<'m> {
         }
         if let Some(types) = &stack.embed_types {
             match &input.types {
-                Some(ids) => x.add_assign(&types.forward(ids)?),
+                Some(ids) => x.add_assign(&types.forward(ids)?)?,
                 // all segment 0: one row, added everywhere
                 None => {
                     let row = types.forward(&[0])?;
@@ -381,7 +381,7 @@ impl<'m> Net<'m> {
                 } else {
                     1.0
                 };
-                (project(&h, w, s), None)
+                (project(&h, w, s)?, None)
             }
             Head::MaskedLm { activation } => {
                 let (dense, norm) = match (&hw.dense, &hw.norm) {
@@ -393,7 +393,7 @@ impl<'m> Net<'m> {
                 activation.apply_slice(a.data_mut());
                 let mut stats = NormCache::default();
                 let n = norm.forward_with_cache(&a, &mut stats)?;
-                let mut logits = project(&n, table, 1.0);
+                let mut logits = project(&n, table, 1.0)?;
                 add_rows(&mut logits, hw.bias.as_ref().expect("masked-LM bias"));
                 (logits, Some((z, a, stats, n)))
             }
@@ -427,12 +427,12 @@ fn norm_keep(
 }
 
 /// s·h·Wᵀ: h `[.., C]`, W `[V, C]` (read transposed in place) → `[.., V]`.
-pub(crate) fn project(h: &Tensor, w: &Tensor, s: f32) -> Tensor {
+pub(crate) fn project(h: &Tensor, w: &Tensor, s: f32) -> Result<Tensor> {
     let mut shape = h.shape().to_vec();
     *shape.last_mut().expect("h has a last axis") = w.shape()[0];
     let mut out = Tensor::zeros(&shape);
-    product_into(&mut out, h, w, s, false);
-    out
+    product_into(&mut out, h, w, s, false)?;
+    Ok(out)
 }
 
 /// Adds `b` `[V]` (any shape of V elements) to every row of x `[.., V]`.

@@ -147,14 +147,14 @@ impl Activation {
     /// Backward of `y = f(x)` elementwise: **accumulates** `dx += dy ∘ f′(x)`.
     /// `x` holds the pre-activation values the forward was given; all three slices
     /// have the same length.
-    pub fn backward_slice(self, x: &[f32], dy: &[f32], dx: &mut [f32]) {
-        assert!(
-            x.len() == dy.len() && x.len() == dx.len(),
-            "activation backward: x {}, dy {}, dx {} elements",
-            x.len(),
-            dy.len(),
-            dx.len()
-        );
+    pub fn backward_slice(self, x: &[f32], dy: &[f32], dx: &mut [f32]) -> Result<()> {
+        if x.len() != dy.len() || x.len() != dx.len() {
+            return Err(Error::shape(
+                "activation backward dy, dx",
+                format!("{} elements each, as x", x.len()),
+                &[dy.len(), dx.len()],
+            ));
+        }
         // a long slice is split over the threads, as in `apply_slice`
         if x.len() >= 4 * CHUNK && rayon::current_num_threads() > 1 {
             dx.par_chunks_mut(CHUNK)
@@ -163,6 +163,7 @@ impl Activation {
         } else {
             self.backward_chunk(x, dy, dx);
         }
+        Ok(())
     }
 
     /// [`Activation::backward_slice`] on one thread.
@@ -371,7 +372,7 @@ mod tests {
                 assert!(close(got, want), "{act:?}({x}): {got} vs {want}");
             }
             let mut dx = vec![0.25f32; xs.len()];
-            act.backward_slice(&xs, &dy, &mut dx);
+            act.backward_slice(&xs, &dy, &mut dx).unwrap();
             for ((&x, &g), &got) in xs.iter().zip(&dy).zip(&dx) {
                 let want = 0.25 + g * act.derivative(x);
                 assert!(close(got, want), "{act:?}′({x}): {got} vs {want}");

@@ -1,5 +1,6 @@
 //! Numerically stable softmax over the last axis.
 
+use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 /// Softmax of each `n`-wide row of `x`, in place. The row maximum is subtracted
@@ -40,22 +41,24 @@ pub fn softmax(x: &Tensor) -> Tensor {
 /// (the Jacobian of softmax is diag(y) − y·yᵀ, so only `y` is needed, not the input).
 /// A fully masked row (all-zero `y`) gets zero gradient. `y`, `dy` and `dx` have the
 /// same length, a multiple of `n`.
-pub fn softmax_backward(y: &[f32], dy: &[f32], n: usize, dx: &mut [f32]) {
-    assert!(
-        y.len() == dy.len() && y.len() == dx.len(),
-        "softmax backward: y {}, dy {}, dx {} elements",
-        y.len(),
-        dy.len(),
-        dx.len()
-    );
-    if n == 0 {
-        return;
+pub fn softmax_backward(y: &[f32], dy: &[f32], n: usize, dx: &mut [f32]) -> Result<()> {
+    if y.len() != dy.len() || y.len() != dx.len() {
+        return Err(Error::shape(
+            "softmax backward dy, dx",
+            format!("{} elements each, as y", y.len()),
+            &[dy.len(), dx.len()],
+        ));
     }
-    assert!(
-        y.len().is_multiple_of(n),
-        "softmax backward: {} elements are not rows of {n}",
-        y.len()
-    );
+    if n == 0 {
+        return Ok(());
+    }
+    if !y.len().is_multiple_of(n) {
+        return Err(Error::shape(
+            "softmax backward y",
+            format!("rows of {n}"),
+            &[y.len()],
+        ));
+    }
     for ((yr, gr), dr) in y
         .chunks_exact(n)
         .zip(dy.chunks_exact(n))
@@ -66,6 +69,7 @@ pub fn softmax_backward(y: &[f32], dy: &[f32], n: usize, dx: &mut [f32]) {
             *d += yi * (gi - dot);
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -76,14 +80,22 @@ mod tests {
     fn backward_of_masked_row_is_zero_and_accumulates() {
         let y = vec![0.0; 3];
         let mut dx = vec![1.0; 3];
-        softmax_backward(&y, &[1.0, -2.0, 3.0], 3, &mut dx);
+        softmax_backward(&y, &[1.0, -2.0, 3.0], 3, &mut dx).unwrap();
         assert_eq!(dx, vec![1.0; 3]);
         // a uniform upstream gradient has no effect: softmax is shift-invariant
         let mut x = vec![0.3, -1.0, 2.0];
         softmax_rows(&mut x, 3);
         let mut dx = vec![0.0; 3];
-        softmax_backward(&x, &[0.7; 3], 3, &mut dx);
+        softmax_backward(&x, &[0.7; 3], 3, &mut dx).unwrap();
         assert!(dx.iter().all(|d| d.abs() < 1e-7), "{dx:?}");
+    }
+
+    #[test]
+    fn backward_names_mismatched_lengths() {
+        let err = softmax_backward(&[0.5; 4], &[0.0; 3], 2, &mut [0.0; 4]).unwrap_err();
+        assert!(err.to_string().contains("softmax backward dy, dx"), "{err}");
+        let err = softmax_backward(&[0.5; 4], &[0.0; 4], 3, &mut [0.0; 4]).unwrap_err();
+        assert!(err.to_string().contains("rows of 3"), "{err}");
     }
 
     #[test]

@@ -90,7 +90,7 @@ impl Additive {
             1.0,
             true,
             Par::Auto,
-        );
+        )?;
         Ok(proj)
     }
 
@@ -102,12 +102,17 @@ impl Additive {
         d_proj: &Tensor,
         grads: &mut Additive,
         d_keys: &mut Tensor,
-    ) {
-        let (rows, hk, a) = (
-            keys.numel() / self.key.shape()[1],
-            self.key.shape()[1],
-            self.width(),
-        );
+    ) -> Result<()> {
+        let (hk, a) = (self.key.shape()[1], self.width());
+        keys.expect_shape("additive keys", &[None, None, Some(hk)])?;
+        let (b_n, s_n) = (keys.shape()[0], keys.shape()[1]);
+        d_proj.expect_shape(
+            "additive d projected keys",
+            &[Some(b_n), Some(s_n), Some(a)],
+        )?;
+        d_keys.expect_shape("additive d keys", &[Some(b_n), Some(s_n), Some(hk)])?;
+        self.check_grads(grads)?;
+        let rows = b_n * s_n;
         // proj = keys·Uᵀ + b  →  dU += d projᵀ·keys, db += Σ d proj, d keys += d proj·U
         gemm(
             MatMut::row_major(grads.key.data_mut(), a, hk),
@@ -116,7 +121,7 @@ impl Additive {
             1.0,
             true,
             Par::Auto,
-        );
+        )?;
         for row in d_proj.data().chunks_exact(a) {
             for (g, &d) in grads.bias.data_mut().iter_mut().zip(row) {
                 *g += d;
@@ -129,7 +134,7 @@ impl Additive {
             1.0,
             true,
             Par::Auto,
-        );
+        )
     }
 
     /// One decoder step's attention: query s `[B, Hq]` against the projected keys
@@ -173,7 +178,7 @@ impl Additive {
             1.0,
             false,
             Par::Auto,
-        );
+        )?;
         let mut hidden = Tensor::zeros(&[b_n, s_n, a]);
         let mut weights = Tensor::zeros(&[b_n, s_n]);
         let mut context = Tensor::zeros(&[b_n, hk]);
@@ -224,9 +229,18 @@ impl Additive {
         grads: &mut Additive,
         d_proj: &mut Tensor,
         d_values: &mut Tensor,
-    ) -> Tensor {
+    ) -> Result<Tensor> {
         let (b_n, s_n, a) = (step.hidden.shape()[0], step.hidden.shape()[1], self.width());
-        let (hq, hk) = (self.query.shape()[1], values.shape()[2]);
+        let hq = self.query.shape()[1];
+        values.expect_shape("additive values", &[Some(b_n), Some(s_n), None])?;
+        let hk = values.shape()[2];
+        d_context.expect_shape("additive d context", &[Some(b_n), Some(hk)])?;
+        d_proj.expect_shape(
+            "additive d projected keys",
+            &[Some(b_n), Some(s_n), Some(a)],
+        )?;
+        d_values.expect_shape("additive d values", &[Some(b_n), Some(s_n), Some(hk)])?;
+        self.check_grads(grads)?;
         let mut d_qw = vec![0.0; b_n * a];
         for b in 0..b_n {
             let alpha = &step.weights.data()[b * s_n..(b + 1) * s_n];
@@ -264,7 +278,7 @@ impl Additive {
             1.0,
             true,
             Par::Auto,
-        );
+        )?;
         let mut d_query = Tensor::zeros(&[b_n, hq]);
         gemm(
             MatMut::row_major(d_query.data_mut(), b_n, hq),
@@ -273,7 +287,27 @@ impl Additive {
             1.0,
             false,
             Par::Auto,
-        );
-        d_query
+        )?;
+        Ok(d_query)
+    }
+
+    /// Errors unless `grads` has this module's shapes.
+    fn check_grads(&self, grads: &Additive) -> Result<()> {
+        let pairs = [
+            ("query", &self.query, &grads.query),
+            ("key", &self.key, &grads.key),
+            ("bias", &self.bias, &grads.bias),
+            ("score", &self.score, &grads.score),
+        ];
+        for (name, w, g) in pairs {
+            if w.shape() != g.shape() {
+                return Err(Error::shape(
+                    format!("additive grads.{name}"),
+                    format!("{:?}", w.shape()),
+                    g.shape(),
+                ));
+            }
+        }
+        Ok(())
     }
 }

@@ -129,7 +129,7 @@ impl Elman {
         let mut input = x.clone();
         for (k, layer) in self.layers.iter().enumerate() {
             let start = &h0.data()[k * b_n * hd..(k + 1) * b_n * hd];
-            let (h, last) = layer.run(&input, &lengths, start);
+            let (h, last) = layer.run(&input, &lengths, start)?;
             h_n.data_mut()[k * b_n * hd..(k + 1) * b_n * hd].copy_from_slice(&last);
             inputs.push(std::mem::replace(&mut input, h.clone()));
             states.push(h);
@@ -180,7 +180,7 @@ impl Elman {
                 &cache.lengths,
                 (&d_above, d_last),
                 &mut grads.layers[k],
-            );
+            )?;
             dh0.data_mut()[span].copy_from_slice(&dh);
             d_above = dx;
         }
@@ -224,13 +224,13 @@ impl ElmanLayer {
 
     /// One step of the cell alone, as the encoder-decoder's decoder takes it: x
     /// `[B, In]`, s `[B, Hd]` → `tanh(W_ih·x + b_ih + W_hh·s + b_hh)` `[B, Hd]`.
-    pub(crate) fn step(&self, x: &Tensor, s: &Tensor) -> Tensor {
+    pub(crate) fn step(&self, x: &Tensor, s: &Tensor) -> Result<Tensor> {
         let (b_n, hd) = (s.shape()[0], self.weight_hh.shape()[0]);
         let mut pre = self.biases(&[b_n, hd]);
-        product_into(&mut pre, x, &self.weight_ih, 1.0, true);
-        product_into(&mut pre, s, &self.weight_hh, 1.0, true);
+        product_into(&mut pre, x, &self.weight_ih, 1.0, true)?;
+        product_into(&mut pre, s, &self.weight_hh, 1.0, true)?;
         pre.data_mut().iter_mut().for_each(|v| *v = v.tanh());
-        pre
+        Ok(pre)
     }
 
     /// Backward of [`Self::step`]: `next` is its output and `d_next` `[B, Hd]` the
@@ -241,7 +241,7 @@ impl ElmanLayer {
         (x, s, next): (&Tensor, &Tensor, &Tensor),
         d_next: &Tensor,
         grads: &mut ElmanLayer,
-    ) -> (Tensor, Tensor) {
+    ) -> Result<(Tensor, Tensor)> {
         // next = tanh(pre)  →  d pre = d next · (1 − next²)
         let mut d_pre = d_next.clone();
         for (d, &h) in d_pre.data_mut().iter_mut().zip(next.data()) {
@@ -256,7 +256,7 @@ impl ElmanLayer {
             &d_pre,
             &mut grads.weight_ih,
             (&mut dx, false),
-        );
+        )?;
         product_backward(
             s,
             &self.weight_hh,
@@ -264,14 +264,14 @@ impl ElmanLayer {
             &d_pre,
             &mut grads.weight_hh,
             (&mut ds, false),
-        );
+        )?;
         grads.add_bias_grads(&d_pre);
-        (dx, ds)
+        Ok((dx, ds))
     }
 
     /// One layer over input `[B, T, In]` from h0 `[B, Hd]`: returns its states
     /// `[B, T, Hd]` and its final states `[B·Hd]`.
-    fn run(&self, input: &Tensor, lengths: &[usize], h0: &[f32]) -> (Tensor, Vec<f32>) {
+    fn run(&self, input: &Tensor, lengths: &[usize], h0: &[f32]) -> Result<(Tensor, Vec<f32>)> {
         let (b_n, t_n, hd) = (
             input.shape()[0],
             input.shape()[1],
@@ -279,13 +279,13 @@ impl ElmanLayer {
         );
         // every step's input projection at once, with both biases: [B, T, Hd]
         let mut pre = self.biases(&[b_n, t_n, hd]);
-        product_into(&mut pre, input, &self.weight_ih, 1.0, true);
+        product_into(&mut pre, input, &self.weight_ih, 1.0, true)?;
         // the recurrence, one step at a time: state [B, Hd], its product with W_hhᵀ
         let mut state = Tensor::new(&[b_n, hd], h0.to_vec()).expect("h0 is [B, Hd]");
         let mut recur = Tensor::zeros(&[b_n, hd]);
         let mut h = Tensor::zeros(&[b_n, t_n, hd]);
         for t in 0..t_n {
-            product_into(&mut recur, &state, &self.weight_hh, 1.0, false);
+            product_into(&mut recur, &state, &self.weight_hh, 1.0, false)?;
             for b in (0..b_n).filter(|&b| t < lengths[b]) {
                 let at = (b * t_n + t) * hd;
                 let s = &mut state.data_mut()[b * hd..(b + 1) * hd];
@@ -295,7 +295,7 @@ impl ElmanLayer {
                 h.data_mut()[at..at + hd].copy_from_slice(s);
             }
         }
-        (h, state.into_data())
+        Ok((h, state.into_data()))
     }
 
     /// Backward of [`Self::run`]. `d_out` is the gradient of the states `[B, T, Hd]`,
@@ -309,7 +309,7 @@ impl ElmanLayer {
         lengths: &[usize],
         (d_out, d_last): (&Tensor, Option<&[f32]>),
         grads: &mut ElmanLayer,
-    ) -> (Tensor, Vec<f32>) {
+    ) -> Result<(Tensor, Vec<f32>)> {
         let (b_n, t_n, hd) = (h.shape()[0], h.shape()[1], self.weight_hh.shape()[0]);
         // dh: the gradient reaching the state of each row, carried back step by step.
         // A row's final state is its state after its last real step, and past its
@@ -345,7 +345,7 @@ impl ElmanLayer {
                 1.0,
                 false,
                 Par::Auto,
-            );
+            )?;
             for b in (0..b_n).filter(|&b| t < lengths[b]) {
                 dh.data_mut()[b * hd..(b + 1) * hd].copy_from_slice(&d_prev[b * hd..][..hd]);
             }
@@ -372,7 +372,7 @@ impl ElmanLayer {
             1.0,
             true,
             Par::Auto,
-        );
+        )?;
         let mut d_input = Tensor::zeros(input.shape());
         product_backward(
             input,
@@ -381,9 +381,9 @@ impl ElmanLayer {
             &d_pre,
             &mut grads.weight_ih,
             (&mut d_input, false),
-        );
+        )?;
         grads.add_bias_grads(&d_pre);
-        (d_input, dh.into_data())
+        Ok((d_input, dh.into_data()))
     }
 }
 

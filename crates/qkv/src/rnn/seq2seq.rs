@@ -194,7 +194,7 @@ impl RnnSeq2Seq {
                 row[..e].copy_from_slice(&y.data()[(b * t_n + i) * e..][..e]);
                 row[e..].copy_from_slice(&context.data()[b * hd..(b + 1) * hd]);
             }
-            let next = self.decoder.step(&cell_in, &state);
+            let next = self.decoder.step(&cell_in, &state)?;
             for b in 0..b_n {
                 let f = &mut features.data_mut()[(b * t_n + i) * 2 * hd..][..2 * hd];
                 f[..hd].copy_from_slice(&next.data()[b * hd..(b + 1) * hd]);
@@ -266,7 +266,7 @@ impl RnnSeq2Seq {
             }
             let (d_in, mut d_prev) =
                 self.decoder
-                    .step_backward((cell_in, prev, &s_i), &d_s, &mut grads.decoder);
+                    .step_backward((cell_in, prev, &s_i), &d_s, &mut grads.decoder)?;
             let n_in = e + hd;
             for b in 0..b_n {
                 let row = &d_in.data()[b * n_in..(b + 1) * n_in];
@@ -281,17 +281,17 @@ impl RnnSeq2Seq {
             match (&self.attention, attended, &mut grads.attention, &mut d_proj) {
                 (Some(a), Some(step), Some(ga), Some(dp)) => {
                     let dq =
-                        a.step_backward(step, &cache.memory, &d_context, ga, dp, &mut d_memory);
-                    d_prev.add_assign(&dq);
+                        a.step_backward(step, &cache.memory, &d_context, ga, dp, &mut d_memory)?;
+                    d_prev.add_assign(&dq)?;
                 }
-                _ => d_s0.add_assign(&d_context),
+                _ => d_s0.add_assign(&d_context)?,
             }
             d_state = d_prev;
         }
         // s_0 is the encoder's final top state: its gradient enters as d h_n
-        d_s0.add_assign(&d_state);
+        d_s0.add_assign(&d_state)?;
         if let (Some(a), Some(ga), Some(dp)) = (&self.attention, &mut grads.attention, &d_proj) {
-            a.project_keys_backward(&cache.memory, dp, ga, &mut d_memory);
+            a.project_keys_backward(&cache.memory, dp, ga, &mut d_memory)?;
         }
         let layers = self.encoder.layers.len();
         let mut d_hn = Tensor::zeros(&[layers, b_n, hd]);

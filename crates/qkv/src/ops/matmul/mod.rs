@@ -59,7 +59,8 @@ impl<'a> MatRef<'a> {
     }
 
     fn fits(&self) -> bool {
-        span(self.rows, self.cols, self.row_stride, self.col_stride) <= self.data.len()
+        span(self.rows, self.cols, self.row_stride, self.col_stride)
+            .is_some_and(|n| n <= self.data.len())
     }
 }
 
@@ -76,17 +77,21 @@ impl<'a> MatMut<'a> {
     }
 
     fn fits(&self) -> bool {
-        span(self.rows, self.cols, self.row_stride, self.col_stride) <= self.data.len()
+        span(self.rows, self.cols, self.row_stride, self.col_stride)
+            .is_some_and(|n| n <= self.data.len())
     }
 }
 
-/// Number of elements a strided matrix reaches (0 for an empty one).
-fn span(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
+/// Number of elements a strided matrix reaches (0 for an empty one); `None` past
+/// `usize`, which no slice holds.
+fn span(rows: usize, cols: usize, rs: usize, cs: usize) -> Option<usize> {
     if rows == 0 || cols == 0 {
-        0
-    } else {
-        (rows - 1) * rs + (cols - 1) * cs + 1
+        return Some(0);
     }
+    (rows - 1)
+        .checked_mul(rs)?
+        .checked_add((cols - 1).checked_mul(cs)?)?
+        .checked_add(1)
 }
 
 /// Threading for one product. Kernels that already run inside a parallel loop pass
@@ -99,26 +104,31 @@ pub enum Par {
 }
 
 /// `dst = (accumulate ? dst : 0) + alpha · a · b`, with a: `[M,K]`, b: `[K,N]`, dst: `[M,N]`.
-///
-/// Panics if the shapes disagree or a view reaches outside its slice: callers build
-/// views from validated shapes, so a mismatch here is an internal bug.
-pub fn gemm(dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, alpha: f32, accumulate: bool, par: Par) {
-    assert!(
-        a.rows == dst.rows && b.cols == dst.cols && a.cols == b.rows,
-        "gemm shapes: a {}x{}, b {}x{}, dst {}x{}",
-        a.rows,
-        a.cols,
-        b.rows,
-        b.cols,
-        dst.rows,
-        dst.cols
-    );
-    assert!(
-        a.fits() && b.fits() && dst.fits(),
-        "gemm view outside its slice"
-    );
+/// Errors when the shapes disagree or a view reaches outside its slice.
+pub fn gemm(
+    dst: MatMut<'_>,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    alpha: f32,
+    accumulate: bool,
+    par: Par,
+) -> Result<()> {
+    if !(a.rows == dst.rows && b.cols == dst.cols && a.cols == b.rows) {
+        return Err(Error::shape(
+            "gemm operands",
+            format!(
+                "a [M,K], b [K,N], dst [M,N]; got a {}x{}, b {}x{}, dst",
+                a.rows, a.cols, b.rows, b.cols
+            ),
+            &[dst.rows, dst.cols],
+        ));
+    }
+    outside(
+        "gemm",
+        &[("a", a.fits()), ("b", b.fits()), ("dst", dst.fits())],
+    )?;
     if dst.rows == 0 || dst.cols == 0 {
-        return;
+        return Ok(());
     }
     if a.cols == 0 {
         if !accumulate {
@@ -128,16 +138,42 @@ pub fn gemm(dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, alpha: f32, accumulat
                 }
             }
         }
-        return;
+        return Ok(());
     }
     blocked::product(dst, a, b, alpha, accumulate, par);
+    Ok(())
+}
+
+/// [`gemm`] on views that the crate builds from shapes it has already checked, inside
+/// loops that return no error: a mismatch here is a bug in qkv, and panics.
+pub(crate) fn gemm_views(
+    dst: MatMut<'_>,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    alpha: f32,
+    accumulate: bool,
+    par: Par,
+) {
+    if let Err(e) = gemm(dst, a, b, alpha, accumulate, par) {
+        panic!("internal views: {e}");
+    }
+}
+
+/// The error for the first view (name, inside its slice) that is not inside its slice.
+fn outside(op: &str, views: &[(&str, bool)]) -> Result<()> {
+    match views.iter().find(|(_, fits)| !fits) {
+        Some((name, _)) => Err(Error::invalid(
+            format!("{op} view {name}"),
+            "its rows and strides reach outside its slice",
+        )),
+        None => Ok(()),
+    }
 }
 
 /// [`gemm`] with b = Wᵀ for a weight packed once: `dst = (accumulate ? dst : 0) + alpha ·
 /// a · Wᵀ`, a: `[M,K]`, W `[N,K]`, dst: `[M,N]`. Equal to [`gemm`] on W's transposed
-/// view up to the order of the sums (the few-rows path sums differently).
-///
-/// Panics if the shapes disagree or a view reaches outside its slice, as [`gemm`].
+/// view up to the order of the sums (the few-rows path sums differently). Errors as
+/// [`gemm`] does.
 pub fn gemm_packed(
     dst: MatMut<'_>,
     a: MatRef<'_>,
@@ -145,22 +181,26 @@ pub fn gemm_packed(
     alpha: f32,
     accumulate: bool,
     par: Par,
-) {
-    assert!(
-        a.rows == dst.rows && w.n() == dst.cols && a.cols == w.k(),
-        "gemm_packed shapes: a {}x{}, W {}x{}, dst {}x{}",
-        a.rows,
-        a.cols,
-        w.n(),
-        w.k(),
-        dst.rows,
-        dst.cols
-    );
-    assert!(a.fits() && dst.fits(), "gemm_packed view outside its slice");
+) -> Result<()> {
+    if !(a.rows == dst.rows && w.n() == dst.cols && a.cols == w.k()) {
+        return Err(Error::shape(
+            "gemm_packed operands",
+            format!(
+                "a [M,K], W [N,K], dst [M,N]; got a {}x{}, W {}x{}, dst",
+                a.rows,
+                a.cols,
+                w.n(),
+                w.k()
+            ),
+            &[dst.rows, dst.cols],
+        ));
+    }
+    outside("gemm_packed", &[("a", a.fits()), ("dst", dst.fits())])?;
     if dst.rows == 0 {
-        return;
+        return Ok(());
     }
     blocked::product_packed(dst, a, w, alpha, accumulate, par);
+    Ok(())
 }
 
 /// a: `[..., M, K]` (leading axes flattened into rows) times b: `[K, N]` → `[..., M, N]`.
@@ -184,7 +224,7 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         1.0,
         false,
         Par::Auto,
-    );
+    )?;
     Ok(out)
 }
 
@@ -311,7 +351,8 @@ mod tests {
                         -0.5,
                         add,
                         par,
-                    );
+                    )
+                    .unwrap();
                     for i in 0..m {
                         for j in 0..n {
                             let dot: f64 = (0..k)
@@ -349,7 +390,7 @@ mod tests {
             let a = rng.normals(m * k, 1.0);
             let w = rng.normals(n * k, 1.0);
             let c0 = rng.normals(m * n, 1.0);
-            let packed = PackedWeight::new(&w, n, k);
+            let packed = PackedWeight::new(&w, n, k).unwrap();
             for (par, add) in [(Par::Auto, false), (Par::Single, true)] {
                 let mut got = c0.clone();
                 let mut blocked = c0.clone();
@@ -360,7 +401,8 @@ mod tests {
                     -0.5,
                     add,
                     par,
-                );
+                )
+                .unwrap();
                 gemm(
                     MatMut::row_major(&mut blocked, m, n),
                     MatRef::row_major(&a, m, k),
@@ -368,7 +410,8 @@ mod tests {
                     -0.5,
                     add,
                     par,
-                );
+                )
+                .unwrap();
                 for i in 0..m {
                     for j in 0..n {
                         let dot: f64 = (0..k)
@@ -400,7 +443,8 @@ mod tests {
             2.0,
             true,
             Par::Single,
-        );
+        )
+        .unwrap();
         let want = naive(&a, &wt, m, k, n);
         for (x, y) in dst.iter().zip(&want) {
             assert!((x - (1.0 + 2.0 * y)).abs() < 1e-4);

@@ -15,6 +15,7 @@
 
 use super::blocked::{slabs, NR};
 use super::{pack, MatRef};
+use crate::error::{Error, Result};
 
 /// Wᵀ of a `[N, K]` weight, in micro-panels (see the module documentation).
 #[derive(Clone)]
@@ -34,12 +35,14 @@ impl std::fmt::Debug for PackedWeight {
 
 impl PackedWeight {
     /// Packs `w`, a row-major `[n, k]` weight (n, k ≥ 1) as a linear layer stores it.
-    pub fn new(w: &[f32], n: usize, k: usize) -> Self {
-        assert!(
-            n > 0 && k > 0 && w.len() == n * k,
-            "packed weight: {} floats for [{n}, {k}]",
-            w.len()
-        );
+    pub fn new(w: &[f32], n: usize, k: usize) -> Result<Self> {
+        if n == 0 || k == 0 || n.checked_mul(k) != Some(w.len()) {
+            return Err(Error::shape(
+                "packed weight",
+                format!("[{n}, {k}] with n, k ≥ 1, as its {} floats", w.len()),
+                &[n, k],
+            ));
+        }
         let (count, kc_max) = slabs(k);
         let panels = n.div_ceil(NR);
         const ALIGN: usize = 16;
@@ -52,7 +55,7 @@ impl PackedWeight {
             let slab = &mut data[offset + k0 * panels * NR..][..kc * panels * NR];
             pack::pack_b(&wt, k0, kc, 0, n, slab);
         }
-        PackedWeight { n, k, data, offset }
+        Ok(PackedWeight { n, k, data, offset })
     }
 
     /// Rows of the weight: columns of the product.
