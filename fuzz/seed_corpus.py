@@ -152,7 +152,7 @@ MODULES = [
 
 
 def tokenizer_seeds():
-    for name in ["wordpiece", "bytelevel", "unigram", "sentencepiece_bpe"]:
+    for name in ["wordpiece", "bytelevel", "unigram", "sentencepiece_bpe", "sentencepiece_unigram"]:
         put("tokenizer", name, b"\x00" + (FIX / "tokenizers" / name / "tokenizer.json").read_bytes())
     put("tokenizer", "modules", b"\x01" + json.dumps(MODULES, indent=2).encode())
     put("tokenizer", "modules_no_normalize", b"\x01" + json.dumps(MODULES[:2], indent=2).encode())

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every cargo-fuzz target of fuzz/ briefly on its committed corpus and fails on any
+# Runs every cargo-fuzz target of fuzz/ on the reproducers of crashes found before
+# (fuzz/regressions/<target>/), then briefly on its committed corpus, and fails on any
 # crash, out-of-memory or slow input. Usage: bash tools/fuzz_ci.sh [SECONDS_PER_TARGET]
 # (default 30; also QKV_FUZZ_SECONDS). See fuzz/README.md.
 #
@@ -31,6 +32,14 @@ failed=()
 for target in $(cargo fuzz list --fuzz-dir fuzz); do
     echo "== fuzz target ${target}: ${seconds} s on fuzz/corpus/${target}" >&2
     mkdir -p "$scratch/$target"
+    # every crash found before must stay fixed: its reproducers run once each
+    if [[ -d "fuzz/regressions/$target" ]]; then
+        if ! cargo fuzz run "${build_flags[@]}" "$target" fuzz/regressions/"$target"/* -- \
+            "${limits[@]}"; then
+            failed+=("$target (fuzz/regressions/$target)")
+            continue
+        fi
+    fi
     # the first folder receives new inputs; the committed corpus is read only
     if ! cargo fuzz run "${build_flags[@]}" "$target" "$scratch/$target" "fuzz/corpus/$target" -- \
         "${limits[@]}" -max_total_time="$seconds" -print_final_stats=1; then

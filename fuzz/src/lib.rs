@@ -130,22 +130,3 @@ pub fn note(what: &str, error: &dyn std::fmt::Display) {
         eprintln!("qkv-fuzz: {what}: {error}");
     }
 }
-
-/// Whether the guard for the known crash `class` is on: `QKV_FUZZ_SKIP_KNOWN` lists
-/// classes (comma-separated, or `all`). Off by default, so CI reports every crash; on
-/// for long runs, so a crash that fires within seconds does not hide the rest.
-/// Each guard is listed in fuzz/README.md with its reproducer in fuzz/regressions/.
-pub fn skip_known(class: &str) -> bool {
-    static CLASSES: OnceLock<Vec<String>> = OnceLock::new();
-    CLASSES
-        .get_or_init(|| {
-            std::env::var("QKV_FUZZ_SKIP_KNOWN")
-                .unwrap_or_default()
-                .split(',')
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-                .collect()
-        })
-        .iter()
-        .any(|c| c == class || c == "all")
-}

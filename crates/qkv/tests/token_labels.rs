@@ -40,7 +40,13 @@ fn reference(scheme: &str) -> Reference {
 
 #[test]
 fn labels_are_the_text_each_token_covers() {
-    for scheme in ["wordpiece", "bytelevel", "sentencepiece_bpe", "unigram"] {
+    for scheme in [
+        "wordpiece",
+        "bytelevel",
+        "sentencepiece_bpe",
+        "unigram",
+        "sentencepiece_unigram",
+    ] {
         let tok = Tokenizer::from_dir(&dir(scheme)).unwrap();
         for case in reference(scheme).cases {
             let what = format!("{scheme} {:?}", case.text);

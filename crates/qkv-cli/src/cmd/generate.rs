@@ -9,7 +9,7 @@ use qkv::models::generate::{
     generate_causal_each, generate_seq2seq_each, GenerateOptions, Sampling,
 };
 use qkv::models::{ModelKind, TokenBatch};
-use qkv::text::Tokenizer;
+use qkv::text::{TextStream, Tokenizer};
 
 #[derive(clap::Args)]
 pub struct GenerateArgs {
@@ -159,6 +159,9 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
     };
     if let Some(e) = failed {
         return Err(e);
+    }
+    if let Some(rest) = stream.map(TextStream::finish).transpose()?.flatten() {
+        out.write_all(rest.as_bytes())?;
     }
     let new = new.into_iter().next().unwrap_or_default();
     match (&tokenizer, args.json) {

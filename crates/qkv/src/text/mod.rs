@@ -1,6 +1,9 @@
-//! Tokenizers: Hugging Face `tokenizer.json` files through the `tokenizers` crate, and
-//! readable labels of tokens for attention maps.
+//! Tokenizers: Hugging Face `tokenizer.json` files through the `tokenizers` crate, the
+//! byte tokenizer that byte-level models are saved with, and readable labels of tokens
+//! for attention maps.
 
+pub mod bytes;
+mod guards;
 pub mod labels;
 pub mod tokenizer;
 
