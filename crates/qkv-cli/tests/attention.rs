@@ -307,6 +307,32 @@ fn an_encoder_decoder_without_target_attends_over_its_greedy_output() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// An output that is a device is written through: `--json /dev/stdout` prints the JSON,
+/// and nothing is created beside the model or the device.
+#[test]
+fn json_to_a_device_is_written_through() {
+    let dir = scratch("attention-device");
+    let model = bert_with_tokenizer(&dir);
+    let out = qkv(&[
+        "attention",
+        "--model",
+        model.to_str().unwrap(),
+        "--text",
+        "the animal",
+        "--json",
+        "/dev/stdout",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["tokens"][1], "the");
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["bert"], "nothing written beside the model");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn bad_input_fails_with_one_clear_line_and_no_file() {
     let dir = scratch("attention-errors");

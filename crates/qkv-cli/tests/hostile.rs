@@ -459,5 +459,28 @@ fn messages_name_the_real_thing() {
         "{}",
         stderr(&out)
     );
+    // a negative mask value is a bad mask value, not a "negative id"
+    std::fs::write(
+        &input,
+        int64_safetensors(&[
+            ("input_ids", &[1, 3], &[5, 6, 1]),
+            ("attention_mask", &[1, 3], &[1, -1, 1]),
+        ]),
+    )
+    .unwrap();
+    let out = timed(&[
+        "forward",
+        "--model",
+        fixture("gpt2").to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        dir.join("o.safetensors").to_str().unwrap(),
+    ]);
+    assert!(
+        stderr(&out).contains("`attention_mask` must hold 0 or 1, found -1 at flat index 1"),
+        "{}",
+        stderr(&out)
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

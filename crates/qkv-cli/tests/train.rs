@@ -186,6 +186,81 @@ fn task_run_lowers_the_loss_and_evaluates() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A model trained on a text file's bytes is saved with a byte tokenizer (id = byte),
+/// so `generate --prompt` takes text and prints text.
+#[test]
+fn text_run_saves_a_byte_tokenizer_that_generate_reads() {
+    let dir = scratch("text");
+    let (text, out) = (dir.join("corpus.txt"), dir.join("out"));
+    std::fs::write(
+        &text,
+        "attention is all you need. 注意力就是你所需要的。\n".repeat(40),
+    )
+    .unwrap();
+    ok(&[
+        "train",
+        "--text",
+        s(&text),
+        "--seq-len",
+        "16",
+        "--d-model",
+        "16",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--batch-size",
+        "2",
+        "--steps",
+        "3",
+        "--threads",
+        "1",
+        "--quiet",
+        "--out",
+        s(&out),
+    ]);
+    let tok = qkv::text::Tokenizer::from_dir(&out).unwrap();
+    let sample = "héllo, 你好 🙂\n\t\u{0}~";
+    let ids = tok.encode(sample, true).unwrap();
+    let bytes: Vec<usize> = sample.bytes().map(usize::from).collect();
+    assert_eq!(ids, bytes, "ids are the UTF-8 bytes");
+    assert_eq!(tok.decode(&ids).unwrap(), sample);
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("tokenizer_config.json")).unwrap()).unwrap();
+    assert_eq!(config["tokenizer_class"], "PreTrainedTokenizerFast");
+
+    let gen = ok(&[
+        "generate",
+        "--model",
+        s(&out),
+        "--prompt",
+        "atten",
+        "--max-new-tokens",
+        "6",
+        "--json",
+    ]);
+    let new: Vec<usize> = serde_json::from_slice(&gen.stdout).unwrap();
+    assert_eq!(new.len(), 6);
+    assert!(new.iter().all(|&id| id < 256), "{new:?}");
+    let gen = ok(&[
+        "generate",
+        "--model",
+        s(&out),
+        "--prompt",
+        "atten",
+        "--max-new-tokens",
+        "6",
+    ]);
+    let printed = String::from_utf8(gen.stdout).unwrap();
+    let bytes: Vec<u8> = new.iter().map(|&b| b as u8).collect();
+    assert_eq!(
+        printed,
+        format!("{}\n", String::from_utf8_lossy(&bytes)),
+        "greedy twice"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `qkv generate --model DIR --input-ids IDS --max-new-tokens N --json`: the new ids.
 fn generate_ids(dir: &Path, ids: &str, n: usize) -> Vec<usize> {
     let n = n.to_string();

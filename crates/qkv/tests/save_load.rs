@@ -244,6 +244,11 @@ fn transformers_loads_saved_folders() {
             "fresh-llama",
             Transformer::new(&Arch::llama(40, 16, 2, 4, 2, 12), 2).unwrap(),
         ),
+        // a byte-level model, saved with the byte tokenizer below
+        (
+            "bytes-gpt2",
+            Transformer::new(&Arch::gpt2(256, 16, 2, 2, 12), 3).unwrap(),
+        ),
     ];
     for (i, (group, name)) in HF_FOLDERS.iter().enumerate() {
         // transformers 4.57 reads neither `rope_parameters` nor `scale_decoder_outputs`
@@ -260,6 +265,15 @@ fn transformers_loads_saved_folders() {
     for (label, m) in fresh {
         let dir = scratch(&format!("transformers-{label}"));
         m.save(&dir).unwrap();
+        if label.starts_with("bytes") {
+            use qkv::text::bytes::{byte_tokenizer_config, byte_tokenizer_json};
+            std::fs::write(dir.join("tokenizer.json"), byte_tokenizer_json()).unwrap();
+            std::fs::write(
+                dir.join("tokenizer_config.json"),
+                byte_tokenizer_config(Some(12)),
+            )
+            .unwrap();
+        }
         let (a, b) = inputs(&m, 9);
         let float = |t: &TokenBatch| {
             Tensor::new(&[t.batch, t.len], t.ids.iter().map(|&x| x as f32).collect()).unwrap()

@@ -400,20 +400,33 @@ fn a_crash_during_a_save_leaves_one_complete_checkpoint() {
 }
 
 fn write_batches(path: &Path, ids: (&[usize], Vec<i64>), targets: (&[usize], Vec<i64>)) {
+    write_ints(
+        path,
+        &[
+            ("input_ids", ids.0, &ids.1),
+            ("targets", targets.0, &targets.1),
+        ],
+    );
+}
+
+/// Int64 tensors (name, shape, values) into a safetensors file.
+fn write_ints(path: &Path, tensors: &[(&str, &[usize], &[i64])]) {
     use safetensors::tensor::TensorView;
     use safetensors::Dtype;
-    let ib: Vec<u8> = ids.1.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let tb: Vec<u8> = targets.1.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let views = vec![
-        (
-            "input_ids",
-            TensorView::new(Dtype::I64, ids.0.to_vec(), &ib).unwrap(),
-        ),
-        (
-            "targets",
-            TensorView::new(Dtype::I64, targets.0.to_vec(), &tb).unwrap(),
-        ),
-    ];
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .collect();
+    let views: Vec<(&str, TensorView)> = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|((name, shape, _), b)| {
+            (
+                *name,
+                TensorView::new(Dtype::I64, shape.to_vec(), b).unwrap(),
+            )
+        })
+        .collect();
     std::fs::write(
         path,
         safetensors::tensor::serialize(views, None::<HashMap<String, String>>).unwrap(),
@@ -467,6 +480,22 @@ fn batch_files_are_checked_against_the_model() {
         .unwrap_err()
         .to_string()
         .contains("negative id -1"));
+    // a mask value that is not 0 or 1, negative included, is named as a mask value
+    let mut mask = vec![1i64; 24];
+    mask[5] = -1;
+    write_ints(
+        &path,
+        &[
+            ("input_ids", &[2, 3, 4], &ids),
+            ("attention_mask", &[2, 3, 4], &mask),
+            ("targets", &[2, 3, 4], &targets),
+        ],
+    );
+    let err = FixedBatches::open(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("`attention_mask` must hold 0 or 1, found -1 at flat index 5"),
+        "{err}"
+    );
     let mut bad = targets;
     bad[5] = -7;
     write_batches(&path, (&[2, 3, 4], ids), (&[2, 3, 4], bad));

@@ -114,15 +114,23 @@ fn format_of(path: &Path) -> Result<Format> {
     })
 }
 
-/// Fails unless a file can be created beside `path`, so that a bad output is reported
-/// before the model runs.
+/// Fails unless `path` can be written as the output is (a new file renamed into its
+/// folder, or written through to an existing device or FIFO), so that a bad output is
+/// reported before the model runs. Asks the OS (`access`) rather than creating a
+/// probe file, which would leave a trace beside a device such as `/dev/stdout`.
 fn check_writable(flag: &str, path: &Path) -> Result<()> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    if path.is_dir() {
+    let meta = std::fs::metadata(path).ok();
+    if meta.as_ref().is_some_and(|m| m.is_dir()) {
         bail!("{flag} {}: is a folder", path.display());
+    }
+    // an existing device, FIFO or socket is written through, not replaced
+    if meta.is_some_and(|m| !m.is_file()) {
+        return writable(path, libc::W_OK)
+            .with_context(|| format!("{flag} {}: cannot write to it", path.display()));
     }
     if !dir.is_dir() {
         bail!(
@@ -131,16 +139,25 @@ fn check_writable(flag: &str, path: &Path) -> Result<()> {
             dir.display()
         );
     }
-    let probe = dir.join(format!(".qkv-probe-{}", std::process::id()));
-    std::fs::File::create(&probe).with_context(|| {
+    writable(dir, libc::W_OK | libc::X_OK).with_context(|| {
         format!(
             "{flag} {}: cannot write in {}",
             path.display(),
             dir.display()
         )
-    })?;
-    let _ = std::fs::remove_file(&probe);
-    Ok(())
+    })
+}
+
+/// `access(2)` for `mode`: the OS's answer (read-only file systems included) without
+/// opening anything.
+fn writable(path: &Path, mode: libc::c_int) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    match unsafe { libc::access(c.as_ptr(), mode) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
 }
 
 /// Progress lines on stderr for big checkpoints, each with the time the last step took.

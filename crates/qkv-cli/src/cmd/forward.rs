@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use qkv::io::TensorFile;
-use qkv::models::{Input, ModelKind};
+use qkv::models::{Input, ModelKind, TokenBatch};
 
 #[derive(clap::Args)]
 pub struct ForwardArgs {
@@ -23,11 +23,11 @@ pub struct ForwardArgs {
 pub fn run(args: &ForwardArgs) -> Result<()> {
     let model = super::load_model(&args.model)?.model;
     let input = TensorFile::open(&args.input)?;
-    let tokens = super::read_batch(&input, "input_ids", Some("attention_mask"))?;
+    let tokens = TokenBatch::from_file(&input, "input_ids", Some("attention_mask"))?;
     let (name, out) = match model.kind() {
         ModelKind::Encoder => {
             let types = if input.contains("token_type_ids") {
-                Some(super::read_batch(&input, "token_type_ids", None)?.ids)
+                Some(TokenBatch::from_file(&input, "token_type_ids", None)?.ids)
             } else {
                 None
             };
@@ -42,12 +42,13 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
             ("logits", model.forward(&input, false)?.logits)
         }
         ModelKind::EncoderDecoder => {
-            let dec = super::read_batch(&input, "decoder_input_ids", None).with_context(|| {
-                format!(
-                    "{} is an encoder-decoder: it needs `decoder_input_ids`",
-                    args.model.display()
-                )
-            })?;
+            let dec =
+                TokenBatch::from_file(&input, "decoder_input_ids", None).with_context(|| {
+                    format!(
+                        "{} is an encoder-decoder: it needs `decoder_input_ids`",
+                        args.model.display()
+                    )
+                })?;
             let input = Input {
                 source: Some(&tokens),
                 target: Some(&dec),

@@ -14,8 +14,7 @@ pub mod train;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use qkv::io::TensorFile;
-use qkv::models::{self, Loaded, TokenBatch};
+use qkv::models::{self, Loaded};
 
 /// Most threads `--threads` may ask for: far more than any machine's cores, few enough
 /// that starting them is quick (100 000 took 19 s and failed in the OS).
@@ -88,57 +87,4 @@ pub fn load_model(dir: &Path) -> Result<Loaded> {
         );
     }
     Ok(loaded)
-}
-
-/// Reads an int64 `[B, T]` ids tensor (and an optional 0/1 mask of the same shape)
-/// from `file` into a batch.
-pub fn read_batch(
-    file: &TensorFile,
-    ids_name: &str,
-    mask_name: Option<&str>,
-) -> Result<TokenBatch> {
-    let (shape, ids) = file.ints(ids_name)?;
-    if shape.contains(&0) {
-        bail!(
-            "{}: `{ids_name}` is empty (shape {shape:?}): need at least one token",
-            file.path().display()
-        );
-    }
-    if shape.len() != 2 {
-        bail!(
-            "{}: `{ids_name}` must be [B, T], got shape {shape:?}",
-            file.path().display()
-        );
-    }
-    let ids = ids
-        .into_iter()
-        .map(|id| {
-            usize::try_from(id).map_err(|_| {
-                anyhow::anyhow!(
-                    "{}: `{ids_name}` holds a negative id {id}",
-                    file.path().display()
-                )
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let mask = match mask_name.filter(|m| file.contains(m)) {
-        Some(m) => {
-            let (mshape, mask) = file.ints(m)?;
-            if mshape != shape {
-                bail!(
-                    "{}: `{m}` has shape {mshape:?} but `{ids_name}` has {shape:?}",
-                    file.path().display()
-                );
-            }
-            if let Some(v) = mask.iter().find(|&&v| v != 0 && v != 1) {
-                bail!(
-                    "{}: `{m}` must hold 0 or 1, found {v}",
-                    file.path().display()
-                );
-            }
-            Some(mask.into_iter().map(|v| v == 1).collect())
-        }
-        None => None,
-    };
-    Ok(TokenBatch::new(ids, mask, shape[0], shape[1])?)
 }

@@ -711,6 +711,19 @@ fn copy_tokenizer_files(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
+fn write_byte_tokenizer(out: &Path, max_positions: Option<usize>) -> Result<()> {
+    use qkv::text::bytes::{byte_tokenizer_config, byte_tokenizer_json};
+    qkv::io::write_atomic(
+        &out.join("tokenizer.json"),
+        byte_tokenizer_json().as_bytes(),
+    )?;
+    qkv::io::write_atomic(
+        &out.join("tokenizer_config.json"),
+        byte_tokenizer_config(max_positions).as_bytes(),
+    )?;
+    Ok(())
+}
+
 /// The JSON log: on a fresh run it starts empty; on a resumed one it keeps the lines
 /// of the steps before the checkpoint (dropping any a crash logged after it), so the
 /// finished log equals an uninterrupted run's.
@@ -912,8 +925,11 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             .with_context(|| format!("--out {}", out.display()))?;
     }
     let _lock = output::Lock::acquire(&out).with_context(|| format!("--out {}", out.display()))?;
-    if let Source::Init { init, .. } = &spec.source {
-        copy_tokenizer_files(init, &out)?;
+    match &spec.source {
+        Source::Init { init, .. } => copy_tokenizer_files(init, &out)?,
+        // token ids are bytes: saved as a tokenizer so that `generate --prompt` reads text
+        Source::Text { .. } => write_byte_tokenizer(&out, max_len)?,
+        Source::Task { .. } => {}
     }
     let start = trainer.step();
     if start >= steps {

@@ -44,15 +44,18 @@ fn resolve(path: &Path) -> Result<PathBuf> {
 }
 
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let target = resolve(path)?;
-    if let Ok(meta) = std::fs::metadata(&target) {
+    // `metadata` follows every link, /proc's magic ones too: `/dev/stdout` of a process
+    // whose output is a pipe leads to `pipe:[N]`, a name no path walk can follow, but
+    // the kernel opens it
+    if let Ok(meta) = std::fs::metadata(path) {
         if meta.is_dir() {
             return Err(refuse(path, "is a folder; give a file name"));
         }
         if !meta.is_file() {
-            return write_through(path, &target, bytes);
+            return write_through(path, bytes);
         }
     }
+    let target = resolve(path)?;
     let dir = match target.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -74,10 +77,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Writes into an existing device, FIFO or terminal without replacing it.
-fn write_through(path: &Path, target: &Path, bytes: &[u8]) -> Result<()> {
+fn write_through(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut file = std::fs::OpenOptions::new()
         .write(true)
-        .open(target)
+        .open(path)
         .map_err(|e| Error::io(path, e))?;
     file.write_all(bytes)
         .and_then(|()| file.flush())

@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod files;
 pub mod safetensors;
+mod token_tensors;
 
 pub use self::atomic::write_atomic;
 pub use self::checkpoint::Checkpoint;

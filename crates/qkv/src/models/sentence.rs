@@ -360,6 +360,14 @@ fn read_pooling(path: &Path, hidden: usize) -> Result<Vec<PoolingMode>> {
                 ModeNames::One(n) => vec![n],
                 ModeNames::Many(ns) => ns,
             };
+            if names.is_empty() {
+                // sentence-transformers accepts it, then fails concatenating no vectors
+                return Err(field_error(
+                    path,
+                    "pooling_mode",
+                    "an empty list: name at least one mode".to_string(),
+                ));
+            }
             names
                 .iter()
                 .map(|n| {
@@ -382,18 +390,20 @@ fn read_pooling(path: &Path, hidden: usize) -> Result<Vec<PoolingMode>> {
                 cfg.pooling_mode_weightedmean_tokens,
                 cfg.pooling_mode_lasttoken,
             ];
-            PoolingMode::FLAG_ORDER
+            let on: Vec<PoolingMode> = PoolingMode::FLAG_ORDER
                 .iter()
                 .zip(flags)
                 .filter(|(_, on)| *on)
                 .map(|(&m, _)| m)
-                .collect()
+                .collect();
+            // with no flag set, sentence-transformers (5.7, `_convert_legacy_pooling_kwargs`)
+            // pools by mean, so the same folder gives the same vectors here
+            match on.is_empty() {
+                true => vec![PoolingMode::Mean],
+                false => on,
+            }
         }
     };
-    if modes.is_empty() {
-        // sentence-transformers falls back to mean when no flag is set
-        return Ok(vec![PoolingMode::Mean]);
-    }
     Ok(modes)
 }
 
@@ -580,6 +590,20 @@ mod tests {
         assert_eq!(read_pooling(&one, 4).unwrap(), [PoolingMode::LastToken]);
         let none = write(&dir, "none.json", r#"{"word_embedding_dimension": 4}"#);
         assert_eq!(read_pooling(&none, 4).unwrap(), [PoolingMode::Mean]);
+        // every legacy flag false: mean, as sentence-transformers 5.7 gives
+        // (`Pooling(4, pooling_mode_mean_tokens=False, …).get_config_dict()` → "mean")
+        let all_false = write(
+            &dir,
+            "all_false.json",
+            r#"{"word_embedding_dimension": 4, "pooling_mode_cls_token": false, "pooling_mode_mean_tokens": false, "pooling_mode_max_tokens": false, "pooling_mode_mean_sqrt_len_tokens": false}"#,
+        );
+        assert_eq!(read_pooling(&all_false, 4).unwrap(), [PoolingMode::Mean]);
+        let empty = write(&dir, "empty.json", r#"{"pooling_mode": []}"#);
+        let msg = read_pooling(&empty, 4).unwrap_err().to_string();
+        assert!(
+            msg.contains("pooling_mode") && msg.contains("empty"),
+            "{msg}"
+        );
 
         let msg = read_pooling(&legacy, 8).unwrap_err().to_string();
         assert!(msg.contains("word_embedding_dimension"), "{msg}");

@@ -316,42 +316,14 @@ impl FixedBatches {
             path: name.clone(),
             reason,
         };
-        let ids = |tensor: &str| -> Result<(Vec<usize>, Vec<usize>)> {
-            let (shape, ids) = file.ints(tensor)?;
-            if shape.len() != 3 || shape.contains(&0) {
-                return Err(err(format!(
-                    "`{tensor}` must be [steps, B, T] with every size ≥ 1, got {shape:?}"
-                )));
-            }
-            let ids = ids
-                .iter()
-                .enumerate()
-                .map(|(i, &id)| {
-                    usize::try_from(id).map_err(|_| {
-                        err(format!(
-                            "`{tensor}` holds a negative id {id} at flat index {i}"
-                        ))
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Ok((shape, ids))
-        };
-        let (shape, input_ids) = ids("input_ids")?;
+        let (shape, input_ids) = file.token_ids("input_ids", 3)?;
         let mask = match file.contains("attention_mask") {
-            true => {
-                let (mshape, m) = ids("attention_mask")?;
-                if mshape != shape || m.iter().any(|&v| v > 1) {
-                    return Err(err(format!(
-                        "`attention_mask` must hold 0 or 1 in the shape of `input_ids` {shape:?}"
-                    )));
-                }
-                Some(m.into_iter().map(|v| v == 1).collect::<Vec<_>>())
-            }
+            true => Some(file.token_mask("attention_mask", &shape, "input_ids")?),
             false => None,
         };
         let (dshape, inputs, mask, source) = match file.contains("decoder_input_ids") {
             true => {
-                let (dshape, dec) = ids("decoder_input_ids")?;
+                let (dshape, dec) = file.token_ids("decoder_input_ids", 3)?;
                 if dshape[..2] != shape[..2] {
                     return Err(err(format!(
                         "`decoder_input_ids` has shape {dshape:?}; its steps and B must be those of `input_ids` {shape:?}"
