@@ -435,52 +435,38 @@ fn messages_name_the_real_thing() {
         &["inspect", "--model", llama.to_str().unwrap()],
         "field `hidden_size`",
     );
+    // `qkv forward` on `model` with an input file of `tensors` fails naming `needle`
+    let forward_fails = |model: &str, tensors: &[(&str, &[usize], &[i64])], needle: &str| {
+        let input = dir.join("input.safetensors");
+        std::fs::write(&input, int64_safetensors(tensors)).unwrap();
+        let out = timed(&[
+            "forward",
+            "--model",
+            fixture(model).to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            dir.join("o.safetensors").to_str().unwrap(),
+        ]);
+        assert!(stderr(&out).contains(needle), "{}", stderr(&out));
+    };
     // an empty decoder input is named as such
-    let input = dir.join("input.safetensors");
-    std::fs::write(
-        &input,
-        int64_safetensors(&[
+    forward_fails(
+        "t5",
+        &[
             ("input_ids", &[1, 3], &[5, 6, 1]),
             ("decoder_input_ids", &[1, 0], &[]),
-        ]),
-    )
-    .unwrap();
-    let out = timed(&[
-        "forward",
-        "--model",
-        fixture("t5").to_str().unwrap(),
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        dir.join("o.safetensors").to_str().unwrap(),
-    ]);
-    assert!(
-        stderr(&out).contains("`decoder_input_ids` is empty"),
-        "{}",
-        stderr(&out)
+        ],
+        "`decoder_input_ids` is empty",
     );
     // a negative mask value is a bad mask value, not a "negative id"
-    std::fs::write(
-        &input,
-        int64_safetensors(&[
+    forward_fails(
+        "gpt2",
+        &[
             ("input_ids", &[1, 3], &[5, 6, 1]),
             ("attention_mask", &[1, 3], &[1, -1, 1]),
-        ]),
-    )
-    .unwrap();
-    let out = timed(&[
-        "forward",
-        "--model",
-        fixture("gpt2").to_str().unwrap(),
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        dir.join("o.safetensors").to_str().unwrap(),
-    ]);
-    assert!(
-        stderr(&out).contains("`attention_mask` must hold 0 or 1, found -1 at flat index 1"),
-        "{}",
-        stderr(&out)
+        ],
+        "`attention_mask` must hold 0 or 1, found -1 at flat index 1",
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -229,28 +229,16 @@ fn text_run_saves_a_byte_tokenizer_that_generate_reads() {
         serde_json::from_slice(&std::fs::read(out.join("tokenizer_config.json")).unwrap()).unwrap();
     assert_eq!(config["tokenizer_class"], "PreTrainedTokenizerFast");
 
-    let gen = ok(&[
-        "generate",
-        "--model",
-        s(&out),
-        "--prompt",
-        "atten",
-        "--max-new-tokens",
-        "6",
-        "--json",
-    ]);
-    let new: Vec<usize> = serde_json::from_slice(&gen.stdout).unwrap();
+    let generate = |json: &[&str]| {
+        let mut args = vec!["generate", "--model", s(&out), "--prompt", "atten"];
+        args.extend(["--max-new-tokens", "6"]);
+        args.extend(json);
+        ok(&args)
+    };
+    let new: Vec<usize> = serde_json::from_slice(&generate(&["--json"]).stdout).unwrap();
     assert_eq!(new.len(), 6);
     assert!(new.iter().all(|&id| id < 256), "{new:?}");
-    let gen = ok(&[
-        "generate",
-        "--model",
-        s(&out),
-        "--prompt",
-        "atten",
-        "--max-new-tokens",
-        "6",
-    ]);
+    let gen = generate(&[]);
     let printed = String::from_utf8(gen.stdout).unwrap();
     let bytes: Vec<u8> = new.iter().map(|&b| b as u8).collect();
     assert_eq!(
