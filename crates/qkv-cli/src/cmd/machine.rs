@@ -6,15 +6,17 @@
 //! Both probes run on every thread of the rayon pool at once (`rayon::broadcast`), so
 //! they measure what `--threads` threads get together, as the workloads do.
 
+use qkv::ops::vector::Isa;
 use rayon::prelude::*;
 
 /// Independent FMA chains per thread: enough to cover an FMA's latency (4 cycles on
 /// Zen 3, Intel's cores alike) times the two it can start a cycle, with room to spare.
 const CHAINS: usize = 12;
 
-/// Runs `steps` steps of [`CHAINS`] 8-lane FMAs on every thread of the pool (scalar
-/// fused multiply-adds where AVX2 + FMA is missing) and returns the floating-point
-/// operations done in all (2 per lane per FMA).
+/// Runs `steps` steps of [`CHAINS`] FMAs of the widest vectors qkv's kernels use on
+/// this CPU (16 lanes on AVX-512, 8 on AVX2 + FMA, scalar fused multiply-adds
+/// otherwise) on every thread of the pool and returns the floating-point operations
+/// done in all (2 per lane per FMA).
 pub fn fma_probe(steps: u64) -> f64 {
     let sums: Vec<f32> = rayon::broadcast(|_| fma_chains(steps));
     // The sums are kept (and checked finite) so the loop cannot be optimised away.
@@ -27,55 +29,71 @@ pub fn fma_probe(steps: u64) -> f64 {
 
 /// Lanes per FMA in [`fma_chains`] on this CPU.
 fn lanes() -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        return 8;
+    match Isa::detect() {
+        Isa::Avx512 => 16,
+        Isa::Avx2 => 8,
+        Isa::Portable => 1,
     }
-    1
 }
 
 /// [`CHAINS`] accumulators, each x ← x·a + b per step: a and b keep x bounded (it
 /// tends to b / (1 − a) = 1) so no lane overflows or goes subnormal.
 fn fma_chains(steps: u64) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if lanes() == 8 {
-        // SAFETY: AVX2 and FMA are present (checked by `lanes`).
-        return unsafe { x86::fma_chains(steps) };
-    }
-    let (a, b) = (0.5f32, 0.5f32);
-    let mut acc = [0.0f32; CHAINS];
-    for _ in 0..steps {
-        for x in acc.iter_mut() {
-            *x = x.mul_add(a, b);
+    match Isa::detect() {
+        // SAFETY: the CPU has the instruction set `Isa` names.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::fma_chains_avx512(steps) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86::fma_chains_avx2(steps) },
+        _ => {
+            let (a, b) = (0.5f32, 0.5f32);
+            let mut acc = [0.0f32; CHAINS];
+            for _ in 0..steps {
+                for x in acc.iter_mut() {
+                    *x = x.mul_add(a, b);
+                }
+                acc = std::hint::black_box(acc);
+            }
+            acc.iter().sum()
         }
-        acc = std::hint::black_box(acc);
     }
-    acc.iter().sum()
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::CHAINS;
-    use std::arch::x86_64::*;
+    use qkv::ops::vector::Vector;
+    use std::arch::x86_64::{__m256, __m512};
 
     /// # Safety
     /// AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn fma_chains(steps: u64) -> f32 {
-        let (a, b) = (_mm256_set1_ps(0.5), _mm256_set1_ps(0.5));
-        let mut acc = [_mm256_setzero_ps(); CHAINS];
+    pub(super) unsafe fn fma_chains_avx2(steps: u64) -> f32 {
+        fma_chains::<__m256>(steps)
+    }
+
+    /// # Safety
+    /// AVX-512 F.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn fma_chains_avx512(steps: u64) -> f32 {
+        fma_chains::<__m512>(steps)
+    }
+
+    #[inline(always)]
+    unsafe fn fma_chains<V: Vector>(steps: u64) -> f32 {
+        let (a, b) = (V::splat(0.5), V::splat(0.5));
+        let mut acc = [V::zero(); CHAINS];
         for _ in 0..steps {
             for x in acc.iter_mut() {
-                *x = _mm256_fmadd_ps(*x, a, b);
+                *x = x.mul_add(a, b);
             }
         }
-        let mut total = _mm256_setzero_ps();
+        let mut total = V::zero();
         for x in acc {
-            total = _mm256_add_ps(total, x);
+            total = total.plus(x);
         }
-        let mut lanes = [0.0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), total);
-        lanes.iter().sum()
+        total.sum()
     }
 }
 

@@ -1,23 +1,25 @@
 //! The tiled kernels' inner loops on register tiles: scores S = scale·Q·Kᵀ (and
 //! dP = dO·Vᵀ), the online softmax of a row of scores, and acc = corr·acc + A·B (P·V,
-//! and the backward's Pᵀ·dO, dSᵀ·Q, dS·K). Each has an AVX2 + FMA form,
-//! chosen at run time, and a portable form that says what it computes in plain loops;
-//! the reference kernel (`reference.rs`) is the readable twin the tests hold them to.
+//! and the backward's Pᵀ·dO, dSᵀ·Q, dS·K). Each has one vector body, generic over
+//! [`Vector`](crate::ops::vector::Vector) and compiled for AVX-512 and for AVX2 + FMA
+//! (chosen at run time), and a portable form that says what it computes in plain
+//! loops; the reference kernel (`reference.rs`) is the readable twin the tests hold
+//! them to.
 //!
-//! Keys are packed once per key block into panels of 8 keys, `[D][8]` each (zero
-//! padded to a whole panel), so the scores product reads one vector per (d, panel) and
-//! broadcasts one query element per (row, d): 6 rows × 2 panels of accumulators fill the
-//! 16 AVX2 registers with the two loads and one broadcast. A·B reads B in place (its
-//! rows are contiguous), A through strides (so Pᵀ needs no copy), and keeps 6 rows ×
-//! 16 output columns in registers.
+//! Keys are packed once per key block into panels of 16 keys, `[D][16]` each (zero
+//! padded to a whole panel), so the scores product reads one AVX-512 vector (or two
+//! AVX2 ones) per (d, panel) and broadcasts one query element per (row, d): 6 rows × 2
+//! vectors of accumulators, two loads and one broadcast fit either register file. A·B
+//! reads B in place (its rows are contiguous), A through strides (so Pᵀ needs no
+//! copy), and keeps 6 rows × 2 vectors of output columns in registers.
 
-use crate::ops::simd::avx2_fma;
+use crate::ops::vector::Isa;
 
-/// Keys per panel (one AVX2 vector).
-pub(crate) const PANEL: usize = 8;
+/// Keys per panel (one AVX-512 vector, two AVX2 ones).
+pub(crate) const PANEL: usize = 16;
 
 /// Packs keys `k_rows[c]` (each `d` wide, `c < cols`) into panels: element (c, e) at
-/// `(c / 8)·8·d + e·8 + c % 8`; the last panel's missing keys are zeros.
+/// `(c / 16)·16·d + e·16 + c % 16`; the last panel's missing keys are zeros.
 pub(crate) fn pack_keys(
     k_rows: impl Fn(usize) -> *const f32,
     cols: usize,
@@ -57,16 +59,42 @@ pub(crate) fn scores(
     out: &mut [f32],
     out_stride: usize,
 ) {
+    let isa = Isa::detect();
+    scores_on(
+        isa, q, q_stride, rows, d, kp, panels, scale, out, out_stride,
+    );
+}
+
+/// [`scores`] in a given form (one this CPU has).
+#[allow(clippy::too_many_arguments)]
+fn scores_on(
+    isa: Isa,
+    q: &[f32],
+    q_stride: usize,
+    rows: usize,
+    d: usize,
+    kp: &[f32],
+    panels: usize,
+    scale: f32,
+    out: &mut [f32],
+    out_stride: usize,
+) {
     assert!(rows == 0 || q.len() >= (rows - 1) * q_stride + d);
     assert!(kp.len() >= panels * PANEL * d);
     assert!(rows == 0 || out.len() >= (rows - 1) * out_stride + panels * PANEL);
-    #[cfg(target_arch = "x86_64")]
-    if avx2_fma() {
-        // SAFETY: AVX2 and FMA are present; the bounds were checked above.
-        unsafe { x86::scores(q, q_stride, rows, d, kp, panels, scale, out, out_stride) };
-        return;
+    match isa {
+        // SAFETY: the CPU has the form (the caller's `Isa`); the bounds were checked.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe {
+            x86::scores_avx512(q, q_stride, rows, d, kp, panels, scale, out, out_stride)
+        },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe {
+            x86::scores_avx2(q, q_stride, rows, d, kp, panels, scale, out, out_stride)
+        },
+        _ => portable::scores(q, q_stride, rows, d, kp, panels, scale, out, out_stride),
     }
-    portable::scores(q, q_stride, rows, d, kp, panels, scale, out, out_stride);
 }
 
 /// A strided matrix operand: element (x, y) at `data[x·row + y·col]`.
@@ -92,6 +120,24 @@ pub(crate) fn mul_acc(
     acc: &mut [f32],
     acc_stride: usize,
 ) {
+    let isa = Isa::detect();
+    mul_acc_on(isa, a, m, k, b, b_stride, n, corr, acc, acc_stride);
+}
+
+/// [`mul_acc`] in a given form (one this CPU has).
+#[allow(clippy::too_many_arguments)]
+fn mul_acc_on(
+    isa: Isa,
+    a: Strided,
+    m: usize,
+    k: usize,
+    b: &[f32],
+    b_stride: usize,
+    n: usize,
+    corr: Option<&[f32]>,
+    acc: &mut [f32],
+    acc_stride: usize,
+) {
     if m == 0 || k == 0 || n == 0 {
         // nothing to add; the rows still take their correction
         portable::mul_acc(a, m, 0, b, b_stride, n, corr, acc, acc_stride);
@@ -100,13 +146,17 @@ pub(crate) fn mul_acc(
     assert!(a.data.len() > (m - 1) * a.row + (k - 1) * a.col);
     assert!(b.len() >= (k - 1) * b_stride + n);
     assert!(acc.len() >= (m - 1) * acc_stride + n && corr.is_none_or(|c| c.len() >= m));
-    #[cfg(target_arch = "x86_64")]
-    if avx2_fma() {
-        // SAFETY: AVX2 and FMA are present; the bounds were checked above.
-        unsafe { x86::mul_acc(a, m, k, b, b_stride, n, corr, acc, acc_stride) };
-        return;
+    match isa {
+        // SAFETY: the CPU has the form (the caller's `Isa`); the bounds were checked.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe {
+            x86::mul_acc_avx512(a, m, k, b, b_stride, n, corr, acc, acc_stride)
+        },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86::mul_acc_avx2(a, m, k, b, b_stride, n, corr, acc, acc_stride) },
+        _ => portable::mul_acc(a, m, k, b, b_stride, n, corr, acc, acc_stride),
     }
-    portable::mul_acc(a, m, k, b, b_stride, n, corr, acc, acc_stride);
 }
 
 /// One row's online-softmax step over its scores `row` (−∞ where masked): with the
@@ -115,28 +165,43 @@ pub(crate) fn mul_acc(
 /// row's accumulated output (1 when the max did not move). A row with nothing visible
 /// yet is left at zero weight and changes nothing.
 pub(crate) fn softmax_step(row: &mut [f32], m: &mut f32, l: &mut f32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if avx2_fma() {
-        // SAFETY: AVX2 and FMA are present.
-        return unsafe { x86::softmax_step(row, m, l) };
+    softmax_step_on(Isa::detect(), row, m, l)
+}
+
+/// [`softmax_step`] in a given form (one this CPU has).
+fn softmax_step_on(isa: Isa, row: &mut [f32], m: &mut f32, l: &mut f32) -> f32 {
+    match isa {
+        // SAFETY: the CPU has the form (the caller's `Isa`).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::softmax_step_avx512(row, m, l) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86::softmax_step_avx2(row, m, l) },
+        _ => portable::softmax_step(row, m, l),
     }
-    portable::softmax_step(row, m, l)
 }
 
 /// `row[c] ← exp(row[c] − l)`: probabilities from scores and the row's saved
 /// log-sum-exp; a row whose `l` is −∞ (every key masked) becomes zeros.
 pub(crate) fn exp_shift(row: &mut [f32], l: f32) {
+    exp_shift_on(Isa::detect(), row, l);
+}
+
+/// [`exp_shift`] in a given form (one this CPU has).
+fn exp_shift_on(isa: Isa, row: &mut [f32], l: f32) {
     if l == f32::NEG_INFINITY {
         row.fill(0.0);
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    if avx2_fma() {
-        // SAFETY: AVX2 and FMA are present.
-        unsafe { x86::exp_shift(row, l) };
-        return;
+    match isa {
+        // SAFETY: the CPU has the form (the caller's `Isa`).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::exp_shift_avx512(row, l) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86::exp_shift_avx2(row, l) },
+        _ => portable::exp_shift(row, l),
     }
-    portable::exp_shift(row, l);
 }
 
 /// Folds a row whose max is `m_new` and whose exponentials sum to `sum` into the
@@ -231,17 +296,59 @@ mod portable {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{update, Strided, PANEL};
-    use crate::ops::simd::x86::{exp8, hmax, hsum};
-    use std::arch::x86_64::*;
+    use crate::ops::vector::Vector;
+    use std::arch::x86_64::{__m256, __m512};
 
-    /// Rows per register tile.
-    const R: usize = 6;
+    /// Defines one entry point per instruction set for a generic kernel: a function
+    /// compiled with that set's target features, which instantiates the body for its
+    /// vector type (the body is `#[inline(always)]`, so it is compiled in there), and
+    /// for the rows of its register tiles where the kernel takes them: 6 with AVX2's 16
+    /// registers (6 × 2 sums, two loads, a broadcast), 8 with AVX-512's 32.
+    macro_rules! entry_points {
+        ($generic:ident $(<$r2:literal, $r512:literal>)? => $avx2:ident, $avx512:ident ($($arg:ident: $ty:ty),*) $(-> $ret:ty)?) => {
+            /// # Safety
+            /// AVX2 and FMA; the bounds asserted by the public function of this name.
+            #[allow(clippy::too_many_arguments)]
+            #[target_feature(enable = "avx2,fma")]
+            pub(super) unsafe fn $avx2($($arg: $ty),*) $(-> $ret)? {
+                $generic::<__m256 $(, $r2)?>($($arg),*)
+            }
 
-    /// # Safety
-    /// AVX2 and FMA; the bounds asserted by [`super::scores`].
+            /// # Safety
+            /// AVX-512 F, AVX2 and FMA; as the AVX2 entry point.
+            #[allow(clippy::too_many_arguments)]
+            #[target_feature(enable = "avx512f,avx2,fma")]
+            pub(super) unsafe fn $avx512($($arg: $ty),*) $(-> $ret)? {
+                $generic::<__m512 $(, $r512)?>($($arg),*)
+            }
+        };
+    }
+
+    entry_points!(scores<6, 8> => scores_avx2, scores_avx512(
+        q: &[f32], q_stride: usize, rows: usize, d: usize, kp: &[f32], panels: usize,
+        scale: f32, out: &mut [f32], out_stride: usize
+    ));
+    entry_points!(mul_acc<6, 8> => mul_acc_avx2, mul_acc_avx512(
+        a: Strided, m: usize, k: usize, b: &[f32], b_stride: usize, n: usize,
+        corr: Option<&[f32]>, acc: &mut [f32], acc_stride: usize
+    ));
+    entry_points!(softmax_step => softmax_step_avx2, softmax_step_avx512(
+        row: &mut [f32], m: &mut f32, l: &mut f32
+    ) -> f32);
+    entry_points!(exp_shift => exp_shift_avx2, exp_shift_avx512(row: &mut [f32], l: f32));
+
+    /// Where the vector of keys u·L..(u+1)·L starts in the packed panels (L lanes; a
+    /// panel of 16 keys is one AVX-512 vector or two AVX2 ones): step e of it is `e·PANEL`
+    /// further on.
+    #[inline(always)]
+    fn key_vector<V: Vector>(u: usize, d: usize) -> usize {
+        let first = u * V::LANES;
+        (first / PANEL) * PANEL * d + first % PANEL
+    }
+
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn scores(
+    #[inline(always)]
+    unsafe fn scores<V: Vector, const R: usize>(
         q: &[f32],
         q_stride: usize,
         rows: usize,
@@ -253,110 +360,129 @@ mod x86 {
         out_stride: usize,
     ) {
         let (q, kp, out) = (q.as_ptr(), kp.as_ptr(), out.as_mut_ptr());
+        let vectors = panels * PANEL / V::LANES;
         let full = rows / R * R;
-        // panels outside, whole row groups inside: a pair of panels (16 keys × D) stays
-        // in L1 while every row group of the block reads it
-        let mut p = 0;
-        while p < panels {
-            let two = panels - p >= 2;
-            let k0 = kp.add(p * PANEL * d);
+        // key vectors outside, whole row groups inside: two vectors of keys × D stay in
+        // L1 while every row group of the block reads them
+        let mut u = 0;
+        while u < vectors {
+            let two = vectors - u >= 2;
             for r0 in (0..full).step_by(R) {
-                let q0 = q.add(r0 * q_stride);
-                let o = out.add(r0 * out_stride + p * PANEL);
+                let at = Qk {
+                    q: q.add(r0 * q_stride),
+                    q_stride,
+                    d,
+                    kp,
+                    u,
+                    scale,
+                    out: out.add(r0 * out_stride),
+                    out_stride,
+                };
                 if two {
-                    qk::<R, 2>(q0, q_stride, d, k0, scale, o, out_stride);
+                    qk::<V, R, 2>(&at);
                 } else {
-                    qk::<R, 1>(q0, q_stride, d, k0, scale, o, out_stride);
+                    qk::<V, R, 1>(&at);
                 }
             }
-            p += if two { 2 } else { 1 };
+            u += if two { 2 } else { 1 };
         }
-        let (q0, o) = (q.add(full * q_stride), out.add(full * out_stride));
-        let tail = (q0, q_stride, d, kp, panels, scale, o, out_stride);
+        let tail = Qk {
+            q: q.add(full * q_stride),
+            q_stride,
+            d,
+            kp,
+            u: 0,
+            scale,
+            out: out.add(full * out_stride),
+            out_stride,
+        };
         match rows - full {
             0 => {}
-            1 => qk_rows::<1>(tail),
-            2 => qk_rows::<2>(tail),
-            3 => qk_rows::<3>(tail),
-            4 => qk_rows::<4>(tail),
-            _ => qk_rows::<5>(tail),
+            1 => qk_rows::<V, 1>(&tail, vectors),
+            2 => qk_rows::<V, 2>(&tail, vectors),
+            3 => qk_rows::<V, 3>(&tail, vectors),
+            4 => qk_rows::<V, 4>(&tail, vectors),
+            5 => qk_rows::<V, 5>(&tail, vectors),
+            6 => qk_rows::<V, 6>(&tail, vectors),
+            _ => qk_rows::<V, 7>(&tail, vectors),
         }
     }
 
-    /// The arguments of [`qk`] with a whole run of panels: (q, q_stride, d, kp, panels,
-    /// scale, out, out_stride).
-    type QkRows = (
-        *const f32,
-        usize,
-        usize,
-        *const f32,
-        usize,
-        f32,
-        *mut f32,
-        usize,
-    );
-
-    /// NR < R rows against every panel. Under 4 rows, four panels a step, so that at
-    /// least 8 sums are in flight: an FMA's latency (4 cycles) times the two it starts
-    /// a cycle. With two panels, 2 rows ran at half the rate of a whole row group.
-    #[inline(always)]
-    unsafe fn qk_rows<const NR: usize>(args: QkRows) {
-        let (q, q_stride, d, kp, panels, scale, out, out_stride) = args;
-        let wide = NR <= 3;
-        let mut p = 0;
-        while p < panels {
-            let (k0, o) = (kp.add(p * PANEL * d), out.add(p * PANEL));
-            let step = match panels - p {
-                n if wide && n >= 4 => 4,
-                n if n >= 2 => 2,
-                _ => 1,
-            };
-            match step {
-                4 => qk::<NR, 4>(q, q_stride, d, k0, scale, o, out_stride),
-                2 => qk::<NR, 2>(q, q_stride, d, k0, scale, o, out_stride),
-                _ => qk::<NR, 1>(q, q_stride, d, k0, scale, o, out_stride),
-            }
-            p += step;
-        }
-    }
-
-    /// NR query rows × NP key panels: out = scale·Q·Kᵀ.
-    #[inline(always)]
-    unsafe fn qk<const NR: usize, const NP: usize>(
+    /// The operands of one scores tile: rows from `q` (each `q_stride` apart, `d` wide)
+    /// against the key vectors from `u` on; out = scale·Q·Kᵀ from column u·L of `out`.
+    #[derive(Clone, Copy)]
+    struct Qk {
         q: *const f32,
         q_stride: usize,
         d: usize,
         kp: *const f32,
+        u: usize,
         scale: f32,
         out: *mut f32,
         out_stride: usize,
-    ) {
-        let mut acc = [[_mm256_setzero_ps(); NP]; NR];
-        for e in 0..d {
-            let mut kv = [_mm256_setzero_ps(); NP];
-            for (p, k) in kv.iter_mut().enumerate() {
-                *k = _mm256_loadu_ps(kp.add(p * PANEL * d + e * PANEL));
+    }
+
+    /// NR < R rows (the block's last) against every key vector. Under 4 rows, four vectors a step, so that
+    /// at least 8 sums are in flight: an FMA's latency (4 cycles) times the two it starts
+    /// a cycle. With two, 2 rows ran at half the rate of a whole row group.
+    #[inline(always)]
+    unsafe fn qk_rows<V: Vector, const NR: usize>(t: &Qk, vectors: usize) {
+        let wide = NR <= 3;
+        let mut u = 0;
+        while u < vectors {
+            let step = match vectors - u {
+                n if wide && n >= 4 => 4,
+                n if n >= 2 => 2,
+                _ => 1,
+            };
+            let at = Qk { u, ..*t };
+            match step {
+                4 => qk::<V, NR, 4>(&at),
+                2 => qk::<V, NR, 2>(&at),
+                _ => qk::<V, NR, 1>(&at),
             }
-            for (r, row) in acc.iter_mut().enumerate() {
-                let qb = _mm256_broadcast_ss(&*q.add(r * q_stride + e));
+            u += step;
+        }
+    }
+
+    /// NR query rows × NV key vectors: out = scale·Q·Kᵀ.
+    #[inline(always)]
+    unsafe fn qk<V: Vector, const NR: usize, const NV: usize>(t: &Qk) {
+        let mut acc = [[V::zero(); NV]; NR];
+        let mut keys = [t.kp; NV];
+        for (v, k) in keys.iter_mut().enumerate() {
+            *k = t.kp.add(key_vector::<V>(t.u + v, t.d));
+        }
+        // one pointer per row, so a step's broadcasts are (row pointer + e) with no
+        // address arithmetic in the loop
+        let mut q_rows = [t.q; NR];
+        for (r, q) in q_rows.iter_mut().enumerate() {
+            *q = t.q.add(r * t.q_stride);
+        }
+        for e in 0..t.d {
+            let mut kv = [V::zero(); NV];
+            for (k, at) in kv.iter_mut().zip(&keys) {
+                *k = V::load(at.add(e * PANEL));
+            }
+            for (row, q) in acc.iter_mut().zip(&q_rows) {
+                let qb = V::splat_from(q.add(e));
                 for (a, k) in row.iter_mut().zip(&kv) {
-                    *a = _mm256_fmadd_ps(qb, *k, *a);
+                    *a = qb.mul_add(*k, *a);
                 }
             }
         }
-        let s = _mm256_set1_ps(scale);
+        let s = V::splat(t.scale);
         for (r, row) in acc.iter().enumerate() {
-            for (p, a) in row.iter().enumerate() {
-                _mm256_storeu_ps(out.add(r * out_stride + p * PANEL), _mm256_mul_ps(*a, s));
+            for (v, a) in row.iter().enumerate() {
+                a.times(s)
+                    .store(t.out.add(r * t.out_stride + (t.u + v) * V::LANES));
             }
         }
     }
 
-    /// # Safety
-    /// AVX2 and FMA; the bounds asserted by [`super::mul_acc`].
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn mul_acc(
+    #[inline(always)]
+    unsafe fn mul_acc<V: Vector, const R: usize>(
         a: Strided,
         m: usize,
         k: usize,
@@ -367,6 +493,7 @@ mod x86 {
         acc: &mut [f32],
         acc_stride: usize,
     ) {
+        let lanes = V::LANES;
         let (ap, bp, cp) = (a.data.as_ptr(), b.as_ptr(), acc.as_mut_ptr());
         let ones = [1.0f32; R];
         let c_of = |x0: usize| -> &[f32] {
@@ -376,11 +503,11 @@ mod x86 {
             }
         };
         let full = m / R * R;
-        // column chunks outside, whole row groups inside: a chunk of B (k rows × 16
-        // columns) stays in L1 while every row group reads it
+        // column chunks outside, whole row groups inside: a chunk of B (k rows × two
+        // vectors) stays in L1 while every row group reads it
         let mut e0 = 0;
-        while e0 + 8 <= n {
-            let two = n - e0 >= 16;
+        while e0 + lanes <= n {
+            let two = n - e0 >= 2 * lanes;
             for x0 in (0..full).step_by(R) {
                 let args = Tile {
                     a: ap.add(x0 * a.row),
@@ -392,12 +519,12 @@ mod x86 {
                 };
                 let (c, out) = (c_of(x0), cp.add(x0 * acc_stride + e0));
                 if two {
-                    tile::<R, 2>(&args, c, out, acc_stride);
+                    tile::<V, R, 2>(&args, c, out, acc_stride);
                 } else {
-                    tile::<R, 1>(&args, c, out, acc_stride);
+                    tile::<V, R, 1>(&args, c, out, acc_stride);
                 }
             }
-            e0 += if two { 16 } else { 8 };
+            e0 += if two { 2 * lanes } else { lanes };
         }
         let args = Tile {
             a: ap.add(full * a.row),
@@ -410,11 +537,13 @@ mod x86 {
         let (c, out) = (c_of(full), cp.add(full * acc_stride));
         match m - full {
             0 => {}
-            1 => tile_rows::<1>(&args, n, c, out, acc_stride),
-            2 => tile_rows::<2>(&args, n, c, out, acc_stride),
-            3 => tile_rows::<3>(&args, n, c, out, acc_stride),
-            4 => tile_rows::<4>(&args, n, c, out, acc_stride),
-            _ => tile_rows::<5>(&args, n, c, out, acc_stride),
+            1 => tile_rows::<V, 1>(&args, n, c, out, acc_stride),
+            2 => tile_rows::<V, 2>(&args, n, c, out, acc_stride),
+            3 => tile_rows::<V, 3>(&args, n, c, out, acc_stride),
+            4 => tile_rows::<V, 4>(&args, n, c, out, acc_stride),
+            5 => tile_rows::<V, 5>(&args, n, c, out, acc_stride),
+            6 => tile_rows::<V, 6>(&args, n, c, out, acc_stride),
+            _ => tile_rows::<V, 7>(&args, n, c, out, acc_stride),
         }
         // columns past the last whole vector, one at a time
         for x in 0..m {
@@ -429,34 +558,35 @@ mod x86 {
         }
     }
 
-    /// NR < R rows over the whole vectors of n columns (`t.b` at column 0), 32 columns
-    /// a step under 4 rows for the same reason as [`qk_rows`].
+    /// NR < R rows (the block's last) over the whole vectors of n columns (`t.b` at column 0), four
+    /// vectors a step under 4 rows for the same reason as [`qk_rows`].
     #[inline(always)]
-    unsafe fn tile_rows<const NR: usize>(
+    unsafe fn tile_rows<V: Vector, const NR: usize>(
         t: &Tile,
         n: usize,
         corr: &[f32],
         acc: *mut f32,
         acc_stride: usize,
     ) {
+        let lanes = V::LANES;
         let wide = NR <= 3;
         let mut e0 = 0;
-        while e0 + 8 <= n {
-            let step = match n - e0 {
-                left if wide && left >= 32 => 32,
-                left if left >= 16 => 16,
-                _ => 8,
+        while e0 + lanes <= n {
+            let vectors = match (n - e0) / lanes {
+                left if wide && left >= 4 => 4,
+                left if left >= 2 => 2,
+                _ => 1,
             };
             let at = Tile {
                 b: t.b.add(e0),
                 ..*t
             };
-            match step {
-                32 => tile::<NR, 4>(&at, corr, acc.add(e0), acc_stride),
-                16 => tile::<NR, 2>(&at, corr, acc.add(e0), acc_stride),
-                _ => tile::<NR, 1>(&at, corr, acc.add(e0), acc_stride),
+            match vectors {
+                4 => tile::<V, NR, 4>(&at, corr, acc.add(e0), acc_stride),
+                2 => tile::<V, NR, 2>(&at, corr, acc.add(e0), acc_stride),
+                _ => tile::<V, NR, 1>(&at, corr, acc.add(e0), acc_stride),
             }
-            e0 += step;
+            e0 += vectors * lanes;
         }
     }
 
@@ -471,96 +601,99 @@ mod x86 {
         b_stride: usize,
     }
 
-    /// NR rows × NV·8 columns of acc = c·acc + A·B.
+    /// NR rows × NV vectors of columns of acc = c·acc + A·B.
     #[inline(always)]
-    unsafe fn tile<const NR: usize, const NV: usize>(
+    unsafe fn tile<V: Vector, const NR: usize, const NV: usize>(
         t: &Tile,
         corr: &[f32],
         acc: *mut f32,
         acc_stride: usize,
     ) {
-        let mut regs = [[_mm256_setzero_ps(); NV]; NR];
+        let lanes = V::LANES;
+        let mut regs = [[V::zero(); NV]; NR];
         for (x, row) in regs.iter_mut().enumerate() {
-            let c = _mm256_set1_ps(corr[x]);
+            let c = V::splat(corr[x]);
             for (u, v) in row.iter_mut().enumerate() {
-                *v = _mm256_mul_ps(_mm256_loadu_ps(acc.add(x * acc_stride + u * 8)), c);
+                *v = V::load(acc.add(x * acc_stride + u * lanes)).times(c);
             }
         }
+        // one pointer per row of A, as in [`qk`]
+        let mut a_rows = [t.a; NR];
+        for (x, a) in a_rows.iter_mut().enumerate() {
+            *a = t.a.add(x * t.a_row);
+        }
         for y in 0..t.k {
-            let mut bv = [_mm256_setzero_ps(); NV];
+            let mut bv = [V::zero(); NV];
             for (u, v) in bv.iter_mut().enumerate() {
-                *v = _mm256_loadu_ps(t.b.add(y * t.b_stride + u * 8));
+                *v = V::load(t.b.add(y * t.b_stride + u * lanes));
             }
-            for (x, row) in regs.iter_mut().enumerate() {
-                let w = _mm256_broadcast_ss(&*t.a.add(x * t.a_row + y * t.a_col));
+            let step = y * t.a_col;
+            for (row, a) in regs.iter_mut().zip(&a_rows) {
+                let w = V::splat_from(a.add(step));
                 for (v, bb) in row.iter_mut().zip(&bv) {
-                    *v = _mm256_fmadd_ps(w, *bb, *v);
+                    *v = w.mul_add(*bb, *v);
                 }
             }
         }
         for (x, row) in regs.iter().enumerate() {
             for (u, v) in row.iter().enumerate() {
-                _mm256_storeu_ps(acc.add(x * acc_stride + u * 8), *v);
+                v.store(acc.add(x * acc_stride + u * lanes));
             }
         }
     }
 
-    /// # Safety
-    /// AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn exp_shift(row: &mut [f32], l: f32) {
-        exp_sub_sum(row, l);
+    #[inline(always)]
+    unsafe fn exp_shift<V: Vector>(row: &mut [f32], l: f32) {
+        exp_sub_sum::<V>(row, l);
     }
 
     /// `row[c] ← exp(row[c] − shift)` for every c; returns the sum of the new values.
     /// Two vectors a step: one exp is a chain of about 15 dependent operations, and two
     /// independent chains in flight took a fifth less time per value than one.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn exp_sub_sum(row: &mut [f32], shift: f32) -> f32 {
-        let sv = _mm256_set1_ps(shift);
-        let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let mut pairs = row.chunks_exact_mut(16);
+    #[inline(always)]
+    unsafe fn exp_sub_sum<V: Vector>(row: &mut [f32], shift: f32) -> f32 {
+        let lanes = V::LANES;
+        let sv = V::splat(shift);
+        let (mut s0, mut s1) = (V::zero(), V::zero());
+        let mut pairs = row.chunks_exact_mut(2 * lanes);
         for c in &mut pairs {
             let p = c.as_mut_ptr();
-            let e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p), sv));
-            let e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(8)), sv));
-            _mm256_storeu_ps(p, e0);
-            _mm256_storeu_ps(p.add(8), e1);
-            s0 = _mm256_add_ps(s0, e0);
-            s1 = _mm256_add_ps(s1, e1);
+            let e0 = V::load(p).minus(sv).exp();
+            let e1 = V::load(p.add(lanes)).minus(sv).exp();
+            e0.store(p);
+            e1.store(p.add(lanes));
+            s0 = s0.plus(e0);
+            s1 = s1.plus(e1);
         }
-        // the rest, under 16 values, through a copy padded with −∞ (whose exp is 0)
-        for c in pairs.into_remainder().chunks_mut(8) {
-            let mut lanes = [f32::NEG_INFINITY; 8];
-            lanes[..c.len()].copy_from_slice(c);
-            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(lanes.as_ptr()), sv));
-            _mm256_storeu_ps(lanes.as_mut_ptr(), e);
-            c.copy_from_slice(&lanes[..c.len()]);
-            s0 = _mm256_add_ps(s0, e);
+        // the rest, under two vectors, through a copy padded with −∞ (whose exp is 0)
+        for c in pairs.into_remainder().chunks_mut(lanes) {
+            let mut padded = [f32::NEG_INFINITY; 16];
+            padded[..c.len()].copy_from_slice(c);
+            let e = V::load(padded.as_ptr()).minus(sv).exp();
+            e.store(padded.as_mut_ptr());
+            c.copy_from_slice(&padded[..c.len()]);
+            s0 = s0.plus(e);
         }
-        hsum(_mm256_add_ps(s0, s1))
+        s0.plus(s1).sum()
     }
 
-    /// # Safety
-    /// AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn softmax_step(row: &mut [f32], m: &mut f32, l: &mut f32) -> f32 {
-        let n = row.len();
-        let whole = n / 8 * 8;
-        let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
-        for c in (0..whole).step_by(8) {
-            vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(row.as_ptr().add(c)));
+    #[inline(always)]
+    unsafe fn softmax_step<V: Vector>(row: &mut [f32], m: &mut f32, l: &mut f32) -> f32 {
+        let lanes = V::LANES;
+        let whole = row.len() / lanes * lanes;
+        let mut vmax = V::splat(f32::NEG_INFINITY);
+        for c in (0..whole).step_by(lanes) {
+            vmax = vmax.max(V::load(row.as_ptr().add(c)));
         }
         let m_new = row[whole..]
             .iter()
             .copied()
-            .fold(hmax(vmax).max(*m), f32::max);
+            .fold(vmax.max_lane().max(*m), f32::max);
         if m_new == f32::NEG_INFINITY {
             row.fill(0.0);
             return 1.0;
         }
-        let sum = exp_sub_sum(row, m_new);
+        let sum = exp_sub_sum::<V>(row, m_new);
         update(m, l, m_new, sum)
     }
 }
@@ -570,17 +703,20 @@ mod tests {
     use super::*;
     use crate::rng::Rng;
 
-    /// Both forms of each kernel against sums in f64, on shapes that leave partial
-    /// register tiles, partial panels and partial vectors.
-    /// Rows past the last whole group of 6 are 1 to 5 here, and take every panel and
-    /// column step of the narrow-row tiles.
-    const SHAPES: [(usize, usize, usize); 9] = [
+    /// Every form of each kernel against sums in f64, on shapes that leave partial
+    /// register tiles, partial panels and partial vectors. Rows past the last whole
+    /// group (of 6 on AVX2, 8 on AVX-512) take every count from 1 to 5 (7) here, and
+    /// every key and column step of the narrow-row tiles.
+    const SHAPES: [(usize, usize, usize); 12] = [
         (1, 1, 1),
         (5, 3, 7),
         (6, 16, 8),
         (7, 17, 64),
         (8, 40, 33),
         (9, 48, 16),
+        (10, 20, 64),
+        (11, 24, 32),
+        (12, 40, 48),
         (13, 9, 23),
         (15, 33, 40),
         (64, 128, 80),
@@ -593,11 +729,10 @@ mod tests {
         }
     }
 
-    /// Runs `f` with the vector form (where this CPU has it) and with the portable form.
-    fn both_forms(mut f: impl FnMut(bool)) {
-        f(false);
-        if cfg!(target_arch = "x86_64") && avx2_fma() {
-            f(true);
+    /// Runs `f` with every form this CPU has: AVX-512, AVX2 and portable.
+    fn every_form(mut f: impl FnMut(Isa)) {
+        for isa in Isa::available() {
+            f(isa);
         }
     }
 
@@ -626,30 +761,18 @@ mod tests {
                     };
                 }
             }
-            both_forms(|vector| {
+            every_form(|isa| {
                 let mut out = vec![0.0f32; rows * out_stride];
-                let args = (&q[..], q_stride, rows, d, &kp[..], panels, scale);
-                if vector {
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `both_forms` asks only where AVX2 and FMA are present.
-                    unsafe {
-                        x86::scores(
-                            args.0, args.1, args.2, args.3, args.4, args.5, args.6, &mut out,
-                            out_stride,
-                        )
-                    };
-                } else {
-                    portable::scores(
-                        args.0, args.1, args.2, args.3, args.4, args.5, args.6, &mut out,
-                        out_stride,
-                    );
-                }
+                let (q, k) = (&q[..], &kp[..]);
+                scores_on(
+                    isa, q, q_stride, rows, d, k, panels, scale, &mut out, out_stride,
+                );
                 for r in 0..rows {
                     let span = r * out_stride..r * out_stride + panels * PANEL;
                     close(
                         &out[span.clone()],
                         &want[span],
-                        &format!("scores {rows}x{cols}x{d}"),
+                        &format!("{isa:?} scores {rows}x{cols}x{d}"),
                     );
                 }
             });
@@ -685,23 +808,15 @@ mod tests {
                     col: a_col,
                 };
                 let c = use_corr.then_some(&corr[..]);
-                both_forms(|vector| {
+                every_form(|isa| {
                     let mut acc = acc0.clone();
-                    if vector {
-                        #[cfg(target_arch = "x86_64")]
-                        // SAFETY: `both_forms` asks only where AVX2 and FMA are present.
-                        unsafe {
-                            x86::mul_acc(strided, m, k, &b, b_stride, n, c, &mut acc, acc_stride)
-                        };
-                    } else {
-                        portable::mul_acc(strided, m, k, &b, b_stride, n, c, &mut acc, acc_stride);
-                    }
+                    mul_acc_on(isa, strided, m, k, &b, b_stride, n, c, &mut acc, acc_stride);
                     for x in 0..m {
                         let span = x * acc_stride..x * acc_stride + n;
                         close(
                             &acc[span.clone()],
                             &want[span],
-                            &format!("mul_acc {m}x{k}x{n}"),
+                            &format!("{isa:?} mul_acc {m}x{k}x{n}"),
                         );
                     }
                     // the column past n in each row is not written
@@ -729,22 +844,12 @@ mod tests {
                 .copied()
                 .fold(f64::NEG_INFINITY, |a, b| a.max(b as f64));
             let total: f64 = scores.iter().map(|&s| (s as f64 - max).exp()).sum();
-            both_forms(|vector| {
+            every_form(|isa| {
                 let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
                 let mut weights = Vec::new();
                 for block in scores.chunks(n.div_ceil(3).max(1)) {
                     let mut row = block.to_vec();
-                    let corr = if vector {
-                        #[cfg(target_arch = "x86_64")]
-                        // SAFETY: `both_forms` asks only where AVX2 and FMA are present.
-                        unsafe {
-                            x86::softmax_step(&mut row, &mut m, &mut l)
-                        }
-                        #[cfg(not(target_arch = "x86_64"))]
-                        unreachable!()
-                    } else {
-                        portable::softmax_step(&mut row, &mut m, &mut l)
-                    };
+                    let corr = softmax_step_on(isa, &mut row, &mut m, &mut l);
                     weights.iter_mut().for_each(|w| *w *= corr);
                     weights.extend(row);
                 }
@@ -753,20 +858,12 @@ mod tests {
                     .map(|&s| (s as f64 - max).exp() / total)
                     .collect();
                 let got: Vec<f32> = weights.iter().map(|w| w / l).collect();
-                close(&got, &want, &format!("softmax of {n}"));
+                close(&got, &want, &format!("{isa:?} softmax of {n}"));
                 // the saved log-sum-exp turns scores back into the same weights
                 let lse = m + l.ln();
                 let mut again = scores.clone();
-                if vector {
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: as above.
-                    unsafe {
-                        x86::exp_shift(&mut again, lse)
-                    };
-                } else {
-                    portable::exp_shift(&mut again, lse);
-                }
-                close(&again, &want, &format!("exp_shift of {n}"));
+                exp_shift_on(isa, &mut again, lse);
+                close(&again, &want, &format!("{isa:?} exp_shift of {n}"));
             });
         }
     }

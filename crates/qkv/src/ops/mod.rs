@@ -7,6 +7,7 @@ pub mod matmul;
 pub mod pool;
 pub mod simd;
 pub mod softmax;
+pub mod vector;
 
 pub use activation::Activation;
 pub use matmul::{gemm, gemm_packed, matmul, MatMut, MatRef, PackedWeight, Par};

@@ -9,18 +9,11 @@
 //! f32 range); e^x is exactly 0 below −87.3 (e^−∞ too, so a masked score gets exactly
 //! zero weight) and saturates at e^88 above 88.
 
-/// Whether this CPU runs the AVX2 + FMA paths (checked once; the standard library
-/// caches the answer).
+/// Whether this CPU runs the AVX2 + FMA paths (every AVX-512 CPU does), unless
+/// `QKV_ISA=portable` asks for the plain loops (see [`super::vector::Isa`]).
 #[inline]
 pub fn avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    super::vector::Isa::detect() != super::vector::Isa::Portable
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -8,9 +8,9 @@
 //!   per thread, and each runs the sequential blocked product on its own: for each
 //!   slab of `kc` steps along K, its columns of B are packed into `[kc][NR]`
 //!   micro-panels, then each block of `MC` rows of A into `[kc][MR]` micro-panels, and
-//!   the [`super::kernel`] computes MR×NR tiles. A block of A (≤ 144 × 384 floats,
-//!   216 KiB) stays in L2 while each B micro-panel (≤ 384 × 16, 24 KiB) is reused from
-//!   L1 by all of its tiles. The tasks share nothing and meet once, at the end of the
+//!   the [`super::kernel`] computes tiles of MR rows × one or two NR-column panels. A
+//!   block of A (≤ 144 × 384 floats, 216 KiB) stays in L2 while a tile's B micro-panels
+//!   (≤ 384 × 16, 24 KiB, each) are reused from L1 by all of its tiles. The tasks share nothing and meet once, at the end of the
 //!   call.
 //!
 //! No two tasks write the same element, and the result does not depend on the thread
@@ -29,10 +29,19 @@ use std::cell::RefCell;
 pub(super) const MR: usize = 6;
 /// Columns of a micro-tile (two AVX2 vectors).
 pub(super) const NR: usize = 16;
-/// Most steps along K per slab. A model width of 384 (MiniLM, the training benchmark)
-/// fits one slab, so C is written once rather than read back per slab; against 256,
-/// products ran 3–7% faster (ABBA-alternated `qkv bench matmul`), and MiniLM batches 6%.
-const KC: usize = 384;
+/// Most steps along K per slab, by the width of a tile. On AVX2 a model width of 384
+/// (MiniLM, the training benchmark) fits one slab, so C is written once rather than
+/// read back per slab; against 256, products ran 3–7% faster (ABBA-alternated `qkv
+/// bench matmul`, Zen 3), and MiniLM batches 6%. An AVX-512 tile reads two B panels,
+/// 48 KiB at 384 steps, which is all of L1 (48 KiB on the Xeon measured): 256 steps
+/// ran 3–6% faster there.
+fn kc_max() -> usize {
+    if kernel::panels_per_tile() == 2 {
+        256
+    } else {
+        384
+    }
+}
 /// Rows of A per task block (a multiple of MR).
 const MC: usize = 144;
 /// Products smaller than this many multiply-adds run on the calling thread: waking
@@ -52,7 +61,7 @@ const DOT_ROWS: usize = 16;
 /// last). Slabs are made equal so none is tiny; the cut depends on K alone, so a weight
 /// packed once ([`PackedWeight`]) has the slabs every product against it uses.
 pub(super) fn slabs(k: usize) -> (usize, usize) {
-    let count = k.div_ceil(KC);
+    let count = k.div_ceil(kc_max());
     (count, k.div_ceil(count))
 }
 
@@ -163,6 +172,7 @@ impl Part {
         let k = a.cols;
         let (slabs, kc_max) = slabs(k);
         let panels = self.cols.div_ceil(NR);
+        let per_tile = kernel::panels_per_tile();
         let b_scratch = match b {
             Operand::View(_) => panels * kc_max * NR,
             Operand::Packed(_) => 0,
@@ -186,10 +196,11 @@ impl Part {
                         for r0 in (self.r0..self.r0 + self.rows).step_by(MC) {
                             let rows = MC.min(self.r0 + self.rows - r0);
                             pack::pack_a(a, r0, rows, k0, kc, packed_a);
-                            for j in 0..panels {
-                                let b_panel = &packed_b[j * kc * NR..][..kc * NR];
+                            for j in (0..panels).step_by(per_tile) {
+                                let np = per_tile.min(panels - j);
+                                let b_panel = &packed_b[j * kc * NR..][..np * kc * NR];
                                 let col = self.c0 + j * NR;
-                                let cols = NR.min(self.c0 + self.cols - col);
+                                let cols = (np * NR).min(self.c0 + self.cols - col);
                                 for (i, (start, tile_rows)) in pack::row_tiles(rows).enumerate() {
                                     let a_panel = &packed_a[i * kc * MR..][..kc * MR];
                                     let r = r0 + start;
@@ -207,8 +218,8 @@ impl Part {
                                         alpha,
                                         add: add || slab > 0,
                                     };
-                                    let next_b = (i == 0 && j + 1 < panels)
-                                        .then(|| &packed_b[(j + 1) * kc * NR..][..kc * NR]);
+                                    let next_b = (i == 0 && j + np < panels)
+                                        .then(|| &packed_b[(j + np) * kc * NR..][..kc * NR]);
                                     // SAFETY: the panels hold kc steps; `dst` is as above.
                                     unsafe { kernel::tile(kc, a_panel, b_panel, &dst, next_b) };
                                 }

@@ -1,0 +1,321 @@
+//! One kernel body for two vector widths. The hot loops (matrix-product tiles, the
+//! attention blocks) are written once, generic over [`Vector`], and instantiated for
+//! AVX2 + FMA (`__m256`, 8 lanes) and AVX-512 (`__m512`, 16 lanes) inside functions
+//! compiled for that instruction set. [`Isa::detect`] picks one at run time.
+//!
+//! Every method is `#[inline(always)]` and every generic kernel must be too: the
+//! intrinsics inline only into a function compiled with their target feature, so the
+//! whole generic body has to land inside the `#[target_feature]` entry point that
+//! instantiates it.
+
+/// The vector instruction sets the kernels have forms for, best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512 F (16 f32 lanes, 32 registers).
+    Avx512,
+    /// AVX2 with FMA (8 lanes, 16 registers).
+    Avx2,
+    /// Plain loops.
+    Portable,
+}
+
+impl Isa {
+    /// The best instruction set this CPU runs (the standard library caches the test).
+    /// `QKV_ISA=avx2` or `portable` caps it, to measure or test a narrower path on a
+    /// wider CPU; a cap above what the CPU has is ignored.
+    #[inline]
+    pub fn detect() -> Isa {
+        let cpu = Self::cpu();
+        match cap() {
+            Some(cap) if cap.rank() > cpu.rank() => cap,
+            _ => cpu,
+        }
+    }
+
+    /// Every form this CPU runs, widest first: what the tests compare.
+    pub fn available() -> Vec<Isa> {
+        let cpu = Self::cpu();
+        [Isa::Avx512, Isa::Avx2, Isa::Portable]
+            .into_iter()
+            .filter(|isa| isa.rank() >= cpu.rank())
+            .collect()
+    }
+
+    fn cpu() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") {
+                return Isa::Avx512;
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+
+    /// 0 for the widest; a larger rank is a narrower set.
+    fn rank(self) -> u8 {
+        self as u8
+    }
+}
+
+/// The `QKV_ISA` cap, read once.
+fn cap() -> Option<Isa> {
+    static CAP: std::sync::OnceLock<Option<Isa>> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| match std::env::var("QKV_ISA").ok()?.as_str() {
+        "avx512" => Some(Isa::Avx512),
+        "avx2" => Some(Isa::Avx2),
+        "portable" => Some(Isa::Portable),
+        _ => None,
+    })
+}
+
+/// The operations the generic kernels use, on `LANES` f32 lanes.
+///
+/// # Safety
+/// Every method needs the instruction set of its implementation; pointers must be
+/// valid for `LANES` floats (one for [`Vector::splat_from`]).
+#[allow(clippy::missing_safety_doc)]
+pub trait Vector: Copy {
+    const LANES: usize;
+    unsafe fn zero() -> Self;
+    unsafe fn splat(x: f32) -> Self;
+    /// One float from memory on every lane.
+    unsafe fn splat_from(p: *const f32) -> Self;
+    unsafe fn load(p: *const f32) -> Self;
+    unsafe fn store(self, p: *mut f32);
+    /// self · b + c, rounded once.
+    unsafe fn mul_add(self, b: Self, c: Self) -> Self;
+    unsafe fn times(self, b: Self) -> Self;
+    unsafe fn plus(self, b: Self) -> Self;
+    unsafe fn minus(self, b: Self) -> Self;
+    unsafe fn max(self, b: Self) -> Self;
+    /// e^x per lane, within 1 ulp (see [`super::simd`]).
+    unsafe fn exp(self) -> Self;
+    /// Sum of the lanes.
+    unsafe fn sum(self) -> f32;
+    /// Largest lane.
+    unsafe fn max_lane(self) -> f32;
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::Vector;
+    use crate::ops::simd::x86::{exp8, hmax, hsum};
+    use std::arch::x86_64::*;
+
+    impl Vector for __m256 {
+        const LANES: usize = 8;
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            _mm256_setzero_ps()
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> Self {
+            _mm256_set1_ps(x)
+        }
+        #[inline(always)]
+        unsafe fn splat_from(p: *const f32) -> Self {
+            _mm256_broadcast_ss(&*p)
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            _mm256_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            _mm256_storeu_ps(p, self)
+        }
+        #[inline(always)]
+        unsafe fn mul_add(self, b: Self, c: Self) -> Self {
+            _mm256_fmadd_ps(self, b, c)
+        }
+        #[inline(always)]
+        unsafe fn times(self, b: Self) -> Self {
+            _mm256_mul_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn plus(self, b: Self) -> Self {
+            _mm256_add_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn minus(self, b: Self) -> Self {
+            _mm256_sub_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn max(self, b: Self) -> Self {
+            _mm256_max_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn exp(self) -> Self {
+            exp8(self)
+        }
+        #[inline(always)]
+        unsafe fn sum(self) -> f32 {
+            hsum(self)
+        }
+        #[inline(always)]
+        unsafe fn max_lane(self) -> f32 {
+            hmax(self)
+        }
+    }
+
+    impl Vector for __m512 {
+        const LANES: usize = 16;
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            _mm512_setzero_ps()
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> Self {
+            _mm512_set1_ps(x)
+        }
+        #[inline(always)]
+        unsafe fn splat_from(p: *const f32) -> Self {
+            _mm512_set1_ps(*p)
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            _mm512_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            _mm512_storeu_ps(p, self)
+        }
+        #[inline(always)]
+        unsafe fn mul_add(self, b: Self, c: Self) -> Self {
+            _mm512_fmadd_ps(self, b, c)
+        }
+        #[inline(always)]
+        unsafe fn times(self, b: Self) -> Self {
+            _mm512_mul_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn plus(self, b: Self) -> Self {
+            _mm512_add_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn minus(self, b: Self) -> Self {
+            _mm512_sub_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn max(self, b: Self) -> Self {
+            _mm512_max_ps(self, b)
+        }
+        /// The same steps as [`exp8`], on 16 lanes: the same polynomial and the same
+        /// rounding of each step, so both widths give identical values.
+        #[inline(always)]
+        unsafe fn exp(self) -> Self {
+            let x = self;
+            let xc = _mm512_min_ps(
+                _mm512_max_ps(x, _mm512_set1_ps(-87.3)),
+                _mm512_set1_ps(88.0),
+            );
+            let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm512_mul_ps(xc, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+            );
+            let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), xc);
+            let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+            let mut p = _mm512_set1_ps(1.987_569_1e-4);
+            for c in [
+                1.398_199_9e-3,
+                8.333_452e-3,
+                4.166_579_6e-2,
+                1.666_666_5e-1,
+                0.5,
+            ] {
+                p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+            }
+            let e_r = _mm512_add_ps(
+                _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r),
+                _mm512_set1_ps(1.0),
+            );
+            let two_n = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+                _mm512_cvtps_epi32(n),
+                _mm512_set1_epi32(127),
+            )));
+            let e = _mm512_mul_ps(e_r, two_n);
+            // below −87.3 (and −∞; NaN compares false and keeps its computed lane) → 0
+            let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.3));
+            _mm512_maskz_mov_ps(!under, e)
+        }
+        #[inline(always)]
+        unsafe fn sum(self) -> f32 {
+            _mm512_reduce_add_ps(self)
+        }
+        #[inline(always)]
+        unsafe fn max_lane(self) -> f32 {
+            _mm512_reduce_max_ps(self)
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::super::{Isa, Vector};
+        use std::arch::x86_64::*;
+
+        #[target_feature(enable = "avx512f")]
+        unsafe fn exp16(x: &[f32; 16]) -> [f32; 16] {
+            let mut out = [0.0; 16];
+            __m512::load(x.as_ptr()).exp().store(out.as_mut_ptr());
+            out
+        }
+
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn exp8(x: &[f32; 8]) -> [f32; 8] {
+            let mut out = [0.0; 8];
+            __m256::load(x.as_ptr()).exp().store(out.as_mut_ptr());
+            out
+        }
+
+        /// The 16-lane exp gives bit for bit the 8-lane one (which the tests in
+        /// `simd` hold within 1 ulp of e^x) over every 97th f32 of [−100, 100], and the
+        /// edges −∞, NaN and ±0.
+        #[test]
+        fn exp16_equals_exp8_bit_for_bit() {
+            if Isa::detect() != Isa::Avx512 {
+                eprintln!("no AVX-512 on this CPU: the 16-lane exp is not used here");
+                return;
+            }
+            let mut xs: Vec<f32> = (0u32..u32::MAX)
+                .step_by(97)
+                .map(f32::from_bits)
+                .filter(|x| x.abs() <= 100.0)
+                .collect();
+            xs.extend([f32::NEG_INFINITY, f32::NAN, 0.0, -0.0, -87.3, 88.0]);
+            xs.resize(xs.len().next_multiple_of(16), 1.0);
+            for chunk in xs.chunks_exact(16) {
+                let wide: &[f32; 16] = chunk.try_into().expect("16 lanes");
+                // SAFETY: AVX-512 detected above (and with it AVX2 and FMA).
+                let (got, lo, hi) = unsafe {
+                    (
+                        exp16(wide),
+                        exp8(chunk[..8].try_into().expect("8")),
+                        exp8(chunk[8..].try_into().expect("8")),
+                    )
+                };
+                for (i, (g, w)) in got.iter().zip(lo.iter().chain(&hi)).enumerate() {
+                    assert!(
+                        g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                        "exp({:e}): {g:e} against {w:e}",
+                        chunk[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Isa;
+
+    #[test]
+    fn available_forms_start_with_the_detected_cpu_form_and_end_portable() {
+        let forms = Isa::available();
+        assert_eq!(forms.last(), Some(&Isa::Portable));
+        assert!(forms.windows(2).all(|w| w[0].rank() < w[1].rank()));
+        assert!(forms.contains(&Isa::detect()));
+    }
+}
