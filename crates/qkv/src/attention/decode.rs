@@ -188,7 +188,11 @@ fn one_split(
                     scorer.apply_row(b, g * hg + x, i, j0, row);
                 }
                 let st = &mut state[i * hg + x];
-                scratch.corr[x] = micro::softmax_step(row, &mut st.m, &mut st.l);
+                let (m, l) = (
+                    std::slice::from_mut(&mut st.m),
+                    std::slice::from_mut(&mut st.l),
+                );
+                micro::softmax_rows(row, n, 1, n, m, l, &mut scratch.corr[x..=x]);
             }
             // acc = corr·acc + P · V[j0..j0+n]: values read in place, a row every G·Dv
             micro::mul_acc(

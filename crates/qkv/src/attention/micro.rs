@@ -159,25 +159,51 @@ fn mul_acc_on(
     }
 }
 
-/// One row's online-softmax step over its scores `row` (−∞ where masked): with the
-/// running max `m` and sum `l`, m' = max(m, max row), row ← exp(row − m'),
-/// l ← l·exp(m − m') + Σ row, m ← m'. Returns the factor exp(m − m') that rescales the
-/// row's accumulated output (1 when the max did not move). A row with nothing visible
-/// yet is left at zero weight and changes nothing.
-pub(crate) fn softmax_step(row: &mut [f32], m: &mut f32, l: &mut f32) -> f32 {
-    softmax_step_on(Isa::detect(), row, m, l)
+/// One online-softmax step for each of `rows` rows of scores (row r is
+/// `tile[r·stride..r·stride + cols]`, −∞ where masked), with running maxima `m` and sums
+/// `l`: m' = max(m, max row), row ← exp(row − m'), l ← l·exp(m − m') + Σ row, m ← m'.
+/// `corr[r]` gets the factor exp(m − m') that rescales row r's accumulated output (1
+/// when the max did not move). A row with nothing visible yet is left at zero weight
+/// and changes nothing.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn softmax_rows(
+    tile: &mut [f32],
+    stride: usize,
+    rows: usize,
+    cols: usize,
+    m: &mut [f32],
+    l: &mut [f32],
+    corr: &mut [f32],
+) {
+    let isa = Isa::detect();
+    softmax_rows_on(isa, tile, stride, rows, cols, m, l, corr);
 }
 
-/// [`softmax_step`] in a given form (one this CPU has).
-fn softmax_step_on(isa: Isa, row: &mut [f32], m: &mut f32, l: &mut f32) -> f32 {
+/// [`softmax_rows`] in a given form (one this CPU has).
+#[allow(clippy::too_many_arguments)]
+fn softmax_rows_on(
+    isa: Isa,
+    tile: &mut [f32],
+    stride: usize,
+    rows: usize,
+    cols: usize,
+    m: &mut [f32],
+    l: &mut [f32],
+    corr: &mut [f32],
+) {
+    if rows == 0 {
+        return;
+    }
+    assert!(tile.len() >= (rows - 1) * stride + cols);
+    assert!(m.len() >= rows && l.len() >= rows && corr.len() >= rows);
     match isa {
-        // SAFETY: the CPU has the form (the caller's `Isa`).
+        // SAFETY: the CPU has the form (the caller's `Isa`); the bounds were checked.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { x86::softmax_step_avx512(row, m, l) },
+        Isa::Avx512 => unsafe { x86::softmax_rows_avx512(tile, stride, rows, cols, m, l, corr) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { x86::softmax_step_avx2(row, m, l) },
-        _ => portable::softmax_step(row, m, l),
+        Isa::Avx2 => unsafe { x86::softmax_rows_avx2(tile, stride, rows, cols, m, l, corr) },
+        _ => portable::softmax_rows(tile, stride, rows, cols, m, l, corr),
     }
 }
 
@@ -204,19 +230,20 @@ fn exp_shift_on(isa: Isa, row: &mut [f32], l: f32) {
     }
 }
 
-/// Folds a row whose max is `m_new` and whose exponentials sum to `sum` into the
-/// running max and sum; returns the factor exp(m − m') for the accumulated output.
-fn update(m: &mut f32, l: &mut f32, m_new: f32, sum: f32) -> f32 {
-    let correction = (*m - m_new).exp();
-    *l = *l * correction + sum;
-    *m = m_new;
-    correction
+/// The factor exp(m − m') that moves a row's sums from running max m to m'; 1 for a
+/// row with nothing visible yet (both −∞).
+fn correction(m: f32, m_new: f32) -> f32 {
+    if m_new == f32::NEG_INFINITY {
+        1.0
+    } else {
+        (m - m_new).exp()
+    }
 }
 
 /// The kernels in plain loops: what runs without AVX2, and what the tests hold the
 /// vector forms to on any machine. Same contracts as the public functions above.
 mod portable {
-    use super::{update, Strided, PANEL};
+    use super::{correction, Strided, PANEL};
 
     #[allow(clippy::too_many_arguments)]
     pub(super) fn scores(
@@ -271,19 +298,33 @@ mod portable {
         }
     }
 
-    pub(super) fn softmax_step(row: &mut [f32], m: &mut f32, l: &mut f32) -> f32 {
-        let m_new = row.iter().copied().fold(*m, f32::max);
-        if m_new == f32::NEG_INFINITY {
-            // nothing visible yet in this row: contribute nothing
-            row.fill(0.0);
-            return 1.0;
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn softmax_rows(
+        tile: &mut [f32],
+        stride: usize,
+        rows: usize,
+        cols: usize,
+        m: &mut [f32],
+        l: &mut [f32],
+        corr: &mut [f32],
+    ) {
+        for r in 0..rows {
+            let row = &mut tile[r * stride..r * stride + cols];
+            let m_new = row.iter().copied().fold(m[r], f32::max);
+            corr[r] = correction(m[r], m_new);
+            if m_new == f32::NEG_INFINITY {
+                // nothing visible yet in this row: contribute nothing
+                row.fill(0.0);
+                continue;
+            }
+            let mut sum = 0.0;
+            for x in row.iter_mut() {
+                *x = (*x - m_new).exp();
+                sum += *x;
+            }
+            l[r] = l[r] * corr[r] + sum;
+            m[r] = m_new;
         }
-        let mut sum = 0.0;
-        for x in row.iter_mut() {
-            *x = (*x - m_new).exp();
-            sum += *x;
-        }
-        update(m, l, m_new, sum)
     }
 
     pub(super) fn exp_shift(row: &mut [f32], l: f32) {
@@ -295,7 +336,7 @@ mod portable {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{update, Strided, PANEL};
+    use super::{Strided, PANEL};
     use crate::ops::vector::Vector;
     use std::arch::x86_64::{__m256, __m512};
 
@@ -332,9 +373,10 @@ mod x86 {
         a: Strided, m: usize, k: usize, b: &[f32], b_stride: usize, n: usize,
         corr: Option<&[f32]>, acc: &mut [f32], acc_stride: usize
     ));
-    entry_points!(softmax_step => softmax_step_avx2, softmax_step_avx512(
-        row: &mut [f32], m: &mut f32, l: &mut f32
-    ) -> f32);
+    entry_points!(softmax_rows => softmax_rows_avx2, softmax_rows_avx512(
+        tile: &mut [f32], stride: usize, rows: usize, cols: usize, m: &mut [f32],
+        l: &mut [f32], corr: &mut [f32]
+    ));
     entry_points!(exp_shift => exp_shift_avx2, exp_shift_avx512(row: &mut [f32], l: f32));
 
     /// Where the vector of keys u·L..(u+1)·L starts in the packed panels (L lanes; a
@@ -677,24 +719,70 @@ mod x86 {
         s0.plus(s1).sum()
     }
 
+    /// Rows go by in groups of 16: the maxima of a group first (its rows' reductions
+    /// are independent and overlap), then its exponentials, then its corrections
+    /// exp(m − m') as one or two vectors rather than a scalar `exp` call per row.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    unsafe fn softmax_step<V: Vector>(row: &mut [f32], m: &mut f32, l: &mut f32) -> f32 {
+    unsafe fn softmax_rows<V: Vector>(
+        tile: &mut [f32],
+        stride: usize,
+        rows: usize,
+        cols: usize,
+        m: &mut [f32],
+        l: &mut [f32],
+        corr: &mut [f32],
+    ) {
+        const GROUP: usize = 16;
         let lanes = V::LANES;
-        let whole = row.len() / lanes * lanes;
-        let mut vmax = V::splat(f32::NEG_INFINITY);
-        for c in (0..whole).step_by(lanes) {
-            vmax = vmax.max(V::load(row.as_ptr().add(c)));
+        let whole = cols / lanes * lanes;
+        for g0 in (0..rows).step_by(GROUP) {
+            let n = GROUP.min(rows - g0);
+            let mut m_new = [0.0f32; GROUP];
+            for (i, mx) in m_new.iter_mut().enumerate().take(n) {
+                let row = &tile[(g0 + i) * stride..(g0 + i) * stride + cols];
+                let (mut a, mut b) = (V::splat(f32::NEG_INFINITY), V::splat(f32::NEG_INFINITY));
+                let mut c = 0;
+                while c + 2 * lanes <= whole {
+                    a = a.max(V::load(row.as_ptr().add(c)));
+                    b = b.max(V::load(row.as_ptr().add(c + lanes)));
+                    c += 2 * lanes;
+                }
+                if c < whole {
+                    a = a.max(V::load(row.as_ptr().add(c)));
+                }
+                *mx = row[whole..]
+                    .iter()
+                    .copied()
+                    .fold(a.max(b).max_lane().max(m[g0 + i]), f32::max);
+            }
+            // exp(m − m') for the group; a lane whose m' is −∞ (nothing visible, so m is
+            // −∞ too) takes a difference of 0, a factor of 1
+            let mut diff = [0.0f32; GROUP];
+            for i in 0..n {
+                if m_new[i] != f32::NEG_INFINITY {
+                    diff[i] = m[g0 + i] - m_new[i];
+                }
+            }
+            let mut factor = [0.0f32; GROUP];
+            for i in (0..n).step_by(lanes) {
+                V::load(diff.as_ptr().add(i))
+                    .exp()
+                    .store(factor.as_mut_ptr().add(i));
+            }
+            corr[g0..g0 + n].copy_from_slice(&factor[..n]);
+            for i in 0..n {
+                let r = g0 + i;
+                let row = &mut tile[r * stride..r * stride + cols];
+                if m_new[i] == f32::NEG_INFINITY {
+                    row.fill(0.0);
+                    continue;
+                }
+                let sum = exp_sub_sum::<V>(row, m_new[i]);
+                l[r] = l[r] * corr[r] + sum;
+                m[r] = m_new[i];
+            }
         }
-        let m_new = row[whole..]
-            .iter()
-            .copied()
-            .fold(vmax.max_lane().max(*m), f32::max);
-        if m_new == f32::NEG_INFINITY {
-            row.fill(0.0);
-            return 1.0;
-        }
-        let sum = exp_sub_sum::<V>(row, m_new);
-        update(m, l, m_new, sum)
     }
 }
 
@@ -828,52 +916,79 @@ mod tests {
         }
     }
 
+    /// Rows of scores fed to `softmax_rows` a block of columns at a time (as the tiled
+    /// kernel does) give each row's softmax, for row counts on both sides of a group of
+    /// 16, with masked keys, a row masked in its whole first block and a row masked
+    /// throughout.
     #[test]
-    fn softmax_steps_over_blocks_equal_one_softmax() {
+    fn softmax_rows_over_blocks_equal_one_softmax_per_row() {
         let mut rng = Rng::new(3);
         for n in [1, 7, 8, 9, 31, 130] {
-            let mut scores = rng.normals(n, 3.0);
-            // masked keys, including a whole leading block
-            for (i, s) in scores.iter_mut().enumerate() {
-                if i % 5 == 3 || i < n / 3 {
-                    *s = f32::NEG_INFINITY;
+            for rows in [1, 5, 17, 33] {
+                let mut scores = rng.normals(rows * n, 3.0);
+                for (i, s) in scores.iter_mut().enumerate() {
+                    let (r, c) = (i / n, i % n);
+                    let masked = match r % 3 {
+                        0 => c % 5 == 3 || c < n / 3,
+                        1 => c % 4 == 1,
+                        _ => r == rows - 1 && rows > 1,
+                    };
+                    if masked {
+                        *s = f32::NEG_INFINITY;
+                    }
                 }
+                every_form(|isa| {
+                    let mut m = vec![f32::NEG_INFINITY; rows];
+                    let mut l = vec![0.0f32; rows];
+                    let mut corr = vec![0.0f32; rows];
+                    let mut weights = vec![Vec::new(); rows];
+                    let width = n.div_ceil(3).max(1);
+                    for c0 in (0..n).step_by(width) {
+                        let cols = width.min(n - c0);
+                        let mut tile: Vec<f32> = (0..rows)
+                            .flat_map(|r| scores[r * n + c0..r * n + c0 + cols].to_vec())
+                            .collect();
+                        softmax_rows_on(
+                            isa, &mut tile, cols, rows, cols, &mut m, &mut l, &mut corr,
+                        );
+                        for (r, w) in weights.iter_mut().enumerate() {
+                            w.iter_mut().for_each(|x| *x *= corr[r]);
+                            w.extend(&tile[r * cols..(r + 1) * cols]);
+                        }
+                    }
+                    for r in 0..rows {
+                        let row = &scores[r * n..(r + 1) * n];
+                        let max = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+                        let what = format!("{isa:?} softmax of row {r} of {rows}x{n}");
+                        if max == f64::NEG_INFINITY {
+                            assert!(weights[r].iter().all(|&w| w == 0.0), "{what}");
+                            assert!(l[r] == 0.0 && m[r] == f32::NEG_INFINITY, "{what}");
+                            continue;
+                        }
+                        let total: f64 = row.iter().map(|&s| (s as f64 - max).exp()).sum();
+                        let want: Vec<f64> = row
+                            .iter()
+                            .map(|&s| (s as f64 - max).exp() / total)
+                            .collect();
+                        let got: Vec<f32> = weights[r].iter().map(|w| w / l[r]).collect();
+                        close(&got, &want, &what);
+                        // the saved log-sum-exp turns scores back into the same weights
+                        let mut again = row.to_vec();
+                        exp_shift_on(isa, &mut again, m[r] + l[r].ln());
+                        close(&again, &want, &format!("{isa:?} exp_shift of {n}"));
+                    }
+                });
             }
-            let max = scores
-                .iter()
-                .copied()
-                .fold(f64::NEG_INFINITY, |a, b| a.max(b as f64));
-            let total: f64 = scores.iter().map(|&s| (s as f64 - max).exp()).sum();
-            every_form(|isa| {
-                let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
-                let mut weights = Vec::new();
-                for block in scores.chunks(n.div_ceil(3).max(1)) {
-                    let mut row = block.to_vec();
-                    let corr = softmax_step_on(isa, &mut row, &mut m, &mut l);
-                    weights.iter_mut().for_each(|w| *w *= corr);
-                    weights.extend(row);
-                }
-                let want: Vec<f64> = scores
-                    .iter()
-                    .map(|&s| (s as f64 - max).exp() / total)
-                    .collect();
-                let got: Vec<f32> = weights.iter().map(|w| w / l).collect();
-                close(&got, &want, &format!("{isa:?} softmax of {n}"));
-                // the saved log-sum-exp turns scores back into the same weights
-                let lse = m + l.ln();
-                let mut again = scores.clone();
-                exp_shift_on(isa, &mut again, lse);
-                close(&again, &want, &format!("{isa:?} exp_shift of {n}"));
-            });
         }
     }
 
     #[test]
     fn fully_masked_rows_give_zero_weight() {
         let mut row = vec![f32::NEG_INFINITY; 11];
-        let (mut m, mut l) = (f32::NEG_INFINITY, 0.0);
-        assert_eq!(softmax_step(&mut row, &mut m, &mut l), 1.0);
-        assert!(row.iter().all(|&w| w == 0.0) && l == 0.0 && m == f32::NEG_INFINITY);
+        let (mut m, mut l, mut corr) = ([f32::NEG_INFINITY], [0.0], [0.0]);
+        softmax_rows(&mut row, 11, 1, 11, &mut m, &mut l, &mut corr);
+        assert_eq!(corr[0], 1.0);
+        assert!(row.iter().all(|&w| w == 0.0) && l[0] == 0.0 && m[0] == f32::NEG_INFINITY);
         let mut row = vec![1.0f32; 11];
         exp_shift(&mut row, f32::NEG_INFINITY);
         assert!(row.iter().all(|&w| w == 0.0));

@@ -7,6 +7,7 @@
 //! l' = l·exp(m − m') + Σp, acc' = acc·exp(m − m') + p·V. At the end out = acc / l and
 //! the row's log-sum-exp is m + ln l, which the backward pass and the weights use.
 
+use crate::ops::aligned::AlignedBuf;
 use crate::ops::disjoint::Disjoint;
 use rayon::prelude::*;
 
@@ -28,9 +29,9 @@ const BLOCK_K: usize = 128;
 /// Per-thread working space, allocated once per rayon worker and reused across tasks.
 struct Scratch {
     /// [BLOCK_Q, BLOCK_K] scores, then probabilities
-    tile: Vec<f32>,
+    tile: AlignedBuf,
     /// [BLOCK_Q, Dv]
-    acc: Vec<f32>,
+    acc: AlignedBuf,
     /// [BLOCK_Q] running max, sum, and this block's rescale factor
     m: Vec<f32>,
     l: Vec<f32>,
@@ -63,8 +64,8 @@ pub(crate) fn attention(
 
     (0..dims.b * h_n * n_qblocks).into_par_iter().for_each_init(
         || Scratch {
-            tile: vec![0.0; BLOCK_Q * BLOCK_K],
-            acc: vec![0.0; BLOCK_Q * dv],
+            tile: AlignedBuf::zeros(BLOCK_Q * BLOCK_K),
+            acc: AlignedBuf::zeros(BLOCK_Q * dv),
             m: vec![0.0; BLOCK_Q],
             l: vec![0.0; BLOCK_Q],
             corr: vec![0.0; BLOCK_Q],
@@ -151,13 +152,14 @@ fn query_block(
             BLOCK_K,
         );
         let whole = j0 >= lo_last && j0 + cols <= hi_first && !scorer.has_mask_or_bias();
-        for r in 0..rows {
-            let row = &mut scratch.tile[r * BLOCK_K..r * BLOCK_K + cols];
-            if !whole {
+        if !whole {
+            for r in 0..rows {
+                let row = &mut scratch.tile[r * BLOCK_K..r * BLOCK_K + cols];
                 scorer.apply_row(b, h, i0 + r, j0, row);
             }
-            scratch.corr[r] = micro::softmax_step(row, &mut scratch.m[r], &mut scratch.l[r]);
         }
+        let (m, l, corr) = (&mut scratch.m, &mut scratch.l, &mut scratch.corr);
+        micro::softmax_rows(&mut scratch.tile, BLOCK_K, rows, cols, m, l, corr);
         // acc = corr·acc + P · V[j0..j0+cols, g, :]
         let p = Strided {
             data: &scratch.tile,
@@ -184,7 +186,7 @@ fn query_block(
 /// [`micro::pack_keys`]), packed once per call and read by all query blocks and all
 /// query heads of a GQA group.
 pub(crate) struct Panels {
-    data: Vec<f32>,
+    data: AlignedBuf,
     /// keys per (b, g), rounded up to whole panels
     s_pad: usize,
     g: usize,
@@ -195,7 +197,7 @@ impl Panels {
     pub(crate) fn new(k: &HeadsView) -> Self {
         let [b_n, s, g_n, d] = k.shape();
         let s_pad = s.div_ceil(PANEL) * PANEL;
-        let mut data = vec![0.0; b_n * g_n * s_pad * d];
+        let mut data = AlignedBuf::zeros(b_n * g_n * s_pad * d);
         data.par_chunks_mut(s_pad * d)
             .enumerate()
             .for_each(|(bg, out)| {
@@ -223,7 +225,7 @@ impl Panels {
 /// 1 KiB) a block's 128 rows fall into a handful of L1 sets, so P·V would reload
 /// them from L2 at every column chunk; packed, consecutive rows use different sets.
 pub(crate) struct Rows {
-    data: Vec<f32>,
+    data: AlignedBuf,
     s: usize,
     g: usize,
     dv: usize,
@@ -232,7 +234,7 @@ pub(crate) struct Rows {
 impl Rows {
     pub(crate) fn new(v: &HeadsView) -> Self {
         let [b_n, s, g_n, dv] = v.shape();
-        let mut data = vec![0.0; b_n * g_n * s * dv];
+        let mut data = AlignedBuf::zeros(b_n * g_n * s * dv);
         data.par_chunks_mut(s * dv)
             .enumerate()
             .for_each(|(bg, out)| {

@@ -1,6 +1,7 @@
 //! Numerical building blocks: matrix products, softmax, activations.
 
 pub mod activation;
+pub(crate) mod aligned;
 pub(crate) mod disjoint;
 pub mod fastmath;
 pub mod matmul;

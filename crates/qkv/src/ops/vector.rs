@@ -203,8 +203,11 @@ mod x86 {
         unsafe fn max(self, b: Self) -> Self {
             _mm512_max_ps(self, b)
         }
-        /// The same steps as [`exp8`], on 16 lanes: the same polynomial and the same
-        /// rounding of each step, so both widths give identical values.
+        /// The same steps as [`exp8`], on 16 lanes, with the same polynomial and the
+        /// same rounding of each step; only the last, e^r·2ⁿ, is one `vscalefps` (zeroing
+        /// the lanes below −87.3 as it goes) in place of building 2ⁿ's bits, five
+        /// operations fewer. The product is exact in both (the results are normal
+        /// floats over [−87.3, 88]), so both widths give identical values.
         #[inline(always)]
         unsafe fn exp(self) -> Self {
             let x = self;
@@ -231,14 +234,9 @@ mod x86 {
                 _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r),
                 _mm512_set1_ps(1.0),
             );
-            let two_n = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
-                _mm512_cvtps_epi32(n),
-                _mm512_set1_epi32(127),
-            )));
-            let e = _mm512_mul_ps(e_r, two_n);
             // below −87.3 (and −∞; NaN compares false and keeps its computed lane) → 0
-            let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.3));
-            _mm512_maskz_mov_ps(!under, e)
+            let kept = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(-87.3));
+            _mm512_maskz_scalef_ps(kept, e_r, n)
         }
         #[inline(always)]
         unsafe fn sum(self) -> f32 {
