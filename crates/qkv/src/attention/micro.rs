@@ -771,16 +771,16 @@ mod x86 {
                     .store(factor.as_mut_ptr().add(i));
             }
             corr[g0..g0 + n].copy_from_slice(&factor[..n]);
-            for i in 0..n {
+            for (i, &mx) in m_new.iter().enumerate().take(n) {
                 let r = g0 + i;
                 let row = &mut tile[r * stride..r * stride + cols];
-                if m_new[i] == f32::NEG_INFINITY {
+                if mx == f32::NEG_INFINITY {
                     row.fill(0.0);
                     continue;
                 }
-                let sum = exp_sub_sum::<V>(row, m_new[i]);
+                let sum = exp_sub_sum::<V>(row, mx);
                 l[r] = l[r] * corr[r] + sum;
-                m[r] = m_new[i];
+                m[r] = mx;
             }
         }
     }
