@@ -15,35 +15,9 @@
 
 use crate::ops::vector::Isa;
 
-/// Keys per panel (one AVX-512 vector, two AVX2 ones).
-pub(crate) const PANEL: usize = 16;
-
-/// Packs keys `k_rows[c]` (each `d` wide, `c < cols`) into panels: element (c, e) at
-/// `(c / 16)·16·d + e·16 + c % 16`; the last panel's missing keys are zeros.
-pub(crate) fn pack_keys(
-    k_rows: impl Fn(usize) -> *const f32,
-    cols: usize,
-    d: usize,
-    out: &mut [f32],
-) {
-    let panels = cols.div_ceil(PANEL);
-    let out = &mut out[..panels * PANEL * d];
-    for c in 0..panels * PANEL {
-        let (p, lane) = (c / PANEL, c % PANEL);
-        let dst = &mut out[p * PANEL * d..(p + 1) * PANEL * d];
-        if c < cols {
-            // SAFETY: the caller's `k_rows(c)` points at d readable floats for c < cols.
-            let src = unsafe { std::slice::from_raw_parts(k_rows(c), d) };
-            for (e, &x) in src.iter().enumerate() {
-                dst[e * PANEL + lane] = x;
-            }
-        } else {
-            for e in 0..d {
-                dst[e * PANEL + lane] = 0.0;
-            }
-        }
-    }
-}
+/// Keys per panel (one AVX-512 vector, two AVX2 ones), packed by
+/// [`pack_panels`](crate::ops::matmul::pack_panels).
+pub(crate) const PANEL: usize = crate::ops::matmul::PANEL;
 
 /// `out[r·out_stride + c] = scale · Σ_e q[r·q_stride + e] · key_c[e]` for r < rows and
 /// every key c of the `panels` packed panels.
@@ -789,6 +763,8 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::matmul::pack_panels;
+    use crate::ops::MatRef;
     use crate::rng::Rng;
 
     /// Every form of each kernel against sums in f64, on shapes that leave partial
@@ -833,7 +809,7 @@ mod tests {
             let k = rng.normals(cols * d, 1.0);
             let panels = cols.div_ceil(PANEL);
             let mut kp = vec![f32::NAN; panels * PANEL * d];
-            pack_keys(|c| k[c * d..].as_ptr(), cols, d, &mut kp);
+            pack_panels(&MatRef::row_major(&k, cols, d).t(), &mut kp);
             let out_stride = panels * PANEL + 2;
             let scale = 0.3;
             let mut want = vec![0.0f64; rows * out_stride];

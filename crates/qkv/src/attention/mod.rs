@@ -9,6 +9,7 @@ mod backward;
 mod cache;
 mod decode;
 mod micro;
+mod packed;
 mod reference;
 mod spec;
 mod tiled;

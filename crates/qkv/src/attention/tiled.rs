@@ -13,6 +13,7 @@ use rayon::prelude::*;
 
 use super::decode;
 use super::micro::{self, Strided, PANEL};
+use super::packed::{Panels, Rows};
 use super::spec::Scorer;
 use super::{AttentionOutput, HeadsView};
 use crate::ops::matmul::gemm_views;
@@ -179,82 +180,6 @@ fn query_block(
             dv,
         );
         j0 += cols;
-    }
-}
-
-/// Every (batch, key head)'s keys (or values) in panels of 8 (see
-/// [`micro::pack_keys`]), packed once per call and read by all query blocks and all
-/// query heads of a GQA group.
-pub(crate) struct Panels {
-    data: AlignedBuf,
-    /// keys per (b, g), rounded up to whole panels
-    s_pad: usize,
-    g: usize,
-    d: usize,
-}
-
-impl Panels {
-    pub(crate) fn new(k: &HeadsView) -> Self {
-        let [b_n, s, g_n, d] = k.shape();
-        let s_pad = s.div_ceil(PANEL) * PANEL;
-        let mut data = AlignedBuf::zeros(b_n * g_n * s_pad * d);
-        data.par_chunks_mut(s_pad * d)
-            .enumerate()
-            .for_each(|(bg, out)| {
-                let (b, g) = (bg / g_n, bg % g_n);
-                micro::pack_keys(|c| k.data[k.offset(b, c, g)..].as_ptr(), s, d, out);
-            });
-        Panels {
-            data,
-            s_pad,
-            g: g_n,
-            d,
-        }
-    }
-
-    /// The panels from key j0 (a multiple of 8) on, of batch b and key head g.
-    pub(crate) fn from(&self, b: usize, g: usize, j0: usize) -> &[f32] {
-        debug_assert!(j0.is_multiple_of(PANEL));
-        let start = ((b * self.g + g) * self.s_pad + j0) * self.d;
-        &self.data[start..((b * self.g + g) + 1) * self.s_pad * self.d]
-    }
-}
-
-/// Every (batch, key head)'s values as contiguous `[S, Dv]` rows, copied once per call.
-/// In place, value rows lie G·Dv floats apart, and at common sizes (a multiple of
-/// 1 KiB) a block's 128 rows fall into a handful of L1 sets, so P·V would reload
-/// them from L2 at every column chunk; packed, consecutive rows use different sets.
-pub(crate) struct Rows {
-    data: AlignedBuf,
-    s: usize,
-    g: usize,
-    dv: usize,
-}
-
-impl Rows {
-    pub(crate) fn new(v: &HeadsView) -> Self {
-        let [b_n, s, g_n, dv] = v.shape();
-        let mut data = AlignedBuf::zeros(b_n * g_n * s * dv);
-        data.par_chunks_mut(s * dv)
-            .enumerate()
-            .for_each(|(bg, out)| {
-                let (b, g) = (bg / g_n, bg % g_n);
-                for (j, row) in out.chunks_exact_mut(dv).enumerate() {
-                    row.copy_from_slice(v.vector(b, j, g));
-                }
-            });
-        Rows {
-            data,
-            s,
-            g: g_n,
-            dv,
-        }
-    }
-
-    /// The rows from value j0 on, of batch b and key head g.
-    pub(crate) fn from(&self, b: usize, g: usize, j0: usize) -> &[f32] {
-        let bg = b * self.g + g;
-        &self.data[(bg * self.s + j0) * self.dv..(bg + 1) * self.s * self.dv]
     }
 }
 

@@ -25,8 +25,8 @@ use crate::ops::disjoint::Disjoint;
 use rayon::prelude::*;
 
 use super::super::micro::{self, Strided, PANEL};
+use super::super::packed::{Panels, Rows};
 use super::super::spec::{Dims, Scorer};
-use super::super::tiled::{Panels, Rows};
 use super::super::{AttentionOutput, HeadsView};
 use super::AttentionGrads;
 use crate::tensor::Tensor;

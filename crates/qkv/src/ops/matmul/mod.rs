@@ -11,6 +11,19 @@ mod packed;
 
 pub use packed::PackedWeight;
 
+/// Columns per packed B panel (see [`pack_panels`]).
+pub(crate) const PANEL: usize = blocked::NR;
+
+/// Packs all of `b` (`[K, N]`, in place of any layout) into panels of [`PANEL`]
+/// columns: element (p, c) at `(c / PANEL)·K·PANEL + p·PANEL + c % PANEL`, the last
+/// panel zero-padded. It is the layout the product's micro-kernel reads B in, and the
+/// tiled attention packs its keys the same way (b = Kᵀ: one panel of 16 keys, `[D][16]`),
+/// with the same transposing copy.
+pub(crate) fn pack_panels(b: &MatRef, out: &mut [f32]) {
+    assert!(b.fits() && out.len() >= b.cols.div_ceil(PANEL) * PANEL * b.rows);
+    pack::pack_b(b, 0, b.rows, 0, b.cols, out);
+}
+
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 

@@ -1,0 +1,85 @@
+//! K and V copied into the layouts the micro-kernels read, once per attention call:
+//! keys in panels of 16 (`[D][16]` each, see [`pack_panels`]) and values as contiguous
+//! rows. Each (batch, key head) is packed by the first task that asks for it, inside
+//! the kernel's one parallel loop, and then read by every query block and every query
+//! head of its GQA group. Packing up front took two more fork-joins of the thread pool
+//! per call, which at N = 128 cost more than the packing itself.
+
+use std::sync::OnceLock;
+
+use super::micro::PANEL;
+use super::HeadsView;
+use crate::ops::aligned::AlignedBuf;
+use crate::ops::matmul::pack_panels;
+use crate::ops::MatRef;
+
+/// Every (batch, key head)'s keys (or values) in panels of [`PANEL`].
+pub(crate) struct Panels<'a> {
+    src: HeadsView<'a>,
+    /// keys per (b, g), rounded up to whole panels
+    s_pad: usize,
+    packed: Vec<OnceLock<AlignedBuf>>,
+}
+
+impl<'a> Panels<'a> {
+    pub(crate) fn new(k: &HeadsView<'a>) -> Self {
+        let [b_n, s, g_n, _] = k.shape();
+        Panels {
+            src: *k,
+            s_pad: s.div_ceil(PANEL) * PANEL,
+            packed: (0..b_n * g_n).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    /// The panels from key j0 (a multiple of [`PANEL`]) on, of batch b and key head g.
+    pub(crate) fn from(&self, b: usize, g: usize, j0: usize) -> &[f32] {
+        debug_assert!(j0.is_multiple_of(PANEL));
+        let [_, s, g_n, d] = self.src.shape();
+        let panels = self.packed[b * g_n + g].get_or_init(|| {
+            let mut out = AlignedBuf::zeros(self.s_pad * d);
+            // Kᵀ of (b, g): [D, S], key c a column G·D floats from the next
+            let keys_t = MatRef {
+                data: &self.src.data[self.src.offset(b, 0, g)..],
+                rows: d,
+                cols: s,
+                row_stride: 1,
+                col_stride: g_n * d,
+            };
+            pack_panels(&keys_t, &mut out);
+            out
+        });
+        &panels[j0 * d..]
+    }
+}
+
+/// Every (batch, key head)'s values as contiguous `[S, Dv]` rows. In place, value rows
+/// lie G·Dv floats apart, and at common sizes (a multiple of 1 KiB) a block's 128 rows
+/// fall into a handful of L1 sets, so P·V would reload them from L2 at every column
+/// chunk; packed, consecutive rows use different sets.
+pub(crate) struct Rows<'a> {
+    src: HeadsView<'a>,
+    packed: Vec<OnceLock<AlignedBuf>>,
+}
+
+impl<'a> Rows<'a> {
+    pub(crate) fn new(v: &HeadsView<'a>) -> Self {
+        let [b_n, _, g_n, _] = v.shape();
+        Rows {
+            src: *v,
+            packed: (0..b_n * g_n).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    /// The rows from value j0 on, of batch b and key head g.
+    pub(crate) fn from(&self, b: usize, g: usize, j0: usize) -> &[f32] {
+        let [_, s, g_n, dv] = self.src.shape();
+        let rows = self.packed[b * g_n + g].get_or_init(|| {
+            let mut out = AlignedBuf::zeros(s * dv);
+            for (j, row) in out.chunks_exact_mut(dv).enumerate() {
+                row.copy_from_slice(self.src.vector(b, j, g));
+            }
+            out
+        });
+        &rows[j0 * dv..]
+    }
+}
