@@ -12,6 +12,7 @@
 
 use super::{MatMut, MatRef};
 use crate::ops::disjoint::Disjoint;
+use crate::ops::vector::Isa;
 use rayon::prelude::*;
 
 /// Most rows of A per kernel call.
@@ -101,12 +102,27 @@ fn widen<const R: usize, const W: usize>(sums: [[f32; W]; R]) -> [[f32; W]; ROWS
 
 /// The R × W dot products x[r]·w[c] (all slices of one length).
 fn dots<const R: usize, const W: usize>(x: &[&[f32]; R], w: &[&[f32]; W]) -> [[f32; W]; R] {
-    #[cfg(target_arch = "x86_64")]
-    if crate::ops::simd::avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA; the slices have equal lengths.
-        return unsafe { x86::dots(x, w) };
+    dots_on(Isa::detect(), x, w)
+}
+
+/// [`dots`] in a given form (one this CPU has).
+fn dots_on<const R: usize, const W: usize>(
+    isa: Isa,
+    x: &[&[f32]; R],
+    w: &[&[f32]; W],
+) -> [[f32; W]; R] {
+    let k = x[0].len();
+    assert!(x.iter().all(|r| r.len() == k) && w.iter().all(|r| r.len() == k));
+    match isa {
+        // SAFETY: the CPU has the form (the caller's `Isa`); the slices have equal
+        // lengths (checked above).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::dots_avx512(x, w) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86::dots_avx2(x, w) },
+        _ => portable_dots(x, w),
     }
-    portable_dots(x, w)
 }
 
 /// The dot products in plain loops: the twin the vector kernel is tested against.
@@ -121,40 +137,59 @@ fn portable_dots<const R: usize, const W: usize>(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use crate::ops::simd::x86::hsum;
-    use std::arch::x86_64::*;
+    use crate::ops::vector::Vector;
+    use std::arch::x86_64::{__m256, __m512};
 
     /// # Safety
     /// AVX2 and FMA; every slice has the length of `x[0]`.
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::needless_range_loop)]
-    pub(super) unsafe fn dots<const R: usize, const W: usize>(
+    pub(super) unsafe fn dots_avx2<const R: usize, const W: usize>(
         x: &[&[f32]; R],
         w: &[&[f32]; W],
     ) -> [[f32; W]; R] {
+        dots::<__m256, R, W>(x, w)
+    }
+
+    /// # Safety
+    /// AVX-512 F; every slice has the length of `x[0]`.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn dots_avx512<const R: usize, const W: usize>(
+        x: &[&[f32]; R],
+        w: &[&[f32]; W],
+    ) -> [[f32; W]; R] {
+        dots::<__m512, R, W>(x, w)
+    }
+
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn dots<V: Vector, const R: usize, const W: usize>(
+        x: &[&[f32]; R],
+        w: &[&[f32]; W],
+    ) -> [[f32; W]; R] {
+        let lanes = V::LANES;
         let k = x[0].len();
-        let mut acc = [[_mm256_setzero_ps(); W]; R];
-        let mut wv = [_mm256_setzero_ps(); W];
+        let mut acc = [[V::zero(); W]; R];
+        let mut wv = [V::zero(); W];
         let mut p = 0;
-        // plain loops, not closures: a closure would not inherit this function's
+        // plain loops, not closures: a closure would not inherit the entry point's
         // target features and each intrinsic would become a call
-        while p + 8 <= k {
+        while p + lanes <= k {
             for c in 0..W {
-                wv[c] = _mm256_loadu_ps(w[c].as_ptr().add(p));
+                wv[c] = V::load(w[c].as_ptr().add(p));
             }
             for r in 0..R {
-                let xv = _mm256_loadu_ps(x[r].as_ptr().add(p));
+                let xv = V::load(x[r].as_ptr().add(p));
                 for c in 0..W {
-                    acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+                    acc[r][c] = xv.mul_add(wv[c], acc[r][c]);
                 }
             }
-            p += 8;
+            p += lanes;
         }
         let mut out = [[0.0f32; W]; R];
         for r in 0..R {
             for c in 0..W {
                 let tail: f32 = x[r][p..].iter().zip(&w[c][p..]).map(|(a, b)| a * b).sum();
-                out[r][c] = hsum(acc[r][c]) + tail;
+                out[r][c] = acc[r][c].sum() + tail;
             }
         }
         out
@@ -166,11 +201,11 @@ mod tests {
     use super::*;
     use crate::rng::Rng;
 
-    /// Both kernel shapes, vector and portable, against f64 sums.
+    /// Both kernel shapes, in every form this CPU has, against f64 sums.
     #[test]
-    fn vector_and_portable_dots_equal_f64_sums() {
+    fn every_form_of_the_dots_equals_f64_sums() {
         let mut rng = Rng::new(3);
-        for k in [1, 7, 8, 9, 384, 1001] {
+        for k in [1, 7, 8, 9, 15, 16, 17, 384, 1001] {
             check::<ROWS, WROWS>(&mut rng, k);
             check::<1, WROWS_ONE>(&mut rng, k);
         }
@@ -181,7 +216,8 @@ mod tests {
         let ws: Vec<Vec<f32>> = (0..W).map(|_| rng.normals(k, 1.0)).collect();
         let x: [&[f32]; R] = std::array::from_fn(|r| xs[r].as_slice());
         let w: [&[f32]; W] = std::array::from_fn(|c| ws[c].as_slice());
-        for got in [dots::<R, W>(&x, &w), portable_dots::<R, W>(&x, &w)] {
+        for isa in Isa::available() {
+            let got = dots_on::<R, W>(isa, &x, &w);
             for r in 0..R {
                 for c in 0..W {
                     let want: f64 = xs[r]
@@ -192,7 +228,7 @@ mod tests {
                     let err = (got[r][c] as f64 - want).abs();
                     assert!(
                         err < 1e-5 * (k as f64).sqrt() * (1.0 + want.abs()),
-                        "{R}x{W} k {k} ({r}, {c}): {} vs {want}",
+                        "{isa:?} {R}x{W} k {k} ({r}, {c}): {} vs {want}",
                         got[r][c]
                     );
                 }
