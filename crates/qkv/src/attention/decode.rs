@@ -148,6 +148,7 @@ fn one_split(
     acc: &mut [f32],
 ) {
     let dims = scorer.dims;
+    let kernels = micro::Kernels::detect();
     let (h_n, g_n, d, dv) = (dims.h, dims.g, dims.d, dims.dv);
     let hg = h_n / g_n;
     scratch.scores.resize(hg * KEY_BLOCK, 0.0);
@@ -192,10 +193,10 @@ fn one_split(
                     std::slice::from_mut(&mut st.m),
                     std::slice::from_mut(&mut st.l),
                 );
-                micro::softmax_rows(row, n, 1, n, m, l, &mut scratch.corr[x..=x]);
+                kernels.softmax_rows(row, n, 1, n, m, l, &mut scratch.corr[x..=x]);
             }
             // acc = corr·acc + P · V[j0..j0+n]: values read in place, a row every G·Dv
-            micro::mul_acc(
+            kernels.mul_acc(
                 Strided {
                     data: scores,
                     row: n,

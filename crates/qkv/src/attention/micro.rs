@@ -19,58 +19,6 @@ use crate::ops::vector::Isa;
 /// [`pack_panels`](crate::ops::matmul::pack_panels).
 pub(crate) const PANEL: usize = crate::ops::matmul::PANEL;
 
-/// `out[r·out_stride + c] = scale · Σ_e q[r·q_stride + e] · key_c[e]` for r < rows and
-/// every key c of the `panels` packed panels.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn scores(
-    q: &[f32],
-    q_stride: usize,
-    rows: usize,
-    d: usize,
-    kp: &[f32],
-    panels: usize,
-    scale: f32,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    let isa = Isa::detect();
-    scores_on(
-        isa, q, q_stride, rows, d, kp, panels, scale, out, out_stride,
-    );
-}
-
-/// [`scores`] in a given form (one this CPU has).
-#[allow(clippy::too_many_arguments)]
-fn scores_on(
-    isa: Isa,
-    q: &[f32],
-    q_stride: usize,
-    rows: usize,
-    d: usize,
-    kp: &[f32],
-    panels: usize,
-    scale: f32,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    assert!(rows == 0 || q.len() >= (rows - 1) * q_stride + d);
-    assert!(kp.len() >= panels * PANEL * d);
-    assert!(rows == 0 || out.len() >= (rows - 1) * out_stride + panels * PANEL);
-    match isa {
-        // SAFETY: the CPU has the form (the caller's `Isa`); the bounds were checked.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe {
-            x86::scores_avx512(q, q_stride, rows, d, kp, panels, scale, out, out_stride)
-        },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe {
-            x86::scores_avx2(q, q_stride, rows, d, kp, panels, scale, out, out_stride)
-        },
-        _ => portable::scores(q, q_stride, rows, d, kp, panels, scale, out, out_stride),
-    }
-}
-
 /// A strided matrix operand: element (x, y) at `data[x·row + y·col]`.
 #[derive(Clone, Copy)]
 pub(crate) struct Strided<'a> {
@@ -79,128 +27,123 @@ pub(crate) struct Strided<'a> {
     pub col: usize,
 }
 
-/// `acc[x·acc_stride + e] = c_x·acc[x·acc_stride + e] + Σ_y a(x, y) · b[y·b_stride + e]`
-/// for x < m, y < k, e < n, with c_x = `corr[x]` (1 without `corr`): P·V in the
-/// forward, and Pᵀ·dO, dSᵀ·Q and dS·K in the backward.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn mul_acc(
-    a: Strided,
-    m: usize,
-    k: usize,
-    b: &[f32],
-    b_stride: usize,
-    n: usize,
-    corr: Option<&[f32]>,
-    acc: &mut [f32],
-    acc_stride: usize,
-) {
-    let isa = Isa::detect();
-    mul_acc_on(isa, a, m, k, b, b_stride, n, corr, acc, acc_stride);
+/// Runs kernel `$name` in the form `$isa` names: its AVX-512 or AVX2 entry point in
+/// `x86`, or its portable twin.
+macro_rules! dispatch {
+    ($isa:expr, $name:ident($($arg:expr),*)) => {
+        match $isa {
+            // SAFETY: the CPU has the form (`Kernels` holds one it runs); the caller
+            // checked the bounds the kernel asks for.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { x86::avx512::$name($($arg),*) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { x86::avx2::$name($($arg),*) },
+            _ => portable::$name($($arg),*),
+        }
+    };
 }
 
-/// [`mul_acc`] in a given form (one this CPU has).
-#[allow(clippy::too_many_arguments)]
-fn mul_acc_on(
+/// The kernels in one form: each task of an attention call detects it once (see
+/// [`Isa::detect`]) and runs all its blocks in it; the tests build one per form.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Kernels {
     isa: Isa,
-    a: Strided,
-    m: usize,
-    k: usize,
-    b: &[f32],
-    b_stride: usize,
-    n: usize,
-    corr: Option<&[f32]>,
-    acc: &mut [f32],
-    acc_stride: usize,
-) {
-    if m == 0 || k == 0 || n == 0 {
-        // nothing to add; the rows still take their correction
-        portable::mul_acc(a, m, 0, b, b_stride, n, corr, acc, acc_stride);
-        return;
-    }
-    assert!(a.data.len() > (m - 1) * a.row + (k - 1) * a.col);
-    assert!(b.len() >= (k - 1) * b_stride + n);
-    assert!(acc.len() >= (m - 1) * acc_stride + n && corr.is_none_or(|c| c.len() >= m));
-    match isa {
-        // SAFETY: the CPU has the form (the caller's `Isa`); the bounds were checked.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe {
-            x86::mul_acc_avx512(a, m, k, b, b_stride, n, corr, acc, acc_stride)
-        },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { x86::mul_acc_avx2(a, m, k, b, b_stride, n, corr, acc, acc_stride) },
-        _ => portable::mul_acc(a, m, k, b, b_stride, n, corr, acc, acc_stride),
-    }
 }
 
-/// One online-softmax step for each of `rows` rows of scores (row r is
-/// `tile[r·stride..r·stride + cols]`, −∞ where masked), with running maxima `m` and sums
-/// `l`: m' = max(m, max row), row ← exp(row − m'), l ← l·exp(m − m') + Σ row, m ← m'.
-/// `corr[r]` gets the factor exp(m − m') that rescales row r's accumulated output (1
-/// when the max did not move). A row with nothing visible yet is left at zero weight
-/// and changes nothing.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn softmax_rows(
-    tile: &mut [f32],
-    stride: usize,
-    rows: usize,
-    cols: usize,
-    m: &mut [f32],
-    l: &mut [f32],
-    corr: &mut [f32],
-) {
-    let isa = Isa::detect();
-    softmax_rows_on(isa, tile, stride, rows, cols, m, l, corr);
-}
-
-/// [`softmax_rows`] in a given form (one this CPU has).
-#[allow(clippy::too_many_arguments)]
-fn softmax_rows_on(
-    isa: Isa,
-    tile: &mut [f32],
-    stride: usize,
-    rows: usize,
-    cols: usize,
-    m: &mut [f32],
-    l: &mut [f32],
-    corr: &mut [f32],
-) {
-    if rows == 0 {
-        return;
+impl Kernels {
+    /// The best form this CPU runs.
+    pub(crate) fn detect() -> Self {
+        Kernels { isa: Isa::detect() }
     }
-    assert!(tile.len() >= (rows - 1) * stride + cols);
-    assert!(m.len() >= rows && l.len() >= rows && corr.len() >= rows);
-    match isa {
-        // SAFETY: the CPU has the form (the caller's `Isa`); the bounds were checked.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { x86::softmax_rows_avx512(tile, stride, rows, cols, m, l, corr) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { x86::softmax_rows_avx2(tile, stride, rows, cols, m, l, corr) },
-        _ => portable::softmax_rows(tile, stride, rows, cols, m, l, corr),
-    }
-}
 
-/// `row[c] ← exp(row[c] − l)`: probabilities from scores and the row's saved
-/// log-sum-exp; a row whose `l` is −∞ (every key masked) becomes zeros.
-pub(crate) fn exp_shift(row: &mut [f32], l: f32) {
-    exp_shift_on(Isa::detect(), row, l);
-}
-
-/// [`exp_shift`] in a given form (one this CPU has).
-fn exp_shift_on(isa: Isa, row: &mut [f32], l: f32) {
-    if l == f32::NEG_INFINITY {
-        row.fill(0.0);
-        return;
+    /// `out[r·out_stride + c] = scale · Σ_e q[r·q_stride + e] · key_c[e]` for r < rows and
+    /// every key c of the `panels` packed panels.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn scores(
+        &self,
+        q: &[f32],
+        q_stride: usize,
+        rows: usize,
+        d: usize,
+        kp: &[f32],
+        panels: usize,
+        scale: f32,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        assert!(rows == 0 || q.len() >= (rows - 1) * q_stride + d);
+        assert!(kp.len() >= panels * PANEL * d);
+        assert!(rows == 0 || out.len() >= (rows - 1) * out_stride + panels * PANEL);
+        dispatch!(
+            self.isa,
+            scores(q, q_stride, rows, d, kp, panels, scale, out, out_stride)
+        )
     }
-    match isa {
-        // SAFETY: the CPU has the form (the caller's `Isa`).
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { x86::exp_shift_avx512(row, l) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { x86::exp_shift_avx2(row, l) },
-        _ => portable::exp_shift(row, l),
+
+    /// `acc[x·acc_stride + e] = c_x·acc[x·acc_stride + e] + Σ_y a(x, y) · b[y·b_stride + e]`
+    /// for x < m, y < k, e < n, with c_x = `corr[x]` (1 without `corr`): P·V in the
+    /// forward, and Pᵀ·dO, dSᵀ·Q and dS·K in the backward.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn mul_acc(
+        &self,
+        a: Strided,
+        m: usize,
+        k: usize,
+        b: &[f32],
+        b_stride: usize,
+        n: usize,
+        corr: Option<&[f32]>,
+        acc: &mut [f32],
+        acc_stride: usize,
+    ) {
+        if m == 0 || k == 0 || n == 0 {
+            // nothing to add; the rows still take their correction
+            portable::mul_acc(a, m, 0, b, b_stride, n, corr, acc, acc_stride);
+            return;
+        }
+        assert!(a.data.len() > (m - 1) * a.row + (k - 1) * a.col);
+        assert!(b.len() >= (k - 1) * b_stride + n);
+        assert!(acc.len() >= (m - 1) * acc_stride + n && corr.is_none_or(|c| c.len() >= m));
+        dispatch!(
+            self.isa,
+            mul_acc(a, m, k, b, b_stride, n, corr, acc, acc_stride)
+        )
+    }
+
+    /// One online-softmax step for each of `rows` rows of scores (row r is
+    /// `tile[r·stride..r·stride + cols]`, −∞ where masked), with running maxima `m` and sums
+    /// `l`: m' = max(m, max row), row ← exp(row − m'), l ← l·exp(m − m') + Σ row, m ← m'.
+    /// `corr[r]` gets the factor exp(m − m') that rescales row r's accumulated output (1
+    /// when the max did not move). A row with nothing visible yet is left at zero weight
+    /// and changes nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn softmax_rows(
+        &self,
+        tile: &mut [f32],
+        stride: usize,
+        rows: usize,
+        cols: usize,
+        m: &mut [f32],
+        l: &mut [f32],
+        corr: &mut [f32],
+    ) {
+        if rows == 0 {
+            return;
+        }
+        assert!(tile.len() >= (rows - 1) * stride + cols);
+        assert!(m.len() >= rows && l.len() >= rows && corr.len() >= rows);
+        dispatch!(self.isa, softmax_rows(tile, stride, rows, cols, m, l, corr))
+    }
+
+    /// `row[c] ← exp(row[c] − l)`: probabilities from scores and the row's saved
+    /// log-sum-exp; a row whose `l` is −∞ (every key masked) becomes zeros.
+    pub(crate) fn exp_shift(&self, row: &mut [f32], l: f32) {
+        if l == f32::NEG_INFINITY {
+            row.fill(0.0);
+            return;
+        }
+        dispatch!(self.isa, exp_shift(row, l))
     }
 }
 
@@ -314,44 +257,58 @@ mod x86 {
     use crate::ops::vector::Vector;
     use std::arch::x86_64::{__m256, __m512};
 
-    /// Defines one entry point per instruction set for a generic kernel: a function
-    /// compiled with that set's target features, which instantiates the body for its
-    /// vector type (the body is `#[inline(always)]`, so it is compiled in there), and
-    /// for the rows of its register tiles where the kernel takes them: 6 with AVX2's 16
-    /// registers (6 × 2 sums, two loads, a broadcast), 8 with AVX-512's 32.
+    /// Defines the kernels' entry points, one module per instruction set (`avx2` and
+    /// `avx512`) with one function per kernel: compiled with that set's target
+    /// features, it instantiates the generic body for the set's vector type (the body
+    /// is `#[inline(always)]`, so it is compiled in there) and, where the kernel takes
+    /// them, for the rows of its register tiles: 6 with AVX2's 16 registers (6 × 2
+    /// sums, two loads, a broadcast), 8 with AVX-512's 32.
     macro_rules! entry_points {
-        ($generic:ident $(<$r2:literal, $r512:literal>)? => $avx2:ident, $avx512:ident ($($arg:ident: $ty:ty),*) $(-> $ret:ty)?) => {
-            /// # Safety
-            /// AVX2 and FMA; the bounds asserted by the public function of this name.
-            #[allow(clippy::too_many_arguments)]
-            #[target_feature(enable = "avx2,fma")]
-            pub(super) unsafe fn $avx2($($arg: $ty),*) $(-> $ret)? {
-                $generic::<__m256 $(, $r2)?>($($arg),*)
+        ($($generic:ident $(<$r2:literal, $r512:literal>)? ($($arg:ident: $ty:ty),*) $(-> $ret:ty)?;)*) => {
+            pub(super) mod avx2 {
+                use super::*;
+                $(
+                    /// # Safety
+                    /// AVX2 and FMA; the bounds asserted by the `Kernels` method of
+                    /// this name.
+                    #[allow(clippy::too_many_arguments)]
+                    #[target_feature(enable = "avx2,fma")]
+                    pub(crate) unsafe fn $generic($($arg: $ty),*) $(-> $ret)? {
+                        super::$generic::<__m256 $(, $r2)?>($($arg),*)
+                    }
+                )*
             }
 
-            /// # Safety
-            /// AVX-512 F, AVX2 and FMA; as the AVX2 entry point.
-            #[allow(clippy::too_many_arguments)]
-            #[target_feature(enable = "avx512f,avx2,fma")]
-            pub(super) unsafe fn $avx512($($arg: $ty),*) $(-> $ret)? {
-                $generic::<__m512 $(, $r512)?>($($arg),*)
+            pub(super) mod avx512 {
+                use super::*;
+                $(
+                    /// # Safety
+                    /// AVX-512 F, AVX2 and FMA; as the AVX2 entry point.
+                    #[allow(clippy::too_many_arguments)]
+                    #[target_feature(enable = "avx512f,avx2,fma")]
+                    pub(crate) unsafe fn $generic($($arg: $ty),*) $(-> $ret)? {
+                        super::$generic::<__m512 $(, $r512)?>($($arg),*)
+                    }
+                )*
             }
         };
     }
 
-    entry_points!(scores<6, 8> => scores_avx2, scores_avx512(
-        q: &[f32], q_stride: usize, rows: usize, d: usize, kp: &[f32], panels: usize,
-        scale: f32, out: &mut [f32], out_stride: usize
-    ));
-    entry_points!(mul_acc<6, 8> => mul_acc_avx2, mul_acc_avx512(
-        a: Strided, m: usize, k: usize, b: &[f32], b_stride: usize, n: usize,
-        corr: Option<&[f32]>, acc: &mut [f32], acc_stride: usize
-    ));
-    entry_points!(softmax_rows => softmax_rows_avx2, softmax_rows_avx512(
-        tile: &mut [f32], stride: usize, rows: usize, cols: usize, m: &mut [f32],
-        l: &mut [f32], corr: &mut [f32]
-    ));
-    entry_points!(exp_shift => exp_shift_avx2, exp_shift_avx512(row: &mut [f32], l: f32));
+    entry_points! {
+        scores<6, 8>(
+            q: &[f32], q_stride: usize, rows: usize, d: usize, kp: &[f32], panels: usize,
+            scale: f32, out: &mut [f32], out_stride: usize
+        );
+        mul_acc<6, 8>(
+            a: Strided, m: usize, k: usize, b: &[f32], b_stride: usize, n: usize,
+            corr: Option<&[f32]>, acc: &mut [f32], acc_stride: usize
+        );
+        softmax_rows(
+            tile: &mut [f32], stride: usize, rows: usize, cols: usize, m: &mut [f32],
+            l: &mut [f32], corr: &mut [f32]
+        );
+        exp_shift(row: &mut [f32], l: f32);
+    }
 
     /// Where the vector of keys u·L..(u+1)·L starts in the packed panels (L lanes; a
     /// panel of 16 keys is one AVX-512 vector or two AVX2 ones): step e of it is `e·PANEL`
@@ -794,9 +751,9 @@ mod tests {
     }
 
     /// Runs `f` with every form this CPU has: AVX-512, AVX2 and portable.
-    fn every_form(mut f: impl FnMut(Isa)) {
+    fn every_form(mut f: impl FnMut(Kernels)) {
         for isa in Isa::available() {
-            f(isa);
+            f(Kernels { isa });
         }
     }
 
@@ -825,18 +782,16 @@ mod tests {
                     };
                 }
             }
-            every_form(|isa| {
+            every_form(|kernels| {
                 let mut out = vec![0.0f32; rows * out_stride];
                 let (q, k) = (&q[..], &kp[..]);
-                scores_on(
-                    isa, q, q_stride, rows, d, k, panels, scale, &mut out, out_stride,
-                );
+                kernels.scores(q, q_stride, rows, d, k, panels, scale, &mut out, out_stride);
                 for r in 0..rows {
                     let span = r * out_stride..r * out_stride + panels * PANEL;
                     close(
                         &out[span.clone()],
                         &want[span],
-                        &format!("{isa:?} scores {rows}x{cols}x{d}"),
+                        &format!("{:?} scores {rows}x{cols}x{d}", kernels.isa),
                     );
                 }
             });
@@ -872,15 +827,15 @@ mod tests {
                     col: a_col,
                 };
                 let c = use_corr.then_some(&corr[..]);
-                every_form(|isa| {
+                every_form(|kernels| {
                     let mut acc = acc0.clone();
-                    mul_acc_on(isa, strided, m, k, &b, b_stride, n, c, &mut acc, acc_stride);
+                    kernels.mul_acc(strided, m, k, &b, b_stride, n, c, &mut acc, acc_stride);
                     for x in 0..m {
                         let span = x * acc_stride..x * acc_stride + n;
                         close(
                             &acc[span.clone()],
                             &want[span],
-                            &format!("{isa:?} mul_acc {m}x{k}x{n}"),
+                            &format!("{:?} mul_acc {m}x{k}x{n}", kernels.isa),
                         );
                     }
                     // the column past n in each row is not written
@@ -913,7 +868,7 @@ mod tests {
                         *s = f32::NEG_INFINITY;
                     }
                 }
-                every_form(|isa| {
+                every_form(|kernels| {
                     let mut m = vec![f32::NEG_INFINITY; rows];
                     let mut l = vec![0.0f32; rows];
                     let mut corr = vec![0.0f32; rows];
@@ -924,9 +879,8 @@ mod tests {
                         let mut tile: Vec<f32> = (0..rows)
                             .flat_map(|r| scores[r * n + c0..r * n + c0 + cols].to_vec())
                             .collect();
-                        softmax_rows_on(
-                            isa, &mut tile, cols, rows, cols, &mut m, &mut l, &mut corr,
-                        );
+                        let (m, l, corr) = (&mut m, &mut l, &mut corr);
+                        kernels.softmax_rows(&mut tile, cols, rows, cols, m, l, corr);
                         for (r, w) in weights.iter_mut().enumerate() {
                             w.iter_mut().for_each(|x| *x *= corr[r]);
                             w.extend(&tile[r * cols..(r + 1) * cols]);
@@ -935,7 +889,7 @@ mod tests {
                     for r in 0..rows {
                         let row = &scores[r * n..(r + 1) * n];
                         let max = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
-                        let what = format!("{isa:?} softmax of row {r} of {rows}x{n}");
+                        let what = format!("{:?} softmax of row {r} of {rows}x{n}", kernels.isa);
                         if max == f64::NEG_INFINITY {
                             assert!(weights[r].iter().all(|&w| w == 0.0), "{what}");
                             assert!(l[r] == 0.0 && m[r] == f32::NEG_INFINITY, "{what}");
@@ -950,8 +904,12 @@ mod tests {
                         close(&got, &want, &what);
                         // the saved log-sum-exp turns scores back into the same weights
                         let mut again = row.to_vec();
-                        exp_shift_on(isa, &mut again, m[r] + l[r].ln());
-                        close(&again, &want, &format!("{isa:?} exp_shift of {n}"));
+                        kernels.exp_shift(&mut again, m[r] + l[r].ln());
+                        close(
+                            &again,
+                            &want,
+                            &format!("{:?} exp_shift of {n}", kernels.isa),
+                        );
                     }
                 });
             }
@@ -960,13 +918,15 @@ mod tests {
 
     #[test]
     fn fully_masked_rows_give_zero_weight() {
-        let mut row = vec![f32::NEG_INFINITY; 11];
-        let (mut m, mut l, mut corr) = ([f32::NEG_INFINITY], [0.0], [0.0]);
-        softmax_rows(&mut row, 11, 1, 11, &mut m, &mut l, &mut corr);
-        assert_eq!(corr[0], 1.0);
-        assert!(row.iter().all(|&w| w == 0.0) && l[0] == 0.0 && m[0] == f32::NEG_INFINITY);
-        let mut row = vec![1.0f32; 11];
-        exp_shift(&mut row, f32::NEG_INFINITY);
-        assert!(row.iter().all(|&w| w == 0.0));
+        every_form(|kernels| {
+            let mut row = vec![f32::NEG_INFINITY; 11];
+            let (mut m, mut l, mut corr) = ([f32::NEG_INFINITY], [0.0], [0.0]);
+            kernels.softmax_rows(&mut row, 11, 1, 11, &mut m, &mut l, &mut corr);
+            assert_eq!(corr[0], 1.0);
+            assert!(row.iter().all(|&w| w == 0.0) && l[0] == 0.0 && m[0] == f32::NEG_INFINITY);
+            let mut row = vec![1.0f32; 11];
+            kernels.exp_shift(&mut row, f32::NEG_INFINITY);
+            assert!(row.iter().all(|&w| w == 0.0));
+        });
     }
 }

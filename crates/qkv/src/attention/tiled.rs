@@ -125,6 +125,7 @@ fn query_block(
     scratch: &mut Scratch,
 ) {
     let dims = scorer.dims;
+    let kernels = micro::Kernels::detect();
     let (h_n, d, dv) = (dims.h, dims.d, dims.dv);
     let g = dims.kv_head(h);
     scratch.m[..rows].fill(f32::NEG_INFINITY);
@@ -141,7 +142,7 @@ fn query_block(
     while j0 < hi {
         let cols = BLOCK_K.min(hi - j0);
         let panels = cols.div_ceil(PANEL);
-        micro::scores(
+        kernels.scores(
             q_blk,
             h_n * d,
             rows,
@@ -160,7 +161,7 @@ fn query_block(
             }
         }
         let (m, l, corr) = (&mut scratch.m, &mut scratch.l, &mut scratch.corr);
-        micro::softmax_rows(&mut scratch.tile, BLOCK_K, rows, cols, m, l, corr);
+        kernels.softmax_rows(&mut scratch.tile, BLOCK_K, rows, cols, m, l, corr);
         // acc = corr·acc + P · V[j0..j0+cols, g, :]
         let p = Strided {
             data: &scratch.tile,
@@ -168,7 +169,7 @@ fn query_block(
             col: 1,
         };
         let corr = Some(&scratch.corr[..]);
-        micro::mul_acc(
+        kernels.mul_acc(
             p,
             rows,
             cols,

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// small VM, much of a 13-token sentence's time). Called from a worker, the worker
 /// starts each operation itself while the others join in.
 ///
-/// While `f` runs, every other worker polls the pool for work ([`keep_busy`]) instead
+/// While `f` runs, every other worker polls the pool for work (`rayon::yield_now`) instead
 /// of going to sleep between two operations: a sleeping worker is woken through the
 /// kernel, which cost a fifth of a 13-token sentence's time on two threads. This is
 /// what OpenMP runtimes do between parallel regions; the cores spin only until `f`

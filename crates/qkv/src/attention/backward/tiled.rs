@@ -195,6 +195,7 @@ fn query_block(
     mut ds_rows: Option<&mut [f32]>,
 ) {
     let dims = scorer.dims;
+    let kernels = micro::Kernels::detect();
     let (h_n, d, dv) = (dims.h, dims.d, dims.dv);
     let Block { b, h, g, i0, rows } = *blk;
     let row0 = (b * h_n + h) * dims.t + i0;
@@ -207,7 +208,7 @@ fn query_block(
         let panels = cols.div_ceil(PANEL);
         // (1) S = scale·Q·Kᵀ (+ bias and masks), recomputed
         let k_panels = keys.from(b, g, j0);
-        micro::scores(
+        kernels.scores(
             q_blk,
             d,
             rows,
@@ -225,11 +226,11 @@ fn query_block(
             if !whole {
                 scorer.apply_row(b, h, i0 + r, j0, row);
             }
-            micro::exp_shift(row, lse[row0 + r]);
+            kernels.exp_shift(row, lse[row0 + r]);
         }
         // dP = dO·Vᵀ, from (3) O = P·V
         let v_panels = values.from(b, g, j0);
-        micro::scores(
+        kernels.scores(
             do_blk, dv, rows, dv, v_panels, panels, 1.0, &mut sc.ds, BLOCK_K,
         );
         // dS = P∘(dP − D), from (2)
@@ -258,11 +259,11 @@ fn query_block(
         };
         // dV_blk += Pᵀ·dO, from (3)
         let dv_blk = &mut sc.dv[j0 * dv..];
-        micro::mul_acc(p_t, cols, rows, do_blk, dv, dv, None, dv_blk, dv);
+        kernels.mul_acc(p_t, cols, rows, do_blk, dv, dv, None, dv_blk, dv);
         // dK_blk += dSᵀ·Q and dQ += dS·K (both times scale, applied at the end), from (1)
-        micro::mul_acc(ds_t, cols, rows, q_blk, d, d, None, &mut sc.dk[j0 * d..], d);
+        kernels.mul_acc(ds_t, cols, rows, q_blk, d, d, None, &mut sc.dk[j0 * d..], d);
         let k_blk = key_rows.from(b, g, j0);
-        micro::mul_acc(ds, rows, cols, k_blk, d, d, None, &mut sc.dq, d);
+        kernels.mul_acc(ds, rows, cols, k_blk, d, d, None, &mut sc.dq, d);
         // dbias = dS, from (1) S = … + bias
         if let Some(dst) = ds_rows.as_deref_mut() {
             for r in 0..rows {
