@@ -29,6 +29,12 @@ impl Disjoint {
         std::slice::from_raw_parts_mut(self.ptr.add(start), n)
     }
 
+    /// The address of element `at`, only to hand to a prefetch (which reads nothing and
+    /// cannot fault): never dereferenced.
+    pub(crate) fn address(&self, at: usize) -> *const f32 {
+        self.ptr.wrapping_add(at).cast_const()
+    }
+
     /// A pointer to element `start`, for a task that writes a strided set of elements
     /// (a tile of a matrix) that ends before `end`.
     ///

@@ -201,7 +201,9 @@ impl Part {
                                 let b_panel = &packed_b[j * kc * NR..][..np * kc * NR];
                                 let col = self.c0 + j * NR;
                                 let cols = (np * NR).min(self.c0 + self.cols - col);
-                                for (i, (start, tile_rows)) in pack::row_tiles(rows).enumerate() {
+                                let mut tiles = pack::row_tiles(rows).enumerate().peekable();
+                                while let Some((i, (start, tile_rows))) = tiles.next() {
+                                    let next_row = tiles.peek().map(|&(_, (s, _))| r0 + s);
                                     let a_panel = &packed_a[i * kc * MR..][..kc * MR];
                                     let r = r0 + start;
                                     let start = r * rs + col * cs;
@@ -217,6 +219,9 @@ impl Part {
                                         cols,
                                         alpha,
                                         add: add || slab > 0,
+                                        next: next_row.map_or(std::ptr::null(), |nr| {
+                                            out.address(nr * rs + col * cs)
+                                        }),
                                     };
                                     let next_b = (i == 0 && j + np < panels)
                                         .then(|| &packed_b[(j + np) * kc * NR..][..kc * NR]);

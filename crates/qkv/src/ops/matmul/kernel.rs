@@ -23,6 +23,9 @@ pub(super) struct Dst {
     pub alpha: f32,
     /// Add to C (β = 1) rather than overwrite it.
     pub add: bool,
+    /// Where the next tile's C starts (its rows `row_stride` apart), to ask for while
+    /// this one computes; null for none.
+    pub next: *const f32,
 }
 
 /// Most B panels one tile covers.
@@ -214,6 +217,14 @@ mod x86 {
             _mm_prefetch::<_MM_HINT_T0>(row);
             _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(NV * lanes * 4 - 1));
         }
+        // and the next tile's, so that its misses overlap this tile's whole k loop
+        if !dst.next.is_null() {
+            for r in 0..MR {
+                let row = dst.next.wrapping_add(r * dst.row_stride) as *const i8;
+                _mm_prefetch::<_MM_HINT_T0>(row);
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(NV * lanes * 4 - 1));
+            }
+        }
         let mut starts = [b; NV];
         for (u, s) in starts.iter_mut().enumerate() {
             *s = b.add((u * lanes / NR) * kc * NR + (u * lanes) % NR);
@@ -300,6 +311,7 @@ mod tests {
                                     cols,
                                     alpha: 0.5,
                                     add,
+                                    next: std::ptr::null(),
                                 };
                                 // SAFETY: `c` holds MR rows of `stride`; the operands
                                 // hold kc steps of `panels` panels; `isa` is available.
