@@ -13,40 +13,55 @@ use crate::ops::aligned::AlignedBuf;
 use crate::ops::matmul::pack_panels;
 use crate::ops::MatRef;
 
-/// Every (batch, key head)'s keys (or values) in panels of [`PANEL`].
-pub(crate) struct Panels<'a> {
+/// One packed copy per (batch, key head) of a `[B, S, G, E]` view, made on first use.
+struct PerHead<'a> {
     src: HeadsView<'a>,
-    /// keys per (b, g), rounded up to whole panels
-    s_pad: usize,
     packed: Vec<OnceLock<AlignedBuf>>,
 }
 
-impl<'a> Panels<'a> {
-    pub(crate) fn new(k: &HeadsView<'a>) -> Self {
-        let [b_n, s, g_n, _] = k.shape();
-        Panels {
-            src: *k,
-            s_pad: s.div_ceil(PANEL) * PANEL,
+impl<'a> PerHead<'a> {
+    fn new(src: &HeadsView<'a>) -> Self {
+        let [b_n, _, g_n, _] = src.shape();
+        PerHead {
+            src: *src,
             packed: (0..b_n * g_n).map(|_| OnceLock::new()).collect(),
         }
+    }
+
+    /// The copy of (b, g): `len` floats that `fill` writes, the first time it is asked for.
+    fn get(&self, b: usize, g: usize, len: usize, fill: impl FnOnce(&mut [f32])) -> &[f32] {
+        let g_n = self.src.shape()[2];
+        self.packed[b * g_n + g].get_or_init(|| {
+            let mut out = AlignedBuf::zeros(len);
+            fill(&mut out);
+            out
+        })
+    }
+}
+
+/// Every (batch, key head)'s keys (or values) in panels of [`PANEL`].
+pub(crate) struct Panels<'a>(PerHead<'a>);
+
+impl<'a> Panels<'a> {
+    pub(crate) fn new(k: &HeadsView<'a>) -> Self {
+        Panels(PerHead::new(k))
     }
 
     /// The panels from key j0 (a multiple of [`PANEL`]) on, of batch b and key head g.
     pub(crate) fn from(&self, b: usize, g: usize, j0: usize) -> &[f32] {
         debug_assert!(j0.is_multiple_of(PANEL));
-        let [_, s, g_n, d] = self.src.shape();
-        let panels = self.packed[b * g_n + g].get_or_init(|| {
-            let mut out = AlignedBuf::zeros(self.s_pad * d);
+        let src = &self.0.src;
+        let [_, s, g_n, d] = src.shape();
+        let panels = self.0.get(b, g, s.div_ceil(PANEL) * PANEL * d, |out| {
             // Kᵀ of (b, g): [D, S], key c a column G·D floats from the next
             let keys_t = MatRef {
-                data: &self.src.data[self.src.offset(b, 0, g)..],
+                data: &src.data[src.offset(b, 0, g)..],
                 rows: d,
                 cols: s,
                 row_stride: 1,
                 col_stride: g_n * d,
             };
-            pack_panels(&keys_t, &mut out);
-            out
+            pack_panels(&keys_t, out);
         });
         &panels[j0 * d..]
     }
@@ -56,29 +71,21 @@ impl<'a> Panels<'a> {
 /// lie G·Dv floats apart, and at common sizes (a multiple of 1 KiB) a block's 128 rows
 /// fall into a handful of L1 sets, so P·V would reload them from L2 at every column
 /// chunk; packed, consecutive rows use different sets.
-pub(crate) struct Rows<'a> {
-    src: HeadsView<'a>,
-    packed: Vec<OnceLock<AlignedBuf>>,
-}
+pub(crate) struct Rows<'a>(PerHead<'a>);
 
 impl<'a> Rows<'a> {
     pub(crate) fn new(v: &HeadsView<'a>) -> Self {
-        let [b_n, _, g_n, _] = v.shape();
-        Rows {
-            src: *v,
-            packed: (0..b_n * g_n).map(|_| OnceLock::new()).collect(),
-        }
+        Rows(PerHead::new(v))
     }
 
     /// The rows from value j0 on, of batch b and key head g.
     pub(crate) fn from(&self, b: usize, g: usize, j0: usize) -> &[f32] {
-        let [_, s, g_n, dv] = self.src.shape();
-        let rows = self.packed[b * g_n + g].get_or_init(|| {
-            let mut out = AlignedBuf::zeros(s * dv);
+        let src = &self.0.src;
+        let [_, s, _, dv] = src.shape();
+        let rows = self.0.get(b, g, s * dv, |out| {
             for (j, row) in out.chunks_exact_mut(dv).enumerate() {
-                row.copy_from_slice(self.src.vector(b, j, g));
+                row.copy_from_slice(src.vector(b, j, g));
             }
-            out
         });
         &rows[j0 * dv..]
     }

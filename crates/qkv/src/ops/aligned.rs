@@ -1,7 +1,8 @@
 //! Float buffers that start on a 64-byte boundary. A 16-lane vector load from an
 //! address that is not a multiple of 64 spans two cache lines and costs two L1
 //! accesses; `Vec<f32>` promises only 4-byte alignment (large ones come back 16 bytes
-//! past a page), so the attention kernels keep their packed keys, values and tiles here.
+//! past a page), so the attention kernels keep their packed keys, values and tiles here,
+//! and a packed weight its panels.
 
 use std::ops::{Deref, DerefMut};
 
@@ -21,6 +22,16 @@ impl AlignedBuf {
         // an f32 pointer is 4-byte aligned, so at most 15 floats lead to the boundary
         let skip = buf.as_ptr().align_offset(64).min(SLACK);
         AlignedBuf { buf, skip, len }
+    }
+}
+
+/// A copy on a boundary of its own (a cloned `Vec` would keep the old skip at a new,
+/// differently aligned address).
+impl Clone for AlignedBuf {
+    fn clone(&self) -> Self {
+        let mut copy = AlignedBuf::zeros(self.len);
+        copy.copy_from_slice(self);
+        copy
     }
 }
 
@@ -48,6 +59,9 @@ mod tests {
             assert_eq!(b.len(), len);
             assert_eq!(b.as_ptr() as usize % 64, 0, "len {len}");
             assert!(b.iter().all(|&x| x == 0.0));
+            let copy = b.clone();
+            assert_eq!(copy.as_ptr() as usize % 64, 0, "clone of len {len}");
+            assert_eq!(&copy[..], &b[..]);
         }
     }
 }

@@ -16,15 +16,15 @@
 use super::blocked::{slabs, NR};
 use super::{pack, MatRef};
 use crate::error::{Error, Result};
+use crate::ops::aligned::AlignedBuf;
 
 /// Wᵀ of a `[N, K]` weight, in micro-panels (see the module documentation).
 #[derive(Clone)]
 pub struct PackedWeight {
     n: usize,
     k: usize,
-    /// The panels, from float `offset` on (the start aligned to 64 bytes).
-    data: Vec<f32>,
-    offset: usize,
+    /// The panels, starting on a 64-byte line.
+    data: AlignedBuf,
 }
 
 impl std::fmt::Debug for PackedWeight {
@@ -45,17 +45,15 @@ impl PackedWeight {
         }
         let (count, kc_max) = slabs(k);
         let panels = n.div_ceil(NR);
-        const ALIGN: usize = 16;
-        let mut data = vec![0.0f32; k * panels * NR + ALIGN];
-        let offset = data.as_ptr().align_offset(64).min(ALIGN);
+        let mut data = AlignedBuf::zeros(k * panels * NR);
         let wt = MatRef::row_major(w, n, k).t();
         for s in 0..count {
             let k0 = s * kc_max;
             let kc = kc_max.min(k - k0);
-            let slab = &mut data[offset + k0 * panels * NR..][..kc * panels * NR];
+            let slab = &mut data[k0 * panels * NR..][..kc * panels * NR];
             pack::pack_b(&wt, k0, kc, 0, n, slab);
         }
-        Ok(PackedWeight { n, k, data, offset })
+        Ok(PackedWeight { n, k, data })
     }
 
     /// Rows of the weight: columns of the product.
@@ -71,7 +69,7 @@ impl PackedWeight {
     /// The micro-panels `first..first + count` of the slab starting at step `k0` with
     /// `kc` steps: `count · kc · NR` floats.
     pub(super) fn panels(&self, k0: usize, kc: usize, first: usize, count: usize) -> &[f32] {
-        let slab = self.offset + k0 * self.n.div_ceil(NR) * NR;
+        let slab = k0 * self.n.div_ceil(NR) * NR;
         &self.data[slab + first * kc * NR..][..count * kc * NR]
     }
 }
