@@ -6,8 +6,10 @@ mod common;
 
 use common::{assert_close, assert_tensor_close, fixture};
 use qkv::position::alibi::bloom_alibi_tensor;
+use qkv::position::rope_scaling::HfRopeConfig;
 use qkv::position::{
-    relative_position_bucket, sinusoidal_table, RelativeBias, Rope, RopeLayout, SinusoidalLayout,
+    relative_position_bucket, sinusoidal_table, RelativeBias, Rope, RopeLayout, RopeScaling,
+    SinusoidalLayout,
 };
 
 fn check_rope(case: &str, layout: RopeLayout) {
@@ -16,7 +18,7 @@ fn check_rope(case: &str, layout: RopeLayout) {
     let rotary = f.param_usize("rotary_dim").unwrap_or(d);
     let mut rope = Rope::partial(d, rotary, f.param_f32("base").unwrap(), layout).unwrap();
     if let Some(factor) = f.param_f32("linear_factor") {
-        rope = rope.with_linear_scaling(factor).unwrap();
+        rope = rope.with_scaling(RopeScaling::Linear { factor }).unwrap();
     }
     let positions: Vec<usize> = f
         .ints("position_ids")
@@ -45,6 +47,76 @@ fn rope_half_split_matches_llama() {
 #[test]
 fn rope_linear_scaling_and_large_theta_match_llama() {
     check_rope("rope_half_theta500k_linear", RopeLayout::HalfSplit);
+}
+
+/// A scaled RoPE (llama3, yarn, dynamic) built from the fixture's `rope_scaling` entry
+/// as a config reader resolves it: the frequencies of the call (for dynamic scaling,
+/// those of the call's length), the attention factor, and q, k rotated, against
+/// transformers' LlamaRotaryEmbedding.
+fn check_rope_scaled(case: &str) {
+    let f = fixture("position", case);
+    let d = f.param_usize("head_dim").unwrap();
+    let base = f.param_f32("base").unwrap();
+    let max_positions = f.param_usize("max_position_embeddings").unwrap();
+    let config: HfRopeConfig = serde_json::from_value(f.params["rope_scaling"].clone()).unwrap();
+    let scaling = config.resolve(max_positions).unwrap();
+    let rope = Rope::new(d, base, RopeLayout::HalfSplit)
+        .unwrap()
+        .with_scaling(scaling)
+        .unwrap();
+    let positions: Vec<usize> = f
+        .ints("position_ids")
+        .1
+        .into_iter()
+        .map(|p| p as usize)
+        .collect();
+    let max_pos = *positions.iter().max().unwrap();
+    assert_close(
+        &format!("{case} inv_freq"),
+        &scaling.inv_freq(base, d, max_pos),
+        f.t("inv_freq").data(),
+        0.0,
+        2e-7,
+    );
+    if max_pos < max_positions {
+        assert_eq!(rope.inv_freq(), &scaling.inv_freq(base, d, max_pos)[..]);
+    }
+    assert_close(
+        &format!("{case} attention factor"),
+        &[scaling.attention_factor()],
+        &[f.param_f32("attention_scaling").unwrap()],
+        0.0,
+        1e-7,
+    );
+    for name in ["q", "k"] {
+        let mut x = f.t(name);
+        rope.apply(&mut x, &positions).unwrap();
+        assert_tensor_close(
+            &format!("{case} {name}"),
+            &x,
+            &f.t(&format!("{name}_out")),
+            1e-5,
+            0.0,
+        );
+    }
+}
+
+#[test]
+fn rope_llama3_scaling_matches_transformers() {
+    check_rope_scaled("rope_llama3");
+}
+
+#[test]
+fn rope_yarn_scaling_matches_transformers() {
+    check_rope_scaled("rope_yarn");
+    // a pre-training length given (the factor becomes the ratio of the lengths),
+    // mscale / mscale_all_dim, other betas, no truncation
+    check_rope_scaled("rope_yarn_mscale");
+}
+
+#[test]
+fn rope_dynamic_ntk_scaling_matches_transformers_past_the_trained_length() {
+    check_rope_scaled("rope_dynamic");
 }
 
 #[test]

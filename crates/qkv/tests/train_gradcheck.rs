@@ -112,7 +112,7 @@ fn variants() -> Vec<(&'static str, Arch)> {
     let mut a = tiny_gpt2();
     a.position = Position::Rope {
         theta: 100.0,
-        linear_scaling: 2.0,
+        scaling: qkv::position::RopeScaling::Linear { factor: 2.0 },
         max_len: None,
     };
     a.attention.window = Some(3);

@@ -657,7 +657,7 @@ impl TrainArgs {
                 Position::Learned => ArchPosition::Learned { max_len: len },
                 Position::Rope => ArchPosition::Rope {
                     theta: 10_000.0,
-                    linear_scaling: 1.0,
+                    scaling: qkv::position::RopeScaling::None,
                     max_len: Some(len),
                 },
                 Position::Alibi => ArchPosition::Alibi,

@@ -230,7 +230,7 @@ fn position(name: &str, max_len: usize) -> Position {
         "learned" => Position::Learned { max_len },
         "rope" => Position::Rope {
             theta: 10_000.0,
-            linear_scaling: 1.0,
+            scaling: crate::position::RopeScaling::None,
             max_len: Some(max_len),
         },
         "alibi" => Position::Alibi,

@@ -10,7 +10,7 @@ use crate::block::Residual;
 use crate::error::{Error, Result};
 use crate::layers::NormKind;
 use crate::ops::Activation;
-use crate::position::SinusoidalLayout;
+use crate::position::{RopeScaling, SinusoidalLayout};
 
 /// A Transformer architecture.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -69,9 +69,15 @@ pub enum Position {
     /// Rotary embedding of q and k in self-attention (half-split layout, as Llama).
     Rope {
         theta: f32,
-        /// Linear position interpolation: every frequency divided by this (1: none).
-        #[serde(default = "one")]
-        linear_scaling: f32,
+        /// How the frequencies stretch past the trained length (`rope_scaling`). Read
+        /// from `linear_scaling: factor` too, as configs written before the other kinds
+        /// existed hold it.
+        #[serde(
+            default,
+            alias = "linear_scaling",
+            deserialize_with = "scaling_or_linear_factor"
+        )]
+        scaling: RopeScaling,
         /// The trained context (`max_position_embeddings`); not enforced.
         #[serde(default)]
         max_len: Option<usize>,
@@ -83,8 +89,21 @@ pub enum Position {
     Relative { buckets: usize, max_distance: usize },
 }
 
-fn one() -> f32 {
-    1.0
+/// A [`RopeScaling`], or a bare number: the linear factor of older configs (1: none).
+fn scaling_or_linear_factor<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<RopeScaling, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Factor(f32),
+        Scaling(RopeScaling),
+    }
+    Ok(match Either::deserialize(d)? {
+        Either::Factor(f) if f == 1.0 => RopeScaling::None,
+        Either::Factor(factor) => RopeScaling::Linear { factor },
+        Either::Scaling(s) => s,
+    })
 }
 
 /// The norm of every sub-layer, the embeddings and the stack ends.
@@ -240,7 +259,7 @@ impl Arch {
         });
         a.position = Position::Rope {
             theta: 10_000.0,
-            linear_scaling: 1.0,
+            scaling: RopeScaling::None,
             max_len: Some(max_len),
         };
         a.norm = NormSpec {
@@ -360,23 +379,14 @@ impl Arch {
             {
                 return bad("position.max_len", "must be at least 1".into())
             }
-            Position::Rope {
-                theta,
-                linear_scaling,
-                ..
-            } => {
+            Position::Rope { theta, scaling, .. } => {
                 if !(theta.is_finite() && theta > 1.0) {
                     return bad(
                         "position.theta",
                         format!("must be finite and > 1, got {theta}"),
                     );
                 }
-                if !(linear_scaling.is_finite() && linear_scaling > 0.0) {
-                    return bad(
-                        "position.linear_scaling",
-                        format!("must be finite and > 0, got {linear_scaling}"),
-                    );
-                }
+                scaling.check("position.scaling")?;
             }
             Position::Relative {
                 buckets,

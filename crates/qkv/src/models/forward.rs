@@ -188,18 +188,9 @@ impl<'m> Net<'m> {
             _ => None,
         };
         let rope = match self.arch.position {
-            Position::Rope {
-                theta,
-                linear_scaling,
-                ..
-            } => {
-                let r = Rope::new(dims.head_dim, theta, RopeLayout::HalfSplit)?;
-                Some(if linear_scaling != 1.0 {
-                    r.with_linear_scaling(linear_scaling)?
-                } else {
-                    r
-                })
-            }
+            Position::Rope { theta, scaling, .. } => Some(
+                Rope::new(dims.head_dim, theta, RopeLayout::HalfSplit)?.with_scaling(scaling)?,
+            ),
             _ => None,
         };
         Ok(Env {

@@ -5,7 +5,7 @@ use super::Family;
 use crate::block::Residual;
 use crate::layers::NormKind;
 use crate::ops::Activation;
-use crate::position::SinusoidalLayout;
+use crate::position::{RopeScaling, SinusoidalLayout};
 
 /// A model described for people: sizes, and each choice in words.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -49,16 +49,8 @@ impl ModelInfo {
                 SinusoidalLayout::Split => "sinusoidal (fixed, split sin | cos)",
             }
             .into(),
-            Position::Rope {
-                theta,
-                linear_scaling,
-                ..
-            } => {
-                let mut s = format!("RoPE (half-split, θ={theta})");
-                if linear_scaling != 1.0 {
-                    s.push_str(&format!(", linear scaling ×{linear_scaling}"));
-                }
-                s
+            Position::Rope { theta, scaling, .. } => {
+                format!("RoPE (half-split, θ={theta}){}", scaling_words(&scaling))
             }
             Position::Alibi => "ALiBi".into(),
             Position::Relative {
@@ -115,6 +107,30 @@ impl ModelInfo {
             position,
             norm,
             ffn,
+        }
+    }
+}
+
+/// ", llama3 scaling ×8 (from 8192 positions)" and the like; empty without scaling.
+fn scaling_words(scaling: &RopeScaling) -> String {
+    match *scaling {
+        RopeScaling::None => String::new(),
+        RopeScaling::Linear { factor } => format!(", linear scaling ×{factor}"),
+        RopeScaling::Llama3 {
+            factor,
+            original_max,
+            ..
+        } => format!(", llama3 scaling ×{factor} (from {original_max} positions)"),
+        RopeScaling::Yarn {
+            factor,
+            original_max,
+            attention_factor,
+            ..
+        } => format!(
+            ", YaRN scaling ×{factor} (from {original_max} positions, attention factor {attention_factor})"
+        ),
+        RopeScaling::Dynamic { factor, max_len } => {
+            format!(", dynamic NTK scaling ×{factor} past {max_len} positions")
         }
     }
 }

@@ -18,6 +18,7 @@ use super::special::TokenIds;
 use crate::error::{Error, Result};
 use crate::io::{bad_field, epsilon, read_config};
 use crate::ops::Activation;
+use crate::position::rope_scaling::{HfRopeConfig, RopeScaling};
 
 /// `config.json` of a Llama or Mistral checkpoint, as transformers writes it.
 #[derive(Deserialize)]
@@ -53,10 +54,10 @@ struct LlamaConfig {
     rope_theta: Option<f64>,
     /// transformers 4.x
     #[serde(default)]
-    rope_scaling: Option<RopeConfig>,
+    rope_scaling: Option<HfRopeConfig>,
     /// transformers 5.x
     #[serde(default)]
-    rope_parameters: Option<RopeConfig>,
+    rope_parameters: Option<HfRopeConfig>,
     /// Mistral: query position p sees key j only when p − j < sliding_window.
     #[serde(default)]
     sliding_window: Option<usize>,
@@ -68,23 +69,15 @@ fn default_hidden_act() -> String {
     "silu".into()
 }
 
-/// `rope_scaling` (4.x) or `rope_parameters` (5.x). Kept as separate fields rather than
-/// serde aliases because 4.x configs often carry both `type` and `rope_type`, which an
-/// alias would reject as a duplicate.
-#[derive(Deserialize)]
-struct RopeConfig {
-    #[serde(default)]
-    rope_type: Option<String>,
-    #[serde(default, rename = "type")]
-    legacy_type: Option<String>,
-    #[serde(default)]
-    rope_theta: Option<f64>,
-    #[serde(default)]
-    factor: Option<f64>,
-}
-
-/// Base θ and the linear scaling factor (1: none) from whichever layout the config uses.
-fn rope_settings(cfg: &LlamaConfig, dir: &Path) -> Result<(f32, f32)> {
+/// Base θ and the scaling from whichever layout the config uses (transformers 4.x:
+/// `rope_theta` + `rope_scaling`; 5.x: `rope_parameters`), resolved as transformers'
+/// `rope_init_fn`s resolve them. `max_positions` is the config's
+/// `max_position_embeddings` (or the family's default when absent).
+fn rope_settings(
+    cfg: &LlamaConfig,
+    dir: &Path,
+    max_positions: usize,
+) -> Result<(f32, RopeScaling)> {
     let (field, rope) = match (&cfg.rope_parameters, &cfg.rope_scaling) {
         (Some(p), _) => ("rope_parameters", Some(p)),
         (None, s) => ("rope_scaling", s.as_ref()),
@@ -100,34 +93,21 @@ fn rope_settings(cfg: &LlamaConfig, dir: &Path) -> Result<(f32, f32)> {
             format!("must be finite and > 1, got {theta}"),
         ));
     }
-    let kind = rope.and_then(|r| r.rope_type.as_deref().or(r.legacy_type.as_deref()));
-    let factor = match kind {
-        None | Some("default") => 1.0,
-        Some("linear") => {
-            let factor = rope.and_then(|r| r.factor).ok_or_else(|| {
-                bad_field(
-                    dir,
-                    &format!("{field}.factor"),
-                    "linear RoPE scaling needs a factor",
-                )
-            })?;
-            if !(factor.is_finite() && factor > 0.0) {
-                return Err(bad_field(
-                    dir,
-                    &format!("{field}.factor"),
-                    format!("must be finite and > 0, got {factor}"),
-                ));
-            }
-            factor
-        }
-        Some(other) => {
-            return Err(Error::Unsupported(format!(
-                "RoPE scaling type `{other}` ({}, field `{field}`); supported: default, linear",
-                dir.join("config.json").display()
-            )))
-        }
+    let Some(rope) = rope else {
+        return Ok((theta as f32, RopeScaling::None));
     };
-    Ok((theta as f32, factor as f32))
+    let scaling = rope.resolve(max_positions).map_err(|e| match e {
+        Error::Invalid {
+            field: entry,
+            reason,
+        } => bad_field(dir, &format!("{field}.{entry}"), reason),
+        Error::Unsupported(what) => Error::Unsupported(format!(
+            "{what} ({}, field `{field}`)",
+            dir.join("config.json").display()
+        )),
+        e => e,
+    })?;
+    Ok((theta as f32, scaling))
 }
 
 /// `dir/config.json` as an [`Arch`], checked; errors name the field at fault. Mistral's
@@ -169,7 +149,7 @@ pub(super) fn read(dir: &Path, mistral: bool) -> Result<(Arch, TokenIds)> {
     if mistral && cfg.sliding_window == Some(0) {
         return Err(bad_field(dir, "sliding_window", "must be at least 1"));
     }
-    let (theta, linear_scaling) = rope_settings(&cfg, dir)?;
+    let (theta, scaling) = rope_settings(&cfg, dir, cfg.max_position_embeddings.unwrap_or(2048))?;
     let activation = Activation::from_hf_name(&cfg.hidden_act)
         .map_err(|e| bad_field(dir, "hidden_act", e.to_string()))?;
     let mut arch = Arch::llama(
@@ -189,7 +169,7 @@ pub(super) fn read(dir: &Path, mistral: bool) -> Result<(Arch, TokenIds)> {
     });
     arch.position = Position::Rope {
         theta,
-        linear_scaling,
+        scaling,
         max_len: cfg.max_position_embeddings,
     };
     arch.norm.eps = epsilon(dir, "rms_norm_eps", cfg.rms_norm_eps)?;
@@ -216,18 +196,76 @@ pub(super) fn fits(arch: &Arch) -> bool {
         && a.window.is_none()
         && arch.ffn.gated
         && arch.ffn.activation == Activation::Silu
+        && match arch.position {
+            Position::Rope {
+                scaling, max_len, ..
+            } => scaling_json(&scaling, max_len.unwrap_or(2048)).is_some(),
+            _ => false,
+        }
+}
+
+/// `rope_scaling` as transformers reads it back to the same scaling, for a config whose
+/// `max_position_embeddings` is `max_positions`; `None` where no config can say it (a
+/// dynamic threshold or a YaRN factor at odds with that length), and `Null` for none.
+fn scaling_json(scaling: &RopeScaling, max_positions: usize) -> Option<Value> {
+    let f = super::json_f32;
+    Some(match *scaling {
+        RopeScaling::None => Value::Null,
+        RopeScaling::Linear { factor } => json!({"rope_type": "linear", "factor": f(factor)}),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max,
+        } => json!({
+            "rope_type": "llama3",
+            "factor": f(factor),
+            "low_freq_factor": f(low_freq_factor),
+            "high_freq_factor": f(high_freq_factor),
+            "original_max_position_embeddings": original_max,
+        }),
+        RopeScaling::Yarn {
+            factor,
+            original_max,
+            beta_fast,
+            beta_slow,
+            truncate,
+            attention_factor,
+        } => {
+            let mut v = json!({
+                "rope_type": "yarn",
+                "factor": f(factor),
+                "beta_fast": f(beta_fast),
+                "beta_slow": f(beta_slow),
+                "truncate": truncate,
+                "attention_factor": f(attention_factor),
+            });
+            // transformers then takes the factor as the ratio of the two lengths
+            if original_max != max_positions {
+                if (max_positions as f64 / original_max as f64) as f32 != factor {
+                    return None;
+                }
+                v["original_max_position_embeddings"] = json!(original_max);
+            }
+            v
+        }
+        RopeScaling::Dynamic { factor, max_len } if max_len == max_positions => {
+            json!({"rope_type": "dynamic", "factor": f(factor)})
+        }
+        RopeScaling::Dynamic { .. } => return None,
+    })
 }
 
 /// `config.json` of a Llama folder for `arch` (which [`fits`]).
 pub(super) fn config_json(arch: &Arch) -> Value {
     let d = arch.stack();
-    let (theta, factor, max_len) = match arch.position {
+    let (theta, scaling, max_len) = match arch.position {
         Position::Rope {
             theta,
-            linear_scaling,
+            scaling,
             max_len,
-        } => (theta, linear_scaling, max_len),
-        _ => (10_000.0, 1.0, None),
+        } => (theta, scaling, max_len.unwrap_or(2048)),
+        _ => (10_000.0, RopeScaling::None, 2048),
     };
     json!({
         "architectures": ["LlamaForCausalLM"],
@@ -240,14 +278,10 @@ pub(super) fn config_json(arch: &Arch) -> Value {
         "num_key_value_heads": d.kv_heads,
         "head_dim": d.head_dim,
         "hidden_act": "silu",
-        "max_position_embeddings": max_len.unwrap_or(2048),
+        "max_position_embeddings": max_len,
         "rms_norm_eps": super::json_f32(arch.norm.eps),
         "rope_theta": super::json_f32(theta),
-        "rope_scaling": if factor == 1.0 {
-            Value::Null
-        } else {
-            json!({"rope_type": "linear", "factor": super::json_f32(factor)})
-        },
+        "rope_scaling": scaling_json(&scaling, max_len).unwrap_or(Value::Null),
         "attention_bias": arch.attention.qkv_bias,
         "mlp_bias": arch.ffn.bias,
         "attention_dropout": 0.0,

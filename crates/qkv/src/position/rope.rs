@@ -12,6 +12,9 @@
 //! Backward ([`Rope::backward`]): a rotation is orthogonal, so the gradient of the
 //! input is the gradient of the output rotated back by −pos·θ. No parameters.
 
+use std::borrow::Cow;
+
+use super::rope_scaling::{default_inv_freq, RopeScaling};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -26,8 +29,12 @@ pub struct Rope {
     pub head_dim: usize,
     pub rotary_dim: usize,
     pub layout: RopeLayout,
-    /// θ_i for i in 0..R/2, already divided by any linear scaling factor.
+    base: f32,
+    scaling: RopeScaling,
+    /// θ_i for i in 0..R/2 after scaling (for dynamic scaling: within the trained length)
     inv_freq: Vec<f32>,
+    /// multiplies cos and sin (YaRN; 1 otherwise)
+    attention_factor: f32,
 }
 
 impl Rope {
@@ -57,39 +64,62 @@ impl Rope {
         }
         // f32 arithmetic in the same order as Hugging Face, so angles agree bit for bit
         // as far as possible: inv_freq = 1 / base^(2i/R).
-        let inv_freq = (0..rotary_dim / 2)
-            .map(|i| 1.0 / base.powf((2 * i) as f32 / rotary_dim as f32))
-            .collect();
         Ok(Rope {
             head_dim,
             rotary_dim,
             layout,
-            inv_freq,
+            base,
+            scaling: RopeScaling::None,
+            inv_freq: default_inv_freq(base, rotary_dim),
+            attention_factor: 1.0,
         })
     }
 
-    /// Linear position interpolation (`rope_scaling: {type: linear, factor}`):
-    /// frequencies are divided by `factor`, stretching the trained context.
-    pub fn with_linear_scaling(mut self, factor: f32) -> Result<Self> {
-        if !(factor.is_finite() && factor > 0.0) {
-            return Err(Error::invalid(
-                "rope_scaling.factor",
-                format!("must be > 0, got {factor}"),
-            ));
-        }
-        for f in &mut self.inv_freq {
-            *f /= factor;
-        }
+    /// The frequencies rewritten by a checkpoint's `rope_scaling` (linear, llama3,
+    /// yarn, dynamic; see [`RopeScaling`]).
+    pub fn with_scaling(mut self, scaling: RopeScaling) -> Result<Self> {
+        scaling.check("rope_scaling")?;
+        self.inv_freq = scaling.inv_freq(self.base, self.rotary_dim, 0);
+        self.attention_factor = scaling.attention_factor();
+        self.scaling = scaling;
         Ok(self)
     }
 
-    /// (cos, sin) of each pair's angle at `pos`: R/2 values each.
+    /// θ_i for a call within the trained length (R/2 values).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
+    /// This RoPE as a call at `positions` uses it: itself, or with dynamic scaling and
+    /// a position past the trained length, the frequencies for that call's length
+    /// (transformers recomputes them at every call whose length grew; a call never
+    /// sees its own earlier lengths, so one decode step after another agree with it).
+    fn for_call(&self, positions: &[usize]) -> Cow<'_, Rope> {
+        match self.scaling {
+            RopeScaling::Dynamic { max_len, .. } => {
+                let max_pos = positions.iter().copied().max().unwrap_or(0);
+                if max_pos < max_len {
+                    return Cow::Borrowed(self);
+                }
+                let mut longer = self.clone();
+                longer.inv_freq = self.scaling.inv_freq(self.base, self.rotary_dim, max_pos);
+                Cow::Owned(longer)
+            }
+            _ => Cow::Borrowed(self),
+        }
+    }
+
+    /// (cos, sin) of each pair's angle at `pos`, times the attention factor: R/2
+    /// values each.
     pub fn cos_sin(&self, pos: usize) -> (Vec<f32>, Vec<f32>) {
         self.inv_freq
             .iter()
             .map(|f| {
                 let a = pos as f32 * f;
-                (a.cos(), a.sin())
+                (
+                    a.cos() * self.attention_factor,
+                    a.sin() * self.attention_factor,
+                )
             })
             .unzip()
     }
@@ -124,10 +154,11 @@ impl Rope {
         if x.numel() == 0 {
             return Ok(());
         }
+        let rope = self.for_call(positions);
         for (token, &pos) in x.data_mut().chunks_exact_mut(h * d).zip(positions) {
-            let (cos, sin) = self.cos_sin(pos);
+            let (cos, sin) = rope.cos_sin(pos);
             for head in token.chunks_exact_mut(d) {
-                self.rotate(head, &cos, &sin);
+                rope.rotate(head, &cos, &sin);
             }
         }
         Ok(())
@@ -163,14 +194,16 @@ impl Rope {
         if dy.numel() == 0 {
             return Ok(());
         }
+        let rope = self.for_call(positions);
         for (token, &pos) in dy.data_mut().chunks_exact_mut(h * d).zip(positions) {
-            let (cos, mut sin) = self.cos_sin(pos);
-            // R(−a): cos(−a) = cos a, sin(−a) = −sin a.
+            let (cos, mut sin) = rope.cos_sin(pos);
+            // R(−a): cos(−a) = cos a, sin(−a) = −sin a (both times YaRN's factor c:
+            // the forward is c·R(a), whose transpose is c·R(−a)).
             for s in &mut sin {
                 *s = -*s;
             }
             for head in token.chunks_exact_mut(d) {
-                self.rotate(head, &cos, &sin);
+                rope.rotate(head, &cos, &sin);
             }
         }
         Ok(())

@@ -1,0 +1,379 @@
+//! How a checkpoint stretches RoPE beyond the context it was trained on
+//! (`rope_scaling` / `rope_parameters` in a Hugging Face config). Each kind rewrites
+//! the frequencies θ_i (and YaRN also scales cos and sin); the arithmetic follows
+//! transformers' `rope_init_fn`s step by step in the same precision (f32 where they
+//! use float32 tensors, f64 where they use Python floats), so the tables agree to
+//! the last bit or two.
+//!
+//! - linear: θ_i / factor (position interpolation);
+//! - llama3 (Llama 3.1): long wavelengths (> original/low_freq_factor) divided by
+//!   factor, short ones (< original/high_freq_factor) kept, a smooth blend between;
+//! - yarn: a ramp over the dimensions between θ_i (fast, kept) and θ_i / factor (slow,
+//!   interpolated), and cos/sin multiplied by an attention factor 0.1·ln(factor) + 1;
+//! - dynamic (NTK-aware): while a call's positions stay below `max_len` nothing changes;
+//!   past it the base becomes base·(factor·L/max_len − (factor − 1))^(R/(R−2)) for the
+//!   call's length L = largest position + 1.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The kinds of RoPE scaling, with their parameters resolved (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "rope_type", rename_all = "snake_case")]
+pub enum RopeScaling {
+    #[default]
+    None,
+    Linear {
+        factor: f32,
+    },
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        /// the context length of pre-training (`original_max_position_embeddings`)
+        original_max: usize,
+    },
+    Yarn {
+        factor: f32,
+        original_max: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+        /// round the ramp's ends to whole dimensions (transformers' default: true)
+        truncate: bool,
+        /// cos and sin are multiplied by this
+        attention_factor: f32,
+    },
+    Dynamic {
+        factor: f32,
+        /// `max_position_embeddings`: no change up to this length
+        max_len: usize,
+    },
+}
+
+/// `rope_scaling` (transformers 4.x) or `rope_parameters` (5.x) as a config writes it.
+/// `type` and `rope_type` are separate fields rather than serde aliases because 4.x
+/// configs often carry both, which an alias would reject as a duplicate.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct HfRopeConfig {
+    #[serde(default)]
+    pub rope_type: Option<String>,
+    #[serde(default, rename = "type")]
+    pub legacy_type: Option<String>,
+    /// 5.x keeps the base here
+    #[serde(default)]
+    pub rope_theta: Option<f64>,
+    #[serde(default)]
+    pub factor: Option<f64>,
+    #[serde(default)]
+    pub low_freq_factor: Option<f64>,
+    #[serde(default)]
+    pub high_freq_factor: Option<f64>,
+    #[serde(default)]
+    pub original_max_position_embeddings: Option<usize>,
+    #[serde(default)]
+    pub beta_fast: Option<f64>,
+    #[serde(default)]
+    pub beta_slow: Option<f64>,
+    #[serde(default)]
+    pub attention_factor: Option<f64>,
+    #[serde(default)]
+    pub mscale: Option<f64>,
+    #[serde(default)]
+    pub mscale_all_dim: Option<f64>,
+    #[serde(default)]
+    pub truncate: Option<bool>,
+}
+
+impl HfRopeConfig {
+    /// The scaling transformers builds from this entry for a model whose
+    /// `max_position_embeddings` is `max_positions`. A missing or bad parameter is an
+    /// [`Error::Invalid`] naming the entry (`factor`, …); an unknown kind (LongRoPE
+    /// among them) is [`Error::Unsupported`].
+    pub fn resolve(&self, max_positions: usize) -> Result<RopeScaling> {
+        let kind = self.rope_type.as_deref().or(self.legacy_type.as_deref());
+        let needs = |value: Option<f64>, name: &str| {
+            value.ok_or_else(|| {
+                Error::invalid(
+                    name,
+                    format!("{} RoPE scaling needs {name}", kind.unwrap_or("this")),
+                )
+            })
+        };
+        let scaling = match kind {
+            None | Some("default") => RopeScaling::None,
+            Some("linear") => RopeScaling::Linear {
+                factor: needs(self.factor, "factor")? as f32,
+            },
+            Some("llama3") => RopeScaling::Llama3 {
+                factor: needs(self.factor, "factor")? as f32,
+                low_freq_factor: needs(self.low_freq_factor, "low_freq_factor")? as f32,
+                high_freq_factor: needs(self.high_freq_factor, "high_freq_factor")? as f32,
+                original_max: needs(
+                    self.original_max_position_embeddings.map(|n| n as f64),
+                    "original_max_position_embeddings",
+                )? as usize,
+            },
+            Some("yarn") => {
+                let mut factor = needs(self.factor, "factor")?;
+                // a given pre-training length makes the factor the ratio of the two
+                // lengths (DeepSeek-V3 style configs)
+                let original_max = match self.original_max_position_embeddings {
+                    Some(n) if n > 0 => {
+                        factor = max_positions as f64 / n as f64;
+                        n
+                    }
+                    Some(n) => n,
+                    None => max_positions,
+                };
+                let attention_factor =
+                    match (self.attention_factor, self.mscale, self.mscale_all_dim) {
+                        (Some(a), ..) => a,
+                        (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                            RopeScaling::yarn_mscale(factor, m)
+                                / RopeScaling::yarn_mscale(factor, all)
+                        }
+                        _ => RopeScaling::yarn_mscale(factor, 1.0),
+                    };
+                RopeScaling::Yarn {
+                    factor: factor as f32,
+                    original_max,
+                    // transformers reads these with `or`: 0 counts as absent too
+                    beta_fast: self.beta_fast.filter(|&b| b != 0.0).unwrap_or(32.0) as f32,
+                    beta_slow: self.beta_slow.filter(|&b| b != 0.0).unwrap_or(1.0) as f32,
+                    truncate: self.truncate.unwrap_or(true),
+                    attention_factor: attention_factor as f32,
+                }
+            }
+            Some("dynamic") => RopeScaling::Dynamic {
+                factor: needs(self.factor, "factor")? as f32,
+                max_len: max_positions,
+            },
+            Some(other) => {
+                return Err(Error::Unsupported(format!(
+                    "RoPE scaling type `{other}`; supported: default, linear, llama3, yarn, dynamic"
+                )))
+            }
+        };
+        scaling.check("")?;
+        Ok(scaling)
+    }
+}
+
+impl RopeScaling {
+    /// YaRN's default attention factor for `factor`: 0.1·mscale·ln(factor) + 1 (1 for
+    /// factor ≤ 1), as transformers' `get_mscale`.
+    pub fn yarn_mscale(factor: f64, mscale: f64) -> f64 {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * mscale * factor.ln() + 1.0
+        }
+    }
+
+    /// Rejects parameters no checkpoint can mean (zero or non-finite factors,
+    /// `high_freq_factor` ≤ `low_freq_factor`, a zero length); errors name the entry
+    /// under `field` (`field.factor`; just `factor` when `field` is empty).
+    pub fn check(&self, field: &str) -> Result<()> {
+        let entry = |name: &str| match field {
+            "" => name.to_string(),
+            _ => format!("{field}.{name}"),
+        };
+        let positive = |name: &str, v: f32| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(Error::invalid(
+                    entry(name),
+                    format!("must be finite and > 0, got {v}"),
+                ))
+            }
+        };
+        let length = |name: &str, v: usize| {
+            if v > 0 {
+                Ok(())
+            } else {
+                Err(Error::invalid(entry(name), "must be at least 1"))
+            }
+        };
+        match *self {
+            RopeScaling::None => Ok(()),
+            RopeScaling::Linear { factor } => positive("factor", factor),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max,
+            } => {
+                positive("factor", factor)?;
+                positive("low_freq_factor", low_freq_factor)?;
+                positive("high_freq_factor", high_freq_factor)?;
+                length("original_max_position_embeddings", original_max)?;
+                if high_freq_factor <= low_freq_factor {
+                    return Err(Error::invalid(
+                        entry("high_freq_factor"),
+                        format!(
+                            "must exceed low_freq_factor = {low_freq_factor}, got {high_freq_factor}"
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            RopeScaling::Yarn {
+                factor,
+                original_max,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                ..
+            } => {
+                positive("factor", factor)?;
+                positive("beta_fast", beta_fast)?;
+                positive("beta_slow", beta_slow)?;
+                positive("attention_factor", attention_factor)?;
+                length("original_max_position_embeddings", original_max)
+            }
+            RopeScaling::Dynamic { factor, max_len } => {
+                positive("factor", factor)?;
+                length("max_position_embeddings", max_len)
+            }
+        }
+    }
+
+    /// The multiplier of cos and sin (YaRN's attention factor; 1 otherwise).
+    pub fn attention_factor(&self) -> f32 {
+        match *self {
+            RopeScaling::Yarn {
+                attention_factor, ..
+            } => attention_factor,
+            _ => 1.0,
+        }
+    }
+
+    /// The R/2 frequencies for base θ and rotary width R, for a call whose largest
+    /// position is `max_pos` (only the dynamic kind looks at it).
+    pub fn inv_freq(&self, base: f32, rotary_dim: usize, max_pos: usize) -> Vec<f32> {
+        let plain = || default_inv_freq(base, rotary_dim);
+        match *self {
+            RopeScaling::None => plain(),
+            RopeScaling::Linear { factor } => plain().into_iter().map(|f| f / factor).collect(),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max,
+            } => llama3(
+                &plain(),
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max,
+            ),
+            RopeScaling::Yarn {
+                factor,
+                original_max,
+                beta_fast,
+                beta_slow,
+                truncate,
+                ..
+            } => {
+                let (low, high) = yarn_range(
+                    beta_fast.into(),
+                    beta_slow.into(),
+                    rotary_dim,
+                    base.into(),
+                    original_max,
+                    truncate,
+                );
+                yarn(base, rotary_dim, factor, low, high)
+            }
+            RopeScaling::Dynamic { factor, max_len } => {
+                let len = max_pos + 1;
+                if len <= max_len {
+                    // transformers' initial table: the base rescaled in Python floats,
+                    // where the ratio works out to 1
+                    let f = f64::from(factor);
+                    let ratio = f * max_len as f64 / max_len as f64 - (f - 1.0);
+                    let exponent = rotary_dim as f64 / (rotary_dim as f64 - 2.0);
+                    default_inv_freq((f64::from(base) * ratio.powf(exponent)) as f32, rotary_dim)
+                } else {
+                    // the update at a longer call: a float32 tensor computation
+                    let ratio = factor * len as f32 / max_len as f32 - (factor - 1.0);
+                    let exponent = (rotary_dim as f64 / (rotary_dim as f64 - 2.0)) as f32;
+                    default_inv_freq(base * ratio.powf(exponent), rotary_dim)
+                }
+            }
+        }
+    }
+}
+
+/// θ_i = 1 / base^(2i/R) in f32, the order of transformers' default table.
+pub(crate) fn default_inv_freq(base: f32, rotary_dim: usize) -> Vec<f32> {
+    (0..rotary_dim / 2)
+        .map(|i| 1.0 / base.powf((2 * i) as f32 / rotary_dim as f32))
+        .collect()
+}
+
+/// Llama 3.1's blend by wavelength 2π/θ_i against the pre-training length.
+fn llama3(plain: &[f32], factor: f32, low: f32, high: f32, original_max: usize) -> Vec<f32> {
+    let old = original_max as f64;
+    let (low_wavelen, high_wavelen) = (
+        (old / f64::from(low)) as f32,
+        (old / f64::from(high)) as f32,
+    );
+    let span = (f64::from(high) - f64::from(low)) as f32;
+    let two_pi = std::f64::consts::TAU as f32;
+    plain
+        .iter()
+        .map(|&f| {
+            let wavelen = two_pi / f;
+            let scaled = if wavelen > low_wavelen { f / factor } else { f };
+            let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+            if medium {
+                let smooth = (original_max as f32 / wavelen - low) / span;
+                (1.0 - smooth) * scaled / factor + smooth * scaled
+            } else {
+                scaled
+            }
+        })
+        .collect()
+}
+
+/// YaRN's ramp ends: the dimensions where a wavelength fits `beta_fast` and
+/// `beta_slow` turns in the pre-training length, in Python floats as transformers.
+fn yarn_range(
+    beta_fast: f64,
+    beta_slow: f64,
+    dim: usize,
+    base: f64,
+    original_max: usize,
+    truncate: bool,
+) -> (f64, f64) {
+    let at = |turns: f64| {
+        dim as f64 * (original_max as f64 / (turns * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * base.ln())
+    };
+    let (mut low, mut high) = (at(beta_fast), at(beta_slow));
+    if truncate {
+        low = low.floor();
+        high = high.ceil();
+    }
+    (low.max(0.0), high.min(dim as f64 - 1.0))
+}
+
+/// θ_i·e_i + θ_i/factor·(1 − e_i), e_i = 1 − clamp((i − low)/(high − low), 0, 1).
+fn yarn(base: f32, rotary_dim: usize, factor: f32, low: f64, high: f64) -> Vec<f32> {
+    let high = if low == high { high + 0.001 } else { high };
+    let (low32, span) = (low as f32, (high - low) as f32);
+    (0..rotary_dim / 2)
+        .map(|i| {
+            // 1/(factor·base^(2i/R)) as transformers writes it, not θ_i/factor
+            let pos_freq = base.powf((2 * i) as f32 / rotary_dim as f32);
+            let extrapolated = 1.0 / pos_freq;
+            let interpolated = 1.0 / (factor * pos_freq);
+            let ramp = ((i as f32 - low32) / span).clamp(0.0, 1.0);
+            let keep = 1.0 - ramp;
+            interpolated * (1.0 - keep) + extrapolated * keep
+        })
+        .collect()
+}
