@@ -1,6 +1,8 @@
 //! Llama and Mistral against their Hugging Face fixtures (tools/fixtures/gen_models.py):
 //! GQA, MQA with tied embeddings and linear RoPE scaling, bf16 and f16 checkpoints, the
-//! transformers 5.x config layout, and Mistral's sliding window. Config edge cases run on
+//! transformers 5.x config layout, Mistral's sliding window, the llama3 / YaRN / dynamic
+//! RoPE scalings, a SmolLM-style tied model with wide heads, and Qwen2 (Q/K/V biases, a
+//! window on its upper layers). Config edge cases run on
 //! temporary copies of a fixture folder with an edited config.json.
 
 mod common;
@@ -40,6 +42,67 @@ fn llama_transformers_v5_config_matches_hf() {
 #[test]
 fn mistral_sliding_window_matches_hf() {
     check_causal("mistral");
+}
+
+#[test]
+fn llama3_rope_scaling_matches_hf() {
+    check_causal("llama3_rope");
+}
+
+#[test]
+fn yarn_rope_scaling_matches_hf() {
+    check_causal("llama_yarn");
+}
+
+/// Dynamic NTK scaling acts only past `max_position_embeddings` (10 here). The forward
+/// fixtures stay within it; greedy generation from a 5-token prompt crosses it, and each
+/// step's logits must equal transformers' cached `generate` (whose earlier keys keep
+/// the table of their own step, as qkv's cache does).
+#[test]
+fn dynamic_rope_scaling_matches_hf_past_the_trained_length() {
+    check_causal("llama_dynamic");
+    let f = reference("llama_dynamic");
+    let m = load_causal("llama_dynamic");
+    let prompt = batch(&f, "gen_prompt", None);
+    let output = f.ints("gen_output").1;
+    let want = f.t("gen_logits");
+    let (steps, vocab) = (want.shape()[1], want.shape()[2]);
+    let mut cache = m.new_cache(1);
+    let mut input = prompt.clone();
+    for step in 0..steps {
+        let got = m.forward_cached(&input, &mut cache).unwrap();
+        let last = &got.data()[(input.len - 1) * vocab..][..vocab];
+        common::assert_close(
+            &format!(
+                "llama_dynamic generation step {step} (position {})",
+                prompt.len + step - 1
+            ),
+            last,
+            &want.data()[step * vocab..][..vocab],
+            1e-4,
+            1e-4,
+        );
+        let next = output[prompt.len + step] as usize;
+        input = TokenBatch::new(vec![next], None, 1, 1).unwrap();
+    }
+}
+
+#[test]
+fn smollm_style_tied_llama_with_wide_heads_matches_hf() {
+    check_causal("smollm_tied");
+    let m = load_causal("smollm_tied");
+    let i = m.info();
+    assert_eq!((i.hidden, i.heads, i.head_dim), (32, 4, 12));
+}
+
+#[test]
+fn qwen2_matches_hf() {
+    check_causal("qwen2");
+}
+
+#[test]
+fn qwen2_window_on_upper_layers_matches_hf() {
+    check_causal("qwen2_window");
 }
 
 #[test]
@@ -132,26 +195,58 @@ fn load_error(dir: &EditedFixture) -> Error {
 #[test]
 fn unknown_rope_scaling_type_is_unsupported_and_named() {
     let v4 = EditedFixture::new("llama_gqa", |c| {
-        c["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0});
+        c["rope_scaling"] = serde_json::json!({"rope_type": "longrope", "factor": 4.0});
     });
     let err = load_error(&v4);
     let msg = err.to_string();
     assert!(matches!(err, Error::Unsupported(_)), "{msg}");
     assert!(
-        msg.contains("`yarn`") && msg.contains("rope_scaling"),
+        msg.contains("`longrope`") && msg.contains("rope_scaling"),
         "{msg}"
     );
 
     let v5 = EditedFixture::new("llama_v5", |c| {
-        c["rope_parameters"]["rope_type"] = "llama3".into();
+        c["rope_parameters"]["rope_type"] = "su".into();
     });
     let err = load_error(&v5);
     let msg = err.to_string();
     assert!(matches!(err, Error::Unsupported(_)), "{msg}");
     assert!(
-        msg.contains("`llama3`") && msg.contains("rope_parameters"),
+        msg.contains("`su`") && msg.contains("rope_parameters"),
         "{msg}"
     );
+}
+
+#[test]
+fn incomplete_or_bad_scaling_parameters_name_the_field() {
+    let cases = [
+        (
+            serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "original_max_position_embeddings": 64}),
+            "rope_scaling.high_freq_factor",
+        ),
+        (
+            serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+                               "high_freq_factor": 1.0, "original_max_position_embeddings": 64}),
+            "rope_scaling.high_freq_factor",
+        ),
+        (
+            serde_json::json!({"rope_type": "yarn", "factor": -2.0}),
+            "rope_scaling.factor",
+        ),
+        (
+            serde_json::json!({"rope_type": "dynamic"}),
+            "rope_scaling.factor",
+        ),
+    ];
+    for (scaling, field) in cases {
+        let dir = EditedFixture::new("llama_gqa", |c| c["rope_scaling"] = scaling.clone());
+        let msg = load_error(&dir).to_string();
+        assert!(
+            msg.contains(field) && msg.contains("config.json"),
+            "{scaling}: {msg}"
+        );
+    }
 }
 
 #[test]

@@ -78,7 +78,7 @@ fn layout(dir: &Path) -> BTreeMap<String, Vec<usize>> {
         .collect()
 }
 
-const HF_FOLDERS: [(&str, &str); 18] = [
+const HF_FOLDERS: [(&str, &str); 22] = [
     ("models", "bert"),
     ("models", "gpt2"),
     ("models", "gpt2_sharded"),
@@ -87,6 +87,10 @@ const HF_FOLDERS: [(&str, &str); 18] = [
     ("models", "llama_bf16"),
     ("models", "llama_v5"),
     ("models", "mistral"),
+    ("models", "llama3_rope"),
+    ("models", "llama_yarn"),
+    ("models", "qwen2"),
+    ("models", "qwen2_window"),
     ("models", "bloom"),
     ("models", "marian"),
     ("models", "t5"),

@@ -268,6 +268,13 @@ fn mistral_trains_as_pytorch() {
     check_against_pytorch("mistral");
 }
 
+/// Q/K/V biases under RoPE, tied embeddings and YaRN-scaled RoPE (its attention factor
+/// scales the rotation, in the backward pass too).
+#[test]
+fn qwen2_trains_as_pytorch() {
+    check_against_pytorch("qwen2");
+}
+
 #[test]
 fn bloom_trains_as_pytorch() {
     check_against_pytorch("bloom");

@@ -128,9 +128,13 @@ pub struct AttentionArch {
     /// `scale_attn_by_inverse_layer_idx`).
     #[serde(default)]
     pub scale_by_layer: bool,
-    /// Sliding window of the causal self-attention (Mistral).
+    /// Sliding window of the causal self-attention (Mistral, Qwen2).
     #[serde(default)]
     pub window: Option<usize>,
+    /// The window applies to decoder layers l ≥ this one only (Qwen2's
+    /// `max_window_layers`); 0: to every layer.
+    #[serde(default)]
+    pub window_from_layer: usize,
 }
 
 /// The feed-forward network: `W₂·act(W₁x)`, or gated `W₂·(act(W₁x) ⊙ W₃x)`.
@@ -229,6 +233,7 @@ impl Arch {
                 scale: None,
                 scale_by_layer: false,
                 window: None,
+                window_from_layer: 0,
             },
             ffn: FfnArch {
                 activation: Activation::GeluTanh,

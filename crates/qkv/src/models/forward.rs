@@ -232,7 +232,7 @@ impl<'m> Net<'m> {
         };
         let spec = AttentionSpec {
             causal: (side == Side::Decoder).then_some(CausalAlign::BottomRight),
-            window: if side == Side::Decoder {
+            window: if side == Side::Decoder && l >= a.window_from_layer {
                 a.window
             } else {
                 None

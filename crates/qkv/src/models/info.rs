@@ -61,6 +61,9 @@ impl ModelInfo {
         let mut position = position;
         if let Some(w) = a.window {
             position.push_str(&format!(", sliding window {w}"));
+            if a.window_from_layer > 0 {
+                position.push_str(&format!(" from layer {}", a.window_from_layer));
+            }
         }
         if a.scale == Some(1.0) {
             position.push_str(", unscaled scores");

@@ -1,7 +1,9 @@
-//! Llama and Mistral (`LlamaForCausalLM`, `MistralForCausalLM`): a pre-norm decoder with
-//! RMSNorm, rotary positions in Hugging Face's half-split layout, grouped-query
-//! attention and a SwiGLU feed-forward block. Mistral is the same network with a
-//! sliding attention window.
+//! Llama, Mistral and Qwen2 (`LlamaForCausalLM`, `MistralForCausalLM`,
+//! `Qwen2ForCausalLM`): a pre-norm decoder with RMSNorm, rotary positions in Hugging
+//! Face's half-split layout, grouped-query attention and a SwiGLU feed-forward block.
+//! Mistral is the same network with a sliding attention window; Qwen2 has biases on
+//! the Q, K and V projections (not on O) and a window on its upper layers when
+//! `use_sliding_window` asks for one.
 //!
 //! Config layouts: transformers 4.x writes `rope_theta` and `rope_scaling` at the top
 //! level (`rope_scaling` names its kind `type` or `rope_type`); 5.x folds both into
@@ -61,6 +63,15 @@ struct LlamaConfig {
     /// Mistral: query position p sees key j only when p − j < sliding_window.
     #[serde(default)]
     sliding_window: Option<usize>,
+    /// Qwen2: the window is used only when this is true …
+    #[serde(default)]
+    use_sliding_window: bool,
+    /// … on layers from this one up (transformers' default: 28) …
+    #[serde(default)]
+    max_window_layers: Option<usize>,
+    /// … unless each layer's kind is listed (`full_attention` / `sliding_attention`).
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
     #[serde(flatten)]
     tokens: TokenIds,
 }
@@ -110,9 +121,17 @@ fn rope_settings(
     Ok((theta as f32, scaling))
 }
 
+/// Which of the three networks a folder holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Variant {
+    Llama,
+    Mistral,
+    Qwen2,
+}
+
 /// `dir/config.json` as an [`Arch`], checked; errors name the field at fault. Mistral's
 /// window applies to Mistral only: transformers ignores the field on Llama, so do we.
-pub(super) fn read(dir: &Path, mistral: bool) -> Result<(Arch, TokenIds)> {
+pub(super) fn read(dir: &Path, variant: Variant) -> Result<(Arch, TokenIds)> {
     let cfg: LlamaConfig = read_config(dir)?;
     crate::positive!(dir, cfg; vocab_size, hidden_size, intermediate_size, num_attention_heads)?;
     let heads = cfg.num_attention_heads;
@@ -146,10 +165,13 @@ pub(super) fn read(dir: &Path, mistral: bool) -> Result<(Arch, TokenIds)> {
             format!("RoPE needs an even, non-zero head width, got {head_dim}"),
         ));
     }
-    if mistral && cfg.sliding_window == Some(0) {
-        return Err(bad_field(dir, "sliding_window", "must be at least 1"));
-    }
-    let (theta, scaling) = rope_settings(&cfg, dir, cfg.max_position_embeddings.unwrap_or(2048))?;
+    // transformers' defaults where the config is silent
+    let max_positions = cfg.max_position_embeddings.unwrap_or(match variant {
+        Variant::Llama => 2048,
+        Variant::Mistral => 4096 * 32,
+        Variant::Qwen2 => 32768,
+    });
+    let (theta, scaling) = rope_settings(&cfg, dir, max_positions)?;
     let activation = Activation::from_hf_name(&cfg.hidden_act)
         .map_err(|e| bad_field(dir, "hidden_act", e.to_string()))?;
     let mut arch = Arch::llama(
@@ -173,14 +195,72 @@ pub(super) fn read(dir: &Path, mistral: bool) -> Result<(Arch, TokenIds)> {
         max_len: cfg.max_position_embeddings,
     };
     arch.norm.eps = epsilon(dir, "rms_norm_eps", cfg.rms_norm_eps)?;
-    arch.attention.qkv_bias = cfg.attention_bias;
-    arch.attention.out_bias = cfg.attention_bias;
-    arch.attention.window = if mistral { cfg.sliding_window } else { None };
+    let (window, window_from_layer) = window(&cfg, dir, variant)?;
+    arch.attention.qkv_bias = cfg.attention_bias || variant == Variant::Qwen2;
+    arch.attention.out_bias = cfg.attention_bias && variant != Variant::Qwen2;
+    arch.attention.window = window;
+    arch.attention.window_from_layer = window_from_layer;
     arch.ffn.activation = activation;
-    arch.ffn.bias = cfg.mlp_bias;
+    arch.ffn.bias = cfg.mlp_bias && variant != Variant::Qwen2;
     arch.embed.padding_idx = cfg.tokens.pad();
     arch.head = Head::lm(cfg.tie_word_embeddings);
     Ok((arch, cfg.tokens))
+}
+
+/// The sliding window and the first layer it applies to. Mistral: `sliding_window` on
+/// every layer. Qwen2 (transformers' `layer_types`): only with `use_sliding_window`, on
+/// the layers listed as `sliding_attention`, by default those from `max_window_layers`
+/// up; qkv takes a window on a top run of layers, which is every layout transformers
+/// builds by default.
+fn window(cfg: &LlamaConfig, dir: &Path, variant: Variant) -> Result<(Option<usize>, usize)> {
+    let size = match variant {
+        Variant::Llama => return Ok((None, 0)),
+        Variant::Mistral => cfg.sliding_window,
+        Variant::Qwen2 if cfg.use_sliding_window => Some(cfg.sliding_window.unwrap_or(4096)),
+        Variant::Qwen2 => None,
+    };
+    if size == Some(0) {
+        return Err(bad_field(dir, "sliding_window", "must be at least 1"));
+    }
+    if variant == Variant::Mistral || size.is_none() {
+        return Ok((size, 0));
+    }
+    let layers = cfg.num_hidden_layers;
+    let sliding: Vec<bool> = match &cfg.layer_types {
+        Some(types) => {
+            if types.len() != layers {
+                return Err(bad_field(
+                    dir,
+                    "layer_types",
+                    format!("lists {} layers, the model has {layers}", types.len()),
+                ));
+            }
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "full_attention" => Ok(false),
+                    "sliding_attention" => Ok(true),
+                    other => Err(bad_field(
+                        dir,
+                        "layer_types",
+                        format!("unknown layer type `{other}` (full_attention, sliding_attention)"),
+                    )),
+                })
+                .collect::<Result<_>>()?
+        }
+        None => {
+            let from = cfg.max_window_layers.unwrap_or(28);
+            (0..layers).map(|l| l >= from).collect()
+        }
+    };
+    let from = sliding.iter().position(|&s| s).unwrap_or(layers);
+    if sliding[from..].iter().any(|&s| !s) {
+        return Err(Error::Unsupported(format!(
+            "sliding-window layers that are not one top run of layers ({}, field `layer_types`)",
+            dir.join("config.json").display()
+        )));
+    }
+    Ok((if from < layers { size } else { None }, from))
 }
 
 /// Whether `arch` is exactly a Llama (so it saves as `LlamaForCausalLM`).

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | [`bert`] | `BertModel`, `BertForMaskedLM`, … | encoder, learned positions, token types, post-norm, masked-LM head |
 //! | [`gpt2`] | `GPT2LMHeadModel` | decoder-only, causal, learned positions, pre-norm, Conv1D weights |
-//! | [`llama`] | `LlamaForCausalLM`, `MistralForCausalLM` | RoPE, RMSNorm, SwiGLU, GQA, sliding window |
+//! | [`llama`] | `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM` | RoPE (and its scalings), RMSNorm, SwiGLU, GQA, sliding window, Q/K/V biases |
 //! | [`bloom`] | `BloomForCausalLM` | ALiBi, fused per-head QKV, embedding LayerNorm |
 //! | [`marian`] | `MarianMTModel` | the original encoder-decoder: sinusoidal, post-norm, cross-attention |
 //! | [`t5`] | `T5ForConditionalGeneration` | relative position buckets, unscaled scores, gated FFN |
@@ -46,6 +46,7 @@ pub use crate::attention::{KvCache, LayerKv, Step};
 pub use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
 use crate::io::{read_config, Checkpoint};
+use llama::Variant;
 
 /// How a model is named and laid out on disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +55,7 @@ pub enum Family {
     Gpt2,
     Llama,
     Mistral,
+    Qwen2,
     Bloom,
     Marian,
     T5,
@@ -73,6 +75,7 @@ pub const SUPPORTED: &[&str] = &[
     "GPT2Model",
     "LlamaForCausalLM",
     "MistralForCausalLM",
+    "Qwen2ForCausalLM",
     "BloomForCausalLM",
     "MarianMTModel",
     "T5ForConditionalGeneration",
@@ -80,13 +83,14 @@ pub const SUPPORTED: &[&str] = &[
 ];
 
 impl Family {
-    /// `bert`, `gpt2`, `llama`, `mistral`, `bloom`, `marian`, `t5`, `qkv`.
+    /// `bert`, `gpt2`, `llama`, `mistral`, `qwen2`, `bloom`, `marian`, `t5`, `qkv`.
     pub fn name(self) -> &'static str {
         match self {
             Family::Bert => "bert",
             Family::Gpt2 => "gpt2",
             Family::Llama => "llama",
             Family::Mistral => "mistral",
+            Family::Qwen2 => "qwen2",
             Family::Bloom => "bloom",
             Family::Marian => "marian",
             Family::T5 => "t5",
@@ -101,6 +105,7 @@ impl Family {
             Family::Gpt2 => "GPT2LMHeadModel",
             Family::Llama => "LlamaForCausalLM",
             Family::Mistral => "MistralForCausalLM",
+            Family::Qwen2 => "Qwen2ForCausalLM",
             Family::Bloom => "BloomForCausalLM",
             Family::Marian => "MarianMTModel",
             Family::T5 => "T5ForConditionalGeneration",
@@ -126,7 +131,7 @@ impl Family {
         match self {
             Family::Bert => bert::names(arch),
             Family::Gpt2 => gpt2::names(),
-            Family::Llama | Family::Mistral => llama::names(),
+            Family::Llama | Family::Mistral | Family::Qwen2 => llama::names(),
             Family::Bloom => bloom::names(arch),
             Family::Marian => marian::names(arch),
             Family::T5 => t5::names(arch),
@@ -149,7 +154,7 @@ impl Family {
     fn aliases(self, name: &str) -> Vec<String> {
         let prefix = match self {
             Family::Gpt2 | Family::Bloom => "transformer.",
-            Family::Llama | Family::Mistral | Family::Marian => "model.",
+            Family::Llama | Family::Mistral | Family::Qwen2 | Family::Marian => "model.",
             Family::Bert => "bert.",
             Family::T5 | Family::Qkv => "",
         };
@@ -341,8 +346,9 @@ pub fn load(dir: &Path) -> Result<Loaded> {
             (Family::Bert, bert::read(dir, head)?)
         }
         "GPT2LMHeadModel" | "GPT2Model" | "gpt2" => (Family::Gpt2, gpt2::read(dir)?),
-        "LlamaForCausalLM" | "llama" => (Family::Llama, llama::read(dir, false)?),
-        "MistralForCausalLM" | "mistral" => (Family::Mistral, llama::read(dir, true)?),
+        "LlamaForCausalLM" | "llama" => (Family::Llama, llama::read(dir, Variant::Llama)?),
+        "MistralForCausalLM" | "mistral" => (Family::Mistral, llama::read(dir, Variant::Mistral)?),
+        "Qwen2ForCausalLM" | "qwen2" => (Family::Qwen2, llama::read(dir, Variant::Qwen2)?),
         "BloomForCausalLM" | "bloom" => (Family::Bloom, bloom::read(dir)?),
         "MarianMTModel" | "marian" => (Family::Marian, marian::read(dir)?),
         "T5ForConditionalGeneration" | "t5" => (Family::T5, t5::read(dir, &ckpt)?),
