@@ -100,7 +100,7 @@ fn scaling_or_linear_factor<'de, D: serde::Deserializer<'de>>(
         Scaling(RopeScaling),
     }
     Ok(match Either::deserialize(d)? {
-        Either::Factor(f) if f == 1.0 => RopeScaling::None,
+        Either::Factor(1.0) => RopeScaling::None,
         Either::Factor(factor) => RopeScaling::Linear { factor },
         Either::Scaling(s) => s,
     })

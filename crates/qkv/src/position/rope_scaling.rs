@@ -328,7 +328,8 @@ fn llama3(plain: &[f32], factor: f32, low: f32, high: f32, original_max: usize) 
         .map(|&f| {
             let wavelen = two_pi / f;
             let scaled = if wavelen > low_wavelen { f / factor } else { f };
-            let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+            // wavelengths are finite (θ_i > 0), so this is transformers' ¬(<) ∧ ¬(>)
+            let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
             if medium {
                 let smooth = (original_max as f32 / wavelen - low) / span;
                 (1.0 - smooth) * scaled / factor + smooth * scaled
