@@ -462,3 +462,38 @@ pub enum ModelKind {
     /// Source → encoder → memory; target → decoder reading the memory (Marian, T5).
     EncoderDecoder,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Native folders written before the other scalings existed hold `linear_scaling`.
+    #[test]
+    fn rope_position_reads_the_older_linear_factor_and_the_tagged_scaling() {
+        let read = |json: &str| serde_json::from_str::<Position>(json).unwrap();
+        let old = read(r#"{"kind": "rope", "theta": 10000.0, "linear_scaling": 2.0}"#);
+        let plain = read(r#"{"kind": "rope", "theta": 10000.0, "linear_scaling": 1.0}"#);
+        let absent = read(r#"{"kind": "rope", "theta": 10000.0}"#);
+        let scaling_of = |p: Position| match p {
+            Position::Rope { scaling, .. } => scaling,
+            _ => panic!("not RoPE"),
+        };
+        assert_eq!(scaling_of(old), RopeScaling::Linear { factor: 2.0 });
+        assert_eq!(scaling_of(plain), RopeScaling::None);
+        assert_eq!(scaling_of(absent), RopeScaling::None);
+        let yarn = RopeScaling::Yarn {
+            factor: 4.0,
+            original_max: 64,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            truncate: true,
+            attention_factor: 1.25,
+        };
+        let p = Position::Rope {
+            theta: 500_000.0,
+            scaling: yarn,
+            max_len: Some(256),
+        };
+        assert_eq!(read(&serde_json::to_string(&p).unwrap()), p);
+    }
+}
