@@ -229,6 +229,68 @@ fn bad_input_fails_with_one_line_and_no_output_file() {
     }
 }
 
+/// An OPUS-MT style folder (the tiny Marian's weights with SentencePiece tokenizer files
+/// and vocab.json, which MarianTokenizer reads): `--prompt` is the source text, and the
+/// translation prints as text, the decoded `--json` ids of the same run.
+#[test]
+fn marian_folder_translates_text_to_text() {
+    let dir = scratch("opus-tiny");
+    let tokenizer =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../qkv/tests/fixtures/tokenizers/marian");
+    for (from, file) in [
+        (fixture("marian"), "config.json"),
+        (fixture("marian"), "generation_config.json"),
+        (fixture("marian"), "model.safetensors"),
+        (tokenizer.clone(), "source.spm"),
+        (tokenizer.clone(), "target.spm"),
+        (tokenizer.clone(), "vocab.json"),
+    ] {
+        std::fs::copy(from.join(file), dir.join(file)).unwrap();
+    }
+    let run = |json: bool| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt",
+            "The cat sat on the mat.",
+            "--max-new-tokens",
+            "6",
+            "--greedy",
+        ];
+        if json {
+            args.push("--json");
+        }
+        let out = qkv(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let ids: Vec<usize> = serde_json::from_str(&run(true)).expect("a JSON list of ids");
+    assert_eq!(ids.len(), 6);
+    let tok = qkv::text::Tokenizer::from_dir(&dir).unwrap();
+    let text = tok.decode(&ids).unwrap();
+    assert!(!text.is_empty(), "{ids:?} decode to nothing");
+    assert_eq!(run(false).trim_end(), text);
+    // the prompt went in as MarianTokenizer's ids (tests/tokenizer_spm.rs checks those)
+    let source = tok.encode("The cat sat on the mat.", true).unwrap();
+    let as_ids: Vec<String> = source.iter().map(|i| i.to_string()).collect();
+    let out = qkv(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--input-ids",
+        &as_ids.join(","),
+        "--max-new-tokens",
+        "6",
+        "--greedy",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let again: Vec<usize> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(again, ids);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn text_prompt_without_tokenizer_says_what_is_missing() {
     let out = qkv(&[

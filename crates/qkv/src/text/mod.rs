@@ -1,10 +1,13 @@
-//! Tokenizers: Hugging Face `tokenizer.json` files through the `tokenizers` crate, the
+//! Tokenizers: Hugging Face `tokenizer.json` files through the `tokenizers` crate,
+//! SentencePiece models converted for it (Marian, T5), the
 //! byte tokenizer that byte-level models are saved with, and readable labels of tokens
 //! for attention maps.
 
 pub mod bytes;
 mod guards;
 pub mod labels;
+mod marian;
+mod sentencepiece;
 pub mod tokenizer;
 
 pub use labels::TokenLabel;

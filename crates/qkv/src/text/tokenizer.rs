@@ -1,5 +1,10 @@
-//! A model folder's `tokenizer.json`, read by Hugging Face's own `tokenizers` crate
-//! (pure-Rust regex backend), with batch encoding into a padded [`TokenBatch`].
+//! A model folder's tokenizer, read by Hugging Face's own `tokenizers` crate (pure-Rust
+//! regex backend), with batch encoding into a padded [`TokenBatch`]: `tokenizer.json`
+//! where the folder has one, else SentencePiece files ([`sentencepiece`]): Marian's
+//! `source.spm` / `target.spm` with `vocab.json` ([`marian`]), or T5's `spiece.model`.
+//!
+//! [`sentencepiece`]: super::sentencepiece
+//! [`marian`]: super::marian
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -10,6 +15,8 @@ use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
 use crate::text::guards;
 use crate::text::labels::{label_tokens, TokenLabel};
+use crate::text::marian::{self, MarianVocab};
+use crate::text::sentencepiece;
 
 /// See [`Tokenizer::stream`].
 pub struct TextStream<'a> {
@@ -64,27 +71,42 @@ impl TextStream<'_> {
 }
 
 pub struct Tokenizer {
+    /// for a Marian folder: the source model, whose pieces `marian` numbers
     inner: tokenizers::Tokenizer,
     path: PathBuf,
+    marian: Option<MarianVocab>,
+    /// trim the decoded text's ends, as transformers' slow `T5Tokenizer` does
+    trim_decoded: bool,
 }
 
 impl Tokenizer {
-    /// `dir/tokenizer.json` when the folder has one (`None` when it has none); a file
-    /// that is there but unreadable is an error, not a silent fallback to ids.
+    /// The folder's tokenizer when it has one (`None` when it has no `tokenizer.json`,
+    /// Marian `source.spm` or `spiece.model`); a file that is there but unreadable is an
+    /// error, not a silent fallback to ids.
     pub fn optional(dir: &Path) -> Result<Option<Self>> {
-        match dir.join("tokenizer.json").exists() {
+        let any = ["tokenizer.json", "source.spm", "spiece.model"]
+            .iter()
+            .any(|f| dir.join(f).exists());
+        match any {
             true => Tokenizer::from_dir(dir).map(Some),
             false => Ok(None),
         }
     }
 
-    /// Loads `dir/tokenizer.json`. A folder without one (Marian ships SentencePiece
-    /// files instead) is an error that says so and points at `--input-ids`.
+    /// Loads the folder's tokenizer: `tokenizer.json`, else Marian's `source.spm`,
+    /// `target.spm` and `vocab.json`, else T5's `spiece.model`. A folder with none of
+    /// them is an error that says so and points at `--input-ids`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
         if !path.is_file() {
+            if dir.join("source.spm").is_file() {
+                return Tokenizer::marian(dir);
+            }
+            if dir.join("spiece.model").is_file() {
+                return Tokenizer::t5_spiece(dir);
+            }
             return Err(Error::Tokenizer(format!(
-                "{} not found: this folder has no tokenizer.json (SentencePiece-only folders such as Marian's are not read); pass token ids with --input-ids instead",
+                "{} not found: this folder has no tokenizer (tokenizer.json, Marian's source.spm with vocab.json, or T5's spiece.model); pass token ids with --input-ids instead",
                 path.display()
             )));
         }
@@ -103,12 +125,123 @@ impl Tokenizer {
         inner
             .with_truncation(None)
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
-        Ok(Tokenizer { inner, path })
+        Ok(Tokenizer {
+            inner,
+            path,
+            marian: None,
+            trim_decoded: false,
+        })
+    }
+
+    /// A `tokenizers` tokenizer for the SentencePiece model at `path` (see
+    /// [`sentencepiece`]), with `extra` special tokens and an optional post-processor.
+    fn from_spm(
+        path: &Path,
+        extra: impl Fn(&sentencepiece::SpmModel) -> Vec<String>,
+        post: impl Fn(&sentencepiece::SpmModel) -> Option<serde_json::Value>,
+    ) -> Result<tokenizers::Tokenizer> {
+        let refuse = |why: String| Error::Tokenizer(format!("{}: {why}", path.display()));
+        let model = sentencepiece::parse(&crate::io::read_regular(path)?).map_err(refuse)?;
+        let json = model.tokenizer_json(post(&model), &extra(&model));
+        let text = serde_json::to_string(&json).expect("a JSON value serialises");
+        tokenizers::Tokenizer::from_bytes(text.as_bytes()).map_err(|e| refuse(e.to_string()))
+    }
+
+    /// An OPUS-MT folder (see [`marian`](super::marian)).
+    fn marian(dir: &Path) -> Result<Self> {
+        let vocab = MarianVocab::read(dir)?;
+        let path = dir.join("source.spm");
+        let target = dir.join("target.spm");
+        if !target.is_file() {
+            return Err(Error::Tokenizer(format!(
+                "{} not found: a Marian folder has source.spm and target.spm",
+                target.display()
+            )));
+        }
+        // read so that a broken target model is an error now, not at the first decode
+        Tokenizer::from_spm(&target, |_| Vec::new(), |_| None)?;
+        let inner = Tokenizer::from_spm(
+            &path,
+            |m| {
+                marian::SPECIAL
+                    .iter()
+                    .filter(|t| m.id_of(t).is_none())
+                    .map(|t| t.to_string())
+                    .collect()
+            },
+            |_| None,
+        )?;
+        Ok(Tokenizer {
+            inner,
+            path,
+            marian: Some(vocab),
+            trim_decoded: false,
+        })
+    }
+
+    /// A T5 folder with `spiece.model` alone, as transformers' slow `T5Tokenizer` reads
+    /// it: `</s>` after the text, and `extra_ids` sentinel tokens `<extra_id_N>` after
+    /// the pieces, the last id being `<extra_id_0>` (`tokenizer_config.json`; 100 when
+    /// it does not say).
+    fn t5_spiece(dir: &Path) -> Result<Self> {
+        #[derive(serde::Deserialize)]
+        struct Config {
+            #[serde(default = "hundred")]
+            extra_ids: usize,
+        }
+        fn hundred() -> usize {
+            100
+        }
+        let config_path = dir.join("tokenizer_config.json");
+        let extra_ids = match config_path.is_file() {
+            true => crate::io::read_json::<Config>(&config_path)?.extra_ids,
+            false => 100,
+        };
+        let path = dir.join("spiece.model");
+        let eos = std::cell::Cell::new(None);
+        let inner = Tokenizer::from_spm(
+            &path,
+            |_| {
+                (0..extra_ids)
+                    .rev()
+                    .map(|i| format!("<extra_id_{i}>"))
+                    .collect()
+            },
+            |m| {
+                eos.set(m.id_of("</s>"));
+                m.id_of("</s>").map(|id| {
+                    serde_json::json!({
+                        "type": "TemplateProcessing",
+                        "single": [{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+                        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}},
+                                 {"Sequence": {"id": "B", "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+                        "special_tokens": {"</s>": {"id": "</s>", "ids": [id], "tokens": ["</s>"]}},
+                    })
+                })
+            },
+        )?;
+        if eos.get().is_none() {
+            return Err(Error::Tokenizer(format!(
+                "{}: no `</s>` piece, which T5 appends to every text",
+                path.display()
+            )));
+        }
+        Ok(Tokenizer {
+            inner,
+            path,
+            marian: None,
+            trim_decoded: true,
+        })
     }
 
     /// Token ids of one text, with the special tokens the tokenizer's post-processor
     /// adds (`[CLS] … [SEP]` for BERT) when `special` is true.
     pub fn encode(&self, text: &str, special: bool) -> Result<Vec<usize>> {
+        if let Some(m) = &self.marian {
+            return m.encode(&self.inner, text, special, None).map_err(|e| {
+                Error::Tokenizer(format!("{}: encoding {text:?}: {e}", self.path.display()))
+            });
+        }
         let enc = self.inner.encode(text, special).map_err(|e| {
             Error::Tokenizer(format!("{}: encoding {text:?}: {e}", self.path.display()))
         })?;
@@ -119,6 +252,13 @@ impl Tokenizer {
     /// text is cut first and the special tokens added after, so `[SEP]` survives, as
     /// transformers' `truncation=True, max_length=…` does.
     fn encode_truncated(&self, text: &str, special: bool, max_len: usize) -> Result<Vec<usize>> {
+        if let Some(m) = &self.marian {
+            return m
+                .encode(&self.inner, text, special, Some(max_len))
+                .map_err(|e| {
+                    Error::Tokenizer(format!("{}: encoding {text:?}: {e}", self.path.display()))
+                });
+        }
         let err = |e| Error::Tokenizer(format!("{}: encoding {text:?}: {e}", self.path.display()));
         let mut enc = self.inner.encode(text, false).map_err(err)?;
         let added = match self.inner.get_post_processor() {
@@ -172,10 +312,18 @@ impl Tokenizer {
 
     /// Text of `ids`, with special tokens when `special` is true.
     fn decode_keeping(&self, ids: &[usize], special: bool) -> Result<String> {
+        if let Some(m) = &self.marian {
+            return Ok(m.decode(ids, special));
+        }
         let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
-        self.inner
+        let text = self
+            .inner
             .decode(&ids, !special)
-            .map_err(|e| Error::Tokenizer(format!("{}: decoding: {e}", self.path.display())))
+            .map_err(|e| Error::Tokenizer(format!("{}: decoding: {e}", self.path.display())))?;
+        Ok(match self.trim_decoded {
+            true => text.trim().to_string(),
+            false => text,
+        })
     }
 
     /// Readable labels of `ids` (see [`labels`](super::labels)); ids in `also_special`
@@ -188,12 +336,19 @@ impl Tokenizer {
             .filter(|(_, t)| t.special)
             .map(|(id, _)| id as usize)
             .chain(also_special.iter().copied())
+            .chain(
+                ids.iter()
+                    .copied()
+                    .filter(|&id| self.marian.as_ref().is_some_and(|m| m.is_special(id))),
+            )
             .collect();
         let decode = |ids: &[usize]| self.decode_keeping(ids, true);
-        let piece = |id: usize| {
-            self.inner
+        let piece = |id: usize| match &self.marian {
+            Some(m) => m.piece(id).map_or_else(|| format!("#{id}"), str::to_string),
+            None => self
+                .inner
                 .id_to_token(id as u32)
-                .unwrap_or_else(|| format!("#{id}"))
+                .unwrap_or_else(|| format!("#{id}")),
         };
         label_tokens(ids, decode, piece, |id| special.contains(&id))
     }
@@ -216,6 +371,9 @@ impl Tokenizer {
 
     /// Id of a token string such as `[PAD]` or `</s>`.
     pub fn token_id(&self, token: &str) -> Option<usize> {
-        self.inner.token_to_id(token).map(|i| i as usize)
+        match &self.marian {
+            Some(m) => m.id(token),
+            None => self.inner.token_to_id(token).map(|i| i as usize),
+        }
     }
 }
