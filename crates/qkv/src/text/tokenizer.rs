@@ -1,10 +1,8 @@
 //! A model folder's tokenizer, read by Hugging Face's own `tokenizers` crate (pure-Rust
 //! regex backend), with batch encoding into a padded [`TokenBatch`]: `tokenizer.json`
-//! where the folder has one, else SentencePiece files ([`sentencepiece`]): Marian's
-//! `source.spm` / `target.spm` with `vocab.json` ([`marian`]), or T5's `spiece.model`.
-//!
-//! [`sentencepiece`]: super::sentencepiece
-//! [`marian`]: super::marian
+//! where the folder has one, else SentencePiece files, converted for that crate as
+//! transformers' slow→fast converter does: Marian's `source.spm` / `target.spm` with
+//! `vocab.json`, or T5's `spiece.model`.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -133,8 +131,9 @@ impl Tokenizer {
         })
     }
 
-    /// A `tokenizers` tokenizer for the SentencePiece model at `path` (see
-    /// [`sentencepiece`]), with `extra` special tokens and an optional post-processor.
+    /// A `tokenizers` tokenizer for the SentencePiece model at `path`
+    /// (`text/sentencepiece.rs`), with `extra` special tokens and an optional
+    /// post-processor.
     fn from_spm(
         path: &Path,
         extra: impl Fn(&sentencepiece::SpmModel) -> Vec<String>,
@@ -147,7 +146,7 @@ impl Tokenizer {
         tokenizers::Tokenizer::from_bytes(text.as_bytes()).map_err(|e| refuse(e.to_string()))
     }
 
-    /// An OPUS-MT folder (see [`marian`](super::marian)).
+    /// An OPUS-MT folder (`text/marian.rs`).
     fn marian(dir: &Path) -> Result<Self> {
         let vocab = MarianVocab::read(dir)?;
         let path = dir.join("source.spm");
