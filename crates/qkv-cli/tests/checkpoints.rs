@@ -229,24 +229,32 @@ fn bad_input_fails_with_one_line_and_no_output_file() {
     }
 }
 
+/// An OPUS-MT style folder: the tiny Marian's config and weights, the SentencePiece
+/// tokenizer files and vocab.json (as MarianTokenizer reads them), and the
+/// generation_config.json found in `generation`.
+fn opus_folder(name: &str, generation: PathBuf) -> PathBuf {
+    let dir = scratch(name);
+    let tokenizer =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../qkv/tests/fixtures/tokenizers/marian");
+    for (from, file) in [
+        (fixture("marian"), "config.json"),
+        (fixture("marian"), "model.safetensors"),
+        (generation, "generation_config.json"),
+        (tokenizer.clone(), "source.spm"),
+        (tokenizer.clone(), "target.spm"),
+        (tokenizer, "vocab.json"),
+    ] {
+        std::fs::copy(from.join(file), dir.join(file)).unwrap();
+    }
+    dir
+}
+
 /// An OPUS-MT style folder (the tiny Marian's weights with SentencePiece tokenizer files
 /// and vocab.json, which MarianTokenizer reads): `--prompt` is the source text, and the
 /// translation prints as text, the decoded `--json` ids of the same run.
 #[test]
 fn marian_folder_translates_text_to_text() {
-    let dir = scratch("opus-tiny");
-    let tokenizer =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../qkv/tests/fixtures/tokenizers/marian");
-    for (from, file) in [
-        (fixture("marian"), "config.json"),
-        (fixture("marian"), "generation_config.json"),
-        (fixture("marian"), "model.safetensors"),
-        (tokenizer.clone(), "source.spm"),
-        (tokenizer.clone(), "target.spm"),
-        (tokenizer.clone(), "vocab.json"),
-    ] {
-        std::fs::copy(from.join(file), dir.join(file)).unwrap();
-    }
+    let dir = opus_folder("opus-tiny", fixture("marian"));
     let run = |json: bool| {
         let mut args = vec![
             "generate",
@@ -288,6 +296,56 @@ fn marian_folder_translates_text_to_text() {
     assert!(out.status.success(), "{}", stderr(&out));
     let again: Vec<usize> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(again, ids);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The folder's generation_config.json decides (4 beams, max_length 12, the pad id
+/// banned, EOS forced), and flags override it; both equal transformers' generate().
+#[test]
+fn generate_follows_the_folder_generation_config_and_its_overrides() {
+    let fixture_dir =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../qkv/tests/fixtures/generate/marian_opus");
+    let dir = opus_folder("opus-config", fixture_dir.clone());
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture_dir.join("reference.json")).unwrap())
+            .unwrap();
+    let case = &reference["cases"][0];
+    let text = case["text"].as_str().unwrap();
+    let model = dir.to_str().unwrap();
+    let out = qkv(&["generate", "--model", model, "--prompt", text]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        case["runs"][0]["text"].as_str().unwrap()
+    );
+    let run = &case["runs"][1];
+    assert_eq!(run["kwargs"]["num_beams"], 3);
+    let out = qkv(&[
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        text,
+        "--num-beams",
+        "3",
+        "--length-penalty",
+        "0.6",
+        "--early-stopping",
+        "true",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got: Vec<u64> = serde_json::from_slice(&out.stdout).unwrap();
+    let want: Vec<u64> = run["output_ids"][0].as_array().unwrap()[1..]
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(got, want);
+    let out = qkv(&[
+        "generate", "--model", model, "--prompt", text, "--top-k", "5",
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--greedy"), "{}", stderr(&out));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

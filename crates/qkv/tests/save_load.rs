@@ -178,11 +178,7 @@ fn native_folders_round_trip_and_generate_with_a_cache() {
     // greedy decoding with the cache continues as the full forward's arg-max does
     let m = models::load(&scratch_keep("alibi_postnorm")).unwrap().model;
     let prompt = TokenBatch::single(vec![5, 6, 7]).unwrap();
-    let opts = GenerateOptions {
-        max_new_tokens: 6,
-        sampling: Sampling::Greedy,
-        eos: Vec::new(),
-    };
+    let opts = GenerateOptions::new(6, Sampling::Greedy, Vec::new());
     let new = generate_causal(&m, &prompt, &opts).unwrap().remove(0);
     let mut ids = prompt.ids.clone();
     for &next in &new {

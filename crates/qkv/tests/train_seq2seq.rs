@@ -82,11 +82,7 @@ fn learns_reverse_and_generates_it() {
             .collect();
         let acc = accuracy(&predictions, &held.targets).unwrap().fraction();
         m.special.decoder_start = Some(sep);
-        let opts = GenerateOptions {
-            max_new_tokens: held.len,
-            sampling: Sampling::Greedy,
-            eos: Vec::new(),
-        };
+        let opts = GenerateOptions::new(held.len, Sampling::Greedy, Vec::new());
         let out = generate_seq2seq(&m, &source_tokens(&held), &opts).unwrap();
         let exact = out
             .iter()

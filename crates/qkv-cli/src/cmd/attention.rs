@@ -237,11 +237,11 @@ fn decoder_input(
             if args.max_new_tokens == 0 {
                 bail!("--max-new-tokens must be at least 1 (or give --target)");
             }
-            let opts = GenerateOptions {
-                max_new_tokens: args.max_new_tokens,
-                sampling: Sampling::Greedy,
-                eos: model.special_tokens().eos.clone(),
-            };
+            let opts = GenerateOptions::new(
+                args.max_new_tokens,
+                Sampling::Greedy,
+                model.special_tokens().eos.clone(),
+            );
             generate_seq2seq(model, source, &opts)?.remove(0)
         }
     };

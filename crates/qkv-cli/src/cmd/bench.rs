@@ -507,11 +507,7 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
     })?;
 
     let prompt = TokenBatch::single(ids(a.decode_prompt))?;
-    let opts = GenerateOptions {
-        max_new_tokens: a.decode,
-        sampling: Sampling::Greedy,
-        eos: Vec::new(),
-    };
+    let opts = GenerateOptions::new(a.decode, Sampling::Greedy, Vec::new());
     let timing = measure(&a.common, || {
         let new = generate_causal(&model, &prompt, &opts)?;
         if new[0].len() != a.decode {

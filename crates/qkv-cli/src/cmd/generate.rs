@@ -1,5 +1,7 @@
 //! `qkv generate`: continue a prompt (decoder-only) or transform a source sentence
-//! (encoder-decoder), greedily or by seeded sampling.
+//! (encoder-decoder), greedily, by seeded sampling or by beam search. What the flags
+//! leave open comes from the folder's `generation_config.json` as transformers reads
+//! it: the length, beams and their scoring, banned and forced tokens, sampling.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -8,6 +10,7 @@ use anyhow::{bail, Result};
 use qkv::models::generate::{
     generate_causal_each, generate_seq2seq_each, GenerateOptions, Sampling,
 };
+use qkv::models::generation_config::{EarlyStopping, GenerationConfig};
 use qkv::models::{ModelKind, TokenBatch};
 use qkv::text::{TextStream, Tokenizer};
 
@@ -16,7 +19,7 @@ pub struct GenerateArgs {
     /// Hugging Face model folder
     #[arg(long)]
     model: PathBuf,
-    /// Prompt text (needs the folder's tokenizer.json)
+    /// Prompt text (needs the folder's tokenizer: tokenizer.json, or SentencePiece files)
     #[arg(
         long,
         conflicts_with = "input_ids",
@@ -26,11 +29,25 @@ pub struct GenerateArgs {
     /// Prompt as comma-separated token ids, e.g. 1,2,3
     #[arg(long, value_delimiter = ',')]
     input_ids: Option<Vec<usize>>,
+    /// New tokens at most [default: the folder's max_new_tokens, or its max_length (20
+    /// when unset) less the prompt, as transformers counts them]
     #[arg(long)]
-    max_new_tokens: usize,
-    /// Always take the most likely token (the default)
+    max_new_tokens: Option<usize>,
+    /// Always take the most likely token (the default unless the folder's generation
+    /// config samples)
     #[arg(long, conflicts_with_all = ["temperature", "top_k", "top_p", "seed"])]
     greedy: bool,
+    /// Beam search with N beams [default: the folder's num_beams, else 1]
+    #[arg(long, value_name = "N")]
+    num_beams: Option<usize>,
+    /// Beam scores are divided by the generated length to this power [default: the
+    /// folder's, else 1]
+    #[arg(long)]
+    length_penalty: Option<f32>,
+    /// When beam search stops: true (N finished hypotheses), false (no running beam
+    /// can win, judged at the current length), never [default: the folder's, else false]
+    #[arg(long, value_parser = ["true", "false", "never"])]
+    early_stopping: Option<String>,
     /// Sample with this temperature
     #[arg(long)]
     temperature: Option<f32>,
@@ -49,16 +66,49 @@ pub struct GenerateArgs {
 }
 
 impl GenerateArgs {
-    fn sampling(&self) -> Sampling {
-        if self.temperature.is_none() && self.top_k.is_none() && self.top_p.is_none() {
-            return Sampling::Greedy;
+    /// Sampling flags win, then `--greedy`, then the folder's `do_sample`.
+    fn sampling(&self, config: &GenerationConfig) -> Sampling {
+        let flags = self.temperature.is_some() || self.top_k.is_some() || self.top_p.is_some();
+        match (flags, self.greedy, config.sample) {
+            (true, _, _) => Sampling::Sample {
+                temperature: self.temperature.unwrap_or(1.0),
+                top_k: self.top_k,
+                top_p: self.top_p,
+                seed: self.seed,
+            },
+            (false, false, Some(s)) => Sampling::Sample {
+                temperature: s.temperature,
+                top_k: s.top_k,
+                top_p: s.top_p,
+                seed: self.seed,
+            },
+            _ => Sampling::Greedy,
         }
-        Sampling::Sample {
-            temperature: self.temperature.unwrap_or(1.0),
-            top_k: self.top_k,
-            top_p: self.top_p,
-            seed: self.seed,
+    }
+
+    /// The folder's generation config with the flags' overrides.
+    fn config(&self) -> Result<GenerationConfig> {
+        let mut c = GenerationConfig::read(&self.model)?;
+        if let Some(n) = self.num_beams {
+            if n == 0 {
+                bail!("--num-beams must be at least 1");
+            }
+            c.num_beams = n;
         }
+        if let Some(p) = self.length_penalty {
+            if !p.is_finite() {
+                bail!("--length-penalty must be finite, got {p}");
+            }
+            c.length_penalty = p;
+        }
+        if let Some(e) = &self.early_stopping {
+            c.early_stopping = match e.as_str() {
+                "true" => EarlyStopping::Done,
+                "never" => EarlyStopping::Never,
+                _ => EarlyStopping::Heuristic,
+            };
+        }
+        Ok(c)
     }
 }
 
@@ -104,22 +154,46 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
         _ => bail!("give --prompt or --input-ids"),
     };
     let m = &loaded.model;
+    let config = args.config()?;
+    let sampling = args.sampling(&config);
+    if config.num_beams > 1 && sampling != Sampling::Greedy {
+        bail!(
+            "beam search ({} beams) with sampling is not supported: pass --greedy, or --num-beams 1 to sample",
+            config.num_beams
+        );
+    }
     let max = m.arch.max_positions();
+    // what the decoder has read before its first new token
+    let read = match m.kind() {
+        ModelKind::Decoder => ids.len(),
+        _ => 1,
+    };
+    let asked = match (args.max_new_tokens, config.max_new_tokens) {
+        (Some(n), _) | (None, Some(n)) => n,
+        (None, None) => config
+            .max_length
+            .checked_sub(read)
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "the prompt fills the folder's max_length ({}) already: pass --max-new-tokens",
+                    config.max_length
+                )
+            })?,
+    };
     let (max_new, src) = match m.kind() {
-        ModelKind::Decoder => (clamp_to_positions(args.max_new_tokens, ids.len(), max)?, 0),
-        _ => (clamp_to_positions(args.max_new_tokens, 1, max)?, ids.len()),
+        ModelKind::Decoder => (clamp_to_positions(asked, read, max)?, 0),
+        _ => (clamp_to_positions(asked, read, max)?, ids.len()),
     };
     super::check_memory(
-        cache_bytes(m, ids.len().saturating_add(max_new), src),
+        cache_bytes(m, ids.len().saturating_add(max_new), src)
+            .and_then(|bytes| bytes.checked_mul(config.num_beams)),
         &format!("the key/value cache of {max_new} new tokens"),
     )
     .map_err(|e| anyhow::anyhow!("{e}: ask for fewer --max-new-tokens"))?;
     let prompt = TokenBatch::single(ids)?;
-    let opts = GenerateOptions {
-        max_new_tokens: max_new,
-        sampling: args.sampling(),
-        eos: m.special_tokens().eos.clone(),
-    };
+    let opts = GenerateOptions::new(max_new, sampling, m.special_tokens().eos.clone())
+        .with_config(&config);
     // Text goes out as it is made, as llama.cpp prints it; `--json` and bare ids (no
     // tokenizer) come whole at the end.
     let mut stream = tokenizer

@@ -66,6 +66,25 @@ impl LayerKv {
         Ok(())
     }
 
+    /// This layer with row i holding this layer's row `rows[i]` (every index < B).
+    fn select_rows(&self, rows: &[usize]) -> LayerKv {
+        let (rk, rv) = (self.heads * self.dk, self.heads * self.dv);
+        let mut k = vec![0.0; rows.len() * self.cap * rk];
+        let mut v = vec![0.0; rows.len() * self.cap * rv];
+        for (i, &r) in rows.iter().enumerate() {
+            k[i * self.cap * rk..][..self.len * rk]
+                .copy_from_slice(&self.k[r * self.cap * rk..][..self.len * rk]);
+            v[i * self.cap * rv..][..self.len * rv]
+                .copy_from_slice(&self.v[r * self.cap * rv..][..self.len * rv]);
+        }
+        LayerKv {
+            k,
+            v,
+            batch: rows.len(),
+            ..*self
+        }
+    }
+
     fn grow(&mut self, cap: usize) {
         let (rk, rv) = (self.heads * self.dk, self.heads * self.dv);
         let mut k = vec![0.0; self.batch * cap * rk];
@@ -140,6 +159,22 @@ impl KvCache {
             batch,
             real: vec![Vec::new(); batch],
         }
+    }
+
+    /// A cache whose row i is this cache's row `rows[i]`: beam search continues some
+    /// beams more than once and drops others.
+    pub fn select_rows(&self, rows: &[usize]) -> Result<KvCache> {
+        if let Some(&bad) = rows.iter().find(|&&r| r >= self.batch) {
+            return Err(Error::invalid(
+                "rows",
+                format!("row {bad} of a cache of {} rows", self.batch),
+            ));
+        }
+        Ok(KvCache {
+            layers: self.layers.iter().map(|l| l.select_rows(rows)).collect(),
+            batch: rows.len(),
+            real: rows.iter().map(|&r| self.real[r].clone()).collect(),
+        })
     }
 
     pub fn batch(&self) -> usize {

@@ -1,8 +1,11 @@
-//! Text generation: greedy decoding and sampling (temperature, top-k, top-p) with a
-//! seed, for decoder-only and encoder-decoder models, stopping on end-of-sequence.
+//! Text generation: greedy decoding, sampling (temperature, top-k, top-p) with a seed,
+//! and beam search ([`super::beam`]), for decoder-only and encoder-decoder models,
+//! stopping on end-of-sequence. A folder's `generation_config.json` may ban token
+//! sequences and force EOS at the last step, as transformers' logits processors do.
 //! Every step feeds only the new tokens; the KV cache holds the past.
 
-use super::{TokenBatch, Transformer};
+use super::generation_config::{EarlyStopping, GenerationConfig};
+use super::{beam, TokenBatch, Transformer};
 use crate::error::{Error, Result};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
@@ -26,6 +29,73 @@ pub struct GenerateOptions {
     pub sampling: Sampling,
     /// Stop a row when it emits one of these (the model's EOS ids by default).
     pub eos: Vec<usize>,
+    /// Beam search with this many beams when above 1 (greedy scoring only).
+    pub num_beams: usize,
+    /// Beam scores are divided by the generated length to this power.
+    pub length_penalty: f32,
+    pub early_stopping: EarlyStopping,
+    /// Token sequences never generated: the last token of one is banned after the
+    /// others (a single EOS is not banned, as in transformers).
+    pub bad_words: Vec<Vec<usize>>,
+    /// The only tokens allowed at the last step `max_new_tokens` allows.
+    pub forced_eos: Vec<usize>,
+    /// Beam scores log-softmaxed again after the banned and forced tokens.
+    pub renormalize_logits: bool,
+}
+
+impl GenerateOptions {
+    /// `max_new_tokens` tokens chosen by `sampling`, stopping at `eos`: one beam,
+    /// nothing banned or forced.
+    pub fn new(max_new_tokens: usize, sampling: Sampling, eos: Vec<usize>) -> Self {
+        GenerateOptions {
+            max_new_tokens,
+            sampling,
+            eos,
+            num_beams: 1,
+            length_penalty: 1.0,
+            early_stopping: EarlyStopping::Heuristic,
+            bad_words: Vec::new(),
+            forced_eos: Vec::new(),
+            renormalize_logits: false,
+        }
+    }
+
+    /// These options with a folder's beams, their scoring, and its banned and forced
+    /// tokens.
+    pub fn with_config(mut self, c: &GenerationConfig) -> Self {
+        self.num_beams = c.num_beams;
+        self.length_penalty = c.length_penalty;
+        self.early_stopping = c.early_stopping;
+        self.bad_words = c.bad_words.clone();
+        self.forced_eos = c.forced_eos.clone();
+        self.renormalize_logits = c.renormalize_logits;
+        self
+    }
+
+    /// Applies the banned and forced tokens to one row of scores (logits or
+    /// log-probabilities), for a row that has read `seq` (prompt or decoder start,
+    /// then the tokens generated) and generated `generated` tokens.
+    pub(crate) fn process(&self, scores: &mut [f32], seq: &[usize], generated: usize) {
+        for bad in &self.bad_words {
+            if bad.len() == 1 && self.eos.contains(&bad[0]) {
+                continue;
+            }
+            let (last, before) = bad.split_last().expect("bad words are non-empty");
+            if seq.ends_with(before) {
+                if let Some(s) = scores.get_mut(*last) {
+                    *s = f32::NEG_INFINITY;
+                }
+            }
+        }
+        if !self.forced_eos.is_empty() && generated + 1 == self.max_new_tokens {
+            scores.fill(f32::NEG_INFINITY);
+            for &id in &self.forced_eos {
+                if let Some(s) = scores.get_mut(id) {
+                    *s = 0.0;
+                }
+            }
+        }
+    }
 }
 
 impl Sampling {
@@ -134,12 +204,12 @@ pub type OnToken<'a> = &'a mut dyn FnMut(usize, usize);
 /// (and including) its EOS when one came.
 fn decode_loop(
     first: Tensor,
-    batch: usize,
+    prefixes: &[Vec<usize>],
     opts: &GenerateOptions,
     on_token: OnToken,
     mut step: impl FnMut(&TokenBatch) -> Result<Tensor>,
 ) -> Result<Vec<Vec<usize>>> {
-    opts.sampling.validate()?;
+    let batch = prefixes.len();
     let seed = match opts.sampling {
         Sampling::Sample { seed, .. } => seed,
         Sampling::Greedy => 0,
@@ -151,7 +221,10 @@ fn decode_loop(
     for n in 0..opts.max_new_tokens {
         let mut next = Vec::with_capacity(batch);
         for (r, row) in last_rows(&logits).into_iter().enumerate() {
-            let tok = choose(row, opts.sampling, &mut rng);
+            let mut row = row.to_vec();
+            let seq: Vec<usize> = prefixes[r].iter().chain(&out[r]).copied().collect();
+            opts.process(&mut row, &seq, n);
+            let tok = choose(&row, opts.sampling, &mut rng);
             if !done[r] {
                 on_token(r, tok);
                 out[r].push(tok);
@@ -187,11 +260,68 @@ pub fn generate_causal_each(
     opts: &GenerateOptions,
     on_token: OnToken,
 ) -> Result<Vec<Vec<usize>>> {
+    check(opts)?;
+    let prefixes: Vec<Vec<usize>> = (0..prompt.batch).map(|r| real_tokens(prompt, r)).collect();
+    if opts.num_beams > 1 {
+        // each prompt alone (its padding dropped), its row repeated once per beam
+        return each_row(&prefixes, on_token, |prefix| {
+            let n = opts.num_beams;
+            let rows = TokenBatch::new(prefix.repeat(n), None, n, prefix.len())?;
+            let mut cache = model.new_cache(n);
+            let first = model.forward_cached(&rows, &mut cache)?;
+            beam::search(opts, prefix, first, |tokens, from| {
+                cache = cache.select_rows(from)?;
+                model.forward_cached(&TokenBatch::new(tokens.to_vec(), None, n, 1)?, &mut cache)
+            })
+        });
+    }
     let mut cache = model.new_cache(prompt.batch);
     let first = model.forward_cached(prompt, &mut cache)?;
-    decode_loop(first, prompt.batch, opts, on_token, |tokens| {
+    decode_loop(first, &prefixes, opts, on_token, |tokens| {
         model.forward_cached(tokens, &mut cache)
     })
+}
+
+/// Settings no run can use: bad sampling values, or beams with sampling.
+fn check(opts: &GenerateOptions) -> Result<()> {
+    opts.sampling.validate()?;
+    if opts.num_beams == 0 {
+        return Err(Error::invalid("num_beams", "must be at least 1"));
+    }
+    if opts.num_beams > 1 && opts.sampling != Sampling::Greedy {
+        return Err(Error::invalid(
+            "num_beams",
+            "beam search scores greedily here; it cannot be combined with sampling",
+        ));
+    }
+    Ok(())
+}
+
+/// Row `r`'s real tokens (its padding left out).
+fn real_tokens(batch: &TokenBatch, r: usize) -> Vec<usize> {
+    let row = r * batch.len..(r + 1) * batch.len;
+    batch.ids[row.clone()]
+        .iter()
+        .zip(&batch.mask[row])
+        .filter(|(_, &real)| real)
+        .map(|(&id, _)| id)
+        .collect()
+}
+
+/// Runs `search` for each row and reports its tokens, in order, once the row is done
+/// (a beam's tokens are known only at the end).
+fn each_row(
+    rows: &[Vec<usize>],
+    on_token: OnToken,
+    mut search: impl FnMut(&[usize]) -> Result<Vec<usize>>,
+) -> Result<Vec<Vec<usize>>> {
+    let mut out = Vec::with_capacity(rows.len());
+    for (r, row) in rows.iter().enumerate() {
+        let tokens = search(row)?;
+        tokens.iter().for_each(|&t| on_token(r, t));
+        out.push(tokens);
+    }
+    Ok(out)
 }
 
 /// Translates / transforms each source row; decoding starts from the model's decoder
@@ -211,12 +341,28 @@ pub fn generate_seq2seq_each(
     opts: &GenerateOptions,
     on_token: OnToken,
 ) -> Result<Vec<Vec<usize>>> {
+    check(opts)?;
     let start = model.special_tokens().decoder_start.ok_or_else(|| {
         Error::invalid(
             "decoder_start_token_id",
             "the model config does not define one",
         )
     })?;
+    if opts.num_beams > 1 {
+        let sources: Vec<Vec<usize>> = (0..src.batch).map(|r| real_tokens(src, r)).collect();
+        return each_row(&sources, on_token, |source| {
+            let n = opts.num_beams;
+            let enc = model.encode(&TokenBatch::new(source.repeat(n), None, n, source.len())?)?;
+            let mut cache = model.new_cache(n);
+            let starts = TokenBatch::new(vec![start; n], None, n, 1)?;
+            let first = model.decode_cached(&starts, &enc, &mut cache)?;
+            beam::search(opts, &[start], first, |tokens, from| {
+                cache = cache.select_rows(from)?;
+                let next = TokenBatch::new(tokens.to_vec(), None, n, 1)?;
+                model.decode_cached(&next, &enc, &mut cache)
+            })
+        });
+    }
     let enc = model.encode(src)?;
     let mut cache = model.new_cache(src.batch);
     let first = model.decode_cached(
@@ -224,7 +370,8 @@ pub fn generate_seq2seq_each(
         &enc,
         &mut cache,
     )?;
-    decode_loop(first, src.batch, opts, on_token, |tokens| {
+    let prefixes = vec![vec![start]; src.batch];
+    decode_loop(first, &prefixes, opts, on_token, |tokens| {
         model.decode_cached(tokens, &enc, &mut cache)
     })
 }

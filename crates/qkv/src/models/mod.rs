@@ -14,10 +14,12 @@
 
 pub mod arch;
 mod backward;
+mod beam;
 pub mod bert;
 pub mod bloom;
 mod forward;
 pub mod generate;
+pub mod generation_config;
 pub mod gpt2;
 mod info;
 pub mod llama;

@@ -121,13 +121,12 @@ fn expected_new_tokens(
 }
 
 fn greedy(f: &Fixture, eos: Vec<usize>) -> GenerateOptions {
-    GenerateOptions {
-        max_new_tokens: f
-            .param_usize("max_new_tokens")
+    GenerateOptions::new(
+        f.param_usize("max_new_tokens")
             .expect("max_new_tokens param"),
-        sampling: Sampling::Greedy,
+        Sampling::Greedy,
         eos,
-    }
+    )
 }
 
 /// Forward (right and left padding), cache and greedy generation of a decoder-only

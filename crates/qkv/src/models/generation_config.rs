@@ -1,0 +1,159 @@
+//! What a folder says about generating: `generation_config.json`, or where a folder has
+//! none, the same fields in `config.json` (transformers' `from_model_config`). Read are
+//! the fields that change which tokens come out: lengths, beams and their scoring, the
+//! banned and forced tokens, and whether to sample.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::special::Ids;
+use crate::error::Result;
+use crate::io::{field_error, read_json};
+
+/// When beam search stops (transformers' `early_stopping`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EarlyStopping {
+    /// `false`: stop when no running beam can beat the worst finished one, judged at
+    /// the current length.
+    #[default]
+    Heuristic,
+    /// `true`: stop as soon as there are as many finished hypotheses as beams.
+    Done,
+    /// `"never"`: the canonical rule, judged at the longest length a beam may reach.
+    Never,
+}
+
+/// Sampling settings a folder asks for (`do_sample: true`), with transformers'
+/// defaults for what it leaves out (temperature 1, top-k 50, top-p 1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SampleSettings {
+    pub temperature: f32,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerationConfig {
+    /// Prompt (or decoder start) plus new tokens; transformers' default is 20.
+    pub max_length: usize,
+    pub max_new_tokens: Option<usize>,
+    pub num_beams: usize,
+    pub length_penalty: f32,
+    pub early_stopping: EarlyStopping,
+    /// Token sequences never to produce (OPUS-MT bans its pad id).
+    pub bad_words: Vec<Vec<usize>>,
+    /// Tokens forced at the last position the length allows.
+    pub forced_eos: Vec<usize>,
+    /// Scores are log-softmaxed again after the banned and forced tokens are applied.
+    pub renormalize_logits: bool,
+    pub sample: Option<SampleSettings>,
+}
+
+impl Default for GenerationConfig {
+    fn default() -> Self {
+        GenerationConfig {
+            max_length: 20,
+            max_new_tokens: None,
+            num_beams: 1,
+            length_penalty: 1.0,
+            early_stopping: EarlyStopping::Heuristic,
+            bad_words: Vec::new(),
+            forced_eos: Vec::new(),
+            renormalize_logits: false,
+            sample: None,
+        }
+    }
+}
+
+/// The fields as written; every one optional.
+#[derive(Deserialize, Default)]
+struct Raw {
+    max_length: Option<usize>,
+    max_new_tokens: Option<usize>,
+    num_beams: Option<usize>,
+    length_penalty: Option<f32>,
+    early_stopping: Option<Value>,
+    bad_words_ids: Option<Vec<Vec<i64>>>,
+    forced_eos_token_id: Option<Ids>,
+    renormalize_logits: Option<bool>,
+    do_sample: Option<bool>,
+    temperature: Option<f32>,
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+}
+
+impl GenerationConfig {
+    /// The folder's settings; errors name the file and the field.
+    pub fn read(dir: &Path) -> Result<Self> {
+        let file = match dir.join("generation_config.json") {
+            p if p.is_file() => "generation_config.json",
+            _ => "config.json",
+        };
+        let path = dir.join(file);
+        let raw: Raw = read_json(&path)?;
+        let bad = |field: &str, why: String| field_error(&path, field, why);
+        let mut c = GenerationConfig::default();
+        if let Some(n) = raw.max_length {
+            c.max_length = n;
+        }
+        c.max_new_tokens = raw.max_new_tokens;
+        if let Some(n) = raw.num_beams {
+            if n == 0 {
+                return Err(bad("num_beams", "must be at least 1".into()));
+            }
+            c.num_beams = n;
+        }
+        if let Some(p) = raw.length_penalty {
+            if !p.is_finite() {
+                return Err(bad("length_penalty", format!("must be finite, got {p}")));
+            }
+            c.length_penalty = p;
+        }
+        c.early_stopping = match raw.early_stopping {
+            None | Some(Value::Bool(false)) | Some(Value::Null) => EarlyStopping::Heuristic,
+            Some(Value::Bool(true)) => EarlyStopping::Done,
+            Some(Value::String(s)) if s == "never" => EarlyStopping::Never,
+            Some(other) => {
+                return Err(bad(
+                    "early_stopping",
+                    format!("must be true, false or \"never\", got {other}"),
+                ))
+            }
+        };
+        for seq in raw.bad_words_ids.unwrap_or_default() {
+            let ids: Vec<usize> = seq
+                .iter()
+                .filter_map(|&i| usize::try_from(i).ok())
+                .collect();
+            if ids.is_empty() || ids.len() != seq.len() {
+                return Err(bad(
+                    "bad_words_ids",
+                    format!("each entry must be a non-empty list of token ids, got {seq:?}"),
+                ));
+            }
+            c.bad_words.push(ids);
+        }
+        c.forced_eos = raw
+            .forced_eos_token_id
+            .map(|i| i.valid())
+            .unwrap_or_default();
+        c.renormalize_logits = raw.renormalize_logits.unwrap_or(false);
+        if raw.do_sample == Some(true) {
+            let temperature = raw.temperature.unwrap_or(1.0);
+            if !(temperature.is_finite() && temperature > 0.0) {
+                return Err(bad(
+                    "temperature",
+                    format!("must be > 0, got {temperature}"),
+                ));
+            }
+            c.sample = Some(SampleSettings {
+                temperature,
+                top_k: Some(raw.top_k.unwrap_or(50)).filter(|&k| k > 0),
+                top_p: raw.top_p.filter(|&p| p < 1.0),
+            });
+        }
+        Ok(c)
+    }
+}
