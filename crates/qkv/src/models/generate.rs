@@ -1,5 +1,5 @@
 //! Text generation: greedy decoding, sampling (temperature, top-k, top-p) with a seed,
-//! and beam search ([`super::beam`]), for decoder-only and encoder-decoder models,
+//! and beam search (`models/beam.rs`), for decoder-only and encoder-decoder models,
 //! stopping on end-of-sequence. A folder's `generation_config.json` may ban token
 //! sequences and force EOS at the last step, as transformers' logits processors do.
 //! Every step feeds only the new tokens; the KV cache holds the past.
