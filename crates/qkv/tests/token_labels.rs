@@ -1,6 +1,8 @@
-//! Token labels for attention maps, against transformers' fast tokenizers: for each of
-//! the four ways vocabularies spell word boundaries (WordPiece `##`, byte-level `Ġ`,
-//! SentencePiece `▁` with byte fallback, Unigram `▁`), every token's label is the text
+//! Tokenizers against transformers' fast tokenizers: ids with and without the special
+//! tokens each family adds, decoded text, and token labels for attention maps. For each
+//! of the ways vocabularies spell word boundaries (WordPiece `##`, byte-level `Ġ` with
+//! GPT-2's, Qwen2's and Llama 3's splits, SentencePiece `▁` with byte fallback, Unigram
+//! `▁`), every token's label is the text
 //! it covers in the input (after the tokenizer's normaliser), as
 //! `return_offsets_mapping` says; special tokens are flagged. Fixtures:
 //! `tests/fixtures/tokenizers/` (tools/fixtures/gen_tokenizers.py).
@@ -15,7 +17,23 @@ struct Case {
     input_ids: Vec<usize>,
     tokens: Vec<String>,
     spans: Vec<Option<String>>,
+    /// `add_special_tokens=False`
+    ids_without_special: Vec<usize>,
+    /// `decode(input_ids, skip_special_tokens=True)`
+    decoded: String,
 }
+
+/// The fixture tokenizers with a tokenizer.json, one per way of spelling word
+/// boundaries and of adding special tokens.
+const SCHEMES: [&str; 7] = [
+    "wordpiece",
+    "bytelevel",
+    "sentencepiece_bpe",
+    "unigram",
+    "sentencepiece_unigram",
+    "qwen2_bytelevel",
+    "llama3_bytelevel",
+];
 
 #[derive(serde::Deserialize)]
 struct Reference {
@@ -38,15 +56,39 @@ fn reference(scheme: &str) -> Reference {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// Ids with and without the special tokens each tokenizer adds by default (BERT's
+/// [CLS] … [SEP], Llama's <s> and Llama 3's <|begin_of_text|> before the text, T5's
+/// </s> after it, nothing for GPT-2 and Qwen2), and the decoded text.
+#[test]
+fn ids_special_tokens_and_decoded_text_equal_transformers() {
+    for scheme in SCHEMES {
+        let tok = Tokenizer::from_dir(&dir(scheme)).unwrap();
+        let cases = reference(scheme).cases;
+        assert!(cases.len() >= 6, "{scheme}");
+        for case in cases {
+            let what = format!("{scheme} {:?}", case.text);
+            assert_eq!(
+                tok.encode(&case.text, true).unwrap(),
+                case.input_ids,
+                "{what}"
+            );
+            assert_eq!(
+                tok.encode(&case.text, false).unwrap(),
+                case.ids_without_special,
+                "{what} without special tokens"
+            );
+            assert_eq!(
+                tok.decode(&case.input_ids).unwrap(),
+                case.decoded,
+                "{what} decoded"
+            );
+        }
+    }
+}
+
 #[test]
 fn labels_are_the_text_each_token_covers() {
-    for scheme in [
-        "wordpiece",
-        "bytelevel",
-        "sentencepiece_bpe",
-        "unigram",
-        "sentencepiece_unigram",
-    ] {
+    for scheme in SCHEMES {
         let tok = Tokenizer::from_dir(&dir(scheme)).unwrap();
         for case in reference(scheme).cases {
             let what = format!("{scheme} {:?}", case.text);
