@@ -148,11 +148,17 @@ fn broken_sentencepiece_character_maps_are_errors() {
     );
     assert!(err.contains("has a replacement at byte"), "{err}");
 
-    // a header longer than the map
-    let mut long = real.clone();
-    long[..4].copy_from_slice(&(real.len() as u32 * 2).to_le_bytes());
-    let err = refused("charsmap-header", &with_charsmap(&encoded(&long)));
-    assert!(err.contains("Cannot parse precompiled_charsmap"), "{err}");
+    // a header longer than the map; one announcing 4 GiB, for which the crate's reader
+    // would reserve 8 GiB before reading anything (the sentencepiece fuzzer's find)
+    for (tag, header) in [
+        ("charsmap-header", real.len() as u32 * 2),
+        ("charsmap-huge", u32::MAX),
+    ] {
+        let mut long = real.clone();
+        long[..4].copy_from_slice(&header.to_le_bytes());
+        let err = refused(tag, &with_charsmap(&encoded(&long)));
+        assert!(err.contains("announces a trie of"), "{err}");
+    }
 
     // the real map, through the same rewrite, loads and normalises full-width text
     let dir = folder("charsmap-real", &with_charsmap(&encoded(&real)));

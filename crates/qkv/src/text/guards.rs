@@ -1,4 +1,4 @@
-//! Checks on a `tokenizer.json` for what the `tokenizers` crate (0.22) would panic on
+//! Checks on a `tokenizer.json` (read, or converted from a SentencePiece model) for what the `tokenizers` crate (0.22) would panic on
 //! instead of returning an error. Each was found by fuzzing (`fuzz/regressions/tokenizer/`)
 //! or by reading the crate's source after such a find; each check refuses the file with
 //! a message that names the part at fault.
@@ -6,8 +6,10 @@
 //! - a JSON syntax error inside or after `"decoder"` panics in the decoder's
 //!   deserialiser (`expect("Helper")`): the whole file is parsed first;
 //! - a `Precompiled` normaliser (SentencePiece's compiled character map) whose map does
-//!   not parse panics while loading (`expect("Precompiled")`), and one whose trie points
-//!   outside itself panics on the first text it normalises;
+//!   not parse panics while loading (`expect("Precompiled")`), one whose header
+//!   announces a trie longer than the map makes it reserve up to 8 GiB first
+//!   (`fuzz/regressions/sentencepiece/`), and one whose trie points outside itself
+//!   panics on the first text it normalises;
 //! - a `TemplateProcessing` whose templates name a special token that its own
 //!   `special_tokens` lacks panics at encode time;
 //! - a `Strip` decoder with `stop` > 0 slices before the start of a short token.
@@ -103,6 +105,15 @@ fn check_precompiled(normalizer: &Value) -> Result<(), String> {
     each_of_type(normalizer, "Precompiled", &mut maps);
     for map in maps {
         let err = |why: String| format!("normalizer: Precompiled precompiled_charsmap {why}");
+        // the header first: spm_precompiled reserves room for as many trie units as its
+        // 4-byte header announces before it reads them (up to 8 GiB); a map the base64
+        // decoder here does not read goes on to the crate's own reader below
+        if let Some(bytes) = map["precompiled_charsmap"]
+            .as_str()
+            .and_then(|text| base64::engine::general_purpose::STANDARD.decode(text).ok())
+        {
+            check_header(&bytes).map_err(err)?;
+        }
         // read as the tokenizers crate reads it (from text: it borrows the base64
         // string), so the same files load; its serialisation gives the map's bytes back
         // in canonical base64
@@ -125,6 +136,20 @@ fn check_precompiled(normalizer: &Value) -> Result<(), String> {
 /// ended by a 0 byte). `spm_precompiled` walks the trie without bounds checks, so every
 /// place a walk can reach must be inside the trie, and every replacement offset inside
 /// the strings at a character boundary.
+/// The map's 4-byte header: the trie's length in bytes, which must fit in the map.
+fn check_header(bytes: &[u8]) -> Result<(), String> {
+    let (head, rest) = bytes
+        .split_first_chunk::<4>()
+        .ok_or("is shorter than its 4-byte header")?;
+    match u32::from_le_bytes(*head) as usize {
+        n if n <= rest.len() => Ok(()),
+        n => Err(format!(
+            "announces a trie of {n} bytes in {} bytes",
+            rest.len()
+        )),
+    }
+}
+
 fn check_charsmap(bytes: &[u8]) -> Result<(), String> {
     let (head, rest) = bytes
         .split_first_chunk::<4>()

@@ -142,8 +142,14 @@ impl Tokenizer {
         let refuse = |why: String| Error::Tokenizer(format!("{}: {why}", path.display()));
         let model = sentencepiece::parse(&crate::io::read_regular(path)?).map_err(refuse)?;
         let json = model.tokenizer_json(post(&model), &extra(&model));
+        // the file's character map goes to the same parser as a tokenizer.json's, and
+        // gets the same checks first
+        guards::before_load(&json).map_err(refuse)?;
         let text = serde_json::to_string(&json).expect("a JSON value serialises");
-        tokenizers::Tokenizer::from_bytes(text.as_bytes()).map_err(|e| refuse(e.to_string()))
+        let inner = tokenizers::Tokenizer::from_bytes(text.as_bytes())
+            .map_err(|e| refuse(e.to_string()))?;
+        guards::after_load(&inner).map_err(refuse)?;
+        Ok(inner)
     }
 
     /// An OPUS-MT folder (`text/marian.rs`).
