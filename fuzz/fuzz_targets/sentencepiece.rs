@@ -14,32 +14,6 @@ use qkv::text::Tokenizer;
 
 const TEXT: &str = ">>zh<< Hello, world! The animal didn't cross the street. ünïcödé 你好 123 </s>";
 
-fn check(tok: &Tokenizer) {
-    for special in [true, false] {
-        let ids = match tok.encode(TEXT, special) {
-            Ok(ids) => ids,
-            Err(e) => return qkv_fuzz::note("encode", &e),
-        };
-        if let Ok(labels) = tok.labels(&ids, &[0]) {
-            assert_eq!(labels.len(), ids.len(), "one label per token");
-        }
-        let text = tok.decode(&ids);
-        let mut stream = tok.stream();
-        let pieces: qkv::Result<Vec<Option<String>>> =
-            ids.iter().map(|&id| stream.push(id)).collect();
-        if let (Ok(text), Ok(pieces), Ok(rest)) = (text, pieces, stream.finish()) {
-            let joined: String = pieces.into_iter().chain([rest]).flatten().collect();
-            if text.ends_with('\u{FFFD}') {
-                assert!(joined.ends_with('\u{FFFD}'), "{joined:?} vs {text:?}");
-            } else {
-                assert_eq!(joined, text, "streamed pieces vs decode");
-            }
-        }
-    }
-    let _ = tok.labels(&[usize::MAX, 1 << 40, 7], &[]);
-    let _ = tok.decode(&[u32::MAX as usize, 3]);
-}
-
 fuzz_target!(init: qkv_fuzz::init(), |data: &[u8]| {
     let Some((&mode, model)) = data.split_first() else {
         return;
@@ -55,7 +29,7 @@ fuzz_target!(init: qkv_fuzz::init(), |data: &[u8]| {
         qkv_fuzz::write(&dir.join("vocab.json"), &std::fs::read(vocab).expect("fixture"));
     }
     match Tokenizer::from_dir(&dir) {
-        Ok(tok) => check(&tok),
+        Ok(tok) => qkv_fuzz::encode_label_decode_stream(&tok, TEXT),
         Err(e) => qkv_fuzz::note("sentencepiece", &e),
     }
 });

@@ -70,43 +70,12 @@ fn tokenizer(json: &[u8]) {
         Ok(t) => t,
         Err(e) => return qkv_fuzz::note("tokenizer", &e),
     };
-    // A tokenizer that loads may still refuse a text (an unknown character without
-    // an unk token); it must not panic. What it encodes it labels and decodes.
-    for special in [true, false] {
-        let ids = tok.encode(TEXT, special);
-        if let Err(e) = &ids {
-            qkv_fuzz::note("encode", e);
-        }
-        if let Ok(ids) = ids {
-            let labels = tok.labels(&ids, &[0]);
-            if let Ok(labels) = labels {
-                assert_eq!(labels.len(), ids.len(), "one label per token");
-            }
-            let text = tok.decode(&ids);
-            // streaming decode (qkv generate): the pieces and the rest join into
-            // decode's text (byte fallback may garble a run of bytes cut inside a
-            // character, already-shown characters included: then the rest is U+FFFD)
-            let mut stream = tok.stream();
-            let pieces: qkv::Result<Vec<Option<String>>> =
-                ids.iter().map(|&id| stream.push(id)).collect();
-            if let (Ok(text), Ok(pieces), Ok(rest)) = (text, pieces, stream.finish()) {
-                let joined: String = pieces.into_iter().chain([rest]).flatten().collect();
-                if text.ends_with('\u{FFFD}') {
-                    assert!(joined.ends_with('\u{FFFD}'), "{joined:?} vs {text:?}");
-                } else {
-                    assert_eq!(joined, text, "streamed pieces vs decode");
-                }
-            }
-        }
-    }
+    qkv_fuzz::encode_label_decode_stream(&tok, TEXT);
     if let Ok(batch) = tok.encode_batch(&[TEXT, "a", ""], true, 0, Some(5)) {
         assert_eq!(batch.batch, 3);
         assert!(batch.len <= 5, "truncated to 5, got {}", batch.len);
     }
     let _ = tok.token_id("[PAD]");
-    // ids no vocabulary holds
-    let _ = tok.labels(&[usize::MAX, 1 << 40, 7], &[]);
-    let _ = tok.decode(&[u32::MAX as usize, 3]);
 }
 
 fn modules(json: &[u8]) {

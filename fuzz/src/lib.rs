@@ -1,10 +1,11 @@
 //! What the fuzz targets share: a per-process scratch folder, the committed fixtures,
-//! and the tiny fixture models they run inputs through.
+//! the tiny fixture models they run inputs through, and the checks on a tokenizer.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Once, OnceLock};
 
 use qkv::models::{Input, ModelKind, TokenBatch, Transformer};
+use qkv::text::Tokenizer;
 
 /// Once per process: a one-thread rayon pool (libFuzzer runs one input at a time and
 /// the machine is shared), and the scratch folder removed at exit.
@@ -129,4 +130,39 @@ pub fn note(what: &str, error: &dyn std::fmt::Display) {
     if *ON.get_or_init(|| std::env::var_os("QKV_FUZZ_VERBOSE").is_some()) {
         eprintln!("qkv-fuzz: {what}: {error}");
     }
+}
+
+/// A tokenizer that loaded: `text`, encoded with and without special tokens, gets one
+/// label per token, decodes, and streams into the decoded text (byte fallback may
+/// garble a run of bytes cut inside a character, already-shown characters included:
+/// then the rest is U+FFFD). A tokenizer may still refuse a text (an unknown character
+/// without an unk token); it must not panic.
+pub fn encode_label_decode_stream(tok: &Tokenizer, text: &str) {
+    for special in [true, false] {
+        let ids = match tok.encode(text, special) {
+            Ok(ids) => ids,
+            Err(e) => {
+                note("encode", &e);
+                continue;
+            }
+        };
+        if let Ok(labels) = tok.labels(&ids, &[0]) {
+            assert_eq!(labels.len(), ids.len(), "one label per token");
+        }
+        let decoded = tok.decode(&ids);
+        let mut stream = tok.stream();
+        let pieces: qkv::Result<Vec<Option<String>>> =
+            ids.iter().map(|&id| stream.push(id)).collect();
+        if let (Ok(decoded), Ok(pieces), Ok(rest)) = (decoded, pieces, stream.finish()) {
+            let joined: String = pieces.into_iter().chain([rest]).flatten().collect();
+            if decoded.ends_with('\u{FFFD}') {
+                assert!(joined.ends_with('\u{FFFD}'), "{joined:?} vs {decoded:?}");
+            } else {
+                assert_eq!(joined, decoded, "streamed pieces vs decode");
+            }
+        }
+    }
+    // ids no vocabulary holds
+    let _ = tok.labels(&[usize::MAX, 1 << 40, 7], &[]);
+    let _ = tok.decode(&[u32::MAX as usize, 3]);
 }

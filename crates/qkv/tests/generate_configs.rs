@@ -35,13 +35,13 @@ fn usizes(v: &Value) -> Vec<usize> {
 fn apply(config: &mut GenerationConfig, kwargs: &Value) -> Option<Vec<usize>> {
     let kw = kwargs.as_object().unwrap();
     if let Some(n) = kw.get("num_beams") {
-        config.num_beams = n.as_u64().unwrap() as usize;
+        config.search.num_beams = n.as_u64().unwrap() as usize;
     }
     if let Some(p) = kw.get("length_penalty") {
-        config.length_penalty = p.as_f64().unwrap() as f32;
+        config.search.length_penalty = p.as_f64().unwrap() as f32;
     }
     if let Some(e) = kw.get("early_stopping") {
-        config.early_stopping = match e {
+        config.search.early_stopping = match e {
             Value::Bool(true) => EarlyStopping::Done,
             Value::Bool(false) => EarlyStopping::Heuristic,
             _ => EarlyStopping::Never,
@@ -51,7 +51,7 @@ fn apply(config: &mut GenerationConfig, kwargs: &Value) -> Option<Vec<usize>> {
         config.max_new_tokens = Some(n.as_u64().unwrap() as usize);
     }
     if let Some(id) = kw.get("forced_eos_token_id") {
-        config.forced_eos = vec![id.as_u64().unwrap() as usize];
+        config.search.forced_eos = vec![id.as_u64().unwrap() as usize];
     }
     kw.get("eos_token_id")
         .map(|id| vec![id.as_u64().unwrap() as usize])
@@ -93,10 +93,14 @@ fn marian_folder_generates_as_transformers_under_its_config_and_overrides() {
     let tok = Tokenizer::from_dir(&dir).unwrap();
     let folder = GenerationConfig::read(&dir).unwrap();
     assert_eq!(
-        (folder.num_beams, &folder.bad_words, &folder.forced_eos),
+        (
+            folder.search.num_beams,
+            &folder.search.bad_words,
+            &folder.search.forced_eos
+        ),
         (4, &vec![vec![98]], &vec![0])
     );
-    assert!(folder.renormalize_logits && folder.max_length == 12);
+    assert!(folder.search.renormalize_logits && folder.max_length == 12);
     let r = read(&fixtures().join("generate/marian_opus/reference.json"));
     let mut checked = 0;
     for case in r["cases"].as_array().unwrap() {
@@ -195,7 +199,7 @@ fn beams_with_sampling_are_refused() {
         },
         vec![2],
     );
-    opts.num_beams = 3;
+    opts.search.num_beams = 3;
     let msg = generate_causal(&model, &prompt, &opts)
         .unwrap_err()
         .to_string();

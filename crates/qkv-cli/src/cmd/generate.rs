@@ -93,16 +93,16 @@ impl GenerateArgs {
             if n == 0 {
                 bail!("--num-beams must be at least 1");
             }
-            c.num_beams = n;
+            c.search.num_beams = n;
         }
         if let Some(p) = self.length_penalty {
             if !p.is_finite() {
                 bail!("--length-penalty must be finite, got {p}");
             }
-            c.length_penalty = p;
+            c.search.length_penalty = p;
         }
         if let Some(e) = &self.early_stopping {
-            c.early_stopping = match e.as_str() {
+            c.search.early_stopping = match e.as_str() {
                 "true" => EarlyStopping::Done,
                 "never" => EarlyStopping::Never,
                 _ => EarlyStopping::Heuristic,
@@ -156,10 +156,10 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
     let m = &loaded.model;
     let config = args.config()?;
     let sampling = args.sampling(&config);
-    if config.num_beams > 1 && sampling != Sampling::Greedy {
+    if config.search.num_beams > 1 && sampling != Sampling::Greedy {
         bail!(
             "beam search ({} beams) with sampling is not supported: pass --greedy, or --num-beams 1 to sample",
-            config.num_beams
+            config.search.num_beams
         );
     }
     let max = m.arch.max_positions();
@@ -187,7 +187,7 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
     };
     super::check_memory(
         cache_bytes(m, ids.len().saturating_add(max_new), src)
-            .and_then(|bytes| bytes.checked_mul(config.num_beams)),
+            .and_then(|bytes| bytes.checked_mul(config.search.num_beams)),
         &format!("the key/value cache of {max_new} new tokens"),
     )
     .map_err(|e| anyhow::anyhow!("{e}: ask for fewer --max-new-tokens"))?;

@@ -41,9 +41,9 @@ pub(crate) fn search(
     first: Tensor,
     mut step: impl FnMut(&[usize], &[usize]) -> Result<Tensor>,
 ) -> Result<Vec<usize>> {
-    let n = opts.num_beams;
+    let n = opts.search.num_beams;
     let keep = 2.max(1 + opts.eos.len()) * n;
-    let penalty = |len: usize| (len as f64).powf(f64::from(opts.length_penalty)) as f32;
+    let penalty = |len: usize| (len as f64).powf(f64::from(opts.search.length_penalty)) as f32;
     let mut running: Vec<Hypothesis> = (0..n)
         .map(|b| Hypothesis {
             tokens: Vec::new(),
@@ -74,7 +74,7 @@ pub(crate) fn search(
             let mut scores = log_softmax(row);
             let seq: Vec<usize> = prefix.iter().chain(&beam.tokens).copied().collect();
             opts.process(&mut scores, &seq, generated);
-            if opts.renormalize_logits {
+            if opts.search.renormalize_logits {
                 scores = log_softmax(&scores);
             }
             total.extend(scores.iter().map(|s| s + beam.score));
@@ -109,7 +109,8 @@ pub(crate) fn search(
             .collect();
 
         // stopped ones among the best N join the finished list if they beat it
-        let full = done.iter().all(|h| h.finished) && opts.early_stopping == EarlyStopping::Done;
+        let full =
+            done.iter().all(|h| h.finished) && opts.search.early_stopping == EarlyStopping::Done;
         let mut merged = done.clone();
         for (k, (&i, &stopped)) in candidates.iter().zip(&stops).enumerate() {
             let just_finished = stopped && k < n;
@@ -134,8 +135,8 @@ pub(crate) fn search(
         running = next_running;
 
         // can a running beam still beat the worst finished one?
-        let length = match opts.early_stopping {
-            EarlyStopping::Never if opts.length_penalty > 0.0 => opts.max_new_tokens,
+        let length = match opts.search.early_stopping {
+            EarlyStopping::Never if opts.search.length_penalty > 0.0 => opts.max_new_tokens,
             _ => generated + 1,
         };
         let best_possible = running[0].score / penalty(length);
@@ -144,7 +145,7 @@ pub(crate) fn search(
             .iter()
             .any(|h| best_possible > if h.finished { worst } else { NEVER });
         let all_done =
-            done.iter().all(|h| h.finished) && opts.early_stopping == EarlyStopping::Done;
+            done.iter().all(|h| h.finished) && opts.search.early_stopping == EarlyStopping::Done;
         if !improvable || all_done || stops.iter().all(|&s| s) || last {
             break;
         }

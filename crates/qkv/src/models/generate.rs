@@ -4,7 +4,7 @@
 //! sequences and force EOS at the last step, as transformers' logits processors do.
 //! Every step feeds only the new tokens; the KV cache holds the past.
 
-use super::generation_config::{EarlyStopping, GenerationConfig};
+use super::generation_config::{GenerationConfig, Search};
 use super::{beam, TokenBatch, Transformer};
 use crate::error::{Error, Result};
 use crate::rng::Rng;
@@ -29,18 +29,8 @@ pub struct GenerateOptions {
     pub sampling: Sampling,
     /// Stop a row when it emits one of these (the model's EOS ids by default).
     pub eos: Vec<usize>,
-    /// Beam search with this many beams when above 1 (greedy scoring only).
-    pub num_beams: usize,
-    /// Beam scores are divided by the generated length to this power.
-    pub length_penalty: f32,
-    pub early_stopping: EarlyStopping,
-    /// Token sequences never generated: the last token of one is banned after the
-    /// others (a single EOS is not banned, as in transformers).
-    pub bad_words: Vec<Vec<usize>>,
-    /// The only tokens allowed at the last step `max_new_tokens` allows.
-    pub forced_eos: Vec<usize>,
-    /// Beam scores log-softmaxed again after the banned and forced tokens.
-    pub renormalize_logits: bool,
+    /// Beams (greedy scoring only), banned and forced tokens.
+    pub search: Search,
 }
 
 impl GenerateOptions {
@@ -51,24 +41,14 @@ impl GenerateOptions {
             max_new_tokens,
             sampling,
             eos,
-            num_beams: 1,
-            length_penalty: 1.0,
-            early_stopping: EarlyStopping::Heuristic,
-            bad_words: Vec::new(),
-            forced_eos: Vec::new(),
-            renormalize_logits: false,
+            search: Search::default(),
         }
     }
 
     /// These options with a folder's beams, their scoring, and its banned and forced
     /// tokens.
     pub fn with_config(mut self, c: &GenerationConfig) -> Self {
-        self.num_beams = c.num_beams;
-        self.length_penalty = c.length_penalty;
-        self.early_stopping = c.early_stopping;
-        self.bad_words = c.bad_words.clone();
-        self.forced_eos = c.forced_eos.clone();
-        self.renormalize_logits = c.renormalize_logits;
+        self.search = c.search.clone();
         self
     }
 
@@ -76,7 +56,7 @@ impl GenerateOptions {
     /// log-probabilities), for a row that has read `seq` (prompt or decoder start,
     /// then the tokens generated) and generated `generated` tokens.
     pub(crate) fn process(&self, scores: &mut [f32], seq: &[usize], generated: usize) {
-        for bad in &self.bad_words {
+        for bad in &self.search.bad_words {
             if bad.len() == 1 && self.eos.contains(&bad[0]) {
                 continue;
             }
@@ -87,9 +67,9 @@ impl GenerateOptions {
                 }
             }
         }
-        if !self.forced_eos.is_empty() && generated + 1 == self.max_new_tokens {
+        if !self.search.forced_eos.is_empty() && generated + 1 == self.max_new_tokens {
             scores.fill(f32::NEG_INFINITY);
-            for &id in &self.forced_eos {
+            for &id in &self.search.forced_eos {
                 if let Some(s) = scores.get_mut(id) {
                     *s = 0.0;
                 }
@@ -262,10 +242,10 @@ pub fn generate_causal_each(
 ) -> Result<Vec<Vec<usize>>> {
     check(opts)?;
     let prefixes: Vec<Vec<usize>> = (0..prompt.batch).map(|r| real_tokens(prompt, r)).collect();
-    if opts.num_beams > 1 {
+    if opts.search.num_beams > 1 {
         // each prompt alone (its padding dropped), its row repeated once per beam
         return each_row(&prefixes, on_token, |prefix| {
-            let n = opts.num_beams;
+            let n = opts.search.num_beams;
             let rows = TokenBatch::new(prefix.repeat(n), None, n, prefix.len())?;
             let mut cache = model.new_cache(n);
             let first = model.forward_cached(&rows, &mut cache)?;
@@ -285,10 +265,10 @@ pub fn generate_causal_each(
 /// Settings no run can use: bad sampling values, or beams with sampling.
 fn check(opts: &GenerateOptions) -> Result<()> {
     opts.sampling.validate()?;
-    if opts.num_beams == 0 {
+    if opts.search.num_beams == 0 {
         return Err(Error::invalid("num_beams", "must be at least 1"));
     }
-    if opts.num_beams > 1 && opts.sampling != Sampling::Greedy {
+    if opts.search.num_beams > 1 && opts.sampling != Sampling::Greedy {
         return Err(Error::invalid(
             "num_beams",
             "beam search scores greedily here; it cannot be combined with sampling",
@@ -348,10 +328,10 @@ pub fn generate_seq2seq_each(
             "the model config does not define one",
         )
     })?;
-    if opts.num_beams > 1 {
+    if opts.search.num_beams > 1 {
         let sources: Vec<Vec<usize>> = (0..src.batch).map(|r| real_tokens(src, r)).collect();
         return each_row(&sources, on_token, |source| {
-            let n = opts.num_beams;
+            let n = opts.search.num_beams;
             let enc = model.encode(&TokenBatch::new(source.repeat(n), None, n, source.len())?)?;
             let mut cache = model.new_cache(n);
             let starts = TokenBatch::new(vec![start; n], None, n, 1)?;

@@ -34,20 +34,43 @@ pub struct SampleSettings {
     pub top_p: Option<f32>,
 }
 
+/// How tokens are searched for and constrained, besides greedy choice or sampling:
+/// beams and their scoring, banned and forced tokens.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Search {
+    /// Beam search with this many beams when above 1.
+    pub num_beams: usize,
+    /// Beam scores are divided by the generated length to this power.
+    pub length_penalty: f32,
+    pub early_stopping: EarlyStopping,
+    /// Token sequences never to produce: the last token of one is banned after the
+    /// others (OPUS-MT bans its pad id; a single EOS is not banned, as in transformers).
+    pub bad_words: Vec<Vec<usize>>,
+    /// The only tokens allowed at the last step the length allows.
+    pub forced_eos: Vec<usize>,
+    /// Beam scores log-softmaxed again after the banned and forced tokens.
+    pub renormalize_logits: bool,
+}
+
+impl Default for Search {
+    fn default() -> Self {
+        Search {
+            num_beams: 1,
+            length_penalty: 1.0,
+            early_stopping: EarlyStopping::Heuristic,
+            bad_words: Vec::new(),
+            forced_eos: Vec::new(),
+            renormalize_logits: false,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenerationConfig {
     /// Prompt (or decoder start) plus new tokens; transformers' default is 20.
     pub max_length: usize,
     pub max_new_tokens: Option<usize>,
-    pub num_beams: usize,
-    pub length_penalty: f32,
-    pub early_stopping: EarlyStopping,
-    /// Token sequences never to produce (OPUS-MT bans its pad id).
-    pub bad_words: Vec<Vec<usize>>,
-    /// Tokens forced at the last position the length allows.
-    pub forced_eos: Vec<usize>,
-    /// Scores are log-softmaxed again after the banned and forced tokens are applied.
-    pub renormalize_logits: bool,
+    pub search: Search,
     pub sample: Option<SampleSettings>,
 }
 
@@ -56,12 +79,7 @@ impl Default for GenerationConfig {
         GenerationConfig {
             max_length: 20,
             max_new_tokens: None,
-            num_beams: 1,
-            length_penalty: 1.0,
-            early_stopping: EarlyStopping::Heuristic,
-            bad_words: Vec::new(),
-            forced_eos: Vec::new(),
-            renormalize_logits: false,
+            search: Search::default(),
             sample: None,
         }
     }
@@ -103,15 +121,15 @@ impl GenerationConfig {
             if n == 0 {
                 return Err(bad("num_beams", "must be at least 1".into()));
             }
-            c.num_beams = n;
+            c.search.num_beams = n;
         }
         if let Some(p) = raw.length_penalty {
             if !p.is_finite() {
                 return Err(bad("length_penalty", format!("must be finite, got {p}")));
             }
-            c.length_penalty = p;
+            c.search.length_penalty = p;
         }
-        c.early_stopping = match raw.early_stopping {
+        c.search.early_stopping = match raw.early_stopping {
             None | Some(Value::Bool(false)) | Some(Value::Null) => EarlyStopping::Heuristic,
             Some(Value::Bool(true)) => EarlyStopping::Done,
             Some(Value::String(s)) if s == "never" => EarlyStopping::Never,
@@ -133,13 +151,13 @@ impl GenerationConfig {
                     format!("each entry must be a non-empty list of token ids, got {seq:?}"),
                 ));
             }
-            c.bad_words.push(ids);
+            c.search.bad_words.push(ids);
         }
-        c.forced_eos = raw
+        c.search.forced_eos = raw
             .forced_eos_token_id
             .map(|i| i.valid())
             .unwrap_or_default();
-        c.renormalize_logits = raw.renormalize_logits.unwrap_or(false);
+        c.search.renormalize_logits = raw.renormalize_logits.unwrap_or(false);
         if raw.do_sample == Some(true) {
             let temperature = raw.temperature.unwrap_or(1.0);
             if !(temperature.is_finite() && temperature > 0.0) {
