@@ -7,16 +7,27 @@
 //! `add_dummy_prefix`, as the `sentencepiece` library (and so transformers' slow
 //! `T5Tokenizer` and `MarianTokenizer`) encodes.
 
+use std::path::Path;
+
 use base64::Engine;
 use serde_json::{json, Value};
+
+use crate::error::{Error, Result};
+use crate::text::guards;
+
+/// The model in the file at `path`; errors name the file.
+pub(crate) fn read(path: &Path) -> Result<SpmModel> {
+    parse(&crate::io::read_regular(path)?)
+        .map_err(|why| Error::Tokenizer(format!("{}: {why}", path.display())))
+}
 
 /// What a `.model` file says, as far as encoding and decoding need it.
 pub(crate) struct SpmModel {
     /// (piece, score, type): type 1 normal, 2 unknown, 3 control, 4 user-defined,
     /// 5 unused, 6 byte
-    pub pieces: Vec<(String, f32, u64)>,
-    pub unk_id: usize,
-    pub byte_fallback: bool,
+    pieces: Vec<(String, f32, u64)>,
+    unk_id: usize,
+    byte_fallback: bool,
     charsmap: Vec<u8>,
     add_dummy_prefix: bool,
 }
@@ -26,7 +37,7 @@ const CONTROL: u64 = 3;
 const USER_DEFINED: u64 = 4;
 
 /// Decodes a serialized `ModelProto`. Errors say what is wrong with the bytes.
-pub(crate) fn parse(bytes: &[u8]) -> Result<SpmModel, String> {
+fn parse(bytes: &[u8]) -> std::result::Result<SpmModel, String> {
     let mut model = SpmModel {
         pieces: Vec::new(),
         unk_id: 0,
@@ -82,7 +93,7 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<SpmModel, String> {
 }
 
 /// One `SentencePiece` message: piece (1), score (2), type (3, default normal).
-fn piece(bytes: &[u8]) -> Result<(String, f32, u64), String> {
+fn piece(bytes: &[u8]) -> std::result::Result<(String, f32, u64), String> {
     let (mut text, mut score, mut kind) = (None, 0.0, 1);
     let mut r = Reader::new(bytes);
     while let Some(f) = r.next()? {
@@ -106,7 +117,7 @@ impl SpmModel {
     /// template that adds the family's special tokens, if it adds any, and `extra` are
     /// special tokens the tokenizer knows beyond the model's pieces (T5's
     /// `<extra_id_N>`, Marian's `</s>`), given the ids after the pieces in order.
-    pub(crate) fn tokenizer_json(&self, post_processor: Option<Value>, extra: &[String]) -> Value {
+    fn tokenizer_json(&self, post_processor: Option<Value>, extra: &[String]) -> Value {
         let mut normalizers = Vec::new();
         if !self.charsmap.is_empty() {
             normalizers.push(json!({
@@ -167,6 +178,26 @@ impl SpmModel {
         })
     }
 
+    /// This model as a `tokenizers` tokenizer (see [`SpmModel::tokenizer_json`]); errors
+    /// name `path`, the model's file.
+    pub(crate) fn tokenizer(
+        &self,
+        path: &Path,
+        post_processor: Option<Value>,
+        extra: &[String],
+    ) -> Result<tokenizers::Tokenizer> {
+        let refuse = |why: String| Error::Tokenizer(format!("{}: {why}", path.display()));
+        let json = self.tokenizer_json(post_processor, extra);
+        // the file's character map goes to the same parser as a tokenizer.json's, and
+        // gets the same checks first
+        guards::before_load(&json).map_err(refuse)?;
+        let text = serde_json::to_string(&json).expect("a JSON value serialises");
+        let inner = tokenizers::Tokenizer::from_bytes(text.as_bytes())
+            .map_err(|e| refuse(e.to_string()))?;
+        guards::after_load(&inner).map_err(refuse)?;
+        Ok(inner)
+    }
+
     /// The id of the piece `text`, if the model has it.
     pub(crate) fn id_of(&self, text: &str) -> Option<usize> {
         self.pieces.iter().position(|(p, _, _)| p == text)
@@ -192,7 +223,7 @@ impl<'a> Reader<'a> {
         Reader { buf, at: 0 }
     }
 
-    fn varint(&mut self) -> Result<u64, String> {
+    fn varint(&mut self) -> std::result::Result<u64, String> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
             let byte = *self
@@ -208,7 +239,7 @@ impl<'a> Reader<'a> {
         Err("a number longer than 10 bytes".into())
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
         let end = self
             .at
             .checked_add(n)
@@ -220,7 +251,7 @@ impl<'a> Reader<'a> {
     }
 
     /// The next (field number, value), or `None` at the end of the message.
-    fn next(&mut self) -> Result<Option<(u64, Wire<'a>)>, String> {
+    fn next(&mut self) -> std::result::Result<Option<(u64, Wire<'a>)>, String> {
         if self.at == self.buf.len() {
             return Ok(None);
         }

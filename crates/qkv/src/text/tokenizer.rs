@@ -131,27 +131,6 @@ impl Tokenizer {
         })
     }
 
-    /// A `tokenizers` tokenizer for the SentencePiece model at `path`
-    /// (`text/sentencepiece.rs`), with `extra` special tokens and an optional
-    /// post-processor.
-    fn from_spm(
-        path: &Path,
-        extra: impl Fn(&sentencepiece::SpmModel) -> Vec<String>,
-        post: impl Fn(&sentencepiece::SpmModel) -> Option<serde_json::Value>,
-    ) -> Result<tokenizers::Tokenizer> {
-        let refuse = |why: String| Error::Tokenizer(format!("{}: {why}", path.display()));
-        let model = sentencepiece::parse(&crate::io::read_regular(path)?).map_err(refuse)?;
-        let json = model.tokenizer_json(post(&model), &extra(&model));
-        // the file's character map goes to the same parser as a tokenizer.json's, and
-        // gets the same checks first
-        guards::before_load(&json).map_err(refuse)?;
-        let text = serde_json::to_string(&json).expect("a JSON value serialises");
-        let inner = tokenizers::Tokenizer::from_bytes(text.as_bytes())
-            .map_err(|e| refuse(e.to_string()))?;
-        guards::after_load(&inner).map_err(refuse)?;
-        Ok(inner)
-    }
-
     /// An OPUS-MT folder (`text/marian.rs`).
     fn marian(dir: &Path) -> Result<Self> {
         let vocab = MarianVocab::read(dir)?;
@@ -164,20 +143,17 @@ impl Tokenizer {
             )));
         }
         // read so that a broken target model is an error now, not at the first decode
-        Tokenizer::from_spm(&target, |_| Vec::new(), |_| None)?;
-        let inner = Tokenizer::from_spm(
-            &path,
-            |m| {
-                marian::SPECIAL
-                    .iter()
-                    .filter(|t| m.id_of(t).is_none())
-                    .map(|t| t.to_string())
-                    .collect()
-            },
-            |_| None,
-        )?;
+        sentencepiece::read(&target)?.tokenizer(&target, None, &[])?;
+        let source = sentencepiece::read(&path)?;
+        // Marian's special tokens are split out of the text even where the source
+        // model has no piece for them, as MarianTokenizer's added tokens are
+        let extra: Vec<String> = marian::SPECIAL
+            .iter()
+            .filter(|t| source.id_of(t).is_none())
+            .map(|t| t.to_string())
+            .collect();
         Ok(Tokenizer {
-            inner,
+            inner: source.tokenizer(&path, None, &extra)?,
             path,
             marian: Some(vocab),
             trim_decoded: false,
@@ -203,36 +179,19 @@ impl Tokenizer {
             false => 100,
         };
         let path = dir.join("spiece.model");
-        let eos = std::cell::Cell::new(None);
-        let inner = Tokenizer::from_spm(
-            &path,
-            |_| {
-                (0..extra_ids)
-                    .rev()
-                    .map(|i| format!("<extra_id_{i}>"))
-                    .collect()
-            },
-            |m| {
-                eos.set(m.id_of("</s>"));
-                m.id_of("</s>").map(|id| {
-                    serde_json::json!({
-                        "type": "TemplateProcessing",
-                        "single": [{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}}],
-                        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}},
-                                 {"Sequence": {"id": "B", "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}}],
-                        "special_tokens": {"</s>": {"id": "</s>", "ids": [id], "tokens": ["</s>"]}},
-                    })
-                })
-            },
-        )?;
-        if eos.get().is_none() {
-            return Err(Error::Tokenizer(format!(
+        let model = sentencepiece::read(&path)?;
+        let eos = model.id_of("</s>").ok_or_else(|| {
+            Error::Tokenizer(format!(
                 "{}: no `</s>` piece, which T5 appends to every text",
                 path.display()
-            )));
-        }
+            ))
+        })?;
+        let extra: Vec<String> = (0..extra_ids)
+            .rev()
+            .map(|i| format!("<extra_id_{i}>"))
+            .collect();
         Ok(Tokenizer {
-            inner,
+            inner: model.tokenizer(&path, Some(eos_after(eos)), &extra)?,
             path,
             marian: None,
             trim_decoded: true,
@@ -381,4 +340,16 @@ impl Tokenizer {
             None => self.inner.token_to_id(token).map(|i| i as usize),
         }
     }
+}
+
+/// The post-processor that puts `</s>` (id `eos`) after every text, T5's.
+fn eos_after(eos: usize) -> serde_json::Value {
+    let eos_token = serde_json::json!({"SpecialToken": {"id": "</s>", "type_id": 0}});
+    let seq = |id: &str| serde_json::json!({"Sequence": {"id": id, "type_id": 0}});
+    serde_json::json!({
+        "type": "TemplateProcessing",
+        "single": [seq("A"), eos_token],
+        "pair": [seq("A"), eos_token, seq("B"), eos_token],
+        "special_tokens": {"</s>": {"id": "</s>", "ids": [eos], "tokens": ["</s>"]}},
+    })
 }
