@@ -72,8 +72,7 @@ pub(crate) fn search(
         for (b, beam) in running.iter().enumerate() {
             let row = &logits.data()[(b * t + t - 1) * v..][..v];
             let mut scores = log_softmax(row);
-            let seq: Vec<usize> = prefix.iter().chain(&beam.tokens).copied().collect();
-            opts.process(&mut scores, &seq, generated);
+            opts.process(&mut scores, prefix, &beam.tokens);
             if opts.search.renormalize_logits {
                 scores = log_softmax(&scores);
             }

@@ -52,22 +52,31 @@ impl GenerateOptions {
         self
     }
 
+    /// Whether [`GenerateOptions::process`] can change anything: banned or forced tokens.
+    fn constrained(&self) -> bool {
+        !self.search.bad_words.is_empty() || !self.search.forced_eos.is_empty()
+    }
+
     /// Applies the banned and forced tokens to one row of scores (logits or
-    /// log-probabilities), for a row that has read `seq` (prompt or decoder start,
-    /// then the tokens generated) and generated `generated` tokens.
-    pub(crate) fn process(&self, scores: &mut [f32], seq: &[usize], generated: usize) {
+    /// log-probabilities), for a row that has read `prefix` (prompt or decoder start)
+    /// and then generated `tokens`.
+    pub(crate) fn process(&self, scores: &mut [f32], prefix: &[usize], tokens: &[usize]) {
         for bad in &self.search.bad_words {
             if bad.len() == 1 && self.eos.contains(&bad[0]) {
                 continue;
             }
             let (last, before) = bad.split_last().expect("bad words are non-empty");
-            if seq.ends_with(before) {
+            // does prefix ++ tokens end with `before`? (read backwards, not copied)
+            let read = prefix.iter().chain(tokens);
+            let ends = prefix.len() + tokens.len() >= before.len()
+                && read.rev().zip(before.iter().rev()).all(|(a, b)| a == b);
+            if ends {
                 if let Some(s) = scores.get_mut(*last) {
                     *s = f32::NEG_INFINITY;
                 }
             }
         }
-        if !self.search.forced_eos.is_empty() && generated + 1 == self.max_new_tokens {
+        if !self.search.forced_eos.is_empty() && tokens.len() + 1 == self.max_new_tokens {
             scores.fill(f32::NEG_INFINITY);
             for &id in &self.search.forced_eos {
                 if let Some(s) = scores.get_mut(id) {
@@ -201,10 +210,17 @@ fn decode_loop(
     for n in 0..opts.max_new_tokens {
         let mut next = Vec::with_capacity(batch);
         for (r, row) in last_rows(&logits).into_iter().enumerate() {
-            let mut row = row.to_vec();
-            let seq: Vec<usize> = prefixes[r].iter().chain(&out[r]).copied().collect();
-            opts.process(&mut row, &seq, n);
-            let tok = choose(&row, opts.sampling, &mut rng);
+            // a copy only where banned or forced tokens change the row
+            let processed;
+            let row = if opts.constrained() {
+                let mut copy = row.to_vec();
+                opts.process(&mut copy, &prefixes[r], &out[r]);
+                processed = copy;
+                &processed[..]
+            } else {
+                row
+            };
+            let tok = choose(row, opts.sampling, &mut rng);
             if !done[r] {
                 on_token(r, tok);
                 out[r].push(tok);
@@ -388,6 +404,34 @@ mod tests {
         let picks: Vec<usize> = (0..400).map(|_| choose(&logits, s, &mut rng)).collect();
         assert!(picks.iter().all(|&i| i < 2));
         assert!(picks.contains(&0) && picks.contains(&1));
+    }
+
+    #[test]
+    fn banned_sequences_and_forced_eos_follow_the_tokens_read() {
+        let mut opts = GenerateOptions::new(3, Sampling::Greedy, vec![0]);
+        // [4] always; [1, 2] bans 2 after 1; a lone EOS is never banned
+        opts.search.bad_words = vec![vec![4], vec![1, 2], vec![0]];
+        let run = |opts: &GenerateOptions, prefix: &[usize], tokens: &[usize]| {
+            let mut s = vec![1.0; 6];
+            opts.process(&mut s, prefix, tokens);
+            s.iter().map(|x| x.is_finite()).collect::<Vec<_>>()
+        };
+        assert_eq!(run(&opts, &[5], &[]), [true, true, true, true, false, true]);
+        // the banned pair spans the prompt and the generated tokens
+        assert_eq!(
+            run(&opts, &[1], &[]),
+            [true, true, false, true, false, true]
+        );
+        assert_eq!(
+            run(&opts, &[3], &[5, 1]),
+            [true, true, false, true, false, true]
+        );
+        opts.search.forced_eos = vec![0];
+        // the last of 3 new tokens: only EOS is left
+        assert_eq!(
+            run(&opts, &[3], &[5, 5]),
+            [true, false, false, false, false, false]
+        );
     }
 
     #[test]

@@ -33,8 +33,6 @@ pub struct Rope {
     scaling: RopeScaling,
     /// θ_i for i in 0..R/2 after scaling (for dynamic scaling: within the trained length)
     inv_freq: Vec<f32>,
-    /// multiplies cos and sin (YaRN; 1 otherwise)
-    attention_factor: f32,
 }
 
 impl Rope {
@@ -71,7 +69,6 @@ impl Rope {
             base,
             scaling: RopeScaling::None,
             inv_freq: default_inv_freq(base, rotary_dim),
-            attention_factor: 1.0,
         })
     }
 
@@ -80,7 +77,6 @@ impl Rope {
     pub fn with_scaling(mut self, scaling: RopeScaling) -> Result<Self> {
         scaling.check("rope_scaling")?;
         self.inv_freq = scaling.inv_freq(self.base, self.rotary_dim, 0);
-        self.attention_factor = scaling.attention_factor();
         self.scaling = scaling;
         Ok(self)
     }
@@ -112,14 +108,12 @@ impl Rope {
     /// (cos, sin) of each pair's angle at `pos`, times the attention factor: R/2
     /// values each.
     pub fn cos_sin(&self, pos: usize) -> (Vec<f32>, Vec<f32>) {
+        let c = self.scaling.attention_factor();
         self.inv_freq
             .iter()
             .map(|f| {
                 let a = pos as f32 * f;
-                (
-                    a.cos() * self.attention_factor,
-                    a.sin() * self.attention_factor,
-                )
+                (a.cos() * c, a.sin() * c)
             })
             .unzip()
     }
