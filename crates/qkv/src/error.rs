@@ -47,6 +47,14 @@ pub enum Error {
     /// A tokenizer could not be loaded or failed on the input.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// Work estimated to need more memory than the machine has available.
+    #[error("{what} needs {need}; this machine has {available_gb:.1} GB available")]
+    Memory {
+        what: String,
+        /// "about 12.3 GB", or "more memory than can be counted"
+        need: String,
+        available_gb: f64,
+    },
     /// A safetensors file is malformed or lacks what was asked for.
     #[error("{path}: {reason}")]
     Safetensors { path: String, reason: String },

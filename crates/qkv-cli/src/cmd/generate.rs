@@ -6,12 +6,11 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
-use qkv::models::generate::{
-    generate_causal_each, generate_seq2seq_each, GenerateOptions, Sampling,
-};
+use anyhow::{bail, Context, Result};
+use qkv::models::generate::generate_each;
 use qkv::models::generation_config::{EarlyStopping, GenerationConfig};
-use qkv::models::{ModelKind, TokenBatch};
+use qkv::models::request::Request;
+use qkv::models::TokenBatch;
 use qkv::text::{TextStream, Tokenizer};
 
 #[derive(clap::Args)]
@@ -66,80 +65,24 @@ pub struct GenerateArgs {
 }
 
 impl GenerateArgs {
-    /// Sampling flags win, then `--greedy`, then the folder's `do_sample`.
-    fn sampling(&self, config: &GenerationConfig) -> Sampling {
-        let flags = self.temperature.is_some() || self.top_k.is_some() || self.top_p.is_some();
-        match (flags, self.greedy, config.sample) {
-            (true, _, _) => Sampling::Sample {
-                temperature: self.temperature.unwrap_or(1.0),
-                top_k: self.top_k,
-                top_p: self.top_p,
-                seed: self.seed,
-            },
-            (false, false, Some(s)) => Sampling::Sample {
-                temperature: s.temperature,
-                top_k: s.top_k,
-                top_p: s.top_p,
-                seed: self.seed,
-            },
-            _ => Sampling::Greedy,
-        }
-    }
-
-    /// The folder's generation config with the flags' overrides.
-    fn config(&self) -> Result<GenerationConfig> {
-        let mut c = GenerationConfig::read(&self.model)?;
-        if let Some(n) = self.num_beams {
-            if n == 0 {
-                bail!("--num-beams must be at least 1");
-            }
-            c.search.num_beams = n;
-        }
-        if let Some(p) = self.length_penalty {
-            if !p.is_finite() {
-                bail!("--length-penalty must be finite, got {p}");
-            }
-            c.search.length_penalty = p;
-        }
-        if let Some(e) = &self.early_stopping {
-            c.search.early_stopping = match e.as_str() {
+    /// The flags as a library request; what they leave open comes from the folder.
+    fn request(&self) -> Request {
+        Request {
+            max_new_tokens: self.max_new_tokens,
+            greedy: self.greedy,
+            num_beams: self.num_beams,
+            length_penalty: self.length_penalty,
+            early_stopping: self.early_stopping.as_deref().map(|e| match e {
                 "true" => EarlyStopping::Done,
                 "never" => EarlyStopping::Never,
                 _ => EarlyStopping::Heuristic,
-            };
+            }),
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
         }
-        Ok(c)
     }
-}
-
-/// `asked` new tokens, fewer where the model's position table ends first: a model with
-/// learned or sinusoidal positions cannot go past its last row, and `used` positions
-/// are taken (the prompt's for a decoder-only model, the start token's for a decoder).
-fn clamp_to_positions(asked: usize, used: usize, max: Option<usize>) -> Result<usize> {
-    let Some(max) = max else { return Ok(asked) };
-    let room = max.saturating_sub(used);
-    if room == 0 {
-        bail!("the prompt takes all {max} positions of the model: nothing can be generated");
-    }
-    if asked > room {
-        eprintln!(
-            "warning: --max-new-tokens {asked} goes past the model's {max} positions; generating at most {room}"
-        );
-    }
-    Ok(asked.min(room))
-}
-
-/// Bytes of the key/value cache after `tokens` positions (self-attention of every
-/// decoder layer; an encoder-decoder also caches the source's `src` positions per layer).
-fn cache_bytes(m: &qkv::models::Transformer, tokens: usize, src: usize) -> Option<usize> {
-    let s = m.arch.decoder?;
-    let per_position = s
-        .layers
-        .checked_mul(2)?
-        .checked_mul(s.kv_heads)?
-        .checked_mul(s.head_dim)?
-        .checked_mul(4)?;
-    per_position.checked_mul(tokens.checked_add(src)?)
 }
 
 pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
@@ -154,46 +97,16 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
         _ => bail!("give --prompt or --input-ids"),
     };
     let m = &loaded.model;
-    let config = args.config()?;
-    let sampling = args.sampling(&config);
-    if config.search.num_beams > 1 && sampling != Sampling::Greedy {
-        bail!(
-            "beam search ({} beams) with sampling is not supported: pass --greedy, or --num-beams 1 to sample",
-            config.search.num_beams
+    let plan = args
+        .request()
+        .plan(m, GenerationConfig::read(&args.model)?, ids.len())
+        .map_err(in_flags)?;
+    if let Some((asked, room)) = plan.clamped {
+        eprintln!(
+            "warning: --max-new-tokens {asked} goes past the model's positions; generating at most {room}"
         );
     }
-    let max = m.arch.max_positions();
-    // what the decoder has read before its first new token
-    let read = match m.kind() {
-        ModelKind::Decoder => ids.len(),
-        _ => 1,
-    };
-    let asked = match (args.max_new_tokens, config.max_new_tokens) {
-        (Some(n), _) | (None, Some(n)) => n,
-        (None, None) => config
-            .max_length
-            .checked_sub(read)
-            .filter(|&n| n > 0)
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "the prompt fills the folder's max_length ({}) already: pass --max-new-tokens",
-                    config.max_length
-                )
-            })?,
-    };
-    let (max_new, src) = match m.kind() {
-        ModelKind::Decoder => (clamp_to_positions(asked, read, max)?, 0),
-        _ => (clamp_to_positions(asked, read, max)?, ids.len()),
-    };
-    super::check_memory(
-        cache_bytes(m, ids.len().saturating_add(max_new), src)
-            .and_then(|bytes| bytes.checked_mul(config.search.num_beams)),
-        &format!("the key/value cache of {max_new} new tokens"),
-    )
-    .map_err(|e| anyhow::anyhow!("{e}: ask for fewer --max-new-tokens"))?;
     let prompt = TokenBatch::single(ids)?;
-    let opts = GenerateOptions::new(max_new, sampling, m.special_tokens().eos.clone())
-        .with_config(&config);
     // Text goes out as it is made, as llama.cpp prints it; `--json` and bare ids (no
     // tokenizer) come whole at the end.
     let mut stream = tokenizer
@@ -222,15 +135,8 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
             failed = Some(e);
         }
     };
-    let new = match m.kind() {
-        ModelKind::Decoder => generate_causal_each(m, &prompt, &opts, &mut emit)?,
-        ModelKind::EncoderDecoder => generate_seq2seq_each(m, &prompt, &opts, &mut emit)?,
-        ModelKind::Encoder => bail!(
-            "{} is an encoder ({}); it has no language-model head to generate with",
-            args.model.display(),
-            m.info().architecture
-        ),
-    };
+    let new = generate_each(m, &prompt, &plan.options, &mut emit)
+        .with_context(|| format!("generating with {}", args.model.display()))?;
     if let Some(e) = failed {
         return Err(e);
     }
@@ -244,4 +150,25 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
         (None, false) => writeln!(out, "{new:?}")?,
     }
     Ok(())
+}
+
+/// A request's error as this command's flags say it: the library names its keywords
+/// (`num_beams`, in backquotes inside a reason), the command its flags (--num-beams).
+fn in_flags(e: qkv::Error) -> anyhow::Error {
+    let flag = |keyword: &str| format!("--{}", keyword.replace('_', "-"));
+    match e {
+        qkv::Error::Memory { .. } => anyhow::anyhow!("{e}: ask for fewer --max-new-tokens"),
+        qkv::Error::Invalid { field, reason } => {
+            let reason: String = reason
+                .split('`')
+                .enumerate()
+                .map(|(i, part)| match i % 2 {
+                    1 => flag(part),
+                    _ => part.to_string(),
+                })
+                .collect();
+            anyhow::anyhow!("invalid {}: {reason}", flag(&field))
+        }
+        e => e.into(),
+    }
 }

@@ -37,38 +37,6 @@ pub fn set_threads(threads: Option<usize>) -> Result<()> {
     Ok(())
 }
 
-/// Bytes this machine can still give a process: `MemAvailable` plus free swap, from
-/// `/proc/meminfo` (None where that file does not exist).
-fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib = |key: &str| -> Option<u64> {
-        let line = info.lines().find(|l| l.starts_with(key))?;
-        line.split_whitespace().nth(1)?.parse().ok()
-    };
-    Some((kib("MemAvailable:")? + kib("SwapFree:").unwrap_or(0)) * 1024)
-}
-
-/// Refuses work estimated to need `need` bytes (`None`: more than can be counted) when
-/// the machine has less available, saying both figures.
-pub fn check_memory(need: Option<usize>, what: &str) -> Result<()> {
-    let gb = |b: f64| b / 1e9;
-    let Some(have) = available_memory() else {
-        return Ok(());
-    };
-    match need {
-        Some(n) if (n as u64) <= have => Ok(()),
-        Some(n) => bail!(
-            "{what} needs about {:.1} GB; this machine has {:.1} GB available",
-            gb(n as f64),
-            gb(have as f64)
-        ),
-        None => bail!(
-            "{what} needs more memory than can be counted; this machine has {:.1} GB available",
-            gb(have as f64)
-        ),
-    }
-}
-
 /// Loads a model folder, with the folder named in any error.
 /// Tensors the model does not read are named in a warning (the first few of them).
 pub fn load_model(dir: &Path) -> Result<Loaded> {

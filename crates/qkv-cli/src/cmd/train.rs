@@ -871,7 +871,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                     len,
                 ),
             };
-            super::check_memory(
+            qkv::io::memory::check(
                 need,
                 &format!("training a model over {vocab} symbols on batches of {batch} × {len} tokens"),
             )

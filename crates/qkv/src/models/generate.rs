@@ -5,7 +5,7 @@
 //! Every step feeds only the new tokens; the KV cache holds the past.
 
 use super::generation_config::{GenerationConfig, Search};
-use super::{beam, TokenBatch, Transformer};
+use super::{beam, ModelKind, TokenBatch, Transformer};
 use crate::error::{Error, Result};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
@@ -318,6 +318,30 @@ fn each_row(
         out.push(tokens);
     }
     Ok(out)
+}
+
+/// Generates for each row of `prompt` with the loop the model's kind needs: a
+/// continuation of the prompt for a decoder-only model, the transformation of the source
+/// sentence (a translation) for an encoder-decoder.
+pub fn generate_each(
+    model: &Transformer,
+    prompt: &TokenBatch,
+    opts: &GenerateOptions,
+    on_token: OnToken,
+) -> Result<Vec<Vec<usize>>> {
+    match model.kind() {
+        ModelKind::Decoder => generate_causal_each(model, prompt, opts, on_token),
+        ModelKind::EncoderDecoder => generate_seq2seq_each(model, prompt, opts, on_token),
+        ModelKind::Encoder => Err(no_head(model)),
+    }
+}
+
+/// Why an encoder cannot generate.
+pub(crate) fn no_head(model: &Transformer) -> Error {
+    Error::Unsupported(format!(
+        "{} is an encoder; it has no language-model head to generate with",
+        model.info().architecture
+    ))
 }
 
 /// Translates / transforms each source row; decoding starts from the model's decoder

@@ -25,6 +25,7 @@ mod info;
 pub mod llama;
 pub mod marian;
 mod names;
+pub mod request;
 pub mod sentence;
 mod special;
 pub mod t5;
