@@ -1,0 +1,207 @@
+"""Type stubs of qkv's native module. Shapes use B batch, T query length, S key length,
+H query heads, G key/value heads (dividing H), D head width, Dv value width, C model
+width, V vocabulary."""
+
+from os import PathLike
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, overload
+
+import numpy as np
+import numpy.typing as npt
+
+F32 = npt.NDArray[np.float32]
+Bools = npt.NDArray[np.bool_]
+Ints = Union[npt.NDArray[np.integer], Sequence[int], Sequence[Sequence[int]]]
+Causal = Union[None, bool, Literal["top_left", "bottom_right"]]
+Layout = Literal["bthd", "bhtd"]
+KernelName = Literal["tiled", "reference"]
+
+__version__: str
+EXPERIMENTS: List[str]
+
+@overload
+def attention(
+    q: F32,
+    k: F32,
+    v: F32,
+    *,
+    causal: Causal = None,
+    key_padding: Optional[Bools] = None,
+    mask: Optional[Bools] = None,
+    bias: Optional[F32] = None,
+    alibi_slopes: Optional[F32] = None,
+    window: Optional[int] = None,
+    scale: Optional[float] = None,
+    return_weights: Literal[False] = False,
+    layout: Layout = "bthd",
+    kernel: KernelName = "tiled",
+) -> Tuple[F32, F32]:
+    """Scaled dot-product attention ``softmax(Q·Kᵀ·scale + bias)·V``.
+
+    q ``[B, T, H, D]``, k ``[B, S, G, D]``, v ``[B, S, G, Dv]`` (``[B, H, T, D]``,
+    ``[B, G, S, D]``, ``[B, G, S, Dv]`` with ``layout="bhtd"``). Returns ``(out, lse)``:
+    out ``[B, T, H, Dv]`` in the input layout, lse ``[B, H, T]``."""
+
+@overload
+def attention(
+    q: F32,
+    k: F32,
+    v: F32,
+    *,
+    causal: Causal = None,
+    key_padding: Optional[Bools] = None,
+    mask: Optional[Bools] = None,
+    bias: Optional[F32] = None,
+    alibi_slopes: Optional[F32] = None,
+    window: Optional[int] = None,
+    scale: Optional[float] = None,
+    return_weights: Literal[True],
+    layout: Layout = "bthd",
+    kernel: KernelName = "tiled",
+) -> Tuple[F32, F32, F32]:
+    """As above; also returns the softmax weights ``[B, H, T, S]``."""
+
+def attention_backward(
+    q: F32,
+    k: F32,
+    v: F32,
+    out: F32,
+    lse: F32,
+    d_out: F32,
+    *,
+    causal: Causal = None,
+    key_padding: Optional[Bools] = None,
+    mask: Optional[Bools] = None,
+    bias: Optional[F32] = None,
+    alibi_slopes: Optional[F32] = None,
+    window: Optional[int] = None,
+    scale: Optional[float] = None,
+    return_dbias: bool = False,
+    layout: Layout = "bthd",
+    kernel: KernelName = "tiled",
+) -> Tuple[F32, ...]:
+    """Gradients ``(dq, dk, dv)`` (and ``dbias`` with ``return_dbias``) of
+    :func:`attention` given ``d_out = dL/d out``, shaped as ``q``, ``k``, ``v``
+    (and ``bias``)."""
+
+class Model:
+    """A checkpoint folder loaded by :func:`load`."""
+
+    @property
+    def info(self) -> Dict[str, Any]:
+        """``family``, ``architecture``, ``kind``, ``layers``, ``decoder_layers``,
+        ``hidden``, ``heads``, ``kv_heads``, ``head_dim``, ``ffn_dim``, ``vocab``,
+        ``max_positions``, ``position``, ``norm``, ``ffn``, ``bos_token_id``,
+        ``eos_token_id``, ``pad_token_id``, ``decoder_start_token_id``, ``parameters``,
+        ``dtypes``."""
+
+    def forward(
+        self,
+        input_ids: Ints,
+        attention_mask: Optional[Ints] = None,
+        *,
+        decoder_input_ids: Optional[Ints] = None,
+        token_type_ids: Optional[Ints] = None,
+        output_attentions: bool = False,
+    ) -> Dict[str, Union[F32, List[F32]]]:
+        """``logits`` ``[B, T, V]`` (encoders: ``last_hidden_state`` ``[B, T, C]``, and
+        ``logits`` with a masked-LM head); with ``output_attentions``, per-layer
+        ``[B, H, T, S]`` weights under ``attentions`` or ``encoder_attentions``,
+        ``decoder_attentions``, ``cross_attentions``."""
+
+    @overload
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: Optional[int] = None,
+        greedy: bool = False,
+        num_beams: Optional[int] = None,
+        length_penalty: Optional[float] = None,
+        early_stopping: Union[None, bool, Literal["never"]] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        seed: int = 0,
+    ) -> str:
+        """The generated text (a continuation, or a translation)."""
+
+    @overload
+    def generate(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_new_tokens: Optional[int] = None,
+        greedy: bool = False,
+        num_beams: Optional[int] = None,
+        length_penalty: Optional[float] = None,
+        early_stopping: Union[None, bool, Literal["never"]] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        seed: int = 0,
+    ) -> List[int]:
+        """The new token ids."""
+
+    def embed(self, texts: Sequence[str], *, batch_size: int = 32) -> F32:
+        """Sentence embeddings ``[N, dim]`` (sentence-transformers folders)."""
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> List[int]:
+        """Token ids of ``text``."""
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``, without special tokens."""
+
+def load(path: Union[str, "PathLike[str]"]) -> Model:
+    """Loads a Hugging Face, sentence-transformers or qkv model folder."""
+
+def sinusoidal_table(
+    n_positions: int, dim: int, *, layout: Literal["interleaved", "split"] = "interleaved"
+) -> F32:
+    """``[n_positions, dim]`` fixed sinusoidal encodings."""
+
+def alibi_slopes(n_heads: int) -> F32:
+    """``[n_heads]`` ALiBi slopes, as BLOOM computes them."""
+
+def relative_position_bucket(
+    relative_position: Union[int, Ints],
+    *,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> npt.NDArray[np.int64]:
+    """T5's bucket of each ``key − query`` distance, shaped as the input."""
+
+class Rope:
+    """Rotary position embedding over ``head_dim``-wide heads."""
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        base: float = 10000.0,
+        layout: Literal["half", "interleaved"] = "half",
+        rotary_dim: Optional[int] = None,
+        scaling: Optional[Dict[str, Any]] = None,
+        max_positions: Optional[int] = None,
+    ) -> None: ...
+    @property
+    def inv_freq(self) -> F32:
+        """``[rotary_dim / 2]`` frequencies θ_i after scaling."""
+
+    def cos_sin(self, positions: Ints) -> Tuple[F32, F32]:
+        """``(cos, sin)``, each ``[N, rotary_dim / 2]``."""
+
+    def apply(self, x: F32, positions: Optional[Ints] = None, *, offset: int = 0) -> F32:
+        """``x`` ``[B, T, H, head_dim]`` rotated to its positions (a new array)."""
+
+def experiment(
+    name: str, *, quick: bool = False, seed: int = 0, progress: bool = False
+) -> Dict[str, Any]:
+    """Runs one of :data:`EXPERIMENTS`; returns its report (claim, verdict, rule,
+    metrics, figures)."""
+
+def set_num_threads(n: int) -> None:
+    """Threads of qkv's kernels; call before the first computation."""
+
+def get_num_threads() -> int:
+    """Threads of qkv's kernels."""

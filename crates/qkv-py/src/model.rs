@@ -1,0 +1,477 @@
+//! `qkv.load(dir)` and the `Model` it returns: a checkpoint folder's forward (with
+//! every layer's attention weights), generation, sentence embeddings and tokenizer.
+
+use std::path::{Path, PathBuf};
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use qkv::models::generate::generate_each;
+use qkv::models::generation_config::{EarlyStopping, GenerationConfig};
+use qkv::models::request::Request;
+use qkv::models::sentence::SentenceEncoder;
+use qkv::models::{Head, Input, ModelKind, TokenBatch, Transformer};
+use qkv::text::Tokenizer;
+use qkv::Tensor;
+
+use crate::arrays;
+use crate::errors::OrPy;
+
+/// The network: a plain checkpoint, or a sentence-transformers folder whose encoder
+/// comes with its pooling.
+enum Net {
+    Plain(Box<Transformer>),
+    Sentence(Box<SentenceEncoder>),
+}
+
+/// A model loaded from a Hugging Face (or qkv) folder. Made by :func:`qkv.load`.
+#[pyclass(module = "qkv", frozen)]
+pub struct Model {
+    net: Net,
+    tokenizer: Option<Tokenizer>,
+    dir: PathBuf,
+    parameters: usize,
+    dtypes: Vec<(String, usize)>,
+}
+
+impl Model {
+    fn transformer(&self) -> &Transformer {
+        match &self.net {
+            Net::Plain(t) => t,
+            Net::Sentence(s) => s.encoder(),
+        }
+    }
+
+    fn tokenizer(&self) -> PyResult<&Tokenizer> {
+        self.tokenizer.as_ref().ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "{} has no tokenizer (tokenizer.json or SentencePiece files); pass token ids",
+                self.dir.display()
+            ))
+        })
+    }
+}
+
+/// Loads the model folder ``path``: a Hugging Face checkpoint (BERT, GPT-2, Llama,
+/// Mistral, Qwen2, BLOOM, Marian, T5), a sentence-transformers folder (with
+/// ``modules.json``), or a folder qkv saved. Nothing is downloaded.
+///
+/// Raises:
+///     FileNotFoundError: ``path`` is not a folder, or lacks a file it needs.
+///     ValueError: the config or weights are invalid or of an unsupported
+///         architecture; the message names the file and field.
+#[pyfunction]
+pub fn load(py: Python<'_>, path: PathBuf) -> PyResult<Model> {
+    py.detach(|| read(&path)).or_py()
+}
+
+fn read(dir: &Path) -> qkv::Result<Model> {
+    let (net, parameters, dtypes) = match dir.join("modules.json").is_file() {
+        true => {
+            let encoder = SentenceEncoder::load(dir)?;
+            let parameters = encoder.encoder().num_params();
+            (Net::Sentence(Box::new(encoder)), parameters, Vec::new())
+        }
+        false => {
+            let loaded = qkv::models::load(dir)?;
+            let mut model = loaded.model;
+            // Python calls only run forward: the projections are packed once here
+            model.pack_weights();
+            (
+                Net::Plain(Box::new(model)),
+                loaded.parameters,
+                loaded.dtypes,
+            )
+        }
+    };
+    Ok(Model {
+        net,
+        tokenizer: Tokenizer::optional(dir)?,
+        dir: dir.to_path_buf(),
+        parameters,
+        dtypes,
+    })
+}
+
+/// `input_ids` `[B, T]` with an optional 0/1 `attention_mask` `[B, T]`.
+fn batch(
+    ids: &Bound<'_, PyAny>,
+    name: &str,
+    mask: Option<&Bound<'_, PyAny>>,
+) -> PyResult<TokenBatch> {
+    let (shape, ids) = arrays::ints(ids, name)?;
+    let [b, t]: [usize; 2] = shape.as_slice().try_into().map_err(|_| {
+        PyValueError::new_err(format!(
+            "shape mismatch for `{name}`: expected [B, T], got {shape:?}"
+        ))
+    })?;
+    let mask = match mask.filter(|m| !m.is_none()) {
+        None => None,
+        Some(m) => {
+            let (mshape, values) = arrays::ints(m, "attention_mask")?;
+            if mshape != shape {
+                return Err(PyValueError::new_err(format!(
+                    "shape mismatch for `attention_mask`: expected {shape:?} (as `{name}`), got {mshape:?}"
+                )));
+            }
+            if let Some(i) = values.iter().position(|&x| x > 1) {
+                return Err(PyValueError::new_err(format!(
+                    "`attention_mask` must hold 0 or 1, got {} at flat index {i}",
+                    values[i]
+                )));
+            }
+            Some(values.iter().map(|&x| x == 1).collect())
+        }
+    };
+    TokenBatch::new(ids, mask, b, t).or_py()
+}
+
+fn tensors<'py>(py: Python<'py>, list: Vec<Tensor>) -> PyResult<Bound<'py, PyList>> {
+    let arrays = list
+        .into_iter()
+        .map(|t| {
+            let shape = t.shape().to_vec();
+            arrays::out(py, t.into_data(), &shape)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, arrays)
+}
+
+fn tensor<'py>(py: Python<'py>, t: Tensor) -> PyResult<Bound<'py, PyAny>> {
+    let shape = t.shape().to_vec();
+    Ok(arrays::out(py, t.into_data(), &shape)?.into_any())
+}
+
+fn stopping_rule(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<EarlyStopping>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    if let Ok(flag) = obj.extract::<bool>() {
+        return Ok(Some(match flag {
+            true => EarlyStopping::Done,
+            false => EarlyStopping::Heuristic,
+        }));
+    }
+    match obj.extract::<String>().as_deref() {
+        Ok("never") => Ok(Some(EarlyStopping::Never)),
+        _ => Err(PyValueError::new_err(format!(
+            "`early_stopping` must be True, False or \"never\", got {obj}"
+        ))),
+    }
+}
+
+/// A non-negative count from Python, named in the error when it is not one.
+fn count(value: Option<i64>, name: &str) -> PyResult<Option<usize>> {
+    value
+        .map(|v| {
+            usize::try_from(v).map_err(|_| {
+                PyValueError::new_err(format!("invalid `{name}`: must be at least 0, got {v}"))
+            })
+        })
+        .transpose()
+}
+
+#[pymethods]
+impl Model {
+    /// What the checkpoint is, as ``qkv inspect`` prints it: ``family``,
+    /// ``architecture``, ``kind`` (``"encoder"``, ``"decoder"``, ``"encoder-decoder"``),
+    /// ``layers``, ``decoder_layers``, ``hidden``, ``heads``,
+    /// ``kv_heads``, ``head_dim``, ``ffn_dim``, ``vocab``, ``max_positions``,
+    /// ``position``, ``norm``, ``ffn``, the special tokens (``bos_token_id``,
+    /// ``eos_token_id`` as a list, ``pad_token_id``, ``decoder_start_token_id``),
+    /// ``parameters`` and ``dtypes`` (element counts by dtype on disk; empty for a
+    /// sentence-transformers folder).
+    #[getter]
+    fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let i = self.transformer().info();
+        let d = PyDict::new(py);
+        d.set_item("family", &i.family)?;
+        d.set_item("architecture", &i.architecture)?;
+        d.set_item(
+            "kind",
+            match self.transformer().kind() {
+                ModelKind::Encoder => "encoder",
+                ModelKind::Decoder => "decoder",
+                ModelKind::EncoderDecoder => "encoder-decoder",
+            },
+        )?;
+        d.set_item("layers", i.layers)?;
+        d.set_item("decoder_layers", i.decoder_layers)?;
+        d.set_item("hidden", i.hidden)?;
+        d.set_item("heads", i.heads)?;
+        d.set_item("kv_heads", i.kv_heads)?;
+        d.set_item("head_dim", i.head_dim)?;
+        d.set_item("ffn_dim", i.ffn_dim)?;
+        d.set_item("vocab", i.vocab)?;
+        d.set_item("max_positions", i.max_positions)?;
+        d.set_item("position", &i.position)?;
+        d.set_item("norm", &i.norm)?;
+        d.set_item("ffn", &i.ffn)?;
+        let special = self.transformer().special_tokens();
+        d.set_item("bos_token_id", special.bos)?;
+        d.set_item("eos_token_id", special.eos.clone())?;
+        d.set_item("pad_token_id", special.pad)?;
+        d.set_item("decoder_start_token_id", special.decoder_start)?;
+        d.set_item("parameters", self.parameters)?;
+        let dtypes = PyDict::new(py);
+        for (name, n) in &self.dtypes {
+            dtypes.set_item(name, n)?;
+        }
+        d.set_item("dtypes", dtypes)?;
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        let i = self.transformer().info();
+        format!(
+            "qkv.Model({}, {} from {})",
+            i.family,
+            i.architecture,
+            self.dir.display()
+        )
+    }
+
+    /// One batch through the model, as transformers' ``model(...)``.
+    ///
+    /// Args:
+    ///     input_ids: integers ``[B, T]`` (the encoder's tokens for an
+    ///         encoder-decoder).
+    ///     attention_mask: 0/1 ``[B, T]``, 0 for padding (left padding for decoders).
+    ///     decoder_input_ids: integers ``[B, T2]``, needed by encoder-decoders.
+    ///     token_type_ids: integers ``[B, T]``, BERT's segments.
+    ///     output_attentions: also return every layer's attention weights.
+    ///
+    /// Returns:
+    ///     A dict of float32 arrays. Decoders and encoder-decoders: ``logits``
+    ///     ``[B, T, V]``. Encoders: ``last_hidden_state`` ``[B, T, C]``, and ``logits``
+    ///     when the folder has a masked-LM head. With ``output_attentions``: a list of
+    ///     ``[B, H, T, S]`` arrays per layer under ``attentions`` (encoder-only and
+    ///     decoder-only models) or ``encoder_attentions``, ``decoder_attentions`` and
+    ///     ``cross_attentions`` (encoder-decoders), as transformers names them.
+    #[pyo3(signature = (input_ids, attention_mask=None, *, decoder_input_ids=None, token_type_ids=None, output_attentions=false))]
+    fn forward<'py>(
+        &self,
+        py: Python<'py>,
+        input_ids: &Bound<'py, PyAny>,
+        attention_mask: Option<&Bound<'py, PyAny>>,
+        decoder_input_ids: Option<&Bound<'py, PyAny>>,
+        token_type_ids: Option<&Bound<'py, PyAny>>,
+        output_attentions: bool,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let m = self.transformer();
+        let tokens = batch(input_ids, "input_ids", attention_mask)?;
+        let types = match token_type_ids.filter(|t| !t.is_none()) {
+            Some(t) => {
+                let types = batch(t, "token_type_ids", None)?;
+                if types.batch != tokens.batch || types.len != tokens.len {
+                    return Err(PyValueError::new_err(format!(
+                        "shape mismatch for `token_type_ids`: expected [{}, {}] (as `input_ids`), got [{}, {}]",
+                        tokens.batch, tokens.len, types.batch, types.len
+                    )));
+                }
+                Some(types.ids)
+            }
+            None => None,
+        };
+        let decoder = match decoder_input_ids.filter(|d| !d.is_none()) {
+            Some(d) => Some(batch(d, "decoder_input_ids", None)?),
+            None => None,
+        };
+        let out = PyDict::new(py);
+        match m.kind() {
+            ModelKind::Encoder => {
+                let input = Input {
+                    source: Some(&tokens),
+                    token_types: types.as_deref(),
+                    target: None,
+                };
+                let has_head = m.arch.head != Head::None;
+                let hidden = py
+                    .detach(|| m.hidden_states(&tokens, types.as_deref()))
+                    .or_py()?;
+                out.set_item("last_hidden_state", tensor(py, hidden)?)?;
+                if has_head || output_attentions {
+                    let run = py.detach(|| m.forward(&input, output_attentions)).or_py()?;
+                    if has_head {
+                        out.set_item("logits", tensor(py, run.logits)?)?;
+                    }
+                    if output_attentions {
+                        out.set_item("attentions", tensors(py, run.attentions.encoder)?)?;
+                    }
+                }
+            }
+            ModelKind::Decoder => {
+                if decoder.is_some() {
+                    return Err(PyValueError::new_err(
+                        "`decoder_input_ids` is for encoder-decoders; a decoder-only model reads `input_ids`",
+                    ));
+                }
+                let input = Input {
+                    target: Some(&tokens),
+                    ..Default::default()
+                };
+                let run = py.detach(|| m.forward(&input, output_attentions)).or_py()?;
+                out.set_item("logits", tensor(py, run.logits)?)?;
+                if output_attentions {
+                    out.set_item("attentions", tensors(py, run.attentions.decoder)?)?;
+                }
+            }
+            ModelKind::EncoderDecoder => {
+                let Some(decoder) = decoder else {
+                    return Err(PyValueError::new_err(format!(
+                        "{} is an encoder-decoder: it needs `decoder_input_ids`",
+                        m.info().architecture
+                    )));
+                };
+                let input = Input {
+                    source: Some(&tokens),
+                    token_types: None,
+                    target: Some(&decoder),
+                };
+                let run = py.detach(|| m.forward(&input, output_attentions)).or_py()?;
+                out.set_item("logits", tensor(py, run.logits)?)?;
+                if output_attentions {
+                    let a = run.attentions;
+                    out.set_item("encoder_attentions", tensors(py, a.encoder)?)?;
+                    out.set_item("decoder_attentions", tensors(py, a.decoder)?)?;
+                    out.set_item("cross_attentions", tensors(py, a.cross)?)?;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Continues a prompt (decoder-only models) or transforms a source sentence
+    /// (encoder-decoders: a translation), with the options of ``qkv generate``. What
+    /// the keywords leave open comes from the folder's ``generation_config.json``, as
+    /// transformers' ``generate()`` reads it.
+    ///
+    /// Args:
+    ///     prompt: text (needs the folder's tokenizer) or a list of token ids.
+    ///     max_new_tokens: new tokens at most (default: the folder's
+    ///         ``max_new_tokens``, or ``max_length`` less the prompt).
+    ///     greedy: always take the most likely token, even where the folder samples.
+    ///     num_beams: beam search with this many beams.
+    ///     length_penalty: beam scores are divided by the length to this power.
+    ///     early_stopping: ``True``, ``False`` or ``"never"``, as transformers.
+    ///     temperature, top_k, top_p: sample (in this order of processing).
+    ///     seed: the sampler's seed.
+    ///
+    /// Returns:
+    ///     The generated text when ``prompt`` is text, else the list of new token ids.
+    #[pyo3(signature = (prompt, *, max_new_tokens=None, greedy=false, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, seed=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn generate<'py>(
+        &self,
+        py: Python<'py>,
+        prompt: &Bound<'py, PyAny>,
+        max_new_tokens: Option<i64>,
+        greedy: bool,
+        num_beams: Option<i64>,
+        length_penalty: Option<f64>,
+        early_stopping: Option<&Bound<'py, PyAny>>,
+        temperature: Option<f64>,
+        top_k: Option<i64>,
+        top_p: Option<f64>,
+        seed: u64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let m = self.transformer();
+        let text = prompt.extract::<String>().ok();
+        let ids = match &text {
+            Some(t) => self.tokenizer()?.encode(t, true).or_py()?,
+            None => prompt.extract::<Vec<usize>>().map_err(|_| {
+                PyTypeError::new_err("`prompt` must be a str or a list of non-negative token ids")
+            })?,
+        };
+        let request = Request {
+            max_new_tokens: count(max_new_tokens, "max_new_tokens")?,
+            greedy,
+            num_beams: count(num_beams, "num_beams")?,
+            length_penalty: length_penalty.map(|p| p as f32),
+            early_stopping: stopping_rule(early_stopping)?,
+            temperature: temperature.map(|t| t as f32),
+            top_k: count(top_k, "top_k")?,
+            top_p: top_p.map(|p| p as f32),
+            seed,
+        };
+        let config = GenerationConfig::read(&self.dir).or_py()?;
+        let plan = request.plan(m, config, ids.len()).or_py()?;
+        if let Some((asked, room)) = plan.clamped {
+            let warnings = py.import("warnings")?;
+            warnings.call_method1(
+                "warn",
+                (format!("max_new_tokens {asked} goes past the model's positions; generating at most {room}"),),
+            )?;
+        }
+        let prompt = TokenBatch::single(ids).or_py()?;
+        let new = py
+            .detach(|| generate_each(m, &prompt, &plan.options, &mut |_, _| {}))
+            .or_py()?
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        match text {
+            Some(_) => Ok(self
+                .tokenizer()?
+                .decode(&new)
+                .or_py()?
+                .into_pyobject(py)?
+                .into_any()),
+            None => Ok(new.into_pyobject(py)?.into_any()),
+        }
+    }
+
+    /// Sentence embeddings, as sentence-transformers' ``encode`` computes them with the
+    /// folder's pooling and normalisation.
+    ///
+    /// Args:
+    ///     texts: the sentences.
+    ///     batch_size: sentences per forward (default 32).
+    ///
+    /// Returns:
+    ///     float32 ``[N, dim]``.
+    ///
+    /// Raises:
+    ///     ValueError: the folder is not a sentence-transformers folder.
+    #[pyo3(signature = (texts, *, batch_size=32))]
+    fn embed<'py>(
+        &self,
+        py: Python<'py>,
+        texts: Vec<String>,
+        batch_size: i64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let Net::Sentence(encoder) = &self.net else {
+            return Err(PyValueError::new_err(format!(
+                "{} is not a sentence-transformers folder (no modules.json): it has no pooling to embed with",
+                self.dir.display()
+            )));
+        };
+        let batch_size = match count(Some(batch_size), "batch_size")? {
+            Some(0) | None => {
+                return Err(PyValueError::new_err(
+                    "invalid `batch_size`: must be at least 1",
+                ))
+            }
+            Some(n) => n,
+        };
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let vectors = py
+            .detach(|| encoder.embed_batched(&refs, batch_size))
+            .or_py()?;
+        let dim = encoder.dim();
+        let flat: Vec<f32> = vectors.into_iter().flatten().collect();
+        Ok(arrays::out(py, flat, &[texts.len(), dim])?.into_any())
+    }
+
+    /// Token ids of ``text`` with the folder's tokenizer (``add_special_tokens`` as
+    /// transformers' default: BOS/EOS, [CLS]/[SEP] where the tokenizer adds them).
+    #[pyo3(signature = (text, *, add_special_tokens=true))]
+    fn encode(&self, text: &str, add_special_tokens: bool) -> PyResult<Vec<usize>> {
+        self.tokenizer()?.encode(text, add_special_tokens).or_py()
+    }
+
+    /// Text of ``ids``, without special tokens.
+    fn decode(&self, ids: Vec<usize>) -> PyResult<String> {
+        self.tokenizer()?.decode(&ids).or_py()
+    }
+}
