@@ -272,13 +272,19 @@ impl<'py> Options<'py> {
     }
 }
 
-/// Refuses a `[B, H, T, S]` weights array larger than the machine's free memory.
-fn check_weights_memory(q: [usize; 4], s: usize) -> PyResult<()> {
+/// Refuses outputs larger than the machine's free memory: `[B, T, H, Dv]` (which a
+/// wide V can make far larger than the inputs), and `[B, H, T, S]` weights when asked.
+fn check_output_memory(q: [usize; 4], k: [usize; 4], v: [usize; 4], weights: bool) -> PyResult<()> {
     let [b, t, h, _] = q;
-    let bytes = [b, h, t, s, 4]
-        .iter()
-        .try_fold(1usize, |acc, &x| acc.checked_mul(x));
-    qkv::io::memory::check(bytes, "the attention weights [B, H, T, S]").or_py()
+    let product = |xs: &[usize]| xs.iter().try_fold(4usize, |acc, &x| acc.checked_mul(x));
+    let out = product(&[b, t, h, v[3]]);
+    let weights = if weights {
+        product(&[b, h, t, k[1]])
+    } else {
+        Some(0)
+    };
+    let total = out.zip(weights).and_then(|(o, w)| o.checked_add(w));
+    qkv::io::memory::check(total, "the attention output").or_py()
 }
 
 /// Scaled dot-product attention, ``softmax(Q·Kᵀ·scale + bias)·V``, over NumPy arrays.
@@ -356,9 +362,7 @@ pub fn attention<'py>(
         kernel,
     )?;
     let spec = options.spec(return_weights)?;
-    if return_weights {
-        check_weights_memory(q.shape, k.shape[1])?;
-    }
+    check_output_memory(q.shape, k.shape, v.shape, return_weights)?;
     let (qv, kv, vv) = (q.view(), k.view(), v.view());
     let result = py
         .detach(|| attention_views(&qv, &kv, &vv, &spec))

@@ -160,6 +160,29 @@ fn stopping_rule(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<EarlyStoppin
     }
 }
 
+/// Refuses a forward whose outputs alone (logits or hidden states, and every layer's
+/// `[B, H, T, S]` weights when asked) would not fit in free memory.
+fn check_forward_memory(
+    m: &Transformer,
+    tokens: &TokenBatch,
+    decoder: Option<&TokenBatch>,
+    attentions: bool,
+) -> PyResult<()> {
+    let info = m.info();
+    let (b, src) = (tokens.batch, tokens.len);
+    let tgt = decoder.map_or(src, |d| d.len);
+    let layers = info.layers + info.decoder_layers.unwrap_or(0);
+    let longest = src.max(tgt);
+    let product = |xs: &[usize]| xs.iter().try_fold(4usize, |acc, &x| acc.checked_mul(x));
+    let outputs = product(&[b, tgt, info.vocab.max(info.hidden)]);
+    let maps = match attentions {
+        true => product(&[layers, b, info.heads, longest, longest]),
+        false => Some(0),
+    };
+    let total = outputs.zip(maps).and_then(|(o, a)| o.checked_add(a));
+    qkv::io::memory::check(total, "the forward's outputs").or_py()
+}
+
 /// A non-negative count from Python, named in the error when it is not one.
 fn count(value: Option<i64>, name: &str) -> PyResult<Option<usize>> {
     value
@@ -277,6 +300,7 @@ impl Model {
             Some(d) => Some(batch(d, "decoder_input_ids", None)?),
             None => None,
         };
+        check_forward_memory(m, &tokens, decoder.as_ref(), output_attentions)?;
         let out = PyDict::new(py);
         match m.kind() {
             ModelKind::Encoder => {
