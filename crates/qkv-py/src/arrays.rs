@@ -9,6 +9,7 @@ use numpy::{
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use rayon::prelude::*;
 
 /// A read-only array of `T` borrowed from Python, C-contiguous and aligned.
 pub struct In<'py, T: numpy::Element> {
@@ -139,17 +140,21 @@ pub fn out<'py>(
 }
 
 /// `[A, B, C, D]` → `[A, C, B, D]`: the SDPA layout `[B, H, T, D]` to qkv's
-/// `[B, T, H, D]` and back (the same swap both ways).
+/// `[B, T, H, D]` and back (the same swap both ways). Each output row `[B, D]` of one
+/// (a, c) is gathered on the thread pool: the copy's page faults and reads are
+/// shared among its threads.
 pub fn swap_middle(data: &[f32], [a, b, c, d]: [usize; 4]) -> Vec<f32> {
     let mut out = vec![0.0; data.len()];
-    for ai in 0..a {
-        for bi in 0..b {
-            for ci in 0..c {
-                let from = ((ai * b + bi) * c + ci) * d;
-                let to = ((ai * c + ci) * b + bi) * d;
-                out[to..to + d].copy_from_slice(&data[from..from + d]);
-            }
-        }
+    if d == 0 || b == 0 {
+        return out;
     }
+    out.par_chunks_mut(b * d).enumerate().for_each(|(ac, row)| {
+        let (ai, ci) = (ac / c, ac % c);
+        for (bi, dst) in row.chunks_exact_mut(d).enumerate() {
+            let from = ((ai * b + bi) * c + ci) * d;
+            dst.copy_from_slice(&data[from..from + d]);
+        }
+    });
+    debug_assert_eq!(out.len(), a * b * c * d);
     out
 }
