@@ -1,5 +1,6 @@
 //! `qkv.attention` and `qkv.attention_backward`: the library's one attention entry
-//! point over NumPy arrays, in qkv's layout `[B, T, H, D]` or PyTorch's `[B, H, T, D]`.
+//! point over NumPy arrays, in qkv's layout `[B, T, H, D]` or PyTorch's `[B, H, T, D]`,
+//! both read in place.
 
 use numpy::PyArrayDyn;
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -16,8 +17,8 @@ use crate::errors::OrPy;
 enum Layout {
     /// `[B, T, H, D]`, qkv's own: read in place.
     Bthd,
-    /// `[B, H, T, D]`, `torch.nn.functional.scaled_dot_product_attention`'s: swapped
-    /// into qkv's layout on the way in and back on the way out.
+    /// `[B, H, T, D]`, `torch.nn.functional.scaled_dot_product_attention`'s: read in
+    /// place too (heads-major views); the output is swapped into it on the way out.
     Bhtd,
 }
 
@@ -33,12 +34,11 @@ impl Layout {
     }
 }
 
-/// A Q, K, V (or output, gradient) argument in qkv's layout: borrowed where the caller's
-/// array already is, swapped into a new buffer where it is `[B, H, T, D]`.
+/// A Q, K, V (or output, gradient) argument, borrowed from the caller's array in
+/// either layout; `shape` is qkv's `[B, L, N, E]`.
 struct Heads<'py> {
     borrowed: In<'py, f32>,
-    swapped: Option<Vec<f32>>,
-    /// `[B, L, N, E]`
+    layout: Layout,
     shape: [usize; 4],
 }
 
@@ -55,41 +55,49 @@ impl<'py> Heads<'py> {
                 borrowed.shape()
             ))
         })?;
-        let (swapped, shape) = match layout {
-            Layout::Bthd => (None, given),
+        let shape = match layout {
+            Layout::Bthd => given,
             Layout::Bhtd => {
                 let [b, h, t, d] = given;
-                (
-                    Some(arrays::swap_middle(borrowed.data(), given)),
-                    [b, t, h, d],
-                )
+                [b, t, h, d]
             }
         };
         Ok(Heads {
             borrowed,
-            swapped,
+            layout,
             shape,
         })
     }
 
-    fn data(&self) -> &[f32] {
-        self.swapped.as_deref().unwrap_or(self.borrowed.data())
-    }
-
+    /// The array read in place, in whichever layout it has.
     fn view(&self) -> HeadsView<'_> {
         let [batch, len, heads, dim] = self.shape;
-        HeadsView {
-            data: self.data(),
-            batch,
-            len,
-            heads,
-            dim,
-            batch_stride: len * heads * dim,
+        let data = self.borrowed.data();
+        match self.layout {
+            Layout::Bthd => HeadsView {
+                data,
+                batch,
+                len,
+                heads,
+                dim,
+                batch_stride: len * heads * dim,
+                pos_stride: heads * dim,
+                head_stride: dim,
+            },
+            Layout::Bhtd => HeadsView::heads_major(data, [batch, heads, len, dim]),
         }
     }
 
+    /// A copy in qkv's layout, for the backward's `out` and `d_out`.
     fn tensor(&self) -> qkv::Result<Tensor> {
-        Tensor::new(&self.shape, self.data().to_vec())
+        let data = match self.layout {
+            Layout::Bthd => self.borrowed.data().to_vec(),
+            Layout::Bhtd => {
+                let [b, t, h, d] = self.shape;
+                arrays::swap_middle(self.borrowed.data(), [b, h, t, d])
+            }
+        };
+        Tensor::new(&self.shape, data)
     }
 }
 
@@ -309,7 +317,8 @@ fn check_output_memory(q: [usize; 4], k: [usize; 4], v: [usize; 4], weights: boo
 ///         ``p − j < w`` (and, without ``causal``, ``j − p < w``).
 ///     scale: multiplies ``Q·Kᵀ``; ``None`` means ``1/√D``.
 ///     return_weights: also return the ``[B, H, T, S]`` softmax weights.
-///     layout: ``"bthd"`` (qkv's, read without a copy) or ``"bhtd"`` (SDPA's).
+///     layout: ``"bthd"`` (qkv's) or ``"bhtd"`` (SDPA's); both are read without a
+///         copy, and the output comes back in the same layout.
 ///     kernel: ``"tiled"`` (online softmax, never stores ``T×S``) or ``"reference"``
 ///         (the formula as written); both give the same numbers.
 ///

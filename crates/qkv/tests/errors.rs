@@ -224,7 +224,7 @@ fn empty_axes_are_rejected() {
 #[test]
 fn kv_view_outside_its_buffer_is_rejected() {
     // A cache view claiming more positions, or a batch stride shorter than a row,
-    // than its buffer holds.
+    // than its buffer holds, or strides of no dense layout.
     let (q, k, v) = valid_qkv();
     let qv = HeadsView::of(&q, "q").unwrap();
     let vv = HeadsView::of(&v, "v").unwrap();
@@ -237,6 +237,11 @@ fn kv_view_outside_its_buffer_is_rejected() {
         },
         HeadsView {
             batch_stride: S * G * D - 1,
+            ..kv
+        },
+        // strides neither positions- nor heads-major: rows overlap or leave gaps
+        HeadsView {
+            pos_stride: D,
             ..kv
         },
     ] {

@@ -5,8 +5,11 @@
 mod common;
 
 use common::{assert_close, assert_tensor_close, fixture, Fixture};
+use qkv::attention::{attention_backward, attention_backward_views, attention_views, HeadsView};
 use qkv::layers::Linear;
-use qkv::{attention, AttentionSpec, Bias, Broadcast, CausalAlign, Kernel, MultiHeadAttention};
+use qkv::{
+    attention, AttentionSpec, Bias, Broadcast, CausalAlign, Kernel, MultiHeadAttention, Tensor,
+};
 
 const SDPA_CASES: &[&str] = &[
     "self_plain",
@@ -35,30 +38,51 @@ fn shape4(shape: &[usize]) -> [usize; 4] {
     shape.try_into().expect("4-d mask")
 }
 
+/// A fixture's masks and bias, owned, for the spec that borrows them.
+struct Extras {
+    mask: Option<(Vec<usize>, Vec<bool>)>,
+    padding: Option<Vec<bool>>,
+    bias: Option<Tensor>,
+}
+
+impl Extras {
+    fn of(f: &Fixture) -> Self {
+        Extras {
+            mask: f.has("bool_mask").then(|| f.bools("bool_mask")),
+            padding: f.has("key_padding").then(|| f.bools("key_padding").1),
+            bias: f.has("bias").then(|| f.t("bias")),
+        }
+    }
+
+    fn spec(&self, f: &Fixture, kernel: Kernel) -> AttentionSpec<'_> {
+        AttentionSpec {
+            scale: f.param_f32("scale"),
+            causal: match f.param_str("causal") {
+                None => None,
+                Some("top_left") => Some(CausalAlign::TopLeft),
+                Some("bottom_right") => Some(CausalAlign::BottomRight),
+                Some(other) => panic!("{}: unknown causal {other}", f.name),
+            },
+            window: f.param_usize("window"),
+            key_padding: self.padding.as_deref(),
+            mask: self
+                .mask
+                .as_ref()
+                .map(|(shape, m)| Broadcast::new(m, shape4(shape))),
+            bias: self
+                .bias
+                .as_ref()
+                .map(|b| Bias::Dense(b.as_broadcast().unwrap())),
+            want_weights: true,
+            kernel,
+        }
+    }
+}
+
 fn check_sdpa_case(f: &Fixture, kernel: Kernel) {
     let (q, k, v) = (f.t("q"), f.t("k"), f.t("v"));
-    let mask = f.has("bool_mask").then(|| f.bools("bool_mask"));
-    let padding = f.has("key_padding").then(|| f.bools("key_padding").1);
-    let bias = f.has("bias").then(|| f.t("bias"));
-    let spec = AttentionSpec {
-        scale: f.param_f32("scale"),
-        causal: match f.param_str("causal") {
-            None => None,
-            Some("top_left") => Some(CausalAlign::TopLeft),
-            Some("bottom_right") => Some(CausalAlign::BottomRight),
-            Some(other) => panic!("{}: unknown causal {other}", f.name),
-        },
-        window: f.param_usize("window"),
-        key_padding: padding.as_deref(),
-        mask: mask
-            .as_ref()
-            .map(|(shape, m)| Broadcast::new(m, shape4(shape))),
-        bias: bias
-            .as_ref()
-            .map(|b| Bias::Dense(b.as_broadcast().unwrap())),
-        want_weights: true,
-        kernel,
-    };
+    let extras = Extras::of(f);
+    let spec = extras.spec(f, kernel);
     let a = attention(&q, &k, &v, &spec).unwrap_or_else(|e| panic!("{}: {e}", f.name));
     let what = format!("{} ({kernel:?})", f.name);
     assert_tensor_close(
@@ -110,6 +134,63 @@ fn sdpa_reference_kernel_matches_torch() {
 fn sdpa_tiled_kernel_matches_torch() {
     for case in SDPA_CASES {
         check_sdpa_case(&fixture("sdpa", case), Kernel::Tiled);
+    }
+}
+
+/// `[B, L, N, E]` → `[B, N, L, E]`, PyTorch's SDPA layout.
+fn heads_major(x: &Tensor) -> Vec<f32> {
+    let [b, l, n, e] = shape4(x.shape());
+    let mut out = Vec::with_capacity(x.numel());
+    for bi in 0..b {
+        for ni in 0..n {
+            for li in 0..l {
+                let at = ((bi * l + li) * n + ni) * e;
+                out.extend_from_slice(&x.data()[at..at + e]);
+            }
+        }
+    }
+    out
+}
+
+/// Q, K and V read in place in the heads-major layout `[B, H, T, D]` give what the
+/// positions-major tensors give, forward and backward, on every kernel path (the decode
+/// path takes the one-query cases).
+#[test]
+fn heads_major_views_equal_the_positions_major_layout() {
+    for case in SDPA_CASES {
+        let f = fixture("sdpa", case);
+        let (q, k, v) = (f.t("q"), f.t("k"), f.t("v"));
+        let (qh, kh, vh) = (heads_major(&q), heads_major(&k), heads_major(&v));
+        let swap = |t: &Tensor| {
+            let [b, l, n, e] = shape4(t.shape());
+            [b, n, l, e]
+        };
+        let views = (
+            HeadsView::heads_major(&qh, swap(&q)),
+            HeadsView::heads_major(&kh, swap(&k)),
+            HeadsView::heads_major(&vh, swap(&v)),
+        );
+        let extras = Extras::of(&f);
+        for kernel in [Kernel::Reference, Kernel::Tiled] {
+            let spec = extras.spec(&f, kernel);
+            let want = attention(&q, &k, &v, &spec).unwrap();
+            let got = attention_views(&views.0, &views.1, &views.2, &spec).unwrap();
+            let what = format!("{case} ({kernel:?})");
+            assert_tensor_close(&format!("{what} out"), &got.out, &want.out, 1e-6, 0.0);
+            assert_tensor_close(&format!("{what} lse"), &got.lse, &want.lse, 1e-6, 0.0);
+            let d_out = Tensor::from_fn(want.out.shape(), |i| (i as f32 * 0.37).sin());
+            let want_g = attention_backward(&q, &k, &v, &want, &d_out, &spec, false).unwrap();
+            let got_g =
+                attention_backward_views(&views.0, &views.1, &views.2, &got, &d_out, &spec, false)
+                    .unwrap();
+            for (name, g, w) in [
+                ("dq", &got_g.dq, &want_g.dq),
+                ("dk", &got_g.dk, &want_g.dk),
+                ("dv", &got_g.dv, &want_g.dv),
+            ] {
+                assert_tensor_close(&format!("{what} {name}"), g, w, 1e-6, 0.0);
+            }
+        }
     }
 }
 

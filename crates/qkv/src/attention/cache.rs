@@ -125,6 +125,8 @@ impl LayerKv {
             heads: self.heads,
             dim,
             batch_stride: self.cap * self.heads * dim,
+            pos_stride: self.heads * dim,
+            head_stride: dim,
         }
     }
 }

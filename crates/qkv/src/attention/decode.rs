@@ -152,18 +152,30 @@ fn one_split(
         for j0 in (lo..hi).step_by(KEY_BLOCK) {
             let n = KEY_BLOCK.min(hi - j0);
             let next = j0 + n..hi.min(j0 + n + KEY_BLOCK);
-            prefetch_rows(k.data, k.offset(b, next.start, g), next.len(), g_n * d, d);
-            prefetch_rows(v.data, v.offset(b, next.start, g), next.len(), g_n * dv, dv);
+            prefetch_rows(
+                k.data,
+                k.offset(b, next.start, g),
+                next.len(),
+                k.pos_stride,
+                d,
+            );
+            prefetch_rows(
+                v.data,
+                v.offset(b, next.start, g),
+                next.len(),
+                v.pos_stride,
+                dv,
+            );
             let scores = &mut scratch.scores[..hg * n];
-            // the group's H/G query vectors are adjacent in q: [H/G, D] against keys
-            // j0.. read in place as Kᵀ ([D, n], a key every G·D floats)
+            // the group's H/G query vectors, a head stride apart in q: [H/G, D] against
+            // keys j0.. read in place as Kᵀ ([D, n], a key every position stride)
             gemm_views(
                 MatMut::row_major(scores, hg, n),
                 MatRef {
                     data: &q.data[q.offset(b, i, g * hg)..],
                     rows: hg,
                     cols: d,
-                    row_stride: d,
+                    row_stride: q.head_stride,
                     col_stride: 1,
                 },
                 MatRef {
@@ -171,7 +183,7 @@ fn one_split(
                     rows: d,
                     cols: n,
                     row_stride: 1,
-                    col_stride: g_n * d,
+                    col_stride: k.pos_stride,
                 },
                 scorer.scale,
                 false,
@@ -188,7 +200,8 @@ fn one_split(
                 );
                 kernels.softmax_rows(row, n, 1, n, m, l, &mut scratch.corr[x..=x]);
             }
-            // acc = corr·acc + P · V[j0..j0+n]: values read in place, a row every G·Dv
+            // acc = corr·acc + P · V[j0..j0+n]: values read in place, a row every
+            // position stride
             kernels.mul_acc(
                 Strided {
                     data: scores,
@@ -198,7 +211,7 @@ fn one_split(
                 hg,
                 n,
                 &v.data[v.offset(b, j0, g)..],
-                g_n * dv,
+                v.pos_stride,
                 dv,
                 Some(&scratch.corr),
                 &mut acc[i * hg * dv..],

@@ -51,15 +51,15 @@ impl<'a> Panels<'a> {
     pub(crate) fn from(&self, b: usize, g: usize, j0: usize) -> &[f32] {
         debug_assert!(j0.is_multiple_of(PANEL));
         let src = &self.0.src;
-        let [_, s, g_n, d] = src.shape();
+        let [_, s, _, d] = src.shape();
         let panels = self.0.get(b, g, s.div_ceil(PANEL) * PANEL * d, |out| {
-            // Kᵀ of (b, g): [D, S], key c a column G·D floats from the next
+            // Kᵀ of (b, g): [D, S], key c a column a position stride from the next
             let keys_t = MatRef {
                 data: &src.data[src.offset(b, 0, g)..],
                 rows: d,
                 cols: s,
                 row_stride: 1,
-                col_stride: g_n * d,
+                col_stride: src.pos_stride,
             };
             pack_panels(&keys_t, out);
         });

@@ -126,7 +126,7 @@ fn query_block(
 ) {
     let dims = scorer.dims;
     let kernels = micro::Kernels::detect();
-    let (h_n, d, dv) = (dims.h, dims.d, dims.dv);
+    let (d, dv) = (dims.d, dims.dv);
     let g = dims.kv_head(h);
     scratch.m[..rows].fill(f32::NEG_INFINITY);
     scratch.l[..rows].fill(0.0);
@@ -144,7 +144,7 @@ fn query_block(
         let panels = cols.div_ceil(PANEL);
         kernels.scores(
             q_blk,
-            h_n * d,
+            q.pos_stride,
             rows,
             d,
             keys.from(b, g, j0),
@@ -188,7 +188,7 @@ fn query_block(
 /// Lets a caller inspect weights without running the reference kernel.
 fn weights_from_lse(q: &HeadsView, k: &HeadsView, scorer: &Scorer, lse: &Tensor) -> Tensor {
     let dims = scorer.dims;
-    let (t, s, h_n, g_n, d) = (dims.t, dims.s, dims.h, dims.g, dims.d);
+    let (t, s, h_n, d) = (dims.t, dims.s, dims.h, dims.d);
     let mut w = Tensor::zeros(&[dims.b, h_n, t, s]);
     w.data_mut()
         .par_chunks_mut(t * s)
@@ -202,14 +202,14 @@ fn weights_from_lse(q: &HeadsView, k: &HeadsView, scorer: &Scorer, lse: &Tensor)
                     data: &q.data[q.offset(b, 0, h)..],
                     rows: t,
                     cols: d,
-                    row_stride: h_n * d,
+                    row_stride: q.pos_stride,
                     col_stride: 1,
                 },
                 MatRef {
                     data: &k.data[k.offset(b, 0, g)..],
                     rows: s,
                     cols: d,
-                    row_stride: g_n * d,
+                    row_stride: k.pos_stride,
                     col_stride: 1,
                 }
                 .t(),

@@ -1,6 +1,8 @@
 //! `HeadsView`: a `[B, L, N, E]` block of per-head vectors read in place, whose batch
 //! rows may lie further apart than L·N·E. A KV cache with spare capacity is such a
-//! block: attention reads its first L positions without copying them out.
+//! block: attention reads its first L positions without copying them out. Within a
+//! batch row the vectors lie positions-major (`[L, N, E]`, qkv's layout) or heads-major
+//! (`[N, L, E]`, PyTorch's SDPA layout), so either is read without a copy.
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -18,6 +20,12 @@ pub struct HeadsView<'a> {
     pub dim: usize,
     /// Elements between batch rows (≥ L·N·E).
     pub batch_stride: usize,
+    /// Elements between positions l and l + 1 of one head: N·E positions-major, E
+    /// heads-major.
+    pub pos_stride: usize,
+    /// Elements between heads n and n + 1 at one position: E positions-major, L·E
+    /// heads-major.
+    pub head_stride: usize,
 }
 
 impl<'a> HeadsView<'a> {
@@ -32,7 +40,35 @@ impl<'a> HeadsView<'a> {
             heads: s[2],
             dim: s[3],
             batch_stride: s[1] * s[2] * s[3],
+            pos_stride: s[2] * s[3],
+            head_stride: s[3],
         })
+    }
+
+    /// A contiguous heads-major block `[B, N, L, E]` (PyTorch's `[B, H, T, D]`) viewed as
+    /// `[B, L, N, E]`; `shape` is the block's own `[B, N, L, E]`.
+    pub fn heads_major(data: &'a [f32], shape: [usize; 4]) -> Self {
+        let [batch, heads, len, dim] = shape;
+        HeadsView {
+            data,
+            batch,
+            len,
+            heads,
+            dim,
+            batch_stride: heads * len * dim,
+            pos_stride: dim,
+            head_stride: len * dim,
+        }
+    }
+
+    /// Whether the L·N·E elements of a batch row fill its first L·N·E slots, in
+    /// either order: what the finiteness scan and the bounds check rely on.
+    fn dense_rows(&self) -> bool {
+        let positions_major =
+            self.head_stride == self.dim && self.pos_stride == self.heads.saturating_mul(self.dim);
+        let heads_major =
+            self.pos_stride == self.dim && self.head_stride == self.len.saturating_mul(self.dim);
+        positions_major || heads_major
     }
 
     /// Checks that the view stays inside its buffer, naming it otherwise.
@@ -49,17 +85,20 @@ impl<'a> HeadsView<'a> {
             (_, None) => None,
         };
         let fits = row.is_some_and(|row| self.batch_stride >= row)
-            && needed.is_some_and(|n| n <= self.data.len());
+            && needed.is_some_and(|n| n <= self.data.len())
+            && self.dense_rows();
         if !fits {
             return Err(Error::invalid(
                 name,
                 format!(
-                    "view [{}, {}, {}, {}] with batch stride {} does not fit {} elements",
+                    "view [{}, {}, {}, {}] with strides (batch {}, position {}, head {}) does not fit {} elements",
                     self.batch,
                     self.len,
                     self.heads,
                     self.dim,
                     self.batch_stride,
+                    self.pos_stride,
+                    self.head_stride,
                     self.data.len()
                 ),
             ));
@@ -73,7 +112,7 @@ impl<'a> HeadsView<'a> {
 
     /// Flat index of element 0 of head `n` at position `l` of batch row `b`.
     pub fn offset(&self, b: usize, l: usize, n: usize) -> usize {
-        b * self.batch_stride + (l * self.heads + n) * self.dim
+        b * self.batch_stride + l * self.pos_stride + n * self.head_stride
     }
 
     /// The E-wide vector of head `n` at position `l` of batch row `b`.
