@@ -69,6 +69,16 @@ impl<'py> Heads<'py> {
         })
     }
 
+    /// Q, K and V, named in errors.
+    fn read_qkv(arrays: [&Bound<'py, PyAny>; 3], layout: Layout) -> PyResult<[Self; 3]> {
+        let [q, k, v] = arrays;
+        Ok([
+            Heads::read(q, "q", layout)?,
+            Heads::read(k, "k", layout)?,
+            Heads::read(v, "v", layout)?,
+        ])
+    }
+
     /// The array read in place, in whichever layout it has.
     fn view(&self) -> HeadsView<'_> {
         let [batch, len, heads, dim] = self.shape;
@@ -355,11 +365,7 @@ pub fn attention<'py>(
     kernel: &str,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let layout = Layout::parse(layout)?;
-    let (q, k, v) = (
-        Heads::read(q, "q", layout)?,
-        Heads::read(k, "k", layout)?,
-        Heads::read(v, "v", layout)?,
-    );
+    let [q, k, v] = Heads::read_qkv([q, k, v], layout)?;
     let options = Options::read(
         causal,
         key_padding,
@@ -432,11 +438,7 @@ pub fn attention_backward<'py>(
     kernel: &str,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let layout = Layout::parse(layout)?;
-    let (q, k, v) = (
-        Heads::read(q, "q", layout)?,
-        Heads::read(k, "k", layout)?,
-        Heads::read(v, "v", layout)?,
-    );
+    let [q, k, v] = Heads::read_qkv([q, k, v], layout)?;
     let (out, d_out) = (
         Heads::read(out, "out", layout)?,
         Heads::read(d_out, "d_out", layout)?,
