@@ -84,16 +84,7 @@ impl<'py> Heads<'py> {
         let [batch, len, heads, dim] = self.shape;
         let data = self.borrowed.data();
         match self.layout {
-            Layout::Bthd => HeadsView {
-                data,
-                batch,
-                len,
-                heads,
-                dim,
-                batch_stride: len * heads * dim,
-                pos_stride: heads * dim,
-                head_stride: dim,
-            },
+            Layout::Bthd => HeadsView::positions_major(data, self.shape),
             Layout::Bhtd => HeadsView::heads_major(data, [batch, heads, len, dim]),
         }
     }

@@ -33,16 +33,25 @@ impl<'a> HeadsView<'a> {
     pub fn of(t: &'a Tensor, name: &str) -> Result<Self> {
         t.expect_shape(name, &[None, None, None, None])?;
         let s = t.shape();
-        Ok(HeadsView {
-            data: t.data(),
-            batch: s[0],
-            len: s[1],
-            heads: s[2],
-            dim: s[3],
-            batch_stride: s[1] * s[2] * s[3],
-            pos_stride: s[2] * s[3],
-            head_stride: s[3],
-        })
+        Ok(HeadsView::positions_major(
+            t.data(),
+            [s[0], s[1], s[2], s[3]],
+        ))
+    }
+
+    /// A contiguous positions-major block `[B, L, N, E]` (qkv's layout).
+    pub fn positions_major(data: &'a [f32], shape: [usize; 4]) -> Self {
+        let [batch, len, heads, dim] = shape;
+        HeadsView {
+            data,
+            batch,
+            len,
+            heads,
+            dim,
+            batch_stride: len * heads * dim,
+            pos_stride: heads * dim,
+            head_stride: dim,
+        }
     }
 
     /// A contiguous heads-major block `[B, N, L, E]` (PyTorch's `[B, H, T, D]`) viewed as
