@@ -163,10 +163,24 @@ fn llama_prefill_and_decode_and_the_saved_folder_loads() {
     }
     positive(&rows[1], &["weight_bytes_per_token", "weight_gbs_best"]);
 
+    assert_eq!(rows[0]["last_logits"], false);
+
     let out = qkv(&["inspect", "--model", dir.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("LlamaForCausalLM"));
     std::fs::remove_dir_all(&dir).unwrap();
+
+    // generation's prefill: the last position's logits only
+    let rows = bench(
+        "llama --d-model 32 --layers 2 --heads 4 --kv-heads 2 --vocab 64 --max-len 64 \
+         --prefill 8 --decode 1 --decode-prompt 1 --last-logits",
+        &[],
+    );
+    assert_eq!(
+        (&rows[0]["mode"], &rows[0]["last_logits"]),
+        (&"prefill".into(), &true.into())
+    );
+    positive(&rows[0], TIMING);
 }
 
 #[test]

@@ -4,32 +4,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Output;
-use std::time::{Duration, Instant};
+use std::path::Path;
 
-use common::{fixture, fixtures, qkv, scratch, stderr};
-
-/// Runs `qkv args`, checking it took under 20 s; returns the output.
-fn timed(args: &[&str]) -> Output {
-    let t = Instant::now();
-    let out = qkv(args);
-    assert!(
-        t.elapsed() < Duration::from_secs(20),
-        "{args:?} took {:?}",
-        t.elapsed()
-    );
-    out
-}
-
-/// `qkv args` fails with one line containing `expected`, and did not abort.
-fn fails(args: &[&str], expected: &str) {
-    let out = timed(args);
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
-    assert!(err.contains(expected), "{args:?}: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
-}
+use common::{fails, fixture, fixtures, patched, scratch, stderr, timed};
 
 /// The largest resident size any child of this test process reached, in bytes.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -60,24 +37,6 @@ fn int64_safetensors(tensors: &[(&str, &[usize], &[i64])]) -> Vec<u8> {
     let mut out = (text.len() as u64).to_le_bytes().to_vec();
     out.extend(text.as_bytes());
     out.extend(data);
-    out
-}
-
-/// A copy of fixture `name` with `patch` merged into its config.json.
-fn patched(dir: &Path, name: &str, patch: serde_json::Value) -> PathBuf {
-    let out = dir.join(name);
-    std::fs::create_dir_all(&out).unwrap();
-    for entry in std::fs::read_dir(fixture(name)).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), out.join(entry.file_name())).unwrap();
-    }
-    let path = out.join("config.json");
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    for (k, v) in patch.as_object().unwrap() {
-        config[k] = v.clone();
-    }
-    std::fs::write(&path, config.to_string()).unwrap();
     out
 }
 
@@ -206,11 +165,17 @@ fn generation_stays_within_positions_memory_and_streams() {
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(gpt2.join(f), model.join(f)).unwrap();
     }
-    std::fs::copy(
-        fixtures().join("tokenizers/bytelevel/tokenizer.json"),
-        model.join("tokenizer.json"),
-    )
-    .unwrap();
+    // the byte-level tokenizer cut to the 99 rows of the model's table (its pieces of
+    // single bytes; a tokenizer with more ids is refused at load)
+    let tokenizer = fixtures().join("tokenizers/bytelevel/tokenizer.json");
+    let mut tok: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tokenizer).unwrap()).unwrap();
+    tok["model"]["vocab"]
+        .as_object_mut()
+        .unwrap()
+        .retain(|_, id| id.as_u64().unwrap() < 99);
+    tok["model"]["merges"] = serde_json::json!([]);
+    std::fs::write(model.join("tokenizer.json"), tok.to_string()).unwrap();
     let m = model.to_str().unwrap();
     let args = [
         "generate",
@@ -349,10 +314,9 @@ fn training_output_is_checked_before_the_first_step() {
         ],
         "--out",
     );
-    // a folder another live run holds (pid 1 is always alive)
+    // a folder another live run holds (this test, through the library's lock)
     let held = dir.join("held");
-    std::fs::create_dir_all(&held).unwrap();
-    std::fs::write(held.join(".qkv-train.lock"), "1").unwrap();
+    let lock = qkv::train::output::Lock::claim(&held, false).unwrap();
     fails(
         &[
             "train",
@@ -364,8 +328,9 @@ fn training_output_is_checked_before_the_first_step() {
             "--out",
             held.to_str().unwrap(),
         ],
-        "another `qkv train` (process 1)",
+        &format!("another `qkv train` (process {})", std::process::id()),
     );
+    drop(lock);
     fails(
         &[
             "train",
@@ -467,6 +432,20 @@ fn messages_name_the_real_thing() {
             ("attention_mask", &[1, 3], &[1, -1, 1]),
         ],
         "`attention_mask` must hold 0 or 1, found -1 at flat index 1",
+    );
+    // an id past the vocabulary names the file's tensor, not "token id (vocabulary)"
+    forward_fails(
+        "gpt2",
+        &[("input_ids", &[1, 3], &[5, 500, 1])],
+        "input.safetensors: tensor `input_ids` holds token id 500, outside the model's vocabulary of 99",
+    );
+    forward_fails(
+        "t5",
+        &[
+            ("input_ids", &[1, 3], &[5, 6, 1]),
+            ("decoder_input_ids", &[1, 2], &[0, 99]),
+        ],
+        "tensor `decoder_input_ids` holds token id 99",
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -11,6 +11,7 @@ use qkv::{AttentionOutput, AttentionSpec, Bias, Broadcast, CausalAlign, Kernel, 
 
 use crate::arrays::{self, In};
 use crate::errors::OrPy;
+use crate::ints::Int;
 
 /// Where the heads axis sits in the arrays a caller passes and gets back.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -167,7 +168,7 @@ impl<'py> Options<'py> {
         mask: Option<&Bound<'py, PyAny>>,
         bias: Option<&Bound<'py, PyAny>>,
         alibi_slopes: Option<&Bound<'py, PyAny>>,
-        window: Option<i64>,
+        window: Option<Int>,
         scale: Option<f64>,
         kernel: &str,
     ) -> PyResult<Self> {
@@ -211,17 +212,7 @@ impl<'py> Options<'py> {
             Some(s) => Some(arrays::floats(&s, "alibi_slopes")?),
             None => None,
         };
-        let window = match window {
-            None => None,
-            Some(w) if w >= 1 => Some(
-                usize::try_from(w).map_err(|_| PyValueError::new_err("`window` is too large"))?,
-            ),
-            Some(w) => {
-                return Err(PyValueError::new_err(format!(
-                    "invalid `window`: must be at least 1, got {w}"
-                )))
-            }
-        };
+        let window = window.map(|w| w.at_least("window", 1)).transpose()?;
         let kernel = match kernel {
             "tiled" => Kernel::Tiled,
             "reference" => Kernel::Reference,
@@ -349,7 +340,7 @@ pub fn attention<'py>(
     mask: Option<&Bound<'py, PyAny>>,
     bias: Option<&Bound<'py, PyAny>>,
     alibi_slopes: Option<&Bound<'py, PyAny>>,
-    window: Option<i64>,
+    window: Option<Int>,
     scale: Option<f64>,
     return_weights: bool,
     layout: &str,
@@ -422,7 +413,7 @@ pub fn attention_backward<'py>(
     mask: Option<&Bound<'py, PyAny>>,
     bias: Option<&Bound<'py, PyAny>>,
     alibi_slopes: Option<&Bound<'py, PyAny>>,
-    window: Option<i64>,
+    window: Option<Int>,
     scale: Option<f64>,
     return_dbias: bool,
     layout: &str,

@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 
 use crate::errors::OrPy;
+use crate::ints::Int;
 
 /// Runs one experiment and returns its report: ``name``, ``claim`` (``zh`` and ``en``),
 /// ``verdict`` (``"supported"``, …), the ``rule`` that turned the numbers into the
@@ -18,17 +19,18 @@ use crate::errors::OrPy;
 /// Experiments that measure memory leave that metric out here: only the ``qkv``
 /// command counts its allocations.
 #[pyfunction]
-#[pyo3(signature = (name, *, quick=false, seed=0, progress=false))]
+#[pyo3(signature = (name, *, quick=false, seed=Int::of(0), progress=false))]
+#[pyo3(text_signature = "(name, *, quick=False, seed=0, progress=False)")]
 pub fn experiment<'py>(
     py: Python<'py>,
     name: &str,
     quick: bool,
-    seed: u64,
+    seed: Int,
     progress: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let options = qkv::experiments::Options {
         quick,
-        seed,
+        seed: seed.seed("seed")?,
         memory: None,
     };
     let report = py

@@ -10,6 +10,7 @@ mod arrays;
 mod attention;
 mod errors;
 mod experiment;
+mod ints;
 mod model;
 mod position;
 
@@ -19,10 +20,8 @@ use pyo3::prelude::*;
 /// Sets the number of threads qkv's kernels use (default: one per core). Call it before
 /// the first computation; the pool cannot be resized once it has started.
 #[pyfunction]
-fn set_num_threads(n: usize) -> PyResult<()> {
-    if n == 0 {
-        return Err(PyValueError::new_err("invalid `n`: must be at least 1"));
-    }
+fn set_num_threads(n: ints::Int) -> PyResult<()> {
+    let n = n.at_least("n", 1)?;
     // qkv's kernels run on rayon's global pool (the same rayon-core as the library's)
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)

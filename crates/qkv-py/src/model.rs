@@ -16,6 +16,7 @@ use qkv::Tensor;
 
 use crate::arrays;
 use crate::errors::OrPy;
+use crate::ints::{self, Int};
 
 /// The network: a plain checkpoint, or a sentence-transformers folder whose encoder
 /// comes with its pooling.
@@ -66,27 +67,37 @@ pub fn load(py: Python<'_>, path: PathBuf) -> PyResult<Model> {
 }
 
 fn read(dir: &Path) -> qkv::Result<Model> {
-    let (net, parameters, dtypes) = match dir.join("modules.json").is_file() {
+    let (net, parameters, dtypes, rows) = match dir.join("modules.json").is_file() {
         true => {
             let encoder = SentenceEncoder::load(dir)?;
             let parameters = encoder.encoder().num_params();
-            (Net::Sentence(Box::new(encoder)), parameters, Vec::new())
+            let rows = encoder.encoder().arch.token_rows();
+            (
+                Net::Sentence(Box::new(encoder)),
+                parameters,
+                Vec::new(),
+                rows,
+            )
         }
         false => {
             let loaded = qkv::models::load(dir)?;
             let mut model = loaded.model;
             // Python calls only run forward: the projections are packed once here
             model.pack_weights();
+            let rows = model.arch.token_rows();
             (
                 Net::Plain(Box::new(model)),
                 loaded.parameters,
                 loaded.dtypes,
+                rows,
             )
         }
     };
     Ok(Model {
         net,
-        tokenizer: Tokenizer::optional(dir)?,
+        tokenizer: Tokenizer::optional(dir)?
+            .map(|t| t.fitting(rows))
+            .transpose()?,
         dir: dir.to_path_buf(),
         parameters,
         dtypes,
@@ -158,40 +169,6 @@ fn stopping_rule(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<EarlyStoppin
             "`early_stopping` must be True, False or \"never\", got {obj}"
         ))),
     }
-}
-
-/// Refuses a forward whose outputs alone (logits or hidden states, and every layer's
-/// `[B, H, T, S]` weights when asked) would not fit in free memory.
-fn check_forward_memory(
-    m: &Transformer,
-    tokens: &TokenBatch,
-    decoder: Option<&TokenBatch>,
-    attentions: bool,
-) -> PyResult<()> {
-    let info = m.info();
-    let (b, src) = (tokens.batch, tokens.len);
-    let tgt = decoder.map_or(src, |d| d.len);
-    let layers = info.layers + info.decoder_layers.unwrap_or(0);
-    let longest = src.max(tgt);
-    let product = |xs: &[usize]| xs.iter().try_fold(4usize, |acc, &x| acc.checked_mul(x));
-    let outputs = product(&[b, tgt, info.vocab.max(info.hidden)]);
-    let maps = match attentions {
-        true => product(&[layers, b, info.heads, longest, longest]),
-        false => Some(0),
-    };
-    let total = outputs.zip(maps).and_then(|(o, a)| o.checked_add(a));
-    qkv::io::memory::check(total, "the forward's outputs").or_py()
-}
-
-/// A non-negative count from Python, named in the error when it is not one.
-fn count(value: Option<i64>, name: &str) -> PyResult<Option<usize>> {
-    value
-        .map(|v| {
-            usize::try_from(v).map_err(|_| {
-                PyValueError::new_err(format!("invalid `{name}`: must be at least 0, got {v}"))
-            })
-        })
-        .transpose()
 }
 
 #[pymethods]
@@ -300,7 +277,6 @@ impl Model {
             Some(d) => Some(batch(d, "decoder_input_ids", None)?),
             None => None,
         };
-        check_forward_memory(m, &tokens, decoder.as_ref(), output_attentions)?;
         let out = PyDict::new(py);
         match m.kind() {
             ModelKind::Encoder => {
@@ -383,48 +359,58 @@ impl Model {
     ///
     /// Returns:
     ///     The generated text when ``prompt`` is text, else the list of new token ids.
-    #[pyo3(signature = (prompt, *, max_new_tokens=None, greedy=false, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, seed=0))]
+    #[pyo3(signature = (prompt, *, max_new_tokens=None, greedy=false, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, seed=Int::of(0)))]
+    #[pyo3(
+        text_signature = "($self, prompt, *, max_new_tokens=None, greedy=False, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, seed=0)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn generate<'py>(
         &self,
         py: Python<'py>,
         prompt: &Bound<'py, PyAny>,
-        max_new_tokens: Option<i64>,
+        max_new_tokens: Option<Int>,
         greedy: bool,
-        num_beams: Option<i64>,
+        num_beams: Option<Int>,
         length_penalty: Option<f64>,
         early_stopping: Option<&Bound<'py, PyAny>>,
         temperature: Option<f64>,
-        top_k: Option<i64>,
+        top_k: Option<Int>,
         top_p: Option<f64>,
-        seed: u64,
+        seed: Int,
     ) -> PyResult<Bound<'py, PyAny>> {
         let m = self.transformer();
         let text = prompt.extract::<String>().ok();
         let ids = match &text {
             Some(t) => self.tokenizer()?.encode(t, true).or_py()?,
-            None => prompt.extract::<Vec<usize>>().map_err(|_| {
-                PyTypeError::new_err("`prompt` must be a str or a list of non-negative token ids")
-            })?,
+            None => ints::counts(
+                prompt.extract::<Vec<Int>>().map_err(|_| {
+                    PyTypeError::new_err("`prompt` must be a str or a list of token ids")
+                })?,
+                "prompt",
+            )?,
         };
         let request = Request {
-            max_new_tokens: count(max_new_tokens, "max_new_tokens")?,
+            max_new_tokens: ints::count(max_new_tokens, "max_new_tokens")?,
             greedy,
-            num_beams: count(num_beams, "num_beams")?,
+            num_beams: ints::count(num_beams, "num_beams")?,
             length_penalty: length_penalty.map(|p| p as f32),
             early_stopping: stopping_rule(early_stopping)?,
             temperature: temperature.map(|t| t as f32),
-            top_k: count(top_k, "top_k")?,
+            top_k: ints::count(top_k, "top_k")?,
             top_p: top_p.map(|p| p as f32),
-            seed,
+            seed: seed.seed("seed")?,
         };
         let config = GenerationConfig::read(&self.dir).or_py()?;
         let plan = request.plan(m, config, ids.len()).or_py()?;
-        if let Some((asked, room)) = plan.clamped {
+        if let Some(c) = plan.clamped {
             let warnings = py.import("warnings")?;
             warnings.call_method1(
                 "warn",
-                (format!("max_new_tokens {asked} goes past the model's positions; generating at most {room}"),),
+                (format!(
+                    "{} goes past the model's positions; generating at most {}",
+                    c.setting.replace('`', ""),
+                    c.allowed
+                ),),
             )?;
         }
         let prompt = TokenBatch::single(ids).or_py()?;
@@ -457,26 +443,20 @@ impl Model {
     ///
     /// Raises:
     ///     ValueError: the folder is not a sentence-transformers folder.
-    #[pyo3(signature = (texts, *, batch_size=32))]
+    #[pyo3(signature = (texts, *, batch_size=Int::of(32)))]
+    #[pyo3(text_signature = "($self, texts, *, batch_size=32)")]
     fn embed<'py>(
         &self,
         py: Python<'py>,
         texts: Vec<String>,
-        batch_size: i64,
+        batch_size: Int,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let batch_size = batch_size.at_least("batch_size", 1)?;
         let Net::Sentence(encoder) = &self.net else {
             return Err(PyValueError::new_err(format!(
                 "{} is not a sentence-transformers folder (no modules.json): it has no pooling to embed with",
                 self.dir.display()
             )));
-        };
-        let batch_size = match count(Some(batch_size), "batch_size")? {
-            Some(0) | None => {
-                return Err(PyValueError::new_err(
-                    "invalid `batch_size`: must be at least 1",
-                ))
-            }
-            Some(n) => n,
         };
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
         let vectors = py
@@ -495,7 +475,8 @@ impl Model {
     }
 
     /// Text of ``ids``, without special tokens.
-    fn decode(&self, ids: Vec<usize>) -> PyResult<String> {
+    fn decode(&self, ids: Vec<Int>) -> PyResult<String> {
+        let ids = ints::counts(ids, "ids")?;
         self.tokenizer()?.decode(&ids).or_py()
     }
 }

@@ -10,6 +10,7 @@ use qkv::Tensor;
 
 use crate::arrays;
 use crate::errors::OrPy;
+use crate::ints::{self, Int};
 
 /// Refuses an output of `elements` float32 values larger than free memory.
 fn check_size(elements: Option<usize>, what: &str) -> PyResult<()> {
@@ -31,10 +32,11 @@ fn check_size(elements: Option<usize>, what: &str) -> PyResult<()> {
 #[pyo3(signature = (n_positions, dim, *, layout="interleaved"))]
 pub fn sinusoidal_table<'py>(
     py: Python<'py>,
-    n_positions: usize,
-    dim: usize,
+    n_positions: Int,
+    dim: Int,
     layout: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let (n_positions, dim) = (n_positions.count("n_positions")?, dim.count("dim")?);
     let layout = match layout {
         "interleaved" => SinusoidalLayout::Interleaved,
         "split" => SinusoidalLayout::Split,
@@ -56,7 +58,8 @@ pub fn sinusoidal_table<'py>(
 /// Returns:
 ///     float32 ``[n_heads]``, for :func:`attention`'s ``alibi_slopes``.
 #[pyfunction]
-pub fn alibi_slopes(py: Python<'_>, n_heads: usize) -> PyResult<Bound<'_, PyAny>> {
+pub fn alibi_slopes(py: Python<'_>, n_heads: Int) -> PyResult<Bound<'_, PyAny>> {
+    let n_heads = n_heads.count("n_heads")?;
     check_size(Some(n_heads), "the ALiBi slopes")?;
     let slopes = qkv::position::alibi_slopes(n_heads);
     Ok(arrays::out(py, slopes, &[n_heads])?.into_any())
@@ -76,14 +79,19 @@ pub fn alibi_slopes(py: Python<'_>, n_heads: usize) -> PyResult<Bound<'_, PyAny>
 /// Returns:
 ///     int64 array shaped as ``relative_position``.
 #[pyfunction]
-#[pyo3(signature = (relative_position, *, bidirectional=true, num_buckets=32, max_distance=128))]
+#[pyo3(signature = (relative_position, *, bidirectional=true, num_buckets=Int::of(32), max_distance=Int::of(128)))]
+#[pyo3(
+    text_signature = "(relative_position, *, bidirectional=True, num_buckets=32, max_distance=128)"
+)]
 pub fn relative_position_bucket<'py>(
     py: Python<'py>,
     relative_position: &Bound<'py, PyAny>,
     bidirectional: bool,
-    num_buckets: usize,
-    max_distance: usize,
+    num_buckets: Int,
+    max_distance: Int,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let num_buckets = num_buckets.count("num_buckets")?;
+    let max_distance = max_distance.count("max_distance")?;
     // the exact range must be at least one bucket, and the logarithmic range must grow
     let exact = if bidirectional {
         num_buckets / 4
@@ -145,13 +153,16 @@ impl Rope {
     #[pyo3(signature = (head_dim, *, base=10000.0, layout="half", rotary_dim=None, scaling=None, max_positions=None))]
     fn new(
         py: Python<'_>,
-        head_dim: usize,
+        head_dim: Int,
         base: f64,
         layout: &str,
-        rotary_dim: Option<usize>,
+        rotary_dim: Option<Int>,
         scaling: Option<&Bound<'_, PyAny>>,
-        max_positions: Option<usize>,
+        max_positions: Option<Int>,
     ) -> PyResult<Self> {
+        let head_dim = head_dim.count("head_dim")?;
+        let rotary_dim = ints::count(rotary_dim, "rotary_dim")?;
+        let max_positions = ints::count(max_positions, "max_positions")?;
         let layout = match layout {
             "half" => RopeLayout::HalfSplit,
             "interleaved" => RopeLayout::Interleaved,
@@ -215,14 +226,16 @@ impl Rope {
     ///     positions: integers ``[B, T]`` or ``[T]`` (the same for every row);
     ///         default ``offset, offset + 1, …``.
     ///     offset: the first position when ``positions`` is not given.
-    #[pyo3(signature = (x, positions=None, *, offset=0))]
+    #[pyo3(signature = (x, positions=None, *, offset=Int::of(0)))]
+    #[pyo3(text_signature = "($self, x, positions=None, *, offset=0)")]
     fn apply<'py>(
         &self,
         py: Python<'py>,
         x: &Bound<'py, PyAny>,
         positions: Option<&Bound<'py, PyAny>>,
-        offset: usize,
+        offset: Int,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let offset = offset.count("offset")?;
         let input = arrays::floats(x, "x")?;
         let mut t = Tensor::new(input.shape(), input.data().to_vec()).or_py()?;
         t.expect_shape("x", &[None, None, None, Some(self.inner.head_dim)])

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use qkv::models::generate::{generate_causal, generate_seq2seq, GenerateOptions, Sampling};
 use qkv::models::generation_config::{EarlyStopping, GenerationConfig};
+use qkv::models::request::Request;
 use qkv::models::{self, TokenBatch};
 use qkv::text::Tokenizer;
 use serde_json::Value;
@@ -172,6 +173,8 @@ fn bad_generation_configs_name_the_field() {
         (r#"{"bad_words_ids": [[-3]]}"#, "bad_words_ids"),
         (r#"{"do_sample": true, "temperature": 0}"#, "temperature"),
         (r#"{"num_beams": "four"}"#, "num_beams"),
+        (r#"{"do_sample": true, "top_p": 2}"#, "top_p"),
+        (r#"{"do_sample": true, "top_p": 0}"#, "top_p"),
     ] {
         std::fs::write(dir.join("generation_config.json"), json).unwrap();
         let msg = GenerationConfig::read(&dir).unwrap_err().to_string();
@@ -204,4 +207,25 @@ fn beams_with_sampling_are_refused() {
         .unwrap_err()
         .to_string();
     assert!(msg.contains("num_beams"), "{msg}");
+}
+
+#[test]
+fn a_prompt_too_long_for_memory_is_refused_before_its_prefill() {
+    let model = models::load(&fixtures().join("models/llama_gqa"))
+        .unwrap()
+        .model;
+    let request = Request {
+        max_new_tokens: Some(1),
+        ..Default::default()
+    };
+    // only the prompt's length is needed to size it: nothing of it is made
+    let err = request
+        .plan(&model, GenerationConfig::default(), 1 << 40)
+        .unwrap_err();
+    assert!(matches!(err, qkv::Error::Memory { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("the prefill of a prompt of 1099511627776 tokens (give a shorter prompt)"),
+        "{err}"
+    );
 }

@@ -238,6 +238,12 @@ fn incomplete_or_bad_scaling_parameters_name_the_field() {
             serde_json::json!({"rope_type": "dynamic"}),
             "rope_scaling.factor",
         ),
+        // a ramp that runs backwards (transformers warns and runs it)
+        (
+            serde_json::json!({"rope_type": "yarn", "factor": 4.0, "beta_fast": 1.0,
+                               "beta_slow": 32.0}),
+            "rope_scaling.beta_fast",
+        ),
     ];
     for (scaling, field) in cases {
         let dir = EditedFixture::new("llama_gqa", |c| c["rope_scaling"] = scaling.clone());

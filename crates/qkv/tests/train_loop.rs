@@ -278,7 +278,7 @@ fn nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint() {
     let state = checkpoint::open(&dir).unwrap();
     assert_eq!(state.step, 4);
     assert!(state.losses.iter().all(|l| l.is_finite()));
-    assert!(!dir.join(STAGING_DIR).exists());
+    assert!(checkpoint::staged(&dir).is_empty());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -355,7 +355,7 @@ fn a_crash_during_a_save_leaves_one_complete_checkpoint() {
     std::fs::remove_file(case.join(STAGING_DIR).join(STATE_FILE)).unwrap();
     std::fs::write(case.join(STAGING_DIR).join("model.safetensors"), b"torn").unwrap();
     assert_eq!(checkpoint::open(&case).unwrap().step, 2);
-    assert!(!case.join(STAGING_DIR).exists());
+    assert!(checkpoint::staged(&case).is_empty());
 
     // 2. Crash while moving files in: the model already moved, the rest staged → the
     //    move is completed.
@@ -376,6 +376,15 @@ fn a_crash_during_a_save_leaves_one_complete_checkpoint() {
             "{file}"
         );
     }
+
+    // 2b. Two complete staged sets (each save stages in a folder of its own): the
+    //     latest step's is moved in, the other discarded.
+    let case = dir.join("two");
+    copy_files(&old, &case.join(format!("{STAGING_DIR}-1-0")));
+    copy_files(&new, &case.join(format!("{STAGING_DIR}-2-0")));
+    assert!(checkpoint::exists(&case));
+    assert_eq!(checkpoint::open(&case).unwrap().step, 4);
+    assert!(checkpoint::staged(&case).is_empty());
 
     // 3. Files mixed up by hand: refused, naming the file.
     let case = dir.join("mixed");

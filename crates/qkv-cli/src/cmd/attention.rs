@@ -6,18 +6,22 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use qkv::io::write_atomic;
-use qkv::models::generate::{generate_seq2seq, GenerateOptions, Sampling};
-use qkv::models::{Input, Loaded, ModelKind, TokenBatch, Transformer};
+use qkv::models::generate::generate_seq2seq;
+use qkv::models::generation_config::GenerationConfig;
+use qkv::models::request::Request;
+use qkv::models::{Input, ModelKind, TokenBatch, Transformer};
 use qkv::text::{TokenLabel, Tokenizer};
 
-use crate::maps::{viewer, Heads, Kind, Maps, Selection};
+use crate::maps::{viewer, Heads, Kind, Maps, Selection, Shape};
 use crate::report::{heatmap, raster};
 
 /// Most weights one output may hold: about 160 MB of JSON, a page a browser still opens.
 const MAX_WEIGHTS: usize = 16 << 20;
 
-/// Most bytes the forward's attention maps may take.
-const MAX_MAP_BYTES: usize = 8 << 30;
+/// Most tokens a side of one heatmap may have: at the smallest cells (6 px, drawn at
+/// twice that in a PNG) a 512-token map is a 6 700-pixel square of 180 MB; longer texts
+/// go to the viewer (.html) or --json.
+const MAX_HEATMAP_TOKENS: usize = 512;
 
 /// Checkpoints from this size on get progress lines on stderr.
 const BIG_MODEL_BYTES: u64 = 256 << 20;
@@ -114,52 +118,6 @@ fn format_of(path: &Path) -> Result<Format> {
     })
 }
 
-/// Fails unless `path` can be written as the output is (a new file renamed into its
-/// folder, or written through to an existing device or FIFO), so that a bad output is
-/// reported before the model runs. Asks the OS (`access`) rather than creating a
-/// probe file, which would leave a trace beside a device such as `/dev/stdout`.
-fn check_writable(flag: &str, path: &Path) -> Result<()> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let meta = std::fs::metadata(path).ok();
-    if meta.as_ref().is_some_and(|m| m.is_dir()) {
-        bail!("{flag} {}: is a folder", path.display());
-    }
-    // an existing device, FIFO or socket is written through, not replaced
-    if meta.is_some_and(|m| !m.is_file()) {
-        return writable(path, libc::W_OK)
-            .with_context(|| format!("{flag} {}: cannot write to it", path.display()));
-    }
-    if !dir.is_dir() {
-        bail!(
-            "{flag} {}: folder {} does not exist",
-            path.display(),
-            dir.display()
-        );
-    }
-    writable(dir, libc::W_OK | libc::X_OK).with_context(|| {
-        format!(
-            "{flag} {}: cannot write in {}",
-            path.display(),
-            dir.display()
-        )
-    })
-}
-
-/// `access(2)` for `mode`: the OS's answer (read-only file systems included) without
-/// opening anything.
-fn writable(path: &Path, mode: libc::c_int) -> std::io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
-    // SAFETY: `c` is a NUL-terminated path that outlives the call.
-    match unsafe { libc::access(c.as_ptr(), mode) } {
-        0 => Ok(()),
-        _ => Err(std::io::Error::last_os_error()),
-    }
-}
-
 /// Progress lines on stderr for big checkpoints, each with the time the last step took.
 struct Steps {
     on: bool,
@@ -237,12 +195,21 @@ fn decoder_input(
             if args.max_new_tokens == 0 {
                 bail!("--max-new-tokens must be at least 1 (or give --target)");
             }
-            let opts = GenerateOptions::new(
-                args.max_new_tokens,
-                Sampling::Greedy,
-                model.special_tokens().eos.clone(),
-            );
-            generate_seq2seq(model, source, &opts)?.remove(0)
+            // through the library's plan: the length cut to the positions, the cache
+            // checked against memory
+            let request = Request {
+                max_new_tokens: Some(args.max_new_tokens),
+                greedy: true,
+                ..Default::default()
+            };
+            let plan = request.plan(model, GenerationConfig::default(), source.len)?;
+            if let Some(c) = &plan.clamped {
+                eprintln!(
+                    "warning: --max-new-tokens {} goes past the model's positions; translating at most {}",
+                    c.asked, c.allowed
+                );
+            }
+            generate_seq2seq(model, source, &plan.options)?.remove(0)
         }
     };
     Ok(std::iter::once(start).chain(rest).collect())
@@ -265,31 +232,56 @@ fn labels(tok: Option<&Tokenizer>, ids: &[usize], model: &Transformer) -> Result
     })
 }
 
-/// Bytes of every attention map of a forward over `s` source and `t` target tokens.
-fn map_bytes(loaded: &Loaded, s: usize, t: usize) -> usize {
-    let info = loaded.model.info();
-    let h = info.heads;
-    let per = |q: usize, k: usize| h.saturating_mul(q).saturating_mul(k).saturating_mul(4);
-    match loaded.model.kind() {
-        ModelKind::Encoder => info.layers.saturating_mul(per(s, s)),
-        ModelKind::Decoder => info.layers.saturating_mul(per(t, t)),
+/// The maps a forward over `s` source and `t` target tokens makes, by kind (known
+/// from the model's sizes before it runs).
+fn expected_shapes(model: &Transformer, s: usize, t: usize) -> Vec<(Kind, Shape)> {
+    let info = model.info();
+    let shape = |layers, queries, keys| Shape {
+        layers,
+        heads: info.heads,
+        queries,
+        keys,
+    };
+    match model.kind() {
+        ModelKind::Encoder => vec![(Kind::Encoder, shape(info.layers, s, s))],
+        ModelKind::Decoder => vec![(Kind::Decoder, shape(info.layers, t, t))],
         ModelKind::EncoderDecoder => {
             let dec = info.decoder_layers.unwrap_or(info.layers);
-            info.layers
-                .saturating_mul(per(s, s))
-                .saturating_add(dec.saturating_mul(per(t, t).saturating_add(per(t, s))))
+            vec![
+                (Kind::Encoder, shape(info.layers, s, s)),
+                (Kind::Decoder, shape(dec, t, t)),
+                (Kind::Cross, shape(dec, t, s)),
+            ]
         }
     }
 }
 
+/// Refuses a selection whose output would hold more than [`MAX_WEIGHTS`] weights.
+fn check_count(sel: &Selection, shapes: &[(Kind, Shape)]) -> Result<()> {
+    let count = sel.count(shapes)?;
+    if count > MAX_WEIGHTS {
+        bail!(
+            "the output would hold {count} weights (at most {MAX_WEIGHTS}); pick --kind, --layer or --head, or a shorter text"
+        );
+    }
+    Ok(())
+}
+
 pub fn run(args: &AttentionArgs) -> Result<()> {
+    // ---- every option and output checked before any work ---------------------------
     super::set_threads(args.threads)?;
     let format = args.out.as_deref().map(format_of).transpose()?;
     if let Some(out) = &args.out {
-        check_writable("--out", out)?;
+        super::check_writable("--out", out)?;
     }
     if let Some(json) = &args.json {
-        check_writable("--json", json)?;
+        super::check_writable("--json", json)?;
+    }
+    if let Some(font) = &args.font {
+        if format != Some(Format::Png) {
+            bail!("--font {}: fonts are for a .png --out only", font.display());
+        }
+        raster::check_font(font)?;
     }
     let mut steps = Steps {
         on: args.progress || weight_bytes(&args.model) >= BIG_MODEL_BYTES,
@@ -299,10 +291,7 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
     let loaded = super::load_model(&args.model)?;
     let model = &loaded.model;
     steps.step("loaded");
-    let tok = match &args.text {
-        Some(_) => Some(Tokenizer::from_dir(&args.model)?),
-        None => Tokenizer::optional(&args.model)?,
-    };
+    let tok = super::tokenizer(&args.model, model, args.text.is_some())?;
     let ids = match (&args.text, &args.input_ids, &tok) {
         (Some(text), _, Some(tok)) => tok.encode(text, true)?,
         (_, Some(ids), _) => ids.clone(),
@@ -342,15 +331,56 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
         }
         false => None,
     };
+
+    // ---- what the outputs will hold, from the sizes alone ----------------------------
     let t_len = target.as_ref().map_or(ids.len(), Vec::len);
-    let bytes = map_bytes(&loaded, ids.len(), t_len);
-    if bytes > MAX_MAP_BYTES {
+    let shapes = expected_shapes(model, ids.len(), t_len);
+    let present: Vec<Kind> = shapes.iter().map(|(k, _)| *k).collect();
+    if let Some(k) = args.kind.filter(|k| !present.contains(k)) {
         bail!(
-            "the attention maps of {} tokens would take {:.1} GB; give a shorter text",
-            ids.len(),
-            bytes as f64 / 1e9
+            "--kind {}: {} has no {}",
+            format!("{k:?}").to_lowercase(),
+            args.model.display(),
+            k.describe()
         );
     }
+    let all = Selection {
+        kinds: args.kind.map_or(present.clone(), |k| vec![k]),
+        layer: args.layer,
+        heads: args.head.unwrap_or(Heads::All),
+    };
+    if args.json.is_some() || format == Some(Format::Html) {
+        check_count(&all, &shapes)?;
+    }
+    // a heatmap: one layer (the last by default) of one kind, one head or their mean
+    let one = match format {
+        Some(Format::Svg | Format::Png) => {
+            let kind = args.kind.unwrap_or(match seq2seq {
+                true => Kind::Cross,
+                false => present[0],
+            });
+            let (_, shape) = shapes.iter().find(|(k, _)| *k == kind).expect("present");
+            if shape.queries.max(shape.keys) > MAX_HEATMAP_TOKENS {
+                bail!(
+                    "a heatmap shows at most {MAX_HEATMAP_TOKENS} tokens a side, and this one has {}: write .html (the viewer) or --json, or give a shorter text",
+                    shape.queries.max(shape.keys)
+                );
+            }
+            let sel = Selection {
+                kinds: vec![kind],
+                layer: Some(args.layer.unwrap_or(shape.layers - 1)),
+                heads: match args.head {
+                    None | Some(Heads::All) => Heads::Mean,
+                    Some(h) => h,
+                },
+            };
+            check_count(&sel, &shapes)?;
+            Some(sel)
+        }
+        _ => None,
+    };
+
+    // ---- the forward (refused before it runs when larger than free memory) -----------
     let target_batch = target.clone().map(TokenBatch::single).transpose()?;
     let input = match model.kind() {
         ModelKind::Encoder => Input {
@@ -370,15 +400,8 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
     };
     let att = model.forward(&input, true)?.attentions;
     steps.step(&format!("forward over {} tokens", ids.len()));
-    let present = Kind::present(&att);
-    if let Some(k) = args.kind.filter(|k| !present.contains(k)) {
-        bail!(
-            "--kind {}: {} has no {}",
-            format!("{k:?}").to_lowercase(),
-            args.model.display(),
-            k.describe()
-        );
-    }
+
+    // ---- every output made, then written ----------------------------------------------
     let tokens = labels(tok.as_ref(), &ids, model)?;
     let target_tokens = target
         .as_deref()
@@ -391,58 +414,42 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| args.model.display().to_string());
     let doc = |sel: &Selection| -> Result<Maps> {
-        let maps = Maps {
+        Ok(Maps {
             model: name.clone(),
             architecture: model.info().architecture.clone(),
             family: model.info().family.clone(),
             tokens: tokens.clone(),
             target_tokens: target_tokens.clone(),
             layers: sel.take(&att)?,
-        };
-        if maps.weight_count() > MAX_WEIGHTS {
-            bail!(
-                "the output would hold {} weights; pick --kind, --layer or --head, or a shorter text",
-                maps.weight_count()
-            );
+        })
+    };
+    let json = match &args.json {
+        Some(path) => {
+            let text = serde_json::to_string(&doc(&all)?)?;
+            Some((path, format!("{text}\n").into_bytes()))
         }
-        Ok(maps)
+        None => None,
     };
-    let all = Selection {
-        kinds: args.kind.map_or(present.clone(), |k| vec![k]),
-        layer: args.layer,
-        heads: args.head.unwrap_or(Heads::All),
+    let out = match (&args.out, format) {
+        (Some(path), Some(Format::Html)) => Some((
+            path,
+            viewer::html(&doc(&all)?, args.hide_special)?.into_bytes(),
+        )),
+        (Some(path), Some(format)) => {
+            let sel = one.as_ref().expect("a heatmap's selection");
+            let maps = doc(sel)?.heatmap(0, 0, args.hide_special);
+            let svg = heatmap::svg(&maps, heatmap::Layout::for_tokens(&maps))?;
+            let bytes = match format {
+                Format::Svg => svg.into_bytes(),
+                _ => raster::png(&svg, args.font.as_deref())?,
+            };
+            Some((path, bytes))
+        }
+        _ => None,
     };
-    if let Some(json) = &args.json {
-        let text = serde_json::to_string(&doc(&all)?)?;
-        write_atomic(json, format!("{text}\n").as_bytes())?;
-    }
-    if let (Some(out), Some(format)) = (&args.out, format) {
-        let bytes = match format {
-            Format::Html => viewer::html(&doc(&all)?, args.hide_special)?.into_bytes(),
-            Format::Svg | Format::Png => {
-                let kind = args.kind.unwrap_or(match seq2seq {
-                    true => Kind::Cross,
-                    false => present[0],
-                });
-                let count = kind.of(&att).len();
-                let one = Selection {
-                    kinds: vec![kind],
-                    layer: Some(args.layer.unwrap_or(count - 1)),
-                    heads: match args.head {
-                        None | Some(Heads::All) => Heads::Mean,
-                        Some(h) => h,
-                    },
-                };
-                let maps = doc(&one)?.heatmap(0, 0, args.hide_special);
-                let svg = heatmap::svg(&maps, heatmap::Layout::for_tokens(&maps))?;
-                match format {
-                    Format::Svg => svg.into_bytes(),
-                    _ => raster::png(&svg, args.font.as_deref())?,
-                }
-            }
-        };
-        write_atomic(out, &bytes)?;
-        steps.step(&format!("wrote {}", out.display()));
+    for (path, bytes) in json.into_iter().chain(out) {
+        write_atomic(path, &bytes)?;
+        steps.step(&format!("wrote {}", path.display()));
     }
     Ok(())
 }

@@ -167,6 +167,10 @@ struct LlamaArgs {
     /// Prompt tokens of the prefill workload: one forward through an empty cache
     #[arg(long, default_value_t = 512)]
     prefill: usize,
+    /// The prefill computes the logits of the last position only, as generation's does
+    /// (`Transformer::prefill`), instead of every position's (as PyTorch's forward)
+    #[arg(long)]
+    last_logits: bool,
     /// New tokens of the greedy decode workload (no end-of-sequence stop)
     #[arg(long, default_value_t = 128)]
     decode: usize,
@@ -493,16 +497,20 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
     let prompt = TokenBatch::single(ids(a.prefill))?;
     let timing = measure(&a.common, || {
         let mut cache = model.new_cache(1);
-        black_box(model.forward_cached(&prompt, &mut cache)?);
+        match a.last_logits {
+            true => black_box(model.prefill(&prompt, &mut cache)?),
+            false => black_box(model.forward_cached(&prompt, &mut cache)?),
+        };
         Ok(())
     })?;
+    let logits = if a.last_logits { ", last logits" } else { "" };
     p.row(Row {
-        label: format!("llama prefill {} tokens", a.prefill),
+        label: format!("llama prefill {} tokens{logits}", a.prefill),
         timing,
         rate: Some(Rate::new("tokens_per_s", "tokens/s", a.prefill as f64)),
         fields: merge(
             &arch_fields,
-            json!({"mode": "prefill", "tokens": a.prefill}),
+            json!({"mode": "prefill", "tokens": a.prefill, "last_logits": a.last_logits}),
         ),
     })?;
 

@@ -1,8 +1,8 @@
 //! `qkv forward`: one batch through a checkpoint, logits (or hidden states) to a file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use qkv::io::TensorFile;
 use qkv::models::{Input, ModelKind, TokenBatch};
 
@@ -21,9 +21,16 @@ pub struct ForwardArgs {
 }
 
 pub fn run(args: &ForwardArgs) -> Result<()> {
+    super::check_writable("--output", &args.output)?;
     let model = super::load_model(&args.model)?.model;
     let input = TensorFile::open(&args.input)?;
     let tokens = TokenBatch::from_file(&input, "input_ids", Some("attention_mask"))?;
+    // the encoder's own table where it has one (Marian may), else the one table
+    let rows = match model.kind() {
+        ModelKind::Decoder => model.arch.vocab,
+        _ => model.arch.src_vocab.unwrap_or(model.arch.vocab),
+    };
+    in_vocab(&args.input, "input_ids", &tokens, rows)?;
     let (name, out) = match model.kind() {
         ModelKind::Encoder => {
             let types = if input.contains("token_type_ids") {
@@ -49,6 +56,7 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
                         args.model.display()
                     )
                 })?;
+            in_vocab(&args.input, "decoder_input_ids", &dec, model.arch.vocab)?;
             let input = Input {
                 source: Some(&tokens),
                 target: Some(&dec),
@@ -59,4 +67,15 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
     };
     qkv::io::save(&args.output, &[(name, &out)], None)?;
     Ok(())
+}
+
+/// Fails naming the file and tensor when `tokens` holds an id past a table of `rows`.
+fn in_vocab(file: &Path, tensor: &str, tokens: &TokenBatch, rows: usize) -> Result<()> {
+    match tokens.ids.iter().find(|&&id| id >= rows) {
+        Some(id) => bail!(
+            "{}: tensor `{tensor}` holds token id {id}, outside the model's vocabulary of {rows}",
+            file.display()
+        ),
+        None => Ok(()),
+    }
 }

@@ -87,10 +87,7 @@ impl GenerateArgs {
 
 pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
     let loaded = super::load_model(&args.model)?;
-    let tokenizer = match &args.prompt {
-        Some(_) => Some(Tokenizer::from_dir(&args.model)?),
-        None => Tokenizer::optional(&args.model)?,
-    };
+    let tokenizer = super::tokenizer(&args.model, &loaded.model, args.prompt.is_some())?;
     let ids = match (&args.prompt, &args.input_ids, &tokenizer) {
         (Some(text), _, Some(tok)) => tok.encode(text, true)?,
         (_, Some(ids), _) => ids.clone(),
@@ -101,9 +98,11 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
         .request()
         .plan(m, GenerationConfig::read(&args.model)?, ids.len())
         .map_err(in_flags)?;
-    if let Some((asked, room)) = plan.clamped {
+    if let Some(c) = plan.clamped {
         eprintln!(
-            "warning: --max-new-tokens {asked} goes past the model's positions; generating at most {room}"
+            "warning: {} goes past the model's positions; generating at most {}",
+            as_flags(&c.setting),
+            c.allowed
         );
     }
     let prompt = TokenBatch::single(ids)?;
@@ -155,20 +154,26 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
 /// A request's error as this command's flags say it: the library names its keywords
 /// (`num_beams`, in backquotes inside a reason), the command its flags (--num-beams).
 fn in_flags(e: qkv::Error) -> anyhow::Error {
-    let flag = |keyword: &str| format!("--{}", keyword.replace('_', "-"));
     match e {
-        qkv::Error::Memory { .. } => anyhow::anyhow!("{e}: ask for fewer --max-new-tokens"),
+        qkv::Error::Memory { .. } => anyhow::anyhow!("{}", as_flags(&e.to_string())),
         qkv::Error::Invalid { field, reason } => {
-            let reason: String = reason
-                .split('`')
-                .enumerate()
-                .map(|(i, part)| match i % 2 {
-                    1 => flag(part),
-                    _ => part.to_string(),
-                })
-                .collect();
-            anyhow::anyhow!("invalid {}: {reason}", flag(&field))
+            anyhow::anyhow!("invalid {}: {}", flag(&field), as_flags(&reason))
         }
         e => e.into(),
     }
+}
+
+fn flag(keyword: &str) -> String {
+    format!("--{}", keyword.replace('_', "-"))
+}
+
+/// `text` with each keyword in backquotes written as its flag.
+fn as_flags(text: &str) -> String {
+    text.split('`')
+        .enumerate()
+        .map(|(i, part)| match i % 2 {
+            1 => flag(part),
+            _ => part.to_string(),
+        })
+        .collect()
 }

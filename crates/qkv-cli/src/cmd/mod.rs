@@ -10,11 +10,15 @@ pub mod generate;
 pub mod inspect;
 mod machine;
 pub mod train;
+mod writable;
 
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use qkv::models::{self, Loaded};
+use qkv::models::{self, Loaded, Transformer};
+use qkv::text::Tokenizer;
+
+pub use writable::check_writable;
 
 /// Most threads `--threads` may ask for: far more than any machine's cores, few enough
 /// that starting them is quick (100 000 took 19 s and failed in the OS).
@@ -35,6 +39,18 @@ pub fn set_threads(threads: Option<usize>) -> Result<()> {
             .context("setting the number of threads")?;
     }
     Ok(())
+}
+
+/// The tokenizer of the folder `dir` for `model`: required when text is to be read,
+/// else the folder's if it has one; refused when it does not fit the model's vocabulary.
+pub fn tokenizer(dir: &Path, model: &Transformer, required: bool) -> Result<Option<Tokenizer>> {
+    let tok = match required {
+        true => Some(Tokenizer::from_dir(dir)?),
+        false => Tokenizer::optional(dir)?,
+    };
+    Ok(tok
+        .map(|t| t.fitting(model.arch.token_rows()))
+        .transpose()?)
 }
 
 /// Loads a model folder, with the folder named in any error.

@@ -777,8 +777,17 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     args.check_combinations()?;
 
     // ---- the run: fresh or resumed ----------------------------------------------
+    // the folder resumed from is locked before it is read (opening it may complete a
+    // save a crash interrupted) and stays locked for the run
+    let mut locks = Vec::new();
     let (spec, state, out) = match &args.resume {
         Some(dir) => {
+            if checkpoint::exists(dir) {
+                locks.push(
+                    output::Lock::acquire(dir)
+                        .with_context(|| format!("--resume {}", dir.display()))?,
+                );
+            }
             let state = checkpoint::open(dir)
                 .with_context(|| format!("resuming from {}", dir.display()))?;
             let mut spec: RunSpec = serde_json::from_value(state.config["run"].clone())
@@ -892,6 +901,18 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             (model, Some(cfg))
         }
     };
+    // a fresh task or text run was sized before its model was made; a loaded model
+    // (--init, --resume) is sized here, against the batches it will see
+    if let (Model::Transformer(t), true) = (
+        &model,
+        state.is_some() || matches!(spec.source, Source::Init { .. }),
+    ) {
+        let tokens = data.tokens_per_batch();
+        qkv::io::memory::check(
+            memory::transformer_bytes(&t.arch, 1, tokens),
+            &format!("training this model on batches of {tokens} tokens"),
+        )?;
+    }
     let (vocab, max_len) = model.limits();
     let run_json = serde_json::to_value(&spec).expect("RunSpec serialises");
     let mut trainer = match (state, config) {
@@ -919,18 +940,6 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             ),
             _ => "the data does not fit the model".to_string(),
         })?;
-    // the output folder is checked, created and locked before the first step
-    if args.resume.as_ref() != Some(&out) {
-        output::prepare(&out, args.overwrite)
-            .with_context(|| format!("--out {}", out.display()))?;
-    }
-    let _lock = output::Lock::acquire(&out).with_context(|| format!("--out {}", out.display()))?;
-    match &spec.source {
-        Source::Init { init, .. } => copy_tokenizer_files(init, &out)?,
-        // token ids are bytes: saved as a tokenizer so that `generate --prompt` reads text
-        Source::Text { .. } => write_byte_tokenizer(&out, max_len)?,
-        Source::Task { .. } => {}
-    }
     let start = trainer.step();
     if start >= steps {
         bail!(
@@ -938,14 +947,32 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             args.resume.as_ref().map_or(out.display(), |d| d.display())
         );
     }
-
-    // ---- the loop -----------------------------------------------------------------
     let cfg = trainer.config().clone();
     let eval = data.eval_batches(cfg.seed, cfg.eval_batches)?;
+    if let Some(p) = &spec.log_json {
+        super::check_writable("--log-json", p)?;
+    }
+    // Everything is checked: now the output folder is claimed (locked first, then
+    // checked under the lock, so two runs started together cannot both pass), and
+    // only then written.
+    if args.resume.as_ref() != Some(&out) {
+        locks.push(
+            output::Lock::claim(&out, args.overwrite)
+                .with_context(|| format!("--out {}", out.display()))?,
+        );
+    }
     let mut log = match &spec.log_json {
         Some(p) => Some(open_log(p, start)?),
         None => None,
     };
+    match &spec.source {
+        Source::Init { init, .. } => copy_tokenizer_files(init, &out)?,
+        // token ids are bytes: saved as a tokenizer so that `generate --prompt` reads text
+        Source::Text { .. } => write_byte_tokenizer(&out, max_len)?,
+        Source::Task { .. } => {}
+    }
+
+    // ---- the loop -----------------------------------------------------------------
     let tokens_per_step = data.tokens_per_batch() as f64;
     let end = args.stop_after.map_or(steps, |s| s.min(steps));
     let bar = progress_bar(end, start, args.quiet);

@@ -72,6 +72,35 @@ pub enum Heads {
     Mean,
 }
 
+/// The sizes of one kind's maps: `layers` maps of `[heads, queries, keys]` weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub layers: usize,
+    pub heads: usize,
+    pub queries: usize,
+    pub keys: usize,
+}
+
+impl Shape {
+    /// The shapes of the maps in `att` (a batch of one), by kind.
+    pub fn of(att: &Attentions) -> Vec<(Kind, Shape)> {
+        Kind::present(att)
+            .into_iter()
+            .map(|k| {
+                let all = k.of(att);
+                let s = all[0].shape();
+                let shape = Shape {
+                    layers: all.len(),
+                    heads: s[1],
+                    queries: s[2],
+                    keys: s[3],
+                };
+                (k, shape)
+            })
+            .collect()
+    }
+}
+
 /// What to take from a forward's attentions.
 #[derive(Clone, Debug)]
 pub struct Selection {
@@ -135,39 +164,53 @@ fn pick(att: &Tensor, heads: Heads) -> (Vec<String>, Vec<f32>) {
 }
 
 impl Selection {
-    /// Takes the selection from `att` (a batch of one). The layer and head must exist
-    /// in every chosen kind.
-    pub fn take(&self, att: &Attentions) -> Result<Vec<Map>> {
-        let sel = self;
-        let mut layers = Vec::new();
-        for &kind in &sel.kinds {
-            let all = kind.of(att);
-            if all.is_empty() {
+    /// Checks that the layer and head exist in every chosen kind of `shapes` (the kinds
+    /// a model has), and counts the weights the selection holds: known before the
+    /// forward runs, from the model's sizes and the token counts.
+    pub fn count(&self, shapes: &[(Kind, Shape)]) -> Result<usize> {
+        let mut total = 0usize;
+        for &kind in &self.kinds {
+            let Some(&(_, s)) = shapes.iter().find(|(k, _)| *k == kind) else {
                 bail!("this model has no {}", kind.describe());
-            }
-            let heads = all[0].shape()[1];
-            if let Some(l) = sel.layer.filter(|&l| l >= all.len()) {
+            };
+            if let Some(l) = self.layer.filter(|&l| l >= s.layers) {
                 bail!(
                     "--layer {l} is out of range: the {} has {} layers (0 to {})",
                     kind.describe(),
-                    all.len(),
-                    all.len() - 1
+                    s.layers,
+                    s.layers - 1
                 );
             }
-            if let Heads::One(h) = sel.heads {
-                if h >= heads {
+            if let Heads::One(h) = self.heads {
+                if h >= s.heads {
                     bail!(
-                        "--head {h} is out of range: the {} has {heads} heads (0 to {}, or mean)",
+                        "--head {h} is out of range: the {} has {} heads (0 to {}, or mean)",
                         kind.describe(),
-                        heads - 1
+                        s.heads,
+                        s.heads - 1
                     );
                 }
             }
-            for (l, w) in all.iter().enumerate() {
-                if sel.layer.is_some_and(|only| only != l) {
+            let layers = if self.layer.is_some() { 1 } else { s.layers };
+            let heads = if self.heads == Heads::All { s.heads } else { 1 };
+            let weights = [layers, heads, s.queries, s.keys]
+                .iter()
+                .fold(1usize, |acc, &x| acc.saturating_mul(x));
+            total = total.saturating_add(weights);
+        }
+        Ok(total)
+    }
+
+    /// Takes the selection from `att` (a batch of one), checked as [`Selection::count`].
+    pub fn take(&self, att: &Attentions) -> Result<Vec<Map>> {
+        self.count(&Shape::of(att))?;
+        let mut layers = Vec::new();
+        for &kind in &self.kinds {
+            for (l, w) in kind.of(att).iter().enumerate() {
+                if self.layer.is_some_and(|only| only != l) {
                     continue;
                 }
-                let (names, weights) = pick(w, sel.heads);
+                let (names, weights) = pick(w, self.heads);
                 layers.push(Map {
                     kind,
                     layer: l,
@@ -191,11 +234,6 @@ impl Maps {
             Kind::Decoder => (target, target),
             Kind::Cross => (target, &self.tokens),
         }
-    }
-
-    /// Weights the document holds.
-    pub fn weight_count(&self) -> usize {
-        self.layers.iter().map(|m| m.weights.len()).sum()
     }
 
     /// Map `i`, head `h` as one heatmap. With `hide_special`, special tokens' rows and

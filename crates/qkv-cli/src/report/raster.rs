@@ -54,6 +54,21 @@ fn fonts(font: Option<&Path>) -> Result<fontdb::Database> {
     Ok(db)
 }
 
+/// Fails unless `path` is a font file resvg can use, so that a bad `--font` is
+/// reported before any work is done or any output written.
+pub fn check_font(path: &Path) -> Result<()> {
+    let mut db = fontdb::Database::new();
+    db.load_font_file(path)
+        .with_context(|| format!("--font {}", path.display()))?;
+    match db.is_empty() {
+        true => Err(anyhow!(
+            "--font {}: not a TrueType or OpenType font",
+            path.display()
+        )),
+        false => Ok(()),
+    }
+}
+
 /// The PNG bytes of `svg`.
 pub fn png(svg: &str, font: Option<&Path>) -> Result<Vec<u8>> {
     let options = Options {

@@ -64,7 +64,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let n = TEMPORARIES.fetch_add(1, Ordering::Relaxed);
     let tmp = dir.join(format!(".qkv-{}-{n}.tmp", std::process::id()));
     let result = (|| {
-        let mut file = std::fs::File::create(&tmp)?;
+        // a new file, never one already there: a link planted under the temporary's
+        // name would otherwise redirect the write
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
         file.write_all(bytes)?;
         file.sync_all()?;
         std::fs::rename(&tmp, &target)

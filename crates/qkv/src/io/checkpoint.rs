@@ -36,11 +36,14 @@ impl Checkpoint {
                 .map(|s| super::inside(dir, s, &index_path))
                 .collect::<Result<_>>()?
         } else {
-            return Err(Error::Safetensors {
-                path: dir.display().to_string(),
-                reason: "no model.safetensors or model.safetensors.index.json in this folder"
-                    .into(),
-            });
+            // a missing file, as the OS would report it (Python's FileNotFoundError)
+            return Err(Error::io(
+                &single,
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "not found, nor model.safetensors.index.json: this folder has no weights",
+                ),
+            ));
         };
         let mut files = Vec::with_capacity(paths.len());
         let mut index = HashMap::new();

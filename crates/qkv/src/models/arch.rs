@@ -306,6 +306,12 @@ impl Arch {
         a
     }
 
+    /// Rows of the largest token table: a tokenizer for this model must produce ids
+    /// below it (Marian may give its encoder a table of its own).
+    pub fn token_rows(&self) -> usize {
+        self.src_vocab.map_or(self.vocab, |s| s.max(self.vocab))
+    }
+
     /// The decoder's sizes, or the encoder's for an encoder-only model.
     pub fn stack(&self) -> StackDims {
         self.decoder

@@ -264,7 +264,7 @@ pub fn generate_causal_each(
             let n = opts.search.num_beams;
             let rows = TokenBatch::new(prefix.repeat(n), None, n, prefix.len())?;
             let mut cache = model.new_cache(n);
-            let first = model.forward_cached(&rows, &mut cache)?;
+            let first = model.prefill(&rows, &mut cache)?;
             beam::search(opts, prefix, first, |tokens, from| {
                 cache = cache.select_rows(from)?;
                 model.forward_cached(&TokenBatch::new(tokens.to_vec(), None, n, 1)?, &mut cache)
@@ -272,7 +272,7 @@ pub fn generate_causal_each(
         });
     }
     let mut cache = model.new_cache(prompt.batch);
-    let first = model.forward_cached(prompt, &mut cache)?;
+    let first = model.prefill(prompt, &mut cache)?;
     decode_loop(first, &prefixes, opts, on_token, |tokens| {
         model.forward_cached(tokens, &mut cache)
     })

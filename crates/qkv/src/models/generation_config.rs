@@ -3,13 +3,13 @@
 //! the fields that change which tokens come out: lengths, beams and their scoring, the
 //! banned and forced tokens, and whether to sample.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::special::Ids;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::io::{field_error, read_json};
 
 /// When beam search stops (transformers' `early_stopping`).
@@ -72,6 +72,17 @@ pub struct GenerationConfig {
     pub max_new_tokens: Option<usize>,
     pub search: Search,
     pub sample: Option<SampleSettings>,
+    /// The file these settings were read from and the fields it set, so that an error
+    /// a setting causes later can name the file and the field the user wrote.
+    pub origin: Option<Origin>,
+}
+
+/// Where a [`GenerationConfig`] came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Origin {
+    pub path: PathBuf,
+    /// The fields the file set, by their names in it.
+    pub fields: Vec<&'static str>,
 }
 
 impl Default for GenerationConfig {
@@ -81,6 +92,7 @@ impl Default for GenerationConfig {
             max_new_tokens: None,
             search: Search::default(),
             sample: None,
+            origin: None,
         }
     }
 }
@@ -112,7 +124,13 @@ impl GenerationConfig {
         let path = dir.join(file);
         let raw: Raw = read_json(&path)?;
         let bad = |field: &str, why: String| field_error(&path, field, why);
-        let mut c = GenerationConfig::default();
+        let mut c = GenerationConfig {
+            origin: Some(Origin {
+                path: path.clone(),
+                fields: raw.fields(),
+            }),
+            ..GenerationConfig::default()
+        };
         if let Some(n) = raw.max_length {
             c.max_length = n;
         }
@@ -166,6 +184,11 @@ impl GenerationConfig {
                     format!("must be > 0, got {temperature}"),
                 ));
             }
+            // the rule of the `top_p` keyword; a top_k of 0 means none, as in
+            // transformers (the keyword asks for at least 1)
+            if let Some(p) = raw.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+                return Err(bad("top_p", format!("must be in (0, 1], got {p}")));
+            }
             c.sample = Some(SampleSettings {
                 temperature,
                 top_k: Some(raw.top_k.unwrap_or(50)).filter(|&k| k > 0),
@@ -173,5 +196,57 @@ impl GenerationConfig {
             });
         }
         Ok(c)
+    }
+
+    /// Where `field`'s value came from: the file, when it set that field.
+    pub fn file_of(&self, field: &str) -> Option<&Path> {
+        self.origin
+            .as_ref()
+            .filter(|o| o.fields.contains(&field))
+            .map(|o| o.path.as_path())
+    }
+
+    /// Checks every token id the settings name (banned words, forced EOS) is inside a
+    /// vocabulary of `vocab`; an error names the field and the file.
+    pub fn check_vocab(&self, vocab: usize) -> Result<()> {
+        let banned = self.search.bad_words.iter().flatten();
+        let fields = [
+            ("bad_words_ids", banned.copied().collect::<Vec<_>>()),
+            ("forced_eos_token_id", self.search.forced_eos.clone()),
+        ];
+        for (field, ids) in fields {
+            if let Some(bad) = ids.iter().find(|&&id| id >= vocab) {
+                let why = format!("token id {bad} is outside the vocabulary of {vocab}");
+                return Err(match self.file_of(field) {
+                    Some(path) => field_error(path, field, why),
+                    None => Error::invalid(field, why),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Raw {
+    /// The names of the fields the file set.
+    fn fields(&self) -> Vec<&'static str> {
+        let set = [
+            ("max_length", self.max_length.is_some()),
+            ("max_new_tokens", self.max_new_tokens.is_some()),
+            ("num_beams", self.num_beams.is_some()),
+            ("length_penalty", self.length_penalty.is_some()),
+            ("early_stopping", self.early_stopping.is_some()),
+            ("bad_words_ids", self.bad_words_ids.is_some()),
+            ("forced_eos_token_id", self.forced_eos_token_id.is_some()),
+            ("renormalize_logits", self.renormalize_logits.is_some()),
+            ("do_sample", self.do_sample.is_some()),
+            ("temperature", self.temperature.is_some()),
+            ("top_k", self.top_k.is_some()),
+            ("top_p", self.top_p.is_some()),
+        ];
+        set.into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(f, _)| f)
+            .collect()
     }
 }

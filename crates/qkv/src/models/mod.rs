@@ -17,6 +17,7 @@ mod backward;
 mod beam;
 pub mod bert;
 pub mod bloom;
+mod footprint;
 mod forward;
 pub mod generate;
 pub mod generation_config;
@@ -373,7 +374,7 @@ pub fn load(dir: &Path) -> Result<Loaded> {
     check_size(dir, &arch, dtypes.iter().map(|(_, n)| n).sum())?;
     let (weights, logits_bias, used) = Transformer::read_weights(&ckpt, &arch, family)?;
     let unused = unused_tensors(dir, &arch, &ckpt, &used)?;
-    let mut special = special::special_tokens(dir, tokens)?;
+    let mut special = special::special_tokens(dir, tokens, arch.vocab)?;
     if family == Family::T5 {
         // Without a decoder start token, generation starts from BOS, as Hugging Face's
         // `generate` does.

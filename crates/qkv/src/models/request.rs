@@ -4,6 +4,7 @@
 //! transformers' `generate()` takes it; the length is bounded by the model's positions
 //! and the key/value cache by the machine's memory.
 
+use super::footprint;
 use super::generate::{GenerateOptions, Sampling};
 use super::generation_config::{EarlyStopping, GenerationConfig};
 use super::{ModelKind, Transformer};
@@ -30,9 +31,34 @@ pub struct Request {
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub options: GenerateOptions,
-    /// `(asked, allowed)` when the asked length went past the model's positions and
-    /// was cut to what they allow (for the caller to warn about).
-    pub clamped: Option<(usize, usize)>,
+    /// Set when the asked length went past the model's positions and was cut to what
+    /// they allow (for the caller to warn about).
+    pub clamped: Option<Clamp>,
+}
+
+/// A length cut to the model's positions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Clamp {
+    pub asked: usize,
+    pub allowed: usize,
+    /// The setting that asked, as [`setting`] names it.
+    pub setting: String,
+}
+
+/// How an error or warning names a setting: a keyword of the request in backquotes
+/// (the CLI writes it as its flag, `--max-new-tokens`), or the field of the folder's
+/// file that set it, or transformers' default.
+fn setting(
+    field: &str,
+    value: impl std::fmt::Display,
+    asked: bool,
+    c: &GenerationConfig,
+) -> String {
+    match (asked, c.file_of(field)) {
+        (true, _) => format!("`{field}` {value}"),
+        (false, Some(path)) => format!("{field} {value} in {}", path.display()),
+        (false, None) => format!("the default {field} {value}"),
+    }
 }
 
 impl Request {
@@ -114,32 +140,67 @@ impl Request {
             ModelKind::Decoder => (prompt_len, 0),
             _ => (1, prompt_len),
         };
-        let asked = match (self.max_new_tokens, config.max_new_tokens) {
-            (Some(n), _) | (None, Some(n)) => n,
-            (None, None) => config
-                .max_length
-                .checked_sub(read)
-                .filter(|&n| n > 0)
-                .ok_or_else(|| {
-                    Error::invalid(
-                        "max_new_tokens",
-                        format!(
-                            "the prompt fills the folder's max_length ({}) already: give `max_new_tokens`",
-                            config.max_length
-                        ),
-                    )
-                })?,
+        config.check_vocab(model.arch.vocab)?;
+        let (asked, length) = match (self.max_new_tokens, config.max_new_tokens) {
+            (Some(n), _) => (n, setting("max_new_tokens", n, true, &config)),
+            (None, Some(n)) => (n, setting("max_new_tokens", n, false, &config)),
+            (None, None) => {
+                let from = setting("max_length", config.max_length, false, &config);
+                let n = config
+                    .max_length
+                    .checked_sub(read)
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            "max_new_tokens",
+                            format!("the prompt fills {from} already: give `max_new_tokens`"),
+                        )
+                    })?;
+                (n, from)
+            }
         };
         let (max_new, clamped) = clamp_to_positions(asked, read, model.arch.max_positions())?;
-        let cache = cache_bytes(model, prompt_len.saturating_add(max_new), src)
-            .and_then(|bytes| bytes.checked_mul(config.search.num_beams));
-        crate::io::memory::check(
-            cache,
-            &format!("the key/value cache of {max_new} new tokens"),
-        )?;
+        let beams = config.search.num_beams;
+        // per beam (the prompt's row is repeated once per beam): the prefill's
+        // activations through the stack, and the key/value cache at the full length
+        let prefill = footprint::forward_bytes(
+            &model.arch,
+            footprint::Shapes {
+                batch: 1,
+                source: src,
+                target: read,
+                head: false,
+                attentions: false,
+            },
+        );
+        let cache = cache_bytes(model, prompt_len.saturating_add(max_new), src);
+        let per_beam = prefill.zip(cache).and_then(|(p, c)| p.checked_add(c));
+        // the setting to lower: the beams when one beam would fit, else the prompt when
+        // its prefill alone would not, else the length
+        let fits = |bytes: Option<usize>| crate::io::memory::check(bytes, "").is_ok();
+        let what = if beams > 1 && fits(per_beam) {
+            format!(
+                "the key/value cache of {max_new} new tokens for each of {beams} beams ({}; ask for fewer `num_beams`)",
+                setting("num_beams", beams, self.num_beams.is_some(), &config)
+            )
+        } else if !fits(prefill) {
+            format!("the prefill of a prompt of {prompt_len} tokens (give a shorter prompt)")
+        } else {
+            format!(
+                "the key/value cache of {max_new} new tokens ({length}; ask for fewer `max_new_tokens`)"
+            )
+        };
+        crate::io::memory::check(per_beam.and_then(|b| b.checked_mul(beams)), &what)?;
         let options = GenerateOptions::new(max_new, sampling, model.special_tokens().eos.clone())
             .with_config(&config);
-        Ok(Plan { options, clamped })
+        Ok(Plan {
+            options,
+            clamped: clamped.map(|(asked, allowed)| Clamp {
+                asked,
+                allowed,
+                setting: length,
+            }),
+        })
     }
 }
 

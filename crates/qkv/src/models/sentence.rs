@@ -160,7 +160,7 @@ impl SentenceEncoder {
                 model.info().architecture
             )));
         }
-        let tokenizer = Tokenizer::from_dir(&transformer_dir)?;
+        let tokenizer = Tokenizer::from_dir(&transformer_dir)?.fitting(model.arch.token_rows())?;
         let st_path = transformer_dir.join("sentence_bert_config.json");
         let st: TransformerConfig = read_json_or_default(&st_path)?;
         let tok_cfg: TokenizerConfig =

@@ -11,7 +11,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::error::Result;
-use crate::io::read_json_or_default;
+use crate::io::{field_error, read_json_or_default};
 
 /// Token ids with special meaning for generation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -82,6 +82,19 @@ pub struct TokenIds {
 }
 
 impl TokenIds {
+    /// Each field by its name in the file.
+    fn fields(&self) -> [(&'static str, Option<&Ids>); 4] {
+        [
+            ("eos_token_id", self.eos_token_id.as_ref()),
+            ("bos_token_id", self.bos_token_id.as_ref()),
+            ("pad_token_id", self.pad_token_id.as_ref()),
+            (
+                "decoder_start_token_id",
+                self.decoder_start_token_id.as_ref(),
+            ),
+        ]
+    }
+
     /// `config.json`'s pad id, as a model's `padding_idx` (None when unset or negative).
     pub fn pad(&self) -> Option<usize> {
         self.pad_token_id
@@ -93,9 +106,30 @@ impl TokenIds {
 /// The special tokens of the folder `dir`: each field from `from_config` (what
 /// config.json says), or where config.json leaves it unset, from
 /// `dir/generation_config.json` when the folder has one. A field set to a negative id
-/// counts as set: it means "none" and is not filled from the other file.
-pub fn special_tokens(dir: &Path, from_config: TokenIds) -> Result<SpecialTokens> {
-    let generation: TokenIds = read_json_or_default(&dir.join("generation_config.json"))?;
+/// counts as set: it means "none" and is not filled from the other file. An id at or
+/// past `vocab`, in either file, is an error naming the field and the file: it could
+/// never be produced (an EOS) or read (a start token).
+pub fn special_tokens(dir: &Path, from_config: TokenIds, vocab: usize) -> Result<SpecialTokens> {
+    let generation_path = dir.join("generation_config.json");
+    let generation: TokenIds = read_json_or_default(&generation_path)?;
+    let config_path = dir.join("config.json");
+    // every id either file gives is checked, the one that loses to the other too: a
+    // file that names a token the model lacks is wrong wherever it is read
+    for (ids, path) in [
+        (&from_config, &config_path),
+        (&generation, &generation_path),
+    ] {
+        for (field, value) in ids.fields() {
+            let outside = value.map(Ids::valid).unwrap_or_default();
+            if let Some(bad) = outside.iter().find(|&&id| id >= vocab) {
+                return Err(field_error(
+                    path,
+                    field,
+                    format!("token id {bad} is outside the vocabulary of {vocab}"),
+                ));
+            }
+        }
+    }
     let pick = |own: Option<Ids>, fallback: Option<Ids>| own.or(fallback).map(|ids| ids.valid());
     let first = |own, fallback| pick(own, fallback).and_then(|ids| ids.first().copied());
     Ok(SpecialTokens {
@@ -136,8 +170,12 @@ mod tests {
                 r#"{"eos_token_id": 9, "bos_token_id": 8, "pad_token_id": 7, "decoder_start_token_id": 6}"#,
             ),
         );
-        let s =
-            special_tokens(&dir, ids(r#"{"eos_token_id": [2, 3], "bos_token_id": 1}"#)).unwrap();
+        let s = special_tokens(
+            &dir,
+            ids(r#"{"eos_token_id": [2, 3], "bos_token_id": 1}"#),
+            10,
+        )
+        .unwrap();
         assert_eq!(
             s,
             SpecialTokens {
@@ -156,6 +194,7 @@ mod tests {
         let s = special_tokens(
             &dir,
             ids(r#"{"pad_token_id": -1, "eos_token_id": [-1, 4], "bos_token_id": [5, 6]}"#),
+            10,
         )
         .unwrap();
         assert_eq!((s.pad, s.eos, s.bos), (None, vec![4], Some(5)));
@@ -165,7 +204,7 @@ mod tests {
     #[test]
     fn without_generation_config_only_the_config_counts() {
         let dir = folder("absent", None);
-        let s = special_tokens(&dir, TokenIds::default()).unwrap();
+        let s = special_tokens(&dir, TokenIds::default(), 10).unwrap();
         assert_eq!(s, SpecialTokens::default());
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -173,10 +212,32 @@ mod tests {
     #[test]
     fn a_broken_generation_config_is_named() {
         let dir = folder("broken", Some(r#"{"eos_token_id": "x"}"#));
-        let msg = special_tokens(&dir, TokenIds::default())
+        let msg = special_tokens(&dir, TokenIds::default(), 10)
             .unwrap_err()
             .to_string();
         assert!(msg.contains("generation_config.json"), "{msg}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_id_outside_the_vocabulary_names_its_field_and_file() {
+        let dir = folder("outside", Some(r#"{"decoder_start_token_id": 5000}"#));
+        let msg = special_tokens(&dir, ids(r#"{"eos_token_id": [1, 2]}"#), 100)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("generation_config.json")
+                && msg.contains("decoder_start_token_id")
+                && msg.contains("token id 5000 is outside the vocabulary of 100"),
+            "{msg}"
+        );
+        let msg = special_tokens(&dir, ids(r#"{"eos_token_id": [1, 100]}"#), 100)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("config.json: field `eos_token_id`") && msg.contains("token id 100"),
+            "{msg}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

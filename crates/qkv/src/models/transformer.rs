@@ -10,6 +10,7 @@ use serde_json::{json, Map, Value};
 
 use super::arch::{Arch, Head, ModelKind};
 use super::backward::Tape;
+use super::footprint;
 use super::forward::{Encoded, Net, Side, StackInput};
 use super::weights::Weights;
 use super::{names, Family, ModelInfo, SpecialTokens};
@@ -209,7 +210,17 @@ impl Transformer {
     /// T) → logits `[B, T, V]`. A whole sequence is one call on an empty cache.
     pub fn forward_cached(&self, tokens: &TokenBatch, cache: &mut KvCache) -> Result<Tensor> {
         self.needs(ModelKind::Decoder, "forward_cached")?;
-        on_pool(|| self.step(tokens, None, cache))
+        on_pool(|| self.step(tokens, None, cache, false))
+    }
+
+    /// [`Transformer::forward_cached`] for a prompt that only its next token is wanted
+    /// of: the logits of the last position alone, `[B, 1, V]`. The head then costs one
+    /// row per sequence instead of T, and a long prompt's `[B, T, V]` logits (gigabytes
+    /// at a vocabulary of 32 000) are never made. Rows are left-padded, so every row's
+    /// last position is real.
+    pub fn prefill(&self, tokens: &TokenBatch, cache: &mut KvCache) -> Result<Tensor> {
+        self.needs(ModelKind::Decoder, "prefill")?;
+        on_pool(|| self.step(tokens, None, cache, true))
     }
 
     /// Encoder-decoder: tgt `[B, T]` decoder tokens after those in `cache` → logits
@@ -233,15 +244,17 @@ impl Transformer {
                 ),
             ));
         }
-        on_pool(|| self.step(tgt, Some(enc), cache))
+        on_pool(|| self.step(tgt, Some(enc), cache, false))
     }
 
-    /// One decoding step of the decoder stack through the cache.
+    /// One decoding step of the decoder stack through the cache; with `last_only`, the
+    /// logits of each row's last position alone.
     fn step(
         &self,
         tokens: &TokenBatch,
         enc: Option<&Encoded>,
         cache: &mut KvCache,
+        last_only: bool,
     ) -> Result<Tensor> {
         let net = self.net();
         tokens.check_vocab(self.arch.vocab)?;
@@ -264,7 +277,20 @@ impl Transformer {
             false,
             false,
         )?;
-        Ok(net.head(out.h, false)?.0)
+        let (b, t, c) = (tokens.batch, tokens.len, self.arch.d_model);
+        let h = match last_only && t > 1 {
+            // h [B, T, C] → its last position [B, 1, C]
+            true => {
+                let rows = out
+                    .h
+                    .data()
+                    .chunks_exact(t * c)
+                    .map(|row| &row[(t - 1) * c..]);
+                Tensor::new(&[b, 1, c], rows.flatten().copied().collect())?
+            }
+            false => out.h,
+        };
+        Ok(net.head(h, false)?.0)
     }
 
     /// Encoders and encoder-decoders: src `[B, S]` → the encoder's states and each
@@ -288,6 +314,13 @@ impl Transformer {
                 "a decoder-only model has no encoder",
             ));
         }
+        self.check_memory(footprint::Shapes {
+            batch: tokens.batch,
+            source: tokens.len,
+            target: 0,
+            head: false,
+            attentions: false,
+        })?;
         let input = self.stack_input(Side::Encoder, tokens, token_types)?;
         let out = on_pool(|| {
             self.net()
@@ -306,11 +339,37 @@ impl Transformer {
 
     /// A whole forward without a cache: logits (or an encoder's hidden states), and
     /// every layer's attention weights when `attentions` is set.
+    /// A request larger than the machine's free memory is refused before it runs.
     pub fn forward(&self, input: &Input, attentions: bool) -> Result<Output> {
+        let rows = |b: Option<&TokenBatch>| b.map_or((0, 0), |b| (b.batch, b.len));
+        let ((bs, source), (bt, target)) = (rows(input.source), rows(input.target));
+        self.check_memory(footprint::Shapes {
+            batch: bs.max(bt),
+            source,
+            target,
+            head: true,
+            attentions,
+        })?;
         on_pool(|| self.run(input, false, attentions)).map(|(logits, _, a)| Output {
             logits,
             attentions: a,
         })
+    }
+
+    /// Refuses a forward of `shapes` that would not fit in the machine's free memory.
+    fn check_memory(&self, shapes: footprint::Shapes) -> Result<()> {
+        let maps = match shapes.attentions {
+            true => " with every attention map",
+            false => "",
+        };
+        let tokens = match (shapes.source, shapes.target) {
+            (s, 0) | (0, s) => format!("{s}"),
+            (s, t) => format!("{s} source and {t} target"),
+        };
+        crate::io::memory::check(
+            footprint::forward_bytes(&self.arch, shapes),
+            &format!("a forward over {} × {tokens} tokens{maps}", shapes.batch),
+        )
     }
 
     /// The training forward: logits and what [`Transformer::backward`] needs.

@@ -230,6 +230,14 @@ impl RopeScaling {
                 positive("factor", factor)?;
                 positive("beta_fast", beta_fast)?;
                 positive("beta_slow", beta_slow)?;
+                // the ramp between the two would run backwards; transformers warns and
+                // runs it, qkv refuses a setting no trained model uses
+                if beta_fast < beta_slow {
+                    return Err(Error::invalid(
+                        entry("beta_fast"),
+                        format!("must be at least beta_slow = {beta_slow}, got {beta_fast}"),
+                    ));
+                }
                 positive("attention_factor", attention_factor)?;
                 length("original_max_position_embeddings", original_max)
             }

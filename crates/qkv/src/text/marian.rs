@@ -50,6 +50,14 @@ impl MarianVocab {
         })
     }
 
+    /// The vocabulary's largest id and its piece.
+    pub(crate) fn largest(&self) -> Option<(usize, String)> {
+        self.pieces
+            .iter()
+            .max_by_key(|(&id, _)| id)
+            .map(|(&id, p)| (id, p.clone()))
+    }
+
     /// Ids of `text`: `source` (the converted `source.spm`, which splits out the
     /// special tokens) gives the pieces; `</s>` follows when `special`. With `max_len`,
     /// the pieces are cut first so that `</s>` stays.

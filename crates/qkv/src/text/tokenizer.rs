@@ -333,6 +333,28 @@ impl Tokenizer {
         }
     }
 
+    /// This tokenizer, refused when it can produce an id at or past `vocab` (the rows of
+    /// the model's token table): a tokenizer and weights that do not belong together,
+    /// which would otherwise fail only when such a token comes up. The error names the
+    /// file and the token.
+    pub fn fitting(self, vocab: usize) -> Result<Self> {
+        let (file, largest) = match &self.marian {
+            Some(m) => (self.path.with_file_name("vocab.json"), m.largest()),
+            None => {
+                let all = self.inner.get_vocab(true);
+                let top = all.into_iter().max_by_key(|&(_, id)| id);
+                (self.path.clone(), top.map(|(t, id)| (id as usize, t)))
+            }
+        };
+        match largest {
+            Some((id, token)) if id >= vocab => Err(Error::Tokenizer(format!(
+                "{}: token {token:?} has id {id}, outside the model's vocabulary of {vocab}: the tokenizer does not belong to these weights",
+                file.display()
+            ))),
+            _ => Ok(self),
+        }
+    }
+
     /// Id of a token string such as `[PAD]` or `</s>`.
     pub fn token_id(&self, token: &str) -> Option<usize> {
         match &self.marian {

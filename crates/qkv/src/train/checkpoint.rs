@@ -16,14 +16,17 @@
 //! *set* of files, and a crash between two renames would pair new weights with an old
 //! optimiser. So a save is a small transaction:
 //!
-//! 1. write the whole set into `DIR/.checkpoint-staging/`, `trainer_state.json` last
-//!    (its presence marks the staged set complete);
+//! 1. write the whole set into a staging folder of its own,
+//!    `DIR/.checkpoint-staging-{pid}-{n}/`, `trainer_state.json` last (its presence marks
+//!    the staged set complete);
 //! 2. move the files into `DIR` one by one, `trainer_state.json` last;
 //! 3. remove the staging folder.
 //!
-//! Opening a checkpoint first finishes an interrupted step 2 (a staging folder with a
-//! `trainer_state.json`), or discards an incomplete step 1 (one without), so `DIR` always
-//! holds one complete set: the previous one or the new one. The digests in
+//! Opening a checkpoint (and every save) first finishes an interrupted step 2 (a staging
+//! folder with a `trainer_state.json`; of several, the latest step's), and discards
+//! incomplete step 1s (those without), so `DIR` always holds one complete set: the
+//! previous one or the new one. One run writes a folder at a time (`train::output::Lock`);
+//! the staging names keep even writers that bypass the lock out of each other's files. The digests in
 //! `trainer_state.json` (length + 64-bit hash of each file) then catch a folder whose
 //! files were mixed up by hand.
 
@@ -42,7 +45,8 @@ use crate::train::trainable::TrainableModel;
 pub const STATE_FILE: &str = "trainer_state.json";
 /// The optimiser's moments.
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
-/// Where a save stages its files before moving them into the checkpoint folder.
+/// Where a save stages its files before moving them into the checkpoint folder: the
+/// prefix of each save's own staging folder (older versions used the bare name).
 pub const STAGING_DIR: &str = ".checkpoint-staging";
 /// Version of the `trainer_state.json` layout.
 pub const FORMAT: u32 = 1;
@@ -160,9 +164,31 @@ fn sync_dir(dir: &Path) {
     }
 }
 
+/// The staging folders in `dir` (none when `dir` cannot be read).
+pub fn staged(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(STAGING_DIR))
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    found.sort();
+    found
+}
+
+/// A staging folder no save has used: this process's id and a count of its saves.
+fn new_staging(dir: &Path) -> PathBuf {
+    static SAVES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    dir.join(format!("{STAGING_DIR}-{}-{n}", std::process::id()))
+}
+
 /// Whether `dir` holds a checkpoint (or a staged one that [`open`] would complete).
 pub fn exists(dir: &Path) -> bool {
-    dir.join(STATE_FILE).is_file() || dir.join(STAGING_DIR).join(STATE_FILE).is_file()
+    dir.join(STATE_FILE).is_file() || staged(dir).iter().any(|s| s.join(STATE_FILE).is_file())
 }
 
 /// Writes a checkpoint of `model`, `optimizer` and `state` into `dir` (created if
@@ -174,13 +200,11 @@ pub fn save(
     state: &TrainerState,
 ) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let staging = dir.join(STAGING_DIR);
-    if staging.exists() {
-        // A leftover of an earlier save. If it is complete, finish it first, so the
-        // folder never goes back to an older set than the one a crash left staged.
-        recover(dir)?;
-    }
-    std::fs::create_dir_all(&staging).map_err(io_err(&staging))?;
+    // A leftover of an earlier save, if complete, is finished first, so the folder
+    // never goes back to an older set than the one a crash left staged.
+    recover(dir)?;
+    let staging = new_staging(dir);
+    std::fs::create_dir(&staging).map_err(io_err(&staging))?;
 
     model.save(&staging)?;
     let opt_path = staging.join(OPTIMIZER_FILE);
@@ -204,13 +228,12 @@ pub fn save(
         .map_err(|e| Error::invalid("trainer state", e.to_string()))?;
     write_atomic(&staging.join(STATE_FILE), json.as_bytes())?;
     sync_dir(&staging);
-    commit(dir, &state)
+    commit(dir, &staging, &state)
 }
 
-/// Moves the staged files into `dir`, the state file last, then removes the staging
-/// folder. Files already moved by an interrupted commit are skipped.
-fn commit(dir: &Path, state: &TrainerState) -> Result<()> {
-    let staging = dir.join(STAGING_DIR);
+/// Moves the files staged in `staging` into `dir`, the state file last, then removes
+/// the staging folder. Files already moved by an interrupted commit are skipped.
+fn commit(dir: &Path, staging: &Path, state: &TrainerState) -> Result<()> {
     let names = state.files.keys().map(String::as_str).chain([STATE_FILE]);
     for name in names {
         let from = staging.join(name);
@@ -219,24 +242,30 @@ fn commit(dir: &Path, state: &TrainerState) -> Result<()> {
         }
     }
     sync_dir(dir);
-    std::fs::remove_dir_all(&staging).map_err(io_err(&staging))?;
+    std::fs::remove_dir_all(staging).map_err(io_err(staging))?;
     sync_dir(dir);
     Ok(())
 }
 
-/// Finishes or discards a staged save left by a crash (module docs).
+/// Finishes the latest complete save a crash left staged and discards every other
+/// staging folder (module docs).
 fn recover(dir: &Path) -> Result<()> {
-    let staging = dir.join(STAGING_DIR);
-    if !staging.exists() {
+    let mut complete: Vec<(TrainerState, PathBuf)> = Vec::new();
+    for staging in staged(dir) {
+        let staged_state = staging.join(STATE_FILE);
+        match staged_state.is_file() {
+            true => complete.push((read_state(&staged_state)?, staging)),
+            false => std::fs::remove_dir_all(&staging).map_err(io_err(&staging))?,
+        }
+    }
+    complete.sort_by_key(|(state, _)| state.step);
+    let Some((latest, staging)) = complete.pop() else {
         return Ok(());
+    };
+    for (_, older) in complete {
+        std::fs::remove_dir_all(&older).map_err(io_err(&older))?;
     }
-    let staged_state = staging.join(STATE_FILE);
-    if staged_state.is_file() {
-        let state = read_state(&staged_state)?;
-        commit(dir, &state)
-    } else {
-        std::fs::remove_dir_all(&staging).map_err(io_err(&staging))
-    }
+    commit(dir, &staging, &latest)
 }
 
 fn read_state(path: &Path) -> Result<TrainerState> {

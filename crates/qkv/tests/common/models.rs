@@ -154,6 +154,14 @@ pub fn check_causal(name: &str) {
     // full forward's logits on the left-padded batch.
     let tokens = batch(&f, "left_input_ids", Some("left_attention_mask"));
     let full = f.t("left_logits");
+    // the prompt's prefill for generation: the last position's logits alone
+    let last = m.prefill(&tokens, &mut m.new_cache(tokens.batch)).unwrap();
+    assert_real_close(
+        &format!("{name} prefill"),
+        &last,
+        &columns(&full, tokens.len - 1, tokens.len),
+        &vec![true; tokens.batch],
+    );
     let mut cache = m.new_cache(tokens.batch);
     let mut t0 = 0;
     for t1 in std::iter::once(3).chain(4..=tokens.len) {
