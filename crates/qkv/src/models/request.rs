@@ -41,7 +41,8 @@ pub struct Plan {
 pub struct Clamp {
     pub asked: usize,
     pub allowed: usize,
-    /// The setting that asked, as [`setting`] names it.
+    /// The setting that asked: `` `max_new_tokens` 50 `` for a keyword of the request,
+    /// `max_length 1000 in DIR/generation_config.json` for a field of the folder.
     pub setting: String,
 }
 

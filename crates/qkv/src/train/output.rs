@@ -115,7 +115,8 @@ impl Lock {
     }
 
     /// Takes `dir` for a new run: creates it when missing, locks it, and only then
-    /// checks that the run may write there ([`prepare`]), so that no other run can
+    /// checks that the run may write there (missing, empty, or with `overwrite` a
+    /// model folder to replace; never a checkpoint), so that no other run can
     /// start between the check and the lock. A folder this call created is removed
     /// again when the claim fails or the run ends leaving it empty.
     pub fn claim(dir: &Path, overwrite: bool) -> Result<Lock> {
