@@ -1,5 +1,5 @@
 //! The `--input` batch reader of `qkv forward`: any bytes as a safetensors file, read
-//! with `TokenBatch::from_file` as `qkv forward` reads it, then run as it runs it: BERT
+//! with `TensorFile::token_batch` as `qkv forward` reads it, then run as it runs it: BERT
 //! with the optional `token_type_ids`, GPT-2, and T5 with `decoder_input_ids`. A batch
 //! may be refused (ids past the vocabulary, rows past the positions); nothing may panic.
 #![no_main]
@@ -31,19 +31,19 @@ fuzz_target!(init: qkv_fuzz::init(), |data: &[u8]| {
     let Ok(input) = TensorFile::open(&path) else {
         return;
     };
-    let tokens = match TokenBatch::from_file(&input, "input_ids", Some("attention_mask")) {
+    let tokens = match input.token_batch("input_ids", Some("attention_mask")) {
         Ok(t) => t,
-        Err(e) => return qkv_fuzz::note("TokenBatch::from_file", &e),
+        Err(e) => return qkv_fuzz::note("TensorFile::token_batch", &e),
     };
     let models = models();
     // qkv forward, encoder: optional token types
     let types = if input.contains("token_type_ids") {
-        TokenBatch::from_file(&input, "token_type_ids", None).ok().map(|b| b.ids)
+        input.token_batch("token_type_ids", None).ok().map(|b| b.ids)
     } else {
         None
     };
     if let Some(t) = &types {
-        // from_file gives [B', T'] types; the encoder must check them against [B, T]
+        // token_batch gives [B', T'] types; the encoder must check them against [B, T]
         let _ = qkv_fuzz::forward(&models.bert, &tokens, Some(t), None);
     }
     let report = |what: &str, r: qkv::Result<qkv::Tensor>| match r {
@@ -54,7 +54,7 @@ fuzz_target!(init: qkv_fuzz::init(), |data: &[u8]| {
     // decoder-only
     report("gpt2", qkv_fuzz::forward(&models.gpt2, &tokens, None, None));
     // encoder-decoder: needs decoder_input_ids
-    if let Ok(dec) = TokenBatch::from_file(&input, "decoder_input_ids", None) {
+    if let Ok(dec) = input.token_batch("decoder_input_ids", None) {
         report("t5", qkv_fuzz::forward(&models.t5, &tokens, None, Some(&dec)));
     }
 });

@@ -1,7 +1,6 @@
 //! `TokenBatch`: token ids `[B, T]` with a mask saying which are real tokens.
 
 use crate::error::{Error, Result};
-use crate::io::TensorFile;
 
 #[derive(Clone, Debug)]
 pub struct TokenBatch {
@@ -43,18 +42,6 @@ impl TokenBatch {
             batch,
             len,
         })
-    }
-
-    /// The int `[B, T]` tensor `ids_name` of `file`, with the 0/1 mask `mask_name` when
-    /// the file has it (every token real otherwise): the batch `qkv forward --input`
-    /// reads.
-    pub fn from_file(file: &TensorFile, ids_name: &str, mask_name: Option<&str>) -> Result<Self> {
-        let (shape, ids) = file.token_ids(ids_name, 2)?;
-        let mask = match mask_name.filter(|m| file.contains(m)) {
-            Some(m) => Some(file.token_mask(m, &shape, ids_name)?),
-            None => None,
-        };
-        TokenBatch::new(ids, mask, shape[0], shape[1])
     }
 
     /// One unpadded row.

@@ -42,9 +42,10 @@ impl Rng {
     }
 
     /// A tensor of `shape` with N(0, std²) entries.
-    pub fn tensor(&mut self, shape: &[usize], std: f32) -> crate::Tensor {
+    pub fn tensor(&mut self, shape: &[usize], std: f32) -> crate::tensor::Tensor {
         let n = shape.iter().product();
-        crate::Tensor::new(shape, self.normals(n, std)).expect("element count matches shape")
+        crate::tensor::Tensor::new(shape, self.normals(n, std))
+            .expect("element count matches shape")
     }
 
     /// Uniform integer in 0..n (n > 0).

@@ -24,7 +24,7 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
     super::check_writable("--output", &args.output)?;
     let model = super::load_model(&args.model)?.model;
     let input = TensorFile::open(&args.input)?;
-    let tokens = TokenBatch::from_file(&input, "input_ids", Some("attention_mask"))?;
+    let tokens = input.token_batch("input_ids", Some("attention_mask"))?;
     // the encoder's own table where it has one (Marian may), else the one table
     let rows = match model.kind() {
         ModelKind::Decoder => model.arch.vocab,
@@ -34,7 +34,7 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
     let (name, out) = match model.kind() {
         ModelKind::Encoder => {
             let types = if input.contains("token_type_ids") {
-                Some(TokenBatch::from_file(&input, "token_type_ids", None)?.ids)
+                Some(input.token_batch("token_type_ids", None)?.ids)
             } else {
                 None
             };
@@ -49,8 +49,9 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
             ("logits", model.forward(&input, false)?.logits)
         }
         ModelKind::EncoderDecoder => {
-            let dec =
-                TokenBatch::from_file(&input, "decoder_input_ids", None).with_context(|| {
+            let dec = input
+                .token_batch("decoder_input_ids", None)
+                .with_context(|| {
                     format!(
                         "{} is an encoder-decoder: it needs `decoder_input_ids`",
                         args.model.display()

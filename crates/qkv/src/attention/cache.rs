@@ -3,7 +3,10 @@
 //! a step copies only its own new rows (the whole cache moves only on the rare growth).
 //! Attention reads the first `len` positions in place through [`HeadsView`].
 
-use super::{AttentionOutput, AttentionSpec, HeadsView};
+use super::call::run;
+use super::output::AttentionOutput;
+use super::spec::AttentionSpec;
+use super::view::HeadsView;
 use crate::batch::{limit_positions, real_positions};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -104,7 +107,7 @@ impl LayerKv {
     /// row was checked finite when appended, so unlike [`super::attention_views`]
     /// this does not read the whole cache for that check.
     pub fn attend(&self, q: &HeadsView, spec: &AttentionSpec) -> Result<AttentionOutput> {
-        super::run(q, &self.keys(), &self.values(), spec, false)
+        run(q, &self.keys(), &self.values(), spec, false)
     }
 
     /// Cached keys `[B, len, G, Dk]`.

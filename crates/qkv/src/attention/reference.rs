@@ -2,8 +2,9 @@
 //! P = softmax(scores), out = P·V, with the whole T×S score matrix in memory.
 //! Slow and plain on purpose: it is the twin the tiled kernel is tested against.
 
+use super::output::AttentionOutput;
 use super::spec::Scorer;
-use super::{AttentionOutput, HeadsView};
+use super::view::HeadsView;
 use crate::ops::softmax_rows;
 use crate::tensor::Tensor;
 use rayon::prelude::*;

@@ -13,9 +13,10 @@ use rayon::prelude::*;
 
 use super::decode;
 use super::micro::{self, Strided, PANEL};
+use super::output::AttentionOutput;
 use super::packed::{Panels, Rows};
 use super::spec::Scorer;
-use super::{AttentionOutput, HeadsView};
+use super::view::HeadsView;
 use crate::ops::matmul::gemm_views;
 use crate::ops::{MatMut, MatRef, Par};
 use crate::tensor::Tensor;

@@ -12,7 +12,8 @@
 
 use serde_json::json;
 
-use super::{Claim, Drawn, Heatmaps, Options, Panel, Report, Verdict};
+use super::report::{Claim, Heatmaps, Options, Panel, Report, Verdict};
+use super::training::{self, Drawn};
 use crate::batch::TokenBatch;
 use crate::error::Result;
 use crate::models::{Arch, Input, Transformer};
@@ -144,7 +145,7 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
     let mut model = Transformer::new(&arch, options.seed)?;
     let mut data = task();
     let eval = data.eval_batches(options.seed, 2)?;
-    let losses = super::train(&mut model, &mut data, steps, options.seed)?;
+    let losses = training::train(&mut model, &mut data, steps, options.seed)?;
     let accuracy = evaluate(&model, &eval)?.accuracy;
     let probe = &eval[0];
     let cross = cross_attention(&model, probe)?;

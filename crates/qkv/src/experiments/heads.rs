@@ -12,7 +12,8 @@
 
 use serde_json::json;
 
-use super::{Claim, Drawn, Heatmaps, Lines, Options, Panel, Report, Series, Verdict};
+use super::report::{Claim, Heatmaps, Lines, Options, Panel, Report, Series, Verdict};
+use super::training::{self, Drawn};
 use crate::batch::TokenBatch;
 use crate::error::Result;
 use crate::models::{Arch, Input, Transformer};
@@ -121,7 +122,7 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
     for heads in HEAD_COUNTS {
         let arch = Arch::gpt2(CLASSES, WIDTH, 1, heads, LENGTH);
         let mut model = Transformer::new(&arch, options.seed)?;
-        let losses = super::train(&mut model, &mut data, steps, options.seed)?;
+        let losses = training::train(&mut model, &mut data, steps, options.seed)?;
         let accuracy = evaluate(&model, &eval)?.accuracy;
         progress(&format!(
             "{heads} head(s) of width {}: held-out accuracy {accuracy:.3}",

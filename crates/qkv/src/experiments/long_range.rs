@@ -13,7 +13,8 @@
 
 use serde_json::json;
 
-use super::{Claim, Lines, Options, Report, Series, Verdict};
+use super::report::{Claim, Lines, Options, Report, Series, Verdict};
+use super::training;
 use crate::error::Result;
 use crate::models::{Arch, Transformer};
 use crate::module::Module;
@@ -87,7 +88,7 @@ fn accuracy(arch: &str, distance: usize, steps: u64, seed: u64) -> Result<(f64, 
         batch_size: 32,
     };
     let eval = data.eval_batches(seed, 8)?;
-    super::train(model.as_mut(), &mut data, steps, seed)?;
+    training::train(model.as_mut(), &mut data, steps, seed)?;
     Ok((evaluate(model.as_ref(), &eval)?.accuracy, params))
 }
 

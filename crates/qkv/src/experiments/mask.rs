@@ -10,7 +10,8 @@
 
 use serde_json::json;
 
-use super::{Claim, Lines, Options, Report, Series, Verdict};
+use super::report::{Claim, Lines, Options, Report, Series, Verdict};
+use super::training;
 use crate::error::Result;
 use crate::models::{Arch, Transformer};
 use crate::rng::Rng;
@@ -136,7 +137,7 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
             task: task.clone(),
             batch_size: 32,
         };
-        let losses = super::train(&mut m, &mut data, steps, options.seed)?;
+        let losses = training::train(&mut m, &mut data, steps, options.seed)?;
         let forced = evaluate(&m, std::slice::from_ref(&eval))?;
         let (free_tokens, free_exact) = generate(&m, &eval)?;
         let leaked = leak(&m, &eval, LENGTH, &mut rng)?;

@@ -10,7 +10,8 @@
 
 use serde_json::json;
 
-use super::{Claim, Drawn, Lines, Options, Report, Series, Verdict};
+use super::report::{Claim, Lines, Options, Report, Series, Verdict};
+use super::training::{self, Drawn};
 use crate::error::Result;
 use crate::models::{Arch, Transformer};
 use crate::rng::Rng;
@@ -89,14 +90,14 @@ fn bag_accuracy(batches: &[Batch]) -> f64 {
 fn train(encoding: &str, steps: u64, seed: u64) -> Result<(Vec<f64>, f64)> {
     let mut arch = Arch::gpt2(SYMBOLS, 64, 2, 4, LENGTH);
     arch.encoder = arch.decoder.take();
-    arch.position = super::position(encoding, LENGTH);
+    arch.position = training::position(encoding, LENGTH);
     // the original Transformer scales its token embeddings by √C before adding the
     // sinusoids (whose entries are ±1); without it the small initial embeddings drown
     arch.embed.scale = encoding == "sinusoidal";
     let mut model = Transformer::new(&arch, seed)?;
     let mut data = task();
     let eval = data.eval_batches(seed, 8)?;
-    let losses = super::train(&mut model, &mut data, steps, seed)?;
+    let losses = training::train(&mut model, &mut data, steps, seed)?;
     Ok((losses, evaluate(&model, &eval)?.accuracy))
 }
 

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::{Claim, Lines, Options, Report, Series, Verdict};
+use super::report::{Claim, Lines, Options, Report, Series, Verdict};
 use crate::attention::{attention, AttentionSpec, Kernel};
 use crate::error::{Error, Result};
 use crate::rng::Rng;

@@ -11,7 +11,8 @@
 
 use serde_json::json;
 
-use super::{Claim, Lines, Options, Report, Series, Verdict};
+use super::report::{Claim, Lines, Options, Report, Series, Verdict};
+use super::training;
 use crate::error::Result;
 use crate::models::{Arch, Transformer};
 use crate::position::sinusoidal::shift_matrix;
@@ -116,14 +117,14 @@ fn task(len: usize) -> Result<Task> {
 fn extrapolation(encoding: &str, steps: u64, seed: u64) -> Result<Vec<(f64, f64)>> {
     let longest = EVAL_LENS[EVAL_LENS.len() - 1];
     let mut arch = Arch::gpt2(10, 64, 2, 4, longest);
-    arch.position = super::position(encoding, longest);
+    arch.position = training::position(encoding, longest);
     arch.embed.scale = encoding == "sinusoidal";
     let mut model = Transformer::new(&arch, seed)?;
     let mut data = TaskBatches {
         task: task(TRAIN_LEN)?,
         batch_size: 32,
     };
-    super::train(&mut model, &mut data, steps, seed)?;
+    training::train(&mut model, &mut data, steps, seed)?;
     EVAL_LENS
         .iter()
         .map(|&len| {

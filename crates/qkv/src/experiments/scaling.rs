@@ -11,7 +11,8 @@
 
 use serde_json::json;
 
-use super::{Claim, Lines, Options, Report, Series, Verdict};
+use super::report::{Claim, Lines, Options, Report, Series, Verdict};
+use super::training;
 use crate::error::Result;
 use crate::models::{Arch, Transformer};
 use crate::rng::Rng;
@@ -89,7 +90,7 @@ fn train(scaled: bool, steps: u64, seed: u64) -> Result<(Vec<f64>, f64)> {
         batch_size: 32,
     };
     let eval = data.eval_batches(seed, 8)?;
-    let losses = super::train(&mut model, &mut data, steps, seed)?;
+    let losses = training::train(&mut model, &mut data, steps, seed)?;
     Ok((losses, evaluate(&model, &eval)?.accuracy))
 }
 

@@ -3,9 +3,21 @@
 //! message whichever command reads it.
 
 use super::TensorFile;
+use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
 
 impl TensorFile {
+    /// The int `[B, T]` tensor `ids_name`, with the 0/1 mask `mask_name` when the file
+    /// has it (every token real otherwise): the batch `qkv forward --input` reads.
+    pub fn token_batch(&self, ids_name: &str, mask_name: Option<&str>) -> Result<TokenBatch> {
+        let (shape, ids) = self.token_ids(ids_name, 2)?;
+        let mask = match mask_name.filter(|m| self.contains(m)) {
+            Some(m) => Some(self.token_mask(m, &shape, ids_name)?),
+            None => None,
+        };
+        TokenBatch::new(ids, mask, shape[0], shape[1])
+    }
+
     fn refuse(&self, reason: String) -> Error {
         Error::Safetensors {
             path: self.path().display().to_string(),

@@ -4,6 +4,7 @@ pub mod activation;
 pub(crate) mod aligned;
 pub(crate) mod disjoint;
 pub mod fastmath;
+pub mod isa;
 pub mod matmul;
 pub mod pool;
 pub mod simd;

@@ -10,10 +10,10 @@
 //! zero weight) and saturates at e^88 above 88.
 
 /// Whether this CPU runs the AVX2 + FMA paths (every AVX-512 CPU does), unless
-/// `QKV_ISA=portable` asks for the plain loops (see [`super::vector::Isa`]).
+/// `QKV_ISA=portable` asks for the plain loops (see [`super::isa::Isa`]).
 #[inline]
 pub fn avx2_fma() -> bool {
-    super::vector::Isa::detect() != super::vector::Isa::Portable
+    super::isa::Isa::detect() != super::isa::Isa::Portable
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -209,7 +209,7 @@ pub fn save(
     model.save(&staging)?;
     let opt_path = staging.join(OPTIMIZER_FILE);
     let moments = optimizer.state_tensors();
-    let named: Vec<(&str, &crate::Tensor)> =
+    let named: Vec<(&str, &crate::tensor::Tensor)> =
         moments.iter().map(|(n, t)| (n.as_str(), *t)).collect();
     let meta = HashMap::from([("step".to_string(), optimizer.step_count().to_string())]);
     crate::io::save(&opt_path, &named, Some(meta))?;

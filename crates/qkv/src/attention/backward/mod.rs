@@ -28,29 +28,17 @@
 //! is written to be read; `tiled` is the FlashAttention-2 backward (P recomputed tile
 //! by tile from the saved log-sum-exp, never stored whole). Tests hold them equal.
 
+mod grads;
 mod reference;
 mod tiled;
 
-use super::spec::Scorer;
-use super::{validate, AttentionOutput, AttentionSpec, Bias, HeadsView, Kernel};
+pub use grads::AttentionGrads;
+
+use super::output::AttentionOutput;
+use super::spec::{validate, AttentionSpec, Bias, Kernel, Scorer};
+use super::view::HeadsView;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
-
-/// Gradients of one attention call. Freshly allocated (Q, K, V are activations, not
-/// parameters, so there is nothing to accumulate into); a caller that owns a
-/// parameter upstream of them (a projection, a bias table) accumulates from these.
-#[derive(Clone, Debug)]
-pub struct AttentionGrads {
-    /// [B, T, H, D]
-    pub dq: Tensor,
-    /// [B, S, G, D]: summed over the H/G query heads that share each key head.
-    pub dk: Tensor,
-    /// [B, S, G, Dv]: summed likewise.
-    pub dv: Tensor,
-    /// Same shape as the [`Bias::Dense`] of the spec, `[Bm, Hm, T, S]`: dS summed over
-    /// the axes the bias is broadcast along. `Some` only when asked for.
-    pub dbias: Option<Tensor>,
-}
 
 /// Backward of [`attention`](super::attention) for q: `[B,T,H,D]`, k: `[B,S,G,D]`,
 /// v: `[B,S,G,Dv]`, the forward's result `fwd` (its `out` `[B,T,H,Dv]` and `lse`

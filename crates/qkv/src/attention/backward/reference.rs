@@ -6,7 +6,7 @@
 use super::super::reference::dot;
 use super::super::spec::Scorer;
 use super::super::HeadsView;
-use super::AttentionGrads;
+use super::grads::AttentionGrads;
 use crate::ops::softmax_rows;
 use crate::tensor::Tensor;
 

@@ -25,10 +25,11 @@ use crate::ops::disjoint::Disjoint;
 use rayon::prelude::*;
 
 use super::super::micro::{self, Strided, PANEL};
+use super::super::output::AttentionOutput;
 use super::super::packed::{Panels, Rows};
 use super::super::spec::{Dims, Scorer};
-use super::super::{AttentionOutput, HeadsView};
-use super::AttentionGrads;
+use super::super::view::HeadsView;
+use super::grads::AttentionGrads;
 use crate::tensor::Tensor;
 
 const BLOCK_Q: usize = 64;

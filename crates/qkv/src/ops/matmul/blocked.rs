@@ -17,31 +17,15 @@
 //! count: every element is summed in the same order (slab by slab, p ascending inside
 //! a slab) whichever task owns it.
 
-use super::kernel::{self, Dst};
+use super::kernel::{tile, Dst};
 use super::packed::PackedWeight;
+use super::tile::{panels_per_tile, slabs, MR, NR};
+use super::view::{MatMut, MatRef, Par};
 use super::{dot, pack};
-use super::{MatMut, MatRef, Par};
 use crate::ops::disjoint::Disjoint;
 use rayon::prelude::*;
 use std::cell::RefCell;
 
-/// Rows of a micro-tile.
-pub(super) const MR: usize = 6;
-/// Columns of a micro-tile (two AVX2 vectors).
-pub(super) const NR: usize = 16;
-/// Most steps along K per slab, by the width of a tile. On AVX2 a model width of 384
-/// (MiniLM, the training benchmark) fits one slab, so C is written once rather than
-/// read back per slab; against 256, products ran 3–7% faster (ABBA-alternated `qkv
-/// bench matmul`, Zen 3), and MiniLM batches 6%. An AVX-512 tile reads two B panels,
-/// 48 KiB at 384 steps, which is all of L1 (48 KiB on the Xeon measured): 256 steps
-/// ran 3–6% faster there.
-fn kc_max() -> usize {
-    if kernel::panels_per_tile() == 2 {
-        256
-    } else {
-        384
-    }
-}
 /// Rows of A per task block (a multiple of MR).
 const MC: usize = 144;
 /// Products smaller than this many multiply-adds run on the calling thread: waking
@@ -56,14 +40,6 @@ const PARALLEL_WEIGHT: usize = 1 << 16;
 const KEEP_MAX: usize = 1 << 22;
 /// Row counts up to this go to the few-rows path when the layout allows it.
 const DOT_ROWS: usize = 16;
-
-/// How a product's K steps are cut into slabs: (count, steps of every slab but the
-/// last). Slabs are made equal so none is tiny; the cut depends on K alone, so a weight
-/// packed once ([`PackedWeight`]) has the slabs every product against it uses.
-pub(super) fn slabs(k: usize) -> (usize, usize) {
-    let count = k.div_ceil(kc_max());
-    (count, k.div_ceil(count))
-}
 
 /// The B operand of the blocked path.
 #[derive(Clone, Copy)]
@@ -172,7 +148,7 @@ impl Part {
         let k = a.cols;
         let (slabs, kc_max) = slabs(k);
         let panels = self.cols.div_ceil(NR);
-        let per_tile = kernel::panels_per_tile();
+        let per_tile = panels_per_tile();
         let b_scratch = match b {
             Operand::View(_) => panels * kc_max * NR,
             Operand::Packed(_) => 0,
@@ -226,7 +202,7 @@ impl Part {
                                     let next_b = (i == 0 && j + np < panels)
                                         .then(|| &packed_b[(j + np) * kc * NR..][..kc * NR]);
                                     // SAFETY: the panels hold kc steps; `dst` is as above.
-                                    unsafe { kernel::tile(kc, a_panel, b_panel, &dst, next_b) };
+                                    unsafe { tile(kc, a_panel, b_panel, &dst, next_b) };
                                 }
                             }
                         }

@@ -10,9 +10,9 @@
 //! weight rows in flight at once keep more of memory's bandwidth busy, and a call's
 //! fixed cost (the horizontal sums, the stores) is spread over more of the weight.
 
-use super::{MatMut, MatRef};
+use super::view::{MatMut, MatRef};
 use crate::ops::disjoint::Disjoint;
-use crate::ops::vector::Isa;
+use crate::ops::isa::Isa;
 use rayon::prelude::*;
 
 /// Most rows of A per kernel call.

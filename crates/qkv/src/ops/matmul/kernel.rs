@@ -9,8 +9,9 @@
 //! is 6 rows × two panels (two 16-lane vectors), the same 12 sums at twice the width.
 //! The portable form below computes the same tile in plain loops.
 
-use super::blocked::{MR, NR};
-use crate::ops::vector::{Isa, Vector};
+use super::tile::{panels_per_tile_on, MAX_PANELS, MR, NR};
+use crate::ops::isa::Isa;
+use crate::ops::vector::Vector;
 
 /// Where a tile goes: C's element (r, c) of the tile is at `ptr + r·row_stride +
 /// c·col_stride`, for r < rows ≤ MR and c < cols ≤ panels·NR.
@@ -26,23 +27,6 @@ pub(super) struct Dst {
     /// Where the next tile's C starts (its rows `row_stride` apart), to ask for while
     /// this one computes; null for none.
     pub next: *const f32,
-}
-
-/// Most B panels one tile covers.
-pub(super) const MAX_PANELS: usize = 2;
-
-/// B panels a tile covers on this CPU: two 16-lane vectors on AVX-512, one panel (two
-/// 8-lane vectors) otherwise.
-pub(super) fn panels_per_tile() -> usize {
-    panels_per_tile_on(Isa::detect())
-}
-
-fn panels_per_tile_on(isa: Isa) -> usize {
-    if isa == Isa::Avx512 {
-        2
-    } else {
-        1
-    }
 }
 
 /// C tile ← β·C + α·(Σ_p a[p·MR + r] · b[(c / NR)·kc·NR + p·NR + c % NR]), over

@@ -8,11 +8,14 @@ mod dot;
 mod kernel;
 mod pack;
 mod packed;
+mod tile;
+mod view;
 
 pub use packed::PackedWeight;
+pub use view::{MatMut, MatRef, Par};
 
 /// Columns per packed B panel (see [`pack_panels`]).
-pub(crate) const PANEL: usize = blocked::NR;
+pub(crate) const PANEL: usize = tile::NR;
 
 /// Packs all of `b` (`[K, N]`, in place of any layout) into panels of [`PANEL`]
 /// columns: element (p, c) at `(c / PANEL)·K·PANEL + p·PANEL + c % PANEL`, the last
@@ -26,95 +29,6 @@ pub(crate) fn pack_panels(b: &MatRef, out: &mut [f32]) {
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
-
-/// A read-only `rows × cols` matrix inside `data`: element (r, c) is at
-/// `r * row_stride + c * col_stride`.
-#[derive(Clone, Copy, Debug)]
-pub struct MatRef<'a> {
-    pub data: &'a [f32],
-    pub rows: usize,
-    pub cols: usize,
-    pub row_stride: usize,
-    pub col_stride: usize,
-}
-
-/// A writable strided matrix, laid out as in [`MatRef`].
-#[derive(Debug)]
-pub struct MatMut<'a> {
-    pub data: &'a mut [f32],
-    pub rows: usize,
-    pub cols: usize,
-    pub row_stride: usize,
-    pub col_stride: usize,
-}
-
-impl<'a> MatRef<'a> {
-    /// A contiguous row-major matrix.
-    pub fn row_major(data: &'a [f32], rows: usize, cols: usize) -> Self {
-        MatRef {
-            data,
-            rows,
-            cols,
-            row_stride: cols,
-            col_stride: 1,
-        }
-    }
-
-    /// The transpose, without moving data.
-    pub fn t(self) -> Self {
-        MatRef {
-            rows: self.cols,
-            cols: self.rows,
-            row_stride: self.col_stride,
-            col_stride: self.row_stride,
-            ..self
-        }
-    }
-
-    fn fits(&self) -> bool {
-        span(self.rows, self.cols, self.row_stride, self.col_stride)
-            .is_some_and(|n| n <= self.data.len())
-    }
-}
-
-impl<'a> MatMut<'a> {
-    /// A contiguous row-major matrix.
-    pub fn row_major(data: &'a mut [f32], rows: usize, cols: usize) -> Self {
-        MatMut {
-            data,
-            rows,
-            cols,
-            row_stride: cols,
-            col_stride: 1,
-        }
-    }
-
-    fn fits(&self) -> bool {
-        span(self.rows, self.cols, self.row_stride, self.col_stride)
-            .is_some_and(|n| n <= self.data.len())
-    }
-}
-
-/// Number of elements a strided matrix reaches (0 for an empty one); `None` past
-/// `usize`, which no slice holds.
-fn span(rows: usize, cols: usize, rs: usize, cs: usize) -> Option<usize> {
-    if rows == 0 || cols == 0 {
-        return Some(0);
-    }
-    (rows - 1)
-        .checked_mul(rs)?
-        .checked_add((cols - 1).checked_mul(cs)?)?
-        .checked_add(1)
-}
-
-/// Threading for one product. Kernels that already run inside a parallel loop pass
-/// `Single`, so threads are not oversubscribed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Par {
-    /// Split the product over all rayon threads when it is large enough.
-    Auto,
-    Single,
-}
 
 /// `dst = (accumulate ? dst : 0) + alpha · a · b`, with a: `[M,K]`, b: `[K,N]`, dst: `[M,N]`.
 /// Errors when the shapes disagree or a view reaches outside its slice.

@@ -11,8 +11,8 @@
 //! on AVX2 whole panels go through 8×8 register transposes; everything else, and the
 //! portable build, copies element by element.
 
-use super::blocked::{MR, NR};
-use crate::ops::MatRef;
+use super::tile::{MR, NR};
+use super::view::MatRef;
 
 /// Packs rows `r0..r0+rows` × columns `k0..k0+kc` of `a` into `out`, one micro-panel
 /// per tile of [`row_tiles`]`(rows)`: the element at (start + r, p) of tile i goes to

@@ -13,8 +13,9 @@
 //! are zeros. Slab s starts at float `k0(s)·panels·NR`, its panel j at `j·kc·NR` after
 //! that.
 
-use super::blocked::{slabs, NR};
-use super::{pack, MatRef};
+use super::pack;
+use super::tile::{slabs, NR};
+use super::view::MatRef;
 use crate::error::{Error, Result};
 use crate::ops::aligned::AlignedBuf;
 
