@@ -41,13 +41,40 @@ fn layers(architecture: &str) -> BTreeMap<String, u32> {
     out
 }
 
-/// `text` without comments, string and char literals, and from the first
-/// `#[cfg(test)]` on.
+/// `text` without comments, string and char literals, and test modules
+/// (`#[cfg(test)] mod … { … }`).
 fn code_of(text: &str) -> String {
-    let text = match text.find("#[cfg(test)]") {
-        Some(i) => &text[..i],
-        None => text,
-    };
+    let mut code = plain(text);
+    while let Some(at) = code.find("#[cfg(test)]") {
+        let end = code[at..]
+            .find('{')
+            .and_then(|open| block_end(&code, at + open))
+            .unwrap_or(code.len());
+        code.replace_range(at..end, "");
+    }
+    code
+}
+
+/// The position just past the `}` that closes the `{` at `open`.
+fn block_end(code: &str, open: usize) -> Option<usize> {
+    let mut depth = 0;
+    for (j, c) in code[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(open + j + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `text` without comments, string and char literals.
+fn plain(text: &str) -> String {
     let b = text.as_bytes();
     let mut out = String::with_capacity(text.len());
     let mut i = 0;
@@ -63,7 +90,9 @@ fn code_of(text: &str) -> String {
                 i = end;
             }
             b'r' if matches!(b.get(i + 1), Some(b'#') | Some(b'"'))
-                && !b[..i].last().is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_') =>
+                && !b[..i]
+                    .last()
+                    .is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_') =>
             {
                 let hashes = b[i + 1..].iter().take_while(|&&c| c == b'#').count();
                 if b.get(i + 1 + hashes) != Some(&b'"') {
@@ -73,7 +102,9 @@ fn code_of(text: &str) -> String {
                 }
                 let close = format!("\"{}", "#".repeat(hashes));
                 let start = i + 2 + hashes;
-                i = text[start..].find(&close).map_or(b.len(), |e| start + e + close.len());
+                i = text[start..]
+                    .find(&close)
+                    .map_or(b.len(), |e| start + e + close.len());
                 out.push_str("\"\"");
             }
             b'"' => {
@@ -120,38 +151,106 @@ fn ident_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_'
 }
 
-/// Every path that starts with `crate::`, `super::` or `self::` in `code`, as its
-/// segments (`{a, b::c}` groups expanded, globs dropped).
-fn paths(code: &str) -> Vec<Vec<String>> {
+/// The inline modules of `code` (`mod portable { … }`): each one's name and the span
+/// of its body.
+fn inline_modules(code: &str) -> Vec<(String, std::ops::Range<usize>)> {
     let mut out = Vec::new();
-    let mut rest = code;
-    while let Some(at) = ["crate::", "super::", "self::"]
-        .iter()
-        .filter_map(|k| rest.find(k).map(|i| (i, *k)))
-        .min()
-    {
-        let (i, head) = at;
-        let before = rest[..i].chars().next_back();
-        let tail = &rest[i + head.len()..];
-        rest = tail;
-        // a longer identifier (`my_crate::`), a `$crate::` macro path, or a path
-        // continued (`super::super::`, read from its start)
-        if before.is_some_and(|c| ident_char(c) || c == '$' || c == ':') {
+    for (i, _) in code.match_indices("mod ") {
+        if code[..i].chars().next_back().is_some_and(ident_char) {
             continue;
         }
-        let start = vec![head.trim_end_matches("::").to_string()];
-        expand(tail, start, &mut out);
+        let rest = &code[i + 4..];
+        let name: String = rest
+            .trim_start()
+            .chars()
+            .take_while(|&c| ident_char(c))
+            .collect();
+        let after = rest.trim_start()[name.len()..].trim_start();
+        if name.is_empty() || !after.starts_with('{') {
+            continue;
+        }
+        let open = code.len() - after.len();
+        if let Some(end) = block_end(code, open) {
+            out.push((name, open..end));
+        }
     }
     out
 }
 
-/// Reads the path continuing after `prefix::` at `text` into `out`.
-fn expand(text: &str, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+/// The inline modules enclosing position `at` of `code`, outermost first.
+fn enclosing(inline: &[(String, std::ops::Range<usize>)], at: usize) -> Vec<String> {
+    let mut around: Vec<&(String, std::ops::Range<usize>)> =
+        inline.iter().filter(|(_, r)| r.contains(&at)).collect();
+    around.sort_by_key(|(_, r)| r.start);
+    around.into_iter().map(|(n, _)| n.clone()).collect()
+}
+
+/// Every path that starts with `crate::`, `super::` or `self::` in `code`, as its
+/// segments (`{a, b::c}` groups expanded, globs dropped), each with the inline modules
+/// it is written in (which `super` and `self` are read from).
+fn paths(code: &str) -> Vec<(Vec<String>, Vec<String>)> {
+    let inline = inline_modules(code);
+    let mut out = Vec::new();
+    for head in ["crate::", "super::", "self::"] {
+        for (i, _) in code.match_indices(head) {
+            // a longer identifier (`my_crate::`), a `$crate::` macro path, or the
+            // middle of a path (`super::super::`, read from its start)
+            let before = code[..i].chars().next_back();
+            if before.is_some_and(|c| ident_char(c) || c == '$' || c == ':') {
+                continue;
+            }
+            // an exported macro (`crate::positive!`) lives at the root by definition
+            let rest = &code[i + head.len()..];
+            let name_len = rest.chars().take_while(|&c| ident_char(c)).count();
+            if rest[name_len..].starts_with('!') {
+                continue;
+            }
+            let start = vec![head.trim_end_matches("::").to_string()];
+            for (path, _) in tree(rest, start) {
+                if path.len() > 1 {
+                    out.push((enclosing(&inline, i), path));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The names the `use` declarations of `code` bind, each with the inline modules it is
+/// written in and the path it stands for (`use a::{b as c, d::e};` binds `c` → `a::b`
+/// and `e` → `a::d::e`).
+fn bindings(code: &str) -> Vec<(Vec<String>, String, Vec<String>)> {
+    let inline = inline_modules(code);
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices("use ") {
+        if code[..i].chars().next_back().is_some_and(ident_char) {
+            continue;
+        }
+        let text = &code[i + 4..];
+        let text = text.trim_start().trim_start_matches("::");
+        for (path, name) in tree(text, Vec::new()) {
+            if let Some(name) = name {
+                out.push((enclosing(&inline, i), name, path));
+            }
+        }
+    }
+    out
+}
+
+/// The use-tree at the start of `text` after `prefix`: each path it names, with the
+/// name it binds (`None` for a glob).
+fn tree(text: &str, prefix: Vec<String>) -> Vec<(Vec<String>, Option<String>)> {
+    let mut out = Vec::new();
+    expand(text, prefix, &mut out);
+    out
+}
+
+fn expand(text: &str, prefix: Vec<String>, out: &mut Vec<(Vec<String>, Option<String>)>) {
     let mut path = prefix;
     let mut s = text.trim_start();
     loop {
         if let Some(group) = s.strip_prefix('{') {
-            // split the group at its top-level commas
+            // the group's items, split at its top-level commas
             let mut depth = 0;
             let mut item = String::new();
             for c in group.chars() {
@@ -170,23 +269,36 @@ fn expand(text: &str, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
             expand(&item, path, out);
             return;
         }
-        let name: String = s.chars().take_while(|&c| ident_char(c)).collect();
-        if name.is_empty() {
-            // `*`, or the end of the path
-            if path.len() > 1 && !s.starts_with('*') {
-                out.push(path);
-            }
+        if s.starts_with('*') {
+            out.push((path, None));
             return;
         }
-        s = &s[name.len()..];
-        path.push(name);
-        match s.strip_prefix("::") {
-            Some(next) => s = next.trim_start(),
-            None => {
-                out.push(path);
-                return;
-            }
+        let name: String = s.chars().take_while(|&c| ident_char(c)).collect();
+        if name.is_empty() {
+            return;
         }
+        s = s[name.len()..].trim_start();
+        if let Some(next) = s.strip_prefix("::") {
+            path.push(name);
+            s = next.trim_start();
+            continue;
+        }
+        // `self` in a group binds the group's own last segment
+        let bound = match name.as_str() {
+            "self" => path.last().cloned(),
+            _ => {
+                path.push(name.clone());
+                Some(name)
+            }
+        };
+        let alias = s.strip_prefix("as ").map(|a| {
+            a.trim_start()
+                .chars()
+                .take_while(|&c| ident_char(c))
+                .collect()
+        });
+        out.push((path, alias.or(bound)));
+        return;
     }
 }
 
@@ -252,9 +364,54 @@ fn sources(src: &Path) -> Vec<Source> {
     out
 }
 
+/// The module path of the file that defines what `abs` (a path from the root) names,
+/// following the `use` bindings of the module files along it (re-exports), or `None`
+/// when it leads out of the crate.
+fn defining(
+    src: &Path,
+    bound: &BTreeMap<Vec<String>, Vec<(String, Vec<String>)>>,
+    abs: Vec<String>,
+) -> Option<Vec<String>> {
+    let mut path = abs;
+    for _ in 0..16 {
+        let mut k = 0;
+        while k < path.len() && is_module(src, &path[..=k]) {
+            k += 1;
+        }
+        let module = path[..k].to_vec();
+        let Some(name) = path.get(k) else {
+            return Some(module);
+        };
+        let Some((_, to)) = bound
+            .get(&module)
+            .and_then(|b| b.iter().find(|(n, _)| n == name))
+        else {
+            return Some(module);
+        };
+        // a binding's path is read from its own module: `crate::`, `super::`, `self::`,
+        // a child module, or another crate
+        let to = match to.first().map(String::as_str) {
+            Some("crate" | "super" | "self") => absolute(&module, to)?,
+            Some(first) if is_module(src, &[module.clone(), vec![first.to_string()]].concat()) => {
+                [module.clone(), to.clone()].concat()
+            }
+            _ => return None,
+        };
+        path = [to, path[k + 1..].to_vec()].concat();
+    }
+    None
+}
+
 /// The rules of the module comment over `sources` of the crate in `src`, with
 /// `layer` from the table: every breach, described.
 fn breaches(src: &Path, layer: &BTreeMap<String, u32>, sources: &[Source]) -> Vec<String> {
+    let mut bound: BTreeMap<Vec<String>, Vec<(String, Vec<String>)>> = BTreeMap::new();
+    for s in sources {
+        for (inline, name, path) in bindings(&s.code) {
+            let module = [s.module.clone(), inline].concat();
+            bound.entry(module).or_default().push((name, path));
+        }
+    }
     let mut found = BTreeSet::new();
     // edges between top-level modules of one layer, and between siblings of a folder
     let mut same_layer: BTreeSet<(String, String)> = BTreeSet::new();
@@ -264,17 +421,20 @@ fn breaches(src: &Path, layer: &BTreeMap<String, u32>, sources: &[Source]) -> Ve
             continue; // lib.rs: the facade
         };
         let Some(&own) = layer.get(top) else {
-            found.insert(format!("{}: module `{top}` is in no row of the table", s.file));
+            found.insert(format!(
+                "{}: module `{top}` is in no row of the table",
+                s.file
+            ));
             continue;
         };
-        for path in paths(&s.code) {
-            let Some(abs) = absolute(&s.module, &path) else {
-                continue;
-            };
+        for (inline, path) in paths(&s.code) {
             let shown = path.join("::");
-            let Some(target) = abs.first() else {
+            let Some(abs) = absolute(&[s.module.clone(), inline].concat(), &path) else {
                 continue;
             };
+            if abs.is_empty() {
+                continue;
+            }
             if !is_module(src, &abs[..1]) {
                 found.insert(format!(
                     "{}: `{shown}` goes through lib.rs's re-exports: name the module that holds it",
@@ -282,6 +442,10 @@ fn breaches(src: &Path, layer: &BTreeMap<String, u32>, sources: &[Source]) -> Ve
                 ));
                 continue;
             }
+            let Some(def) = defining(src, &bound, abs) else {
+                continue;
+            };
+            let target = &def[0];
             if target != top {
                 match layer.get(target) {
                     None => {
@@ -300,29 +464,28 @@ fn breaches(src: &Path, layer: &BTreeMap<String, u32>, sources: &[Source]) -> Ve
                 }
                 continue;
             }
-            // inside one top-level module: the folder both paths share, and the
-            // entries of it each lies in
-            let common = s.module.iter().zip(&abs).take_while(|(a, b)| a == b).count();
-            // a path to the file itself or to a folder it lies in (`pub(in crate::x)`)
-            // names no item
-            let (Some(from), true) = (s.module.get(common), abs.len() > common) else {
-                continue;
-            };
-            let folder = s.module[..common].to_vec();
-            match is_module(src, &abs[..=common]) {
-                true => {
-                    siblings
-                        .entry(folder)
-                        .or_default()
-                        .insert((from.clone(), abs[common].clone()));
-                }
-                false => {
+            let common = s
+                .module
+                .iter()
+                .zip(&def)
+                .take_while(|(a, b)| a == b)
+                .count();
+            match (s.module.get(common), def.get(common)) {
+                // an item of a folder's mod.rs, read by a file that mod.rs declares
+                (Some(_), None) => {
                     found.insert(format!(
-                        "{}: `{shown}` is read through {}'s mod.rs, which declares this file: import it from the file that defines it",
+                        "{}: `{shown}` is defined in {}'s mod.rs, which declares this file (a circle): move it to a file of its own",
                         s.file,
-                        folder.join("/")
+                        def.join("/")
                     ));
                 }
+                (Some(from), Some(to)) => {
+                    let folder = s.module[..common].to_vec();
+                    let edges = siblings.entry(folder).or_default();
+                    edges.insert((from.clone(), to.clone()));
+                }
+                // a file's own items, or a mod.rs using what it declares
+                (None, _) => {}
             }
         }
     }
@@ -334,9 +497,12 @@ fn breaches(src: &Path, layer: &BTreeMap<String, u32>, sources: &[Source]) -> Ve
     }
     for (folder, edges) in &siblings {
         if let Some(cycle) = cycle(edges) {
+            let folder = match folder.is_empty() {
+                true => "the crate".to_string(),
+                false => folder.join("/"),
+            };
             found.insert(format!(
-                "files of {} import each other in a circle: {}",
-                folder.join("/"),
+                "files of {folder} import each other in a circle: {}",
                 cycle.join(" → ")
             ));
         }
@@ -393,7 +559,10 @@ fn crate_dir() -> PathBuf {
 fn the_library_keeps_the_table_of_layers() {
     let table = std::fs::read_to_string(crate_dir().join("../../ARCHITECTURE.md")).unwrap();
     let layer = layers(&table);
-    assert!(layer.len() >= 16, "the table lists too few modules: {layer:?}");
+    assert!(
+        layer.len() >= 16,
+        "the table lists too few modules: {layer:?}"
+    );
     let src = crate_dir().join("src");
     let all = sources(&src);
     // every module lib.rs declares has a row
@@ -401,11 +570,19 @@ fn the_library_keeps_the_table_of_layers() {
     for line in lib.lines() {
         if let Some(name) = line.trim().strip_prefix("pub mod ") {
             let name = name.trim_end_matches(';');
-            assert!(layer.contains_key(name), "lib.rs declares `{name}`, which no row lists");
+            assert!(
+                layer.contains_key(name),
+                "lib.rs declares `{name}`, which no row lists"
+            );
         }
     }
     let found = breaches(&src, &layer, &all);
-    assert!(found.is_empty(), "{} breaches:\n{}", found.len(), found.join("\n"));
+    assert!(
+        found.is_empty(),
+        "{} breaches:\n{}",
+        found.len(),
+        found.join("\n")
+    );
 }
 
 /// The check itself, on a small tree written here: each wrong import is caught.
@@ -418,22 +595,38 @@ fn the_check_catches_each_kind_of_breach() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, text).unwrap();
     };
-    write("lib.rs", "pub mod low;\npub mod high;\npub mod kernels;\npub use low::Thing;\n");
-    write("low.rs", "use crate::high::Model; // lower imports higher\npub struct Thing;\n");
-    write("high.rs", "use crate::Thing; /* through the facade */\nuse crate::low::{self, Thing as T};\n");
+    write(
+        "lib.rs",
+        "pub mod low;\npub mod high;\npub mod kernels;\npub use low::Thing;\n",
+    );
+    write(
+        "low.rs",
+        "use crate::high::Model; // lower imports higher\npub struct Thing;\n",
+    );
+    write(
+        "high.rs",
+        "use crate::Thing; /* through the facade */\nuse crate::low::{self, Thing as T};\n",
+    );
     write("kernels/mod.rs", "mod a;\nmod b;\npub struct Out;\n");
     write("kernels/a.rs", "use super::Out;\nuse super::b::run;\n");
-    write("kernels/b.rs", "use super::a::{x, y::z};\nlet s = \"crate::high::Hidden\"; // a string\n");
+    write(
+        "kernels/b.rs",
+        "use super::a::{x, y::z};\nlet s = \"crate::high::Hidden\"; // a string\n",
+    );
     let table = "| 0 | `low`, `kernels` | … |\n| 1 | `high` | … |\n";
     let found = breaches(&src, &layers(table), &sources(&src));
     let expect = [
         "low.rs: `crate::high::Model`: layer 0 (`low`) imports layer 1 (`high`)",
         "high.rs: `crate::Thing` goes through lib.rs's re-exports",
-        "kernels/a.rs: `super::Out` is read through kernels's mod.rs",
+        "kernels/a.rs: `super::Out` is defined in kernels's mod.rs",
         "files of kernels import each other in a circle: a → b → a",
     ];
     for e in expect {
-        assert!(found.iter().any(|f| f.starts_with(e)), "not caught: {e}\nfound:\n{}", found.join("\n"));
+        assert!(
+            found.iter().any(|f| f.starts_with(e)),
+            "not caught: {e}\nfound:\n{}",
+            found.join("\n")
+        );
     }
     assert_eq!(found.len(), expect.len(), "{}", found.join("\n"));
     std::fs::remove_dir_all(&src).unwrap();

@@ -161,6 +161,12 @@ pub fn epsilon(dir: &Path, field: &str, value: f64) -> Result<f32> {
     Ok(eps)
 }
 
+/// A float as JSON without f32 → f64 noise (1e-5, not 9.999999747378752e-6).
+pub fn json_f32(x: f32) -> serde_json::Value {
+    let shortest: f64 = x.to_string().parse().expect("f32 Display parses as f64");
+    serde_json::json!(shortest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

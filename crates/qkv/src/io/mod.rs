@@ -11,8 +11,8 @@ mod token_tensors;
 pub use self::atomic::write_atomic;
 pub use self::checkpoint::Checkpoint;
 pub use self::config::{
-    aliased_size, bad_field, check_heads, check_positive, eps, epsilon, field_error, read_config,
-    read_json, read_json_or_default, read_text, size, yes,
+    aliased_size, bad_field, check_heads, check_positive, eps, epsilon, field_error, json_f32,
+    read_config, read_json, read_json_or_default, read_text, size, yes,
 };
 pub use self::files::{check_regular, inside, open_regular, read_regular, read_regular_text};
 pub use self::safetensors::{save, TensorFile};

@@ -1,7 +1,7 @@
 //! [`ModelInfo`]: what `qkv inspect` reports, derived from an [`Arch`] for display.
 
-use super::arch::{Arch, Position};
-use super::Family;
+use super::families::Family;
+use super::net::arch::{Arch, Position};
 use crate::block::Residual;
 use crate::layers::NormKind;
 use crate::ops::Activation;

@@ -3,21 +3,19 @@
 //! needs, and the backward), returns attention weights when asked, and saves itself in
 //! its family's layout.
 
-use std::collections::HashSet;
-use std::path::Path;
+use serde_json::{Map, Value};
 
-use serde_json::{json, Map, Value};
-
-use super::arch::{Arch, Head, ModelKind};
-use super::backward::Tape;
-use super::footprint;
-use super::forward::{Encoded, Net, Side, StackInput};
-use super::weights::Weights;
-use super::{names, Family, ModelInfo, SpecialTokens};
+use super::families::special::SpecialTokens;
+use super::families::Family;
+use super::info::ModelInfo;
+use super::net::arch::{Arch, Head, ModelKind};
+use super::net::backward::Tape;
+use super::net::footprint;
+use super::net::forward::{Encoded, Net, Side, StackInput};
+use super::net::weights::Weights;
 use crate::attention::{Kernel, KvCache};
 use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
-use crate::io::{write_atomic, Checkpoint};
 use crate::module::Module;
 use crate::ops::on_pool;
 use crate::tensor::Tensor;
@@ -39,7 +37,7 @@ pub struct Transformer {
     info: ModelInfo,
     /// The `config.json` the model was read from (Hugging Face families), written back
     /// on save so the folder stays what transformers expects.
-    source_config: Option<Map<String, Value>>,
+    pub(super) source_config: Option<Map<String, Value>>,
 }
 
 /// A forward's inputs. Decoder-only models read `target`, encoders `source`,
@@ -443,80 +441,5 @@ impl Transformer {
             head,
         });
         Ok((logits, tape, attn))
-    }
-
-    /// Writes `dir/config.json` and `dir/model.safetensors` (each atomically), creating
-    /// `dir`: in the family's own layout (so transformers loads it), or qkv's.
-    pub fn save(&self, dir: &Path) -> Result<()> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let mut tensors = self.export(&self.weights)?;
-        if let Some(b) = &self.logits_bias {
-            tensors.push((
-                "final_logits_bias".into(),
-                b.clone().reshape(&[1, b.numel()])?,
-            ));
-        }
-        let refs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        // transformers refuses safetensors files whose metadata lacks format = pt
-        let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
-        crate::io::save(&dir.join("model.safetensors"), &refs, Some(meta))?;
-        let mut config = match (&self.source_config, self.family) {
-            (Some(c), _) => c.clone(),
-            (None, f) => match f.config_json(&self.arch) {
-                Value::Object(m) => m,
-                _ => unreachable!("a config is an object"),
-            },
-        };
-        // the weights are saved as float32 whatever the source's dtype
-        for key in ["torch_dtype", "dtype"] {
-            if let Some(v) = config.get_mut(key) {
-                *v = json!("float32");
-            }
-        }
-        self.special.write_into(&mut config);
-        let text = serde_json::to_string_pretty(&config).expect("a JSON value serialises");
-        write_atomic(&dir.join("config.json"), format!("{text}\n").as_bytes())
-    }
-
-    /// Every tensor of `w` (the parameters, their gradients, or any tree of their
-    /// shape) as this model's checkpoint stores it, under its checkpoint names: a
-    /// Hugging Face family's layout (GPT-2's Conv1D transposes and fused `c_attn`, …),
-    /// or qkv's own names.
-    pub fn export(&self, w: &Weights) -> Result<Vec<(String, Tensor)>> {
-        names::export(w, &self.family.locator(&self.arch))
-    }
-
-    /// Reads the folder `dir` written by a Hugging Face tool or by
-    /// [`Transformer::save`]; see [`super::load`].
-    pub fn load(dir: &Path) -> Result<Self> {
-        super::load(dir).map(|l| l.model)
-    }
-
-    /// Fills `weights` from the checkpoint in `family`'s layout.
-    /// The weights `arch` needs from `ckpt`, the logits bias where the head has one,
-    /// and the checkpoint names that were read.
-    pub(crate) fn read_weights(
-        ckpt: &Checkpoint,
-        arch: &Arch,
-        family: Family,
-    ) -> Result<(Weights, Option<Tensor>, HashSet<String>)> {
-        let mut weights = Weights::new(arch)?;
-        let mut used = names::read(ckpt, &mut weights, &family.locator(arch), &|n| {
-            family.aliases(n)
-        })?;
-        let logits_bias = match arch.head {
-            Head::Lm {
-                logits_bias: true, ..
-            } if ckpt.has("final_logits_bias") => {
-                let b = ckpt.tensor_shaped("final_logits_bias", &[1, arch.vocab])?;
-                used.insert("final_logits_bias".into());
-                Some(b.reshape(&[arch.vocab])?)
-            }
-            Head::Lm {
-                logits_bias: true, ..
-            } => Some(Tensor::zeros(&[arch.vocab])),
-            _ => None,
-        };
-        Ok((weights, logits_bias, used))
     }
 }

@@ -15,8 +15,8 @@
 //!
 //! Ties between equal scores go to the earlier beam and the lower token id.
 
-use super::generate::GenerateOptions;
-use super::generation_config::EarlyStopping;
+use super::config::EarlyStopping;
+use super::options::GenerateOptions;
 use crate::error::Result;
 use crate::tensor::Tensor;
 

@@ -13,12 +13,26 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::arch::{Arch, Head, Position};
+use super::def::{as_given, no_aliases, FamilyDef};
 use super::names::{same, stored, How, Name};
 use super::special::TokenIds;
 use crate::block::Residual;
 use crate::error::Result;
 use crate::io::{check_positive, epsilon, read_config};
+use crate::models::net::arch::{Arch, Head, Position};
+
+pub(crate) static BLOOM: FamilyDef = FamilyDef {
+    name: "bloom",
+    architectures: &["BloomForCausalLM"],
+    model_type: "bloom",
+    read: |dir, _, _| read(dir),
+    names,
+    prefix: "transformer.",
+    aliases: no_aliases,
+    special: as_given,
+    fresh: None,
+    native: false,
+};
 
 /// Hugging Face `BloomConfig`. Released configs disagree on names (`bloom-560m` writes
 /// `hidden_size` and `n_head`, the 176B model `n_embed` and `num_attention_heads`), so

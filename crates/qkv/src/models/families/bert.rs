@@ -15,13 +15,47 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::arch::{Arch, Head, Position, StackDims};
+use super::def::{as_given, FamilyDef};
 use super::names::{same, Name};
 use super::special::TokenIds;
 use crate::block::Residual;
 use crate::error::{Error, Result};
+use crate::io::Checkpoint;
 use crate::io::{bad_field, check_heads, read_config};
+use crate::models::net::arch::{Arch, Head, Position, StackDims};
 use crate::ops::Activation;
+
+pub(crate) static BERT: FamilyDef = FamilyDef {
+    name: "bert",
+    architectures: &[
+        "BertForMaskedLM",
+        "BertModel",
+        "BertForSequenceClassification",
+    ],
+    model_type: "bert",
+    read: read_folder,
+    names,
+    prefix: "bert.",
+    aliases: tensorflow_names,
+    special: as_given,
+    fresh: None,
+    native: false,
+};
+
+/// A masked-LM folder keeps its head when the checkpoint has it.
+fn read_folder(dir: &Path, architecture: &str, ckpt: &Checkpoint) -> Result<(Arch, TokenIds)> {
+    let head =
+        architecture == "BertForMaskedLM" && ckpt.has("cls.predictions.transform.dense.weight");
+    read(dir, head)
+}
+
+/// TensorFlow conversions of BERT name LayerNorm parameters gamma and beta.
+fn tensorflow_names(name: &str) -> Vec<String> {
+    match name.contains("LayerNorm.") {
+        true => vec![name.replace(".weight", ".gamma").replace(".bias", ".beta")],
+        false => Vec::new(),
+    }
+}
 
 /// `config.json` as `BertConfig` writes it. A missing field takes `BertConfig`'s
 /// default (BERT-base), as transformers itself does when loading the file.

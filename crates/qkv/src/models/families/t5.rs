@@ -21,14 +21,35 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::arch::{Arch, Head, Position, StackDims};
+use super::def::{no_aliases, FamilyDef};
 use super::names::{same, Name};
-use super::special::TokenIds;
+use super::special::{SpecialTokens, TokenIds};
 use crate::block::Residual;
 use crate::error::Result;
 use crate::io::{bad_field, epsilon, read_config, Checkpoint};
 use crate::layers::NormKind;
+use crate::models::net::arch::{Arch, Head, Position, StackDims};
 use crate::ops::Activation;
+
+pub(crate) static T5: FamilyDef = FamilyDef {
+    name: "t5",
+    architectures: &["T5ForConditionalGeneration"],
+    model_type: "t5",
+    read: |dir, _, ckpt| read(dir, ckpt),
+    names,
+    prefix: "",
+    aliases: no_aliases,
+    special: start_from_bos,
+    fresh: None,
+    native: false,
+};
+
+/// Without a decoder start token, generation starts from BOS, as Hugging Face's
+/// `generate` does.
+fn start_from_bos(mut special: SpecialTokens) -> SpecialTokens {
+    special.decoder_start = special.decoder_start.or(special.bos);
+    special
+}
 
 /// Hugging Face `T5Config`, with its defaults for absent fields (early checkpoints such
 /// as `t5-small` predate `relative_attention_max_distance`) and the `attribute_map`

@@ -16,12 +16,26 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::arch::{Arch, Head, Position, StackDims};
+use super::def::{as_given, no_aliases, FamilyDef, Fresh};
 use super::names::{same, stored, How, Name};
 use super::special::TokenIds;
 use crate::error::Result;
 use crate::io::{aliased_size, bad_field, check_heads, check_positive, epsilon, read_config};
+use crate::models::net::arch::{Arch, Head, Position, StackDims};
 use crate::ops::Activation;
+
+pub(crate) static GPT2: FamilyDef = FamilyDef {
+    name: "gpt2",
+    architectures: &["GPT2LMHeadModel", "GPT2Model"],
+    model_type: "gpt2",
+    read: |dir, _, _| read(dir),
+    names: |_| names(),
+    prefix: "transformer.",
+    aliases: no_aliases,
+    special: as_given,
+    fresh: Some(Fresh { fits, config_json }),
+    native: false,
+};
 
 /// Hugging Face `GPT2Config`. Sizes are required; the alternative names are those of
 /// `attribute_map` (`hidden_size` → `n_embd`, …), which some tools write instead.
@@ -145,7 +159,7 @@ pub(super) fn config_json(arch: &Arch) -> Value {
             Activation::Gelu => "gelu",
             Activation::GeluTanh | Activation::Silu => "gelu_new",
         },
-        "layer_norm_epsilon": super::json_f32(arch.norm.eps),
+        "layer_norm_epsilon": crate::io::json_f32(arch.norm.eps),
         "resid_pdrop": 0.0,
         "embd_pdrop": 0.0,
         "attn_pdrop": 0.0,

@@ -4,11 +4,13 @@
 //! transformers' `generate()` takes it; the length is bounded by the model's positions
 //! and the key/value cache by the machine's memory.
 
-use super::footprint;
-use super::generate::{GenerateOptions, Sampling};
-use super::generation_config::{EarlyStopping, GenerationConfig};
-use super::{ModelKind, Transformer};
+use super::config::{EarlyStopping, GenerationConfig};
+use super::decode::no_head;
+use super::options::{GenerateOptions, Sampling};
 use crate::error::{Error, Result};
+use crate::models::net::arch::ModelKind;
+use crate::models::net::footprint;
+use crate::models::transformer::Transformer;
 
 /// What the caller asked for; `None` leaves a setting to the folder.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -122,7 +124,7 @@ impl Request {
         prompt_len: usize,
     ) -> Result<Plan> {
         if model.kind() == ModelKind::Encoder {
-            return Err(super::generate::no_head(model));
+            return Err(no_head(model));
         }
         let config = self.overrides(config)?;
         let sampling = self.sampling(&config)?;

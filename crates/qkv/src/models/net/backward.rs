@@ -3,17 +3,17 @@
 //! cross keys and values back into the memory, then the encoder; the embeddings last.
 //! Every step **accumulates** into a gradient tree of the parameters' own type.
 
-use super::arch::{Head, Position};
-use super::forward::{Encoded, HeadTape, Net, Side, StackTape};
-use super::weights::Weights;
 use crate::block::CrossKv;
 use crate::error::Result;
 use crate::layers::linear::product_backward;
 use crate::layers::Embedding;
+use crate::models::net::arch::{Head, Position};
+use crate::models::net::forward::{Encoded, HeadTape, Net, Side, StackTape};
+use crate::models::net::weights::Weights;
 use crate::position::RelativeBias;
 use crate::tensor::Tensor;
 
-/// What a training forward keeps for [`Transformer::backward`](super::Transformer::backward).
+/// What a training forward keeps for [`Transformer::backward`](crate::models::Transformer::backward).
 pub struct Tape {
     pub(crate) encoder: Option<StackTape>,
     /// the encoder's output and cross keys and values, for an encoder-decoder
@@ -22,7 +22,7 @@ pub struct Tape {
     pub(crate) head: HeadTape,
 }
 
-/// Backward of [`project`](super::forward::project), `y = s·h·Wᵀ`: dy → dh `[.., C]`;
+/// Backward of [`project`](crate::models::net::forward::project), `y = s·h·Wᵀ`: dy → dh `[.., C]`;
 /// **accumulates** into `dw` `[V, C]`.
 fn project_backward(
     h: &Tensor,

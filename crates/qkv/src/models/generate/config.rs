@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::special::Ids;
 use crate::error::{Error, Result};
 use crate::io::{field_error, read_json};
+use crate::models::families::special::Ids;
 
 /// When beam search stops (transformers' `early_stopping`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -2,10 +2,10 @@
 //! second [`Weights`]. The tree's paths are qkv's own names
 //! (`decoder.layers.0.attn.q.weight`); each family maps them to its checkpoint names.
 
-use super::arch::{Arch, Head, Position, StackDims};
 use crate::block::{Block, MultiHeadAttention};
 use crate::error::Result;
 use crate::layers::{Embedding, FeedForward, Linear, Norm};
+use crate::models::net::arch::{Arch, Head, Position, StackDims};
 use crate::module::Module;
 use crate::rng::Rng;
 use crate::tensor::Tensor;

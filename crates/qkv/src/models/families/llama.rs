@@ -14,13 +14,45 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::arch::{Arch, Head, Position, StackDims};
+use super::def::{as_given, no_aliases, FamilyDef, Fresh};
 use super::names::{same, Name};
 use super::special::TokenIds;
 use crate::error::{Error, Result};
 use crate::io::{bad_field, epsilon, read_config};
+use crate::models::net::arch::{Arch, Head, Position, StackDims};
 use crate::ops::Activation;
 use crate::position::rope_scaling::{HfRopeConfig, RopeScaling};
+
+pub(crate) static LLAMA: FamilyDef = FamilyDef {
+    name: "llama",
+    architectures: &["LlamaForCausalLM"],
+    model_type: "llama",
+    read: |dir, _, _| read(dir, Variant::Llama),
+    names: |_| names(),
+    prefix: "model.",
+    aliases: no_aliases,
+    special: as_given,
+    fresh: Some(Fresh { fits, config_json }),
+    native: false,
+};
+
+pub(crate) static MISTRAL: FamilyDef = FamilyDef {
+    name: "mistral",
+    architectures: &["MistralForCausalLM"],
+    model_type: "mistral",
+    read: |dir, _, _| read(dir, Variant::Mistral),
+    fresh: None,
+    ..LLAMA
+};
+
+pub(crate) static QWEN2: FamilyDef = FamilyDef {
+    name: "qwen2",
+    architectures: &["Qwen2ForCausalLM"],
+    model_type: "qwen2",
+    read: |dir, _, _| read(dir, Variant::Qwen2),
+    fresh: None,
+    ..LLAMA
+};
 
 /// `config.json` of a Llama or Mistral checkpoint, as transformers writes it.
 #[derive(Deserialize)]
@@ -288,7 +320,7 @@ pub(super) fn fits(arch: &Arch) -> bool {
 /// `max_position_embeddings` is `max_positions`; `None` where no config can say it (a
 /// dynamic threshold or a YaRN factor at odds with that length), and `Null` for none.
 fn scaling_json(scaling: &RopeScaling, max_positions: usize) -> Option<Value> {
-    let f = super::json_f32;
+    let f = crate::io::json_f32;
     Some(match *scaling {
         RopeScaling::None => Value::Null,
         RopeScaling::Linear { factor } => json!({"rope_type": "linear", "factor": f(factor)}),
@@ -359,8 +391,8 @@ pub(super) fn config_json(arch: &Arch) -> Value {
         "head_dim": d.head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": max_len,
-        "rms_norm_eps": super::json_f32(arch.norm.eps),
-        "rope_theta": super::json_f32(theta),
+        "rms_norm_eps": crate::io::json_f32(arch.norm.eps),
+        "rope_theta": crate::io::json_f32(theta),
         "rope_scaling": scaling_json(&scaling, max_len).unwrap_or(Value::Null),
         "attention_bias": arch.attention.qkv_bias,
         "mlp_bias": arch.ffn.bias,

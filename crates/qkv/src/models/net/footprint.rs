@@ -2,7 +2,7 @@
 //! so that a request too large for the machine is refused before anything of it is
 //! allocated rather than aborting half-way.
 
-use super::arch::{Arch, Head, Position, StackDims};
+use crate::models::net::arch::{Arch, Head, Position, StackDims};
 
 /// Sizes of one whole forward.
 #[derive(Clone, Copy, Debug)]

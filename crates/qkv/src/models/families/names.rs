@@ -6,9 +6,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::Weights;
 use crate::error::{Error, Result};
 use crate::io::Checkpoint;
+use crate::models::Weights;
 use crate::module::Module;
 use crate::tensor::Tensor;
 

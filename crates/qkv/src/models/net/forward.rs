@@ -9,14 +9,14 @@
 //! logits = head(h)                                                                          [B,T,V]
 //! ```
 
-use super::arch::{Arch, Head, Position, StackDims};
-use super::weights::{Stack, Weights};
 use crate::attention::{AttentionSpec, Bias, CausalAlign, Kernel, LayerKv};
 use crate::batch::limit_positions;
 use crate::block::{Attend, BlockTape, CrossKv, LayerRule};
 use crate::error::Result;
 use crate::layers::linear::product_into;
 use crate::layers::{Embedding, Norm, NormCache};
+use crate::models::net::arch::{Arch, Head, Position, StackDims};
+use crate::models::net::weights::{Stack, Weights};
 use crate::position::sinusoidal::sinusoidal_value;
 use crate::position::{alibi_slopes, RelativeBias, Rope, RopeLayout};
 use crate::tensor::Tensor;

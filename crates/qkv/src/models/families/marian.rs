@@ -18,14 +18,39 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::arch::{Arch, Head, Position, StackDims};
+use super::def::{as_given, FamilyDef};
 use super::names::{same, Name};
 use super::special::{Ids, TokenIds};
 use crate::block::Residual;
 use crate::error::Result;
 use crate::io::{bad_field, check_heads, check_positive, read_config};
+use crate::models::net::arch::{Arch, Head, Position, StackDims};
 use crate::ops::Activation;
 use crate::position::SinusoidalLayout;
+
+pub(crate) static MARIAN: FamilyDef = FamilyDef {
+    name: "marian",
+    architectures: &["MarianMTModel"],
+    model_type: "marian",
+    read: |dir, _, _| read(dir),
+    names,
+    prefix: "model.",
+    aliases: shared_table,
+    special: as_given,
+    fresh: None,
+    native: false,
+};
+
+/// Older Marian checkpoints keep the shared table under the encoder.
+fn shared_table(name: &str) -> Vec<String> {
+    match name == "model.shared.weight" {
+        true => vec![
+            "model.encoder.embed_tokens.weight".into(),
+            "encoder.embed_tokens.weight".into(),
+        ],
+        false => Vec::new(),
+    }
+}
 
 /// Hugging Face `MarianConfig`, with its defaults for absent fields and the
 /// `attribute_map` names (`hidden_size`, `num_attention_heads`) as aliases.

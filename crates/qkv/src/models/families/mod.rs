@@ -1,0 +1,20 @@
+//! The checkpoint families: each file reads its `config.json` into an
+//! [`Arch`](crate::models::Arch), names where its tensors live, and holds its quirks;
+//! `registry.rs` lists them.
+
+pub mod bert;
+pub mod bloom;
+mod def;
+pub mod gpt2;
+pub mod llama;
+pub mod marian;
+pub(crate) mod names;
+mod native;
+mod registry;
+pub(crate) mod special;
+pub mod t5;
+
+pub use names::Loc;
+pub use native::NATIVE_ARCHITECTURE;
+pub use registry::{supported, Family};
+pub use special::SpecialTokens;

@@ -1,0 +1,117 @@
+//! Every family qkv reads, in one table, and the lookups over it: by the name a folder
+//! gives, for a freshly built model, and by name. Nothing else in the crate matches
+//! over families.
+
+use serde_json::Value;
+
+use super::def::FamilyDef;
+use super::names::{self, Loc};
+use super::{bert, bloom, gpt2, llama, marian, native, t5};
+use crate::error::Result;
+use crate::models::net::arch::Arch;
+
+/// The families, in the order `SUPPORTED` lists their architectures.
+static FAMILIES: [&FamilyDef; 9] = [
+    &bert::BERT,
+    &gpt2::GPT2,
+    &llama::LLAMA,
+    &llama::MISTRAL,
+    &llama::QWEN2,
+    &bloom::BLOOM,
+    &marian::MARIAN,
+    &t5::T5,
+    &native::QKV,
+];
+
+/// A checkpoint family: how a model is named and laid out on disk.
+#[derive(Clone, Copy)]
+pub struct Family(&'static FamilyDef);
+
+impl PartialEq for Family {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.name == other.0.name
+    }
+}
+
+impl Eq for Family {}
+
+impl std::fmt::Debug for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Family({})", self.0.name)
+    }
+}
+
+/// The architectures [`crate::models::load`] accepts, for error messages and `--help`.
+pub fn supported() -> Vec<&'static str> {
+    FAMILIES
+        .iter()
+        .flat_map(|f| f.architectures)
+        .copied()
+        .collect()
+}
+
+impl Family {
+    /// The family that reads the folder naming itself `name` (its `architectures[0]`,
+    /// or its `model_type`).
+    pub fn reading(name: &str) -> Option<Family> {
+        let reads = |f: &&&FamilyDef| f.architectures.contains(&name) || f.model_type == name;
+        FAMILIES.iter().find(reads).map(|&f| Family(f))
+    }
+
+    /// The family a freshly built `arch` saves as: the first that it fits exactly
+    /// (GPT-2, Llama), else qkv's own.
+    pub fn of_fresh(arch: &Arch) -> Family {
+        let fits = |f: &&&FamilyDef| f.fresh.as_ref().is_some_and(|fresh| (fresh.fits)(arch));
+        Family(FAMILIES.iter().find(fits).copied().unwrap_or(&native::QKV))
+    }
+
+    /// `bert`, `gpt2`, `llama`, `mistral`, `qwen2`, `bloom`, `marian`, `t5`, `qkv`.
+    pub fn name(self) -> &'static str {
+        self.0.name
+    }
+
+    pub(crate) fn def(self) -> &'static FamilyDef {
+        self.0
+    }
+
+    /// The architecture a folder of this family is saved as.
+    pub fn architecture(self) -> &'static str {
+        self.0.architectures[0]
+    }
+
+    /// Where each parameter path lives in this family's checkpoints.
+    pub(crate) fn locator(self, arch: &Arch) -> impl Fn(&str) -> Result<Loc> {
+        let table = (self.0.names)(arch);
+        move |path: &str| match self.0.native {
+            true => Ok(Loc::Same(path.to_string())),
+            false => names::locate(&table, self.0.name, path),
+        }
+    }
+
+    /// Other names a checkpoint may store the tensor `name` under: without the task
+    /// model's prefix (checkpoints saved from the base model) or with it, and the
+    /// family's old spellings of those.
+    pub(crate) fn aliases(self, name: &str) -> Vec<String> {
+        let prefix = self.0.prefix;
+        let other = match name.strip_prefix(prefix) {
+            _ if prefix.is_empty() => None,
+            Some(bare) => Some(bare.to_string()),
+            None => Some(format!("{prefix}{name}")),
+        };
+        let mut out: Vec<String> = other.into_iter().collect();
+        let spelled: Vec<String> = std::iter::once(name)
+            .chain(out.iter().map(String::as_str))
+            .flat_map(self.0.aliases)
+            .collect();
+        out.extend(spelled);
+        out
+    }
+
+    /// `config.json` for a model of this family built from scratch.
+    pub(crate) fn config_json(self, arch: &Arch) -> Value {
+        match &self.0.fresh {
+            Some(fresh) => (fresh.config_json)(arch),
+            None => native::config_json(arch),
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! A model folder on disk, in and out: [`load`] reads a Hugging Face folder (or one qkv
+//! wrote) through its family's definition, checking the config's sizes against the
+//! checkpoint before anything is allocated, and [`Transformer::save`] writes one back in
+//! the family's layout.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use serde_json::{json, Map, Value};
+
+use super::families::names;
+use super::families::special::special_tokens;
+use super::families::{supported, Family};
+use super::net::arch::{Arch, Head};
+use super::net::weights::Weights;
+use super::transformer::Transformer;
+use crate::error::{Error, Result};
+use crate::io::{read_config, write_atomic, Checkpoint};
+use crate::tensor::Tensor;
+
+/// A loaded model with what its checkpoint says about itself.
+pub struct Loaded {
+    pub model: Transformer,
+    /// Elements stored in the checkpoint (a tied matrix counts once).
+    pub parameters: usize,
+    /// Dtypes on disk with their element counts.
+    pub dtypes: Vec<(String, usize)>,
+    /// Checkpoint tensors the model does not read (sorted), besides the buffers and
+    /// heads no qkv output needs (see `unused_tensors`).
+    pub unused: Vec<String>,
+}
+
+/// Loads the model in folder `dir` (a Hugging Face folder or one qkv saved),
+/// dispatching on `architectures` (or `model_type`).
+pub fn load(dir: &Path) -> Result<Loaded> {
+    if !dir.is_dir() {
+        return Err(Error::io(
+            dir,
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "not a local model folder (qkv reads Hugging Face folders from disk; it does not download from the hub)",
+            ),
+        ));
+    }
+    let only: ArchitectureOnly = read_config(dir)?;
+    let name = only
+        .architectures
+        .first()
+        .cloned()
+        .or_else(|| only.model_type.clone())
+        .unwrap_or_default();
+    let ckpt = Checkpoint::open(dir)?;
+    let family = Family::reading(&name).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "architecture `{name}` in {}; supported: {}",
+            dir.join("config.json").display(),
+            supported().join(", ")
+        ))
+    })?;
+    let (arch, tokens) = (family.def().read)(dir, &name, &ckpt)?;
+    arch.validate()
+        .map_err(|e| crate::io::bad_field(dir, "(architecture)", e.to_string()))?;
+    let dtypes = ckpt.dtypes()?;
+    check_size(dir, &arch, dtypes.iter().map(|(_, n)| n).sum())?;
+    let (weights, logits_bias, used) = read_weights(&ckpt, &arch, family)?;
+    let unused = unused_tensors(dir, &arch, &ckpt, &used)?;
+    let special = (family.def().special)(special_tokens(dir, tokens, arch.vocab)?);
+    let native = family.def().native;
+    let source_config = match native {
+        true => None,
+        false => Some(read_config::<Map<String, Value>>(dir)?),
+    };
+    let architecture = match native || only.architectures.is_empty() {
+        true => family.architecture().to_string(),
+        false => name,
+    };
+    let model = Transformer::from_parts(
+        arch,
+        family,
+        special,
+        weights,
+        logits_bias,
+        source_config,
+        architecture,
+    )?;
+    Ok(Loaded {
+        model,
+        parameters: dtypes.iter().map(|(_, n)| n).sum(),
+        dtypes,
+        unused,
+    })
+}
+
+#[derive(serde::Deserialize)]
+struct ArchitectureOnly {
+    #[serde(default)]
+    architectures: Vec<String>,
+    #[serde(default)]
+    model_type: Option<String>,
+}
+
+impl Transformer {
+    /// Writes `dir/config.json` and `dir/model.safetensors` (each atomically), creating
+    /// `dir`: in the family's own layout (so transformers loads it), or qkv's.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let mut tensors = self.export(&self.weights)?;
+        if let Some(b) = &self.logits_bias {
+            tensors.push((
+                "final_logits_bias".into(),
+                b.clone().reshape(&[1, b.numel()])?,
+            ));
+        }
+        let refs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        // transformers refuses safetensors files whose metadata lacks format = pt
+        let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+        crate::io::save(&dir.join("model.safetensors"), &refs, Some(meta))?;
+        let mut config = match (&self.source_config, self.family) {
+            (Some(c), _) => c.clone(),
+            (None, f) => match f.config_json(&self.arch) {
+                Value::Object(m) => m,
+                _ => unreachable!("a config is an object"),
+            },
+        };
+        // the weights are saved as float32 whatever the source's dtype
+        for key in ["torch_dtype", "dtype"] {
+            if let Some(v) = config.get_mut(key) {
+                *v = json!("float32");
+            }
+        }
+        self.special.write_into(&mut config);
+        let text = serde_json::to_string_pretty(&config).expect("a JSON value serialises");
+        write_atomic(&dir.join("config.json"), format!("{text}\n").as_bytes())
+    }
+
+    /// Every tensor of `w` (the parameters, their gradients, or any tree of their
+    /// shape) as this model's checkpoint stores it, under its checkpoint names: a
+    /// Hugging Face family's layout (GPT-2's Conv1D transposes and fused `c_attn`, …),
+    /// or qkv's own names.
+    pub fn export(&self, w: &Weights) -> Result<Vec<(String, Tensor)>> {
+        names::export(w, &self.family.locator(&self.arch))
+    }
+
+    /// Reads the folder `dir` written by a Hugging Face tool or by
+    /// [`Transformer::save`]; see [`load`].
+    pub fn load(dir: &Path) -> Result<Self> {
+        load(dir).map(|l| l.model)
+    }
+}
+
+/// Fills `weights` from the checkpoint in `family`'s layout.
+/// The weights `arch` needs from `ckpt`, the logits bias where the head has one,
+/// and the checkpoint names that were read.
+fn read_weights(
+    ckpt: &Checkpoint,
+    arch: &Arch,
+    family: Family,
+) -> Result<(Weights, Option<Tensor>, HashSet<String>)> {
+    let mut weights = Weights::new(arch)?;
+    let mut used = names::read(ckpt, &mut weights, &family.locator(arch), &|n| {
+        family.aliases(n)
+    })?;
+    let logits_bias = match arch.head {
+        Head::Lm {
+            logits_bias: true, ..
+        } if ckpt.has("final_logits_bias") => {
+            let b = ckpt.tensor_shaped("final_logits_bias", &[1, arch.vocab])?;
+            used.insert("final_logits_bias".into());
+            Some(b.reshape(&[arch.vocab])?)
+        }
+        Head::Lm {
+            logits_bias: true, ..
+        } => Some(Tensor::zeros(&[arch.vocab])),
+        _ => None,
+    };
+    Ok((weights, logits_bias, used))
+}
+
+/// Tensors checkpoints carry that no qkv output reads: causal-mask and RoPE buffers
+/// saved by older transformers, position-id buffers, and BERT's pooler and
+/// next-sentence head (they feed only `pooler_output` and pre-training losses).
+fn needless(name: &str) -> bool {
+    const ENDINGS: [&str; 4] = [
+        ".attn.bias",
+        ".attn.masked_bias",
+        "rotary_emb.inv_freq",
+        "position_ids",
+    ];
+    ENDINGS.iter().any(|e| name.ends_with(e))
+        || name.contains("pooler.")
+        || name.starts_with("cls.seq_relationship")
+}
+
+/// The checkpoint's tensors `used` leaves out, apart from [`needless`] ones. A tensor
+/// of a layer beyond the config's layer count is an error: the config describes fewer
+/// layers than were trained (`n_layer: 0`, say), and the model would run without them.
+fn unused_tensors(
+    dir: &Path,
+    arch: &Arch,
+    ckpt: &Checkpoint,
+    used: &std::collections::HashSet<String>,
+) -> Result<Vec<String>> {
+    let mut unused: Vec<String> = ckpt
+        .names()
+        .filter(|n| !used.contains(*n) && !needless(n))
+        .map(String::from)
+        .collect();
+    unused.sort();
+    let layers = [arch.encoder, arch.decoder]
+        .iter()
+        .flatten()
+        .map(|s| s.layers)
+        .max()
+        .unwrap_or(0);
+    // the index after the families' layer list names: `h.3`, `layers.3`, `layer.3`,
+    // `block.3` (T5's `block.3.layer.1` is block 3)
+    let layer_of = |name: &str| {
+        let parts: Vec<&str> = name.split('.').collect();
+        parts.windows(2).find_map(|w| match w[0] {
+            "h" | "layers" | "layer" | "block" | "blocks" => w[1].parse::<usize>().ok(),
+            _ => None,
+        })
+    };
+    if let Some(name) = unused
+        .iter()
+        .find(|n| layer_of(n).is_some_and(|l| l >= layers))
+    {
+        return Err(crate::io::bad_field(
+            dir,
+            "(layers)",
+            format!(
+                "the checkpoint holds `{name}`, a weight of layer {}, but config.json has {layers} layers",
+                layer_of(name).unwrap_or(0)
+            ),
+        ));
+    }
+    Ok(unused)
+}
+
+/// Refuses a config whose sizes describe far more parameters than the checkpoint
+/// stores, before any is allocated: every parameter is read from the checkpoint, so a
+/// larger model cannot be right, and its sizes (a `head_dim` of 2^40, say) could ask
+/// for terabytes and abort the process.
+fn check_size(dir: &Path, arch: &Arch, stored: usize) -> Result<()> {
+    // Up to twice what is stored (plus 16 M values) is left to the loader, whose error
+    // names the missing or misshapen tensor; a config far beyond is refused here.
+    let count = Weights::count(arch);
+    if count.is_some_and(|n| n <= stored.saturating_mul(2).saturating_add(1 << 24)) {
+        return Ok(());
+    }
+    let first = arch.encoder.or(arch.decoder).expect("validated: a stack");
+    let described = match count {
+        Some(n) => format!("{n} parameters"),
+        None => "more parameters than a machine can address".into(),
+    };
+    Err(crate::io::bad_field(
+        dir,
+        "(sizes)",
+        format!(
+            "the sizes describe {described} (hidden {}, {} layers, {} heads of width {}, FFN {}, vocabulary {}) but the checkpoint stores {stored} values: one of them does not match the weights",
+            arch.d_model, first.layers, first.heads, first.head_dim, first.ffn_dim, arch.vocab
+        ),
+    ))
+}

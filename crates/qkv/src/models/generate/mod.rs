@@ -1,0 +1,16 @@
+//! Text generation: greedy decoding, seeded sampling and beam search, for decoder-only
+//! and encoder-decoder models, under the settings a folder's `generation_config.json`
+//! gives and a caller's request overrides.
+
+mod beam;
+pub mod config;
+mod decode;
+mod options;
+pub mod request;
+mod sampling;
+
+pub use decode::{
+    generate_causal, generate_causal_each, generate_each, generate_seq2seq, generate_seq2seq_each,
+    OnToken,
+};
+pub use options::{GenerateOptions, Sampling};

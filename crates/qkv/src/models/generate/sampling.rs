@@ -1,0 +1,99 @@
+//! Choosing a token from a row of logits: the most likely one, or a seeded sample after
+//! temperature, top-k and top-p, in Hugging Face's order.
+
+use super::options::Sampling;
+use crate::rng::Rng;
+
+/// Picks one token from a row of logits.
+pub(super) fn choose(logits: &[f32], sampling: Sampling, rng: &mut Rng) -> usize {
+    let argmax = |xs: &[f32]| {
+        xs.iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
+                if x > best.1 {
+                    (i, x)
+                } else {
+                    best
+                }
+            })
+            .0
+    };
+    let Sampling::Sample {
+        temperature,
+        top_k,
+        top_p,
+        ..
+    } = sampling
+    else {
+        return argmax(logits);
+    };
+    // Candidates sorted by logit, best first; keep the top k.
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    order.truncate(top_k.unwrap_or(order.len()).max(1));
+    let max = logits[order[0]] / temperature;
+    let mut probs: Vec<f64> = order
+        .iter()
+        .map(|&i| ((logits[i] / temperature - max) as f64).exp())
+        .collect();
+    let total: f64 = probs.iter().sum();
+    probs.iter_mut().for_each(|p| *p /= total);
+    if let Some(p) = top_p {
+        // Smallest prefix whose mass reaches p (at least one token).
+        let mut mass = 0.0;
+        let keep = probs
+            .iter()
+            .position(|&q| {
+                mass += q;
+                mass >= p as f64
+            })
+            .map_or(probs.len(), |i| i + 1);
+        order.truncate(keep);
+        probs.truncate(keep);
+        let kept: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|q| *q /= kept);
+    }
+    let mut u = rng.uniform();
+    for (&i, &q) in order.iter().zip(&probs) {
+        if u < q {
+            return i;
+        }
+        u -= q;
+    }
+    *order.last().expect("at least one candidate")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_takes_argmax_and_top_k_one_is_greedy() {
+        let logits = [0.1, 2.0, -1.0, 1.9];
+        let mut rng = Rng::new(1);
+        assert_eq!(choose(&logits, Sampling::Greedy, &mut rng), 1);
+        let k1 = Sampling::Sample {
+            temperature: 5.0,
+            top_k: Some(1),
+            top_p: None,
+            seed: 0,
+        };
+        assert!((0..50).all(|_| choose(&logits, k1, &mut rng) == 1));
+    }
+
+    #[test]
+    fn top_p_keeps_only_the_nucleus() {
+        // softmax ≈ [0.64, 0.24, 0.09, 0.03]: p = 0.7 keeps the first two.
+        let logits = [3.0, 2.0, 1.0, 0.0];
+        let s = Sampling::Sample {
+            temperature: 1.0,
+            top_k: None,
+            top_p: Some(0.7),
+            seed: 0,
+        };
+        let mut rng = Rng::new(3);
+        let picks: Vec<usize> = (0..400).map(|_| choose(&logits, s, &mut rng)).collect();
+        assert!(picks.iter().all(|&i| i < 2));
+        assert!(picks.contains(&0) && picks.contains(&1));
+    }
+}
