@@ -58,6 +58,15 @@ pub enum Error {
     /// A safetensors file is malformed or lacks what was asked for.
     #[error("{path}: {reason}")]
     Safetensors { path: String, reason: String },
+    /// A request's settings that cannot go together, or a step of a request that
+    /// failed. `message` names the request's settings in backquotes (`init`,
+    /// `stop_after`), which a program writes as its own options (`--init`, `init=`);
+    /// `cause` is the failure underneath, shown after it as it is.
+    #[error("{message}{}", cause.as_ref().map_or(String::new(), |c| format!(": {c}")))]
+    Request {
+        message: String,
+        cause: Option<Box<Error>>,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -80,6 +89,22 @@ impl Error {
         Error::Io {
             path: path.display().to_string(),
             error,
+        }
+    }
+
+    /// A [`Error::Request`] without a cause.
+    pub(crate) fn request(message: impl Into<String>) -> Self {
+        Error::Request {
+            message: message.into(),
+            cause: None,
+        }
+    }
+
+    /// This error as the cause of the request step `message` (see [`Error::Request`]).
+    pub(crate) fn within(self, message: impl Into<String>) -> Self {
+        Error::Request {
+            message: message.into(),
+            cause: Some(Box::new(self)),
         }
     }
 

@@ -97,11 +97,11 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
     let plan = args
         .request()
         .plan(m, GenerationConfig::read(&args.model)?, ids.len())
-        .map_err(in_flags)?;
+        .map_err(super::in_flags::<GenerateArgs>)?;
     if let Some(c) = plan.clamped {
         eprintln!(
             "warning: {} goes past the model's positions; generating at most {}",
-            as_flags(&c.setting),
+            super::as_flags::<GenerateArgs>(&c.setting),
             c.allowed
         );
     }
@@ -149,31 +149,4 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
         (None, false) => writeln!(out, "{new:?}")?,
     }
     Ok(())
-}
-
-/// A request's error as this command's flags say it: the library names its keywords
-/// (`num_beams`, in backquotes inside a reason), the command its flags (--num-beams).
-fn in_flags(e: qkv::Error) -> anyhow::Error {
-    match e {
-        qkv::Error::Memory { .. } => anyhow::anyhow!("{}", as_flags(&e.to_string())),
-        qkv::Error::Invalid { field, reason } => {
-            anyhow::anyhow!("invalid {}: {}", flag(&field), as_flags(&reason))
-        }
-        e => e.into(),
-    }
-}
-
-fn flag(keyword: &str) -> String {
-    format!("--{}", keyword.replace('_', "-"))
-}
-
-/// `text` with each keyword in backquotes written as its flag.
-fn as_flags(text: &str) -> String {
-    text.split('`')
-        .enumerate()
-        .map(|(i, part)| match i % 2 {
-            1 => flag(part),
-            _ => part.to_string(),
-        })
-        .collect()
 }

@@ -5,6 +5,7 @@ pub mod attention;
 pub mod bench;
 pub mod embed;
 pub mod experiment;
+mod flags;
 pub mod forward;
 pub mod generate;
 pub mod inspect;
@@ -14,31 +15,23 @@ mod writable;
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use qkv::models::{self, Loaded, Transformer};
 use qkv::text::Tokenizer;
 
+pub use flags::{as_flags, in_flags};
 pub use writable::check_writable;
-
-/// Most threads `--threads` may ask for: far more than any machine's cores, few enough
-/// that starting them is quick (100 000 took 19 s and failed in the OS).
-const MAX_THREADS: usize = 1024;
 
 /// Sizes the global rayon pool from a `--threads` flag (`None`: all cores).
 pub fn set_threads(threads: Option<usize>) -> Result<()> {
-    if let Some(n) = threads {
-        if n == 0 {
-            bail!("--threads must be at least 1");
-        }
-        if n > MAX_THREADS {
-            bail!("--threads {n}: at most {MAX_THREADS}");
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .context("setting the number of threads")?;
-    }
-    Ok(())
+    qkv::ops::pool::use_threads(threads).map_err(in_flags::<Threads>)
+}
+
+/// The one flag every command that sizes the pool has.
+#[derive(clap::Args)]
+struct Threads {
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 /// The tokenizer of the folder `dir` for `model`: required when text is to be read,

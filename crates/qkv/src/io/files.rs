@@ -95,3 +95,24 @@ pub fn inside(dir: &Path, rel: &str, named_in: &Path) -> Result<std::path::PathB
     }
     Ok(dir.join(path))
 }
+/// Fails unless `path` can be an output file: not a folder, and in a folder that
+/// exists. (Write permission is left to the write itself, which is atomic.)
+pub fn check_output(path: &Path) -> Result<()> {
+    let refuse = |why: String| {
+        Error::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, why),
+        )
+    };
+    if path.is_dir() {
+        return Err(refuse("is a folder; give a file name".into()));
+    }
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    match dir.is_dir() {
+        true => Ok(()),
+        false => Err(refuse(format!("folder {} does not exist", dir.display()))),
+    }
+}

@@ -3,6 +3,40 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::error::{Error, Result};
+
+/// Most threads a caller may ask for: far more than any machine's cores, few enough
+/// that starting them is quick (100 000 took 19 s and failed in the OS).
+pub const MAX_THREADS: usize = 1024;
+
+/// Sizes rayon's global pool to `threads` (`None`: leave it, all cores by default).
+/// The pool is made once per process: asking again for the size it has is fine,
+/// asking for another size after it started is an error that says so.
+pub fn use_threads(threads: Option<usize>) -> Result<()> {
+    let Some(n) = threads else {
+        return Ok(());
+    };
+    if n == 0 {
+        return Err(Error::request("`threads` must be at least 1"));
+    }
+    if n > MAX_THREADS {
+        return Err(Error::request(format!(
+            "`threads` {n}: at most {MAX_THREADS}"
+        )));
+    }
+    let built = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global();
+    // a pool that already runs (this call's own, or an earlier one) answers now
+    match built.is_ok() || rayon::current_num_threads() == n {
+        true => Ok(()),
+        false => Err(Error::request(format!(
+            "`threads` {n}: this process already runs its {} threads (set them before the first computation)",
+            rayon::current_num_threads()
+        ))),
+    }
+}
+
 /// Runs `f` on a worker thread of rayon's global pool, or right here when this thread
 /// is one already. A forward pass issues dozens of parallel operations (every matrix
 /// product, norm and activation). Called from a thread outside the pool, each of them

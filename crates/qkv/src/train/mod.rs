@@ -9,6 +9,7 @@ pub mod memory;
 pub mod optim;
 pub mod output;
 pub mod recurrent;
+pub mod run;
 pub mod schedule;
 pub mod tasks;
 pub mod text_data;
