@@ -10,9 +10,11 @@ mod arrays;
 mod attention;
 mod errors;
 mod experiment;
+mod generate;
 mod ints;
 mod model;
 mod position;
+mod train;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -47,11 +49,13 @@ fn _qkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attention::attention_backward, m)?)?;
     m.add_function(wrap_pyfunction!(model::load, m)?)?;
     m.add_class::<model::Model>()?;
+    m.add_class::<generate::Stream>()?;
     m.add_function(wrap_pyfunction!(position::sinusoidal_table, m)?)?;
     m.add_function(wrap_pyfunction!(position::alibi_slopes, m)?)?;
     m.add_function(wrap_pyfunction!(position::relative_position_bucket, m)?)?;
     m.add_class::<position::Rope>()?;
     m.add_function(wrap_pyfunction!(experiment::experiment, m)?)?;
+    m.add_function(wrap_pyfunction!(train::train, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     Ok(())

@@ -3,11 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use qkv::models::generate::generate_each;
-use qkv::models::generation_config::{EarlyStopping, GenerationConfig};
+use qkv::models::generation_config::EarlyStopping;
 use qkv::models::request::Request;
 use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{Head, Input, ModelKind, TokenBatch, Transformer};
@@ -16,6 +15,7 @@ use qkv::Tensor;
 
 use crate::arrays;
 use crate::errors::OrPy;
+use crate::generate;
 use crate::ints::{self, Int};
 
 /// The network: a plain checkpoint, or a sentence-transformers folder whose encoder
@@ -29,21 +29,21 @@ enum Net {
 #[pyclass(module = "qkv", frozen)]
 pub struct Model {
     net: Net,
-    tokenizer: Option<Tokenizer>,
-    dir: PathBuf,
+    pub(crate) tokenizer: Option<Tokenizer>,
+    pub(crate) dir: PathBuf,
     parameters: usize,
     dtypes: Vec<(String, usize)>,
 }
 
 impl Model {
-    fn transformer(&self) -> &Transformer {
+    pub(crate) fn transformer(&self) -> &Transformer {
         match &self.net {
             Net::Plain(t) => t,
             Net::Sentence(s) => s.encoder(),
         }
     }
 
-    fn tokenizer(&self) -> PyResult<&Tokenizer> {
+    pub(crate) fn tokenizer(&self) -> PyResult<&Tokenizer> {
         self.tokenizer.as_ref().ok_or_else(|| {
             PyValueError::new_err(format!(
                 "{} has no tokenizer (tokenizer.json or SentencePiece files); pass token ids",
@@ -347,7 +347,8 @@ impl Model {
     /// transformers' ``generate()`` reads it.
     ///
     /// Args:
-    ///     prompt: text (needs the folder's tokenizer) or a list of token ids.
+    ///     prompt: text (needs the folder's tokenizer) or a list of token ids; or a
+    ///         list of either.
     ///     max_new_tokens: new tokens at most (default: the folder's
     ///         ``max_new_tokens``, or ``max_length`` less the prompt).
     ///     greedy: always take the most likely token, even where the folder samples.
@@ -356,17 +357,22 @@ impl Model {
     ///     early_stopping: ``True``, ``False`` or ``"never"``, as transformers.
     ///     temperature, top_k, top_p: sample (in this order of processing).
     ///     seed: the sampler's seed.
+    ///     stream: return an iterator over the output as it is made (one prompt
+    ///         only): text pieces for a text prompt, as ``qkv generate`` prints
+    ///         them, else token ids.
+    ///
+    /// ``prompt`` may also be a list of prompts (texts, or lists of ids): they run as
+    /// one batch, left-padded, and the result is a list.
     ///
     /// Returns:
     ///     The generated text when ``prompt`` is text, else the list of new token ids.
-    #[pyo3(signature = (prompt, *, max_new_tokens=None, greedy=false, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, seed=Int::of(0)))]
+    #[pyo3(signature = (prompt, *, max_new_tokens=None, greedy=false, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, seed=Int::of(0), stream=false))]
     #[pyo3(
-        text_signature = "($self, prompt, *, max_new_tokens=None, greedy=False, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, seed=0)"
+        text_signature = "($self, prompt, *, max_new_tokens=None, greedy=False, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, seed=0, stream=False)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn generate<'py>(
-        &self,
-        py: Python<'py>,
+        slf: &Bound<'py, Self>,
         prompt: &Bound<'py, PyAny>,
         max_new_tokens: Option<Int>,
         greedy: bool,
@@ -377,18 +383,8 @@ impl Model {
         top_k: Option<Int>,
         top_p: Option<f64>,
         seed: Int,
+        stream: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let m = self.transformer();
-        let text = prompt.extract::<String>().ok();
-        let ids = match &text {
-            Some(t) => self.tokenizer()?.encode(t, true).or_py()?,
-            None => ints::counts(
-                prompt.extract::<Vec<Int>>().map_err(|_| {
-                    PyTypeError::new_err("`prompt` must be a str or a list of token ids")
-                })?,
-                "prompt",
-            )?,
-        };
         let request = Request {
             max_new_tokens: ints::count(max_new_tokens, "max_new_tokens")?,
             greedy,
@@ -400,35 +396,7 @@ impl Model {
             top_p: top_p.map(|p| p as f32),
             seed: seed.seed("seed")?,
         };
-        let config = GenerationConfig::read(&self.dir).or_py()?;
-        let plan = request.plan(m, config, ids.len()).or_py()?;
-        if let Some(c) = plan.clamped {
-            let warnings = py.import("warnings")?;
-            warnings.call_method1(
-                "warn",
-                (format!(
-                    "{} goes past the model's positions; generating at most {}",
-                    c.setting.replace('`', ""),
-                    c.allowed
-                ),),
-            )?;
-        }
-        let prompt = TokenBatch::single(ids).or_py()?;
-        let new = py
-            .detach(|| generate_each(m, &prompt, &plan.options, &mut |_, _| {}))
-            .or_py()?
-            .into_iter()
-            .next()
-            .unwrap_or_default();
-        match text {
-            Some(_) => Ok(self
-                .tokenizer()?
-                .decode(&new)
-                .or_py()?
-                .into_pyobject(py)?
-                .into_any()),
-            None => Ok(new.into_pyobject(py)?.into_any()),
-        }
+        generate::generate(slf, prompt, &request, stream)
     }
 
     /// Sentence embeddings, as sentence-transformers' ``encode`` computes them with the

@@ -50,6 +50,20 @@ impl TokenBatch {
         TokenBatch::new(ids, None, 1, len)
     }
 
+    /// `rows` of different lengths padded on the left with `pad` to the longest, as
+    /// generation takes a batch of prompts: every row's last token is real.
+    pub fn left_padded(rows: &[Vec<usize>], pad: usize) -> Result<Self> {
+        let len = rows.iter().map(Vec::len).max().unwrap_or(0);
+        let mut ids = Vec::with_capacity(rows.len() * len);
+        let mut mask = Vec::with_capacity(rows.len() * len);
+        for row in rows {
+            let gap = len - row.len();
+            ids.extend(std::iter::repeat_n(pad, gap).chain(row.iter().copied()));
+            mask.extend((0..len).map(|i| i >= gap));
+        }
+        TokenBatch::new(ids, Some(mask), rows.len(), len)
+    }
+
     /// Errors on the first id ≥ `vocab_size`.
     pub fn check_vocab(&self, vocab_size: usize) -> Result<()> {
         check_ids(&self.ids, vocab_size, "token id (vocabulary)")

@@ -19,6 +19,7 @@ from ._qkv import (
     EXPERIMENTS,
     Model,
     Rope,
+    Stream,
     __version__,
     alibi_slopes,
     attention,
@@ -29,12 +30,14 @@ from ._qkv import (
     relative_position_bucket,
     set_num_threads,
     sinusoidal_table,
+    train,
 )
 
 __all__ = [
     "EXPERIMENTS",
     "Model",
     "Rope",
+    "Stream",
     "__version__",
     "alibi_slopes",
     "attention",
@@ -45,4 +48,5 @@ __all__ = [
     "relative_position_bucket",
     "set_num_threads",
     "sinusoidal_table",
+    "train",
 ]

@@ -122,6 +122,7 @@ class Model:
         top_k: Optional[int] = None,
         top_p: Optional[float] = None,
         seed: int = 0,
+        stream: Literal[False] = False,
     ) -> str:
         """The generated text (a continuation, or a translation)."""
 
@@ -139,8 +140,63 @@ class Model:
         top_k: Optional[int] = None,
         top_p: Optional[float] = None,
         seed: int = 0,
+        stream: Literal[False] = False,
     ) -> List[int]:
         """The new token ids."""
+
+    @overload
+    def generate(
+        self,
+        prompt: Sequence[str],
+        *,
+        max_new_tokens: Optional[int] = None,
+        greedy: bool = False,
+        num_beams: Optional[int] = None,
+        length_penalty: Optional[float] = None,
+        early_stopping: Union[None, bool, Literal["never"]] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        seed: int = 0,
+        stream: Literal[False] = False,
+    ) -> List[str]:
+        """Each prompt's text, the prompts run as one left-padded batch."""
+
+    @overload
+    def generate(
+        self,
+        prompt: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: Optional[int] = None,
+        greedy: bool = False,
+        num_beams: Optional[int] = None,
+        length_penalty: Optional[float] = None,
+        early_stopping: Union[None, bool, Literal["never"]] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        seed: int = 0,
+        stream: Literal[False] = False,
+    ) -> List[List[int]]:
+        """Each prompt's new ids, the prompts run as one left-padded batch."""
+
+    @overload
+    def generate(
+        self,
+        prompt: Union[str, Sequence[int]],
+        *,
+        max_new_tokens: Optional[int] = None,
+        greedy: bool = False,
+        num_beams: Optional[int] = None,
+        length_penalty: Optional[float] = None,
+        early_stopping: Union[None, bool, Literal["never"]] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        seed: int = 0,
+        stream: Literal[True],
+    ) -> "Stream":
+        """The output as it is made: text pieces for a text prompt, else ids."""
 
     def embed(self, texts: Sequence[str], *, batch_size: int = 32) -> F32:
         """Sentence embeddings ``[N, dim]`` (sentence-transformers folders)."""
@@ -150,6 +206,13 @@ class Model:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, without special tokens."""
+
+class Stream:
+    """What ``Model.generate(..., stream=True)`` returns: an iterator over the output
+    as it is made, text pieces (as ``qkv generate`` prints them) or token ids."""
+
+    def __iter__(self) -> "Stream": ...
+    def __next__(self) -> Union[str, int]: ...
 
 def load(path: Union[str, "PathLike[str]"]) -> Model:
     """Loads a Hugging Face, sentence-transformers or qkv model folder."""
@@ -193,6 +256,56 @@ class Rope:
 
     def apply(self, x: F32, positions: Optional[Ints] = None, *, offset: int = 0) -> F32:
         """``x`` ``[B, T, H, head_dim]`` rotated to its positions (a new array)."""
+
+def train(
+    *,
+    init: Union[None, str, "PathLike[str]"] = None,
+    data: Union[None, str, "PathLike[str]"] = None,
+    task: Optional[str] = None,
+    text: Union[None, str, "PathLike[str]"] = None,
+    resume: Union[None, str, "PathLike[str]"] = None,
+    task_length: Optional[int] = None,
+    symbols: Optional[int] = None,
+    queries: Optional[int] = None,
+    distance: Optional[int] = None,
+    seq_len: Optional[int] = None,
+    val_fraction: Optional[float] = None,
+    batch_size: Optional[int] = None,
+    arch: Optional[Literal["transformer", "rnn", "rnn-seq2seq", "rnn-attention"]] = None,
+    style: Optional[Literal["gpt2", "llama"]] = None,
+    d_model: Optional[int] = None,
+    layers: Optional[int] = None,
+    heads: Optional[int] = None,
+    kv_heads: Optional[int] = None,
+    ffn: Optional[int] = None,
+    position: Optional[Literal["none", "sinusoidal", "learned", "rope", "alibi"]] = None,
+    norm: Optional[Literal["layernorm", "rmsnorm"]] = None,
+    post_norm: bool = False,
+    ffn_kind: Optional[Literal["relu", "gelu", "gelu-tanh", "swiglu"]] = None,
+    steps: Optional[int] = None,
+    lr: Optional[float] = None,
+    constant_lr: bool = False,
+    warmup: Optional[int] = None,
+    min_lr: Optional[float] = None,
+    weight_decay: Optional[float] = None,
+    beta1: Optional[float] = None,
+    beta2: Optional[float] = None,
+    eps: Optional[float] = None,
+    decay: Optional[Literal["standard", "all", "none"]] = None,
+    clip: Optional[float] = None,
+    seed: Optional[int] = None,
+    threads: Optional[int] = None,
+    eval_every: Optional[int] = None,
+    eval_batches: Optional[int] = None,
+    save_every: Optional[int] = None,
+    stop_after: Optional[int] = None,
+    out: Union[None, str, "PathLike[str]"] = None,
+    overwrite: bool = False,
+    log_json: Union[None, str, "PathLike[str]"] = None,
+    progress: bool = False,
+) -> List[Dict[str, Any]]:
+    """Trains as ``qkv train`` does, its flags as keywords; returns each step's log
+    line (``step``, ``loss``, ``lr``, ``grad_norm``, ``eval_loss``, ``eval_accuracy``)."""
 
 def experiment(
     name: str, *, quick: bool = False, seed: int = 0, progress: bool = False

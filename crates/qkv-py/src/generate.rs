@@ -1,0 +1,202 @@
+//! `Model.generate`: one prompt or a batch of them (left-padded, as the library runs a
+//! batch), whole or streamed. A stream runs the generation on a thread of its own and
+//! hands its pieces over a channel, so the Python iterator waits without the GIL.
+
+use std::sync::mpsc::{self, Receiver};
+use std::sync::Mutex;
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use qkv::models::generate::generate_each;
+use qkv::models::generation_config::GenerationConfig;
+use qkv::models::request::{Plan, Request};
+use qkv::models::TokenBatch;
+
+use crate::errors::{to_py, OrPy};
+use crate::ints::{self, Int};
+use crate::model::Model;
+
+/// The prompts of a call: their ids, whether they were text, whether a list of them.
+struct Prompts {
+    rows: Vec<Vec<usize>>,
+    text: bool,
+    batch: bool,
+}
+
+/// Reads `prompt`: a text, a list of ids, or a list of either.
+fn prompts(model: &Model, prompt: &Bound<'_, PyAny>) -> PyResult<Prompts> {
+    let encode = |t: &str| model.tokenizer()?.encode(t, true).or_py();
+    if prompt.len().is_ok_and(|n| n == 0) {
+        return Err(PyValueError::new_err(
+            "`prompt` is empty: give a text, token ids, or a list of either",
+        ));
+    }
+    if let Ok(text) = prompt.extract::<String>() {
+        return Ok(Prompts {
+            rows: vec![encode(&text)?],
+            text: true,
+            batch: false,
+        });
+    }
+    if let Ok(ids) = prompt.extract::<Vec<Int>>() {
+        let rows = vec![ints::counts(ids, "prompt")?];
+        return Ok(Prompts {
+            rows,
+            text: false,
+            batch: false,
+        });
+    }
+    if let Ok(texts) = prompt.extract::<Vec<String>>() {
+        let rows = texts
+            .iter()
+            .map(|t| encode(t))
+            .collect::<PyResult<Vec<_>>>()?;
+        return Ok(Prompts {
+            rows,
+            text: true,
+            batch: true,
+        });
+    }
+    if let Ok(lists) = prompt.extract::<Vec<Vec<Int>>>() {
+        let rows = lists
+            .into_iter()
+            .map(|ids| ints::counts(ids, "prompt"))
+            .collect::<PyResult<Vec<_>>>()?;
+        return Ok(Prompts {
+            rows,
+            text: false,
+            batch: true,
+        });
+    }
+    Err(PyTypeError::new_err(
+        "`prompt` must be a str, a list of token ids, or a list of either",
+    ))
+}
+
+/// The plan for `prompts` of `model` under `request`, warning when the length is cut.
+fn plan(py: Python<'_>, model: &Model, request: &Request, longest: usize) -> PyResult<Plan> {
+    let config = GenerationConfig::read(&model.dir).or_py()?;
+    let plan = request.plan(model.transformer(), config, longest).or_py()?;
+    if let Some(c) = &plan.clamped {
+        let warning = format!(
+            "{} goes past the model's positions; generating at most {}",
+            c.setting.replace('`', ""),
+            c.allowed
+        );
+        py.import("warnings")?.call_method1("warn", (warning,))?;
+    }
+    Ok(plan)
+}
+
+/// `Model.generate` (its docs are the method's).
+pub fn generate<'py>(
+    slf: &Bound<'py, Model>,
+    prompt: &Bound<'py, PyAny>,
+    request: &Request,
+    stream: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = slf.py();
+    let model = slf.get();
+    let p = prompts(model, prompt)?;
+    let longest = p.rows.iter().map(Vec::len).max().unwrap_or(0);
+    let plan = plan(py, model, request, longest)?;
+    let pad = model.transformer().special_tokens().pad.unwrap_or(0);
+    let batch = TokenBatch::left_padded(&p.rows, pad).or_py()?;
+    if stream {
+        if p.batch {
+            return Err(PyValueError::new_err(
+                "`stream` takes one prompt, not a list",
+            ));
+        }
+        let stream = Stream::start(slf.clone().unbind(), batch, plan, p.text);
+        return Ok(Bound::new(py, stream)?.into_any());
+    }
+    let m = model.transformer();
+    let new = py
+        .detach(|| generate_each(m, &batch, &plan.options, &mut |_, _| {}))
+        .or_py()?;
+    let outputs: Vec<Bound<'py, PyAny>> = new
+        .into_iter()
+        .map(|ids| match p.text {
+            true => Ok(model
+                .tokenizer()?
+                .decode(&ids)
+                .or_py()?
+                .into_pyobject(py)?
+                .into_any()),
+            false => Ok(ids.into_pyobject(py)?.into_any()),
+        })
+        .collect::<PyResult<_>>()?;
+    match p.batch {
+        true => Ok(outputs.into_pyobject(py)?.into_any()),
+        false => Ok(outputs.into_iter().next().expect("one prompt, one output")),
+    }
+}
+
+/// One piece of a streamed output.
+enum Piece {
+    Text(String),
+    Id(usize),
+}
+
+/// The output of `Model.generate(..., stream=True)` as it is made: text pieces for a
+/// text prompt (as ``qkv generate`` prints them), else token ids.
+#[pyclass(module = "qkv")]
+pub struct Stream {
+    pieces: Mutex<Receiver<qkv::Result<Piece>>>,
+}
+
+impl Stream {
+    /// Starts generating `batch` (one row) with `model` on a thread of its own.
+    fn start(model: Py<Model>, batch: TokenBatch, plan: Plan, text: bool) -> Stream {
+        let (send, pieces) = mpsc::channel();
+        std::thread::spawn(move || {
+            let m = model.get();
+            let tokens = m.tokenizer.as_ref().filter(|_| text);
+            let mut decoder = tokens.map(|t| t.stream());
+            let mut on_token = |_row: usize, id: usize| {
+                let piece = match decoder.as_mut() {
+                    None => Some(Ok(Piece::Id(id))),
+                    Some(d) => d.push(id).map(|t| t.map(Piece::Text)).transpose(),
+                };
+                if let Some(piece) = piece {
+                    // a closed channel: the iterator was dropped, nobody reads on
+                    let _ = send.send(piece);
+                }
+            };
+            let done = generate_each(m.transformer(), &batch, &plan.options, &mut on_token);
+            let rest = match (done, decoder) {
+                (Err(e), _) => Some(Err(e)),
+                (Ok(_), Some(d)) => d.finish().transpose().map(|r| r.map(Piece::Text)),
+                (Ok(_), None) => None,
+            };
+            if let Some(rest) = rest {
+                let _ = send.send(rest);
+            }
+        });
+        Stream {
+            pieces: Mutex::new(pieces),
+        }
+    }
+}
+
+#[pymethods]
+impl Stream {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        let next = py.detach(|| match self.pieces.lock() {
+            Ok(pieces) => pieces.recv().ok(),
+            // another thread panicked while reading: the stream is over
+            Err(_) => None,
+        });
+        match next.ok_or(()) {
+            Err(_) => Ok(None),
+            Ok(Err(e)) => Err(to_py(e)),
+            Ok(Ok(Piece::Text(t))) => Ok(Some(t.into_pyobject(py)?.into_any().unbind())),
+            Ok(Ok(Piece::Id(id))) => Ok(Some(id.into_pyobject(py)?.into_any().unbind())),
+        }
+    }
+}

@@ -1,0 +1,97 @@
+"""Model.generate on a batch of prompts (left-padded, each row as transformers'
+batched generate gives it) and streamed (the pieces join to the whole output)."""
+
+import shutil
+
+import pytest
+
+import qkv
+from conftest import FIXTURES, fixture, model_dir
+
+DECODERS = ["gpt2", "llama_gqa", "mistral", "qwen2", "bloom"]
+
+
+def real_rows(prompt, mask):
+    return [[int(t) for t, m in zip(row, keep) if m] for row, keep in zip(prompt, mask)]
+
+
+def new_tokens(output, start, eos):
+    """The tokens after `start`, up to and including the first EOS."""
+    row = []
+    for t in output[start:]:
+        row.append(int(t))
+        if int(t) in eos:
+            break
+    return row
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_a_batch_of_prompts_equals_transformers_batched_generate(name):
+    f = fixture(f"models/{name}", "reference")
+    m = qkv.load(model_dir(name))
+    prompts = real_rows(f["gen_batch_prompt"], f["gen_batch_mask"])
+    assert len({len(p) for p in prompts}) > 1, "the rows differ in length: padding is tested"
+    eos = f.params["eos_token_id"]
+    eos = eos if isinstance(eos, list) else [eos]
+    got = m.generate(prompts, greedy=True, max_new_tokens=f.params["max_new_tokens"])
+    width = f["gen_batch_prompt"].shape[1]
+    assert got == [new_tokens(row, width, eos) for row in f["gen_batch_output"]]
+    # and each prompt alone gives its row of the batch
+    assert got == [m.generate(p, greedy=True, max_new_tokens=f.params["max_new_tokens"]) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def opus(tmp_path_factory):
+    """models/marian's weights with tokenizers/marian's SentencePiece files and
+    generate/marian_opus's generation config (beam search, as OPUS-MT folders ask)."""
+    folder = tmp_path_factory.mktemp("opus")
+    for src, name in [("models/marian", "config.json"), ("models/marian", "model.safetensors"),
+                      ("tokenizers/marian", "source.spm"), ("tokenizers/marian", "target.spm"),
+                      ("tokenizers/marian", "vocab.json"),
+                      ("tokenizers/marian", "tokenizer_config.json"),
+                      ("generate/marian_opus", "generation_config.json")]:
+        shutil.copy(FIXTURES / src / name, folder / name)
+    return folder
+
+
+TEXTS = ["The cat sat on the mat.", "猫坐在垫子上", "Attention is all you need, they said."]
+
+
+def test_texts_in_a_batch_translate_as_each_alone(opus):
+    m = qkv.load(opus)
+    for kwargs in [{"greedy": True, "max_new_tokens": 8}, {"max_new_tokens": 6}]:
+        assert m.generate(TEXTS, **kwargs) == [m.generate(t, **kwargs) for t in TEXTS], kwargs
+
+
+def test_streamed_pieces_join_to_the_whole_output(opus):
+    m = qkv.load(opus)
+    for kwargs in [{"greedy": True, "max_new_tokens": 12}, {"max_new_tokens": 6}]:
+        for text in TEXTS:
+            stream = m.generate(text, stream=True, **kwargs)
+            assert isinstance(stream, qkv.Stream)
+            pieces = list(stream)
+            assert all(isinstance(p, str) for p in pieces)
+            assert "".join(pieces) == m.generate(text, **kwargs), (text, kwargs)
+    llama = qkv.load(model_dir("llama_gqa"))
+    ids = llama.generate([5, 6, 7], greedy=True, max_new_tokens=9)
+    assert list(llama.generate([5, 6, 7], greedy=True, max_new_tokens=9, stream=True)) == ids
+
+
+def test_a_stream_left_half_read_is_dropped_cleanly(opus):
+    m = qkv.load(opus)
+    stream = m.generate(TEXTS[0], greedy=True, max_new_tokens=12, stream=True)
+    next(stream, None)
+    del stream
+    assert m.generate(TEXTS[0], greedy=True, max_new_tokens=3) is not None
+
+
+@pytest.mark.parametrize("call,kind,fragment", [
+    (lambda m: m.generate([[5, 6], [7]], stream=True), ValueError, "`stream` takes one prompt"),
+    (lambda m: m.generate([]), ValueError, "`prompt` is empty"),
+    (lambda m: m.generate([[5, 6], "text"]), TypeError, "`prompt`"),
+    (lambda m: m.generate([[5, 2**70]]), ValueError, "`prompt`"),
+])
+def test_bad_batches_and_streams_are_named(call, kind, fragment):
+    m = qkv.load(model_dir("llama_gqa"))
+    with pytest.raises(kind, match=fragment.replace("(", r"\(")):
+        call(m)
