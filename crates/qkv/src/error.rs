@@ -85,6 +85,7 @@ impl Error {
     }
 
     /// A failed read or write of `path`.
+    #[cfg_attr(not(feature = "io"), allow(dead_code))]
     pub(crate) fn io(path: &std::path::Path, error: std::io::Error) -> Self {
         Error::Io {
             path: path.display().to_string(),
@@ -101,6 +102,7 @@ impl Error {
     }
 
     /// This error as the cause of the request step `message` (see [`Error::Request`]).
+    #[cfg_attr(not(feature = "models"), allow(dead_code))]
     pub(crate) fn within(self, message: impl Into<String>) -> Self {
         Error::Request {
             message: message.into(),

@@ -35,9 +35,12 @@ pub mod attention;
 pub mod batch;
 pub mod block;
 pub mod error;
+#[cfg(feature = "models")]
 pub mod experiments;
+#[cfg(feature = "io")]
 pub mod io;
 pub mod layers;
+#[cfg(feature = "models")]
 pub mod models;
 pub mod module;
 pub mod ops;
@@ -45,7 +48,9 @@ pub mod position;
 pub mod rng;
 pub mod rnn;
 pub mod tensor;
+#[cfg(feature = "text")]
 pub mod text;
+#[cfg(feature = "models")]
 pub mod train;
 
 pub use attention::{

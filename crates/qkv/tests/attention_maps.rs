@@ -4,6 +4,8 @@
 //! (ALiBi), and T5 and Marian (encoder, decoder and cross-attention). Rows of padded
 //! queries are unspecified and skipped; every key of a real query row is compared.
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use common::assert_close;

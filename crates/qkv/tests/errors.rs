@@ -3,6 +3,8 @@
 //! library). Each test checks the error variant, the name it carries, and that the
 //! rendered message contains that name.
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use qkv::attention::{attention_views, HeadsView, LayerKv};

@@ -2,6 +2,8 @@
 //! `nn.MultiheadAttention` for the module (tools/fixtures/gen_sdpa.py, gen_mha.py).
 //! Both kernels are checked against the same reference numbers.
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use common::{assert_close, assert_tensor_close, fixture, Fixture};

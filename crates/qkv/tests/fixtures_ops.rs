@@ -1,5 +1,7 @@
 //! Single ops against PyTorch (tools/fixtures/gen_ops.py), atol 1e-5.
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use common::{assert_close, assert_tensor_close, fixture};

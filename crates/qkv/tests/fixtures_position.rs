@@ -2,6 +2,8 @@
 //! (tools/fixtures/gen_position.py): Llama's and GPT-J's RoPE, BLOOM's ALiBi, T5's
 //! buckets and bias, the sinusoidal tables of the paper and of Marian.
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use common::{assert_close, assert_tensor_close, fixture};

@@ -5,6 +5,8 @@
 //! left-padded batch. Frequent tokens stand in for EOS in some runs so that hypotheses
 //! finish before the length limit.
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -4,6 +4,8 @@
 //! - both equal central finite differences of the forward on tiny shapes;
 //! - both equal torch.autograd (tools/fixtures/gen_grad_attention.py).
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use common::{assert_tensor_close, fixture, Fixture};

@@ -5,6 +5,8 @@
 //! tests, which `cargo test` ignores, with `-- --ignored`; without the variable they fail
 //! and say why.
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use std::path::{Path, PathBuf};

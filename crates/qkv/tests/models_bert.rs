@@ -2,6 +2,8 @@
 //! tools/fixtures/gen_models.py): last_hidden_state with padding and two segments,
 //! the `bert.`-prefixed task-model layout, and the errors a user's input can cause.
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use std::path::{Path, PathBuf};

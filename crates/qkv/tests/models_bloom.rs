@@ -4,6 +4,8 @@
 //! bigscience layout without the `transformer.` prefix; no length limit; and the
 //! errors a user's input can cause.
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -3,6 +3,8 @@
 //! left padding, cached decoding, greedy generation; the `GPT2Model` layout without the
 //! `transformer.` prefix; an untied head; and the errors a user's input can cause.
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use std::path::{Path, PathBuf};

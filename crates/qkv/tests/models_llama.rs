@@ -5,6 +5,8 @@
 //! window on its upper layers). Config edge cases run on
 //! temporary copies of a fixture folder with an edited config.json.
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -2,6 +2,8 @@
 //! logits with a right-padded source, cached decoding, greedy generation; and the
 //! errors a user can cause.
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use common::models::{check_seq2seq, load_seq2seq, model_dir};

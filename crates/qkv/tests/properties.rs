@@ -4,6 +4,8 @@
 //! are hit, and every property that involves attention runs on both kernels: the
 //! reference one that materialises T×S scores and the tiled online-softmax one.
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use common::random::RngExt;

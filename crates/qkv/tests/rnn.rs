@@ -4,6 +4,8 @@
 //! the errors bad input gets. Then the RNN encoder-decoder, with and without additive
 //! attention, against a PyTorch module written in gen_rnn.py, and by finite differences.
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use common::{assert_close, fixture, Fixture};

@@ -6,6 +6,8 @@
 //! own folder and run with a KV cache. An ignored test has transformers load the
 //! saved folders (it needs the fixture venv).
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use std::collections::BTreeMap;

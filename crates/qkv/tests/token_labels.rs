@@ -7,6 +7,8 @@
 //! `return_offsets_mapping` says; special tokens are flagged. Fixtures:
 //! `tests/fixtures/tokenizers/` (tools/fixtures/gen_tokenizers.py).
 
+#![cfg(feature = "models")]
+
 use std::path::PathBuf;
 
 use qkv::text::Tokenizer;

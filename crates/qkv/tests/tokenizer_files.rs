@@ -4,6 +4,8 @@
 //! that names the part at fault; and streamed decoding joins into `decode`'s text,
 //! for every fixture tokenizer and for the decoder the fuzzer caught streaming wrong.
 
+#![cfg(feature = "models")]
+
 use std::path::{Path, PathBuf};
 
 use qkv::text::Tokenizer;

@@ -5,6 +5,8 @@
 //! (`MarianTokenizer`), on English, Chinese, whitespace runs, special tokens inside the
 //! text, a language code and characters the normaliser rewrites.
 
+#![cfg(feature = "models")]
+
 use std::path::{Path, PathBuf};
 
 use qkv::text::Tokenizer;

@@ -7,6 +7,8 @@
 //! windows and per-layer score scales. Also: the reference and tiled kernels agree
 //! through the whole model, GPT-2's initialisation, and clear errors for bad batches.
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use common::assert_close;

@@ -6,6 +6,8 @@
 //! last good checkpoint; a save interrupted by a crash is completed or discarded, never
 //! half-applied; files mixed up by hand are refused; bad batch files are named.
 
+#![cfg(feature = "models")]
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 

@@ -14,6 +14,8 @@
 //! differ only in rounding agree to a few 1e-7. 1e-5 leaves a margin of ~25× over
 //! that, yet is 100× below one step: a single wrong update anywhere fails the test.
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use std::collections::HashMap;

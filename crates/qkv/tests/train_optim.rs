@@ -7,6 +7,8 @@
 //! evaluates with fused multiply-adds (`lerp`) or in a different association — a few
 //! ulp of a value of order 1 per step, far below 1e-6 over 10 steps.
 
+#![cfg(feature = "models")]
+
 mod common;
 
 use common::{assert_close, fixture, Fixture};

@@ -3,6 +3,8 @@
 //! kind learning a task, save and load, and the errors of a model given data it cannot
 //! read.
 
+#![cfg(feature = "models")]
+
 use std::path::PathBuf;
 
 use qkv::layers::{Embedding, Linear};

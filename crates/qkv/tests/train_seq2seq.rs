@@ -2,6 +2,8 @@
 //! cache: the source → target split of a task batch, learning `reverse` to exact
 //! greedy outputs, cached decoding equal to the full forward, and clear errors.
 
+#![cfg(feature = "models")]
+
 use qkv::models::generate::{generate_seq2seq, GenerateOptions, Sampling};
 use qkv::models::{Arch, Input, Position, TokenBatch, Transformer};
 use qkv::rng::Rng;

@@ -2,6 +2,8 @@
 //! batches are deterministic for a seed, −100 sits exactly on the unscored positions,
 //! and bad options or files give clear errors.
 
+#![cfg(feature = "models")]
+
 use qkv::rng::Rng;
 use qkv::train::tasks::{
     accuracy, exact_match, Accuracy, Batch, Task, TaskKind, TaskOptions, IGNORE_INDEX,
