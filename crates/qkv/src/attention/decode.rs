@@ -18,7 +18,7 @@
 
 use rayon::prelude::*;
 
-use super::micro::{self, Strided};
+use super::micro::{self, MulAcc, SoftmaxRows, Strided};
 use super::spec::Scorer;
 use super::HeadsView;
 use crate::ops::matmul::gemm_views;
@@ -198,25 +198,33 @@ fn one_split(
                     std::slice::from_mut(&mut st.m),
                     std::slice::from_mut(&mut st.l),
                 );
-                kernels.softmax_rows(row, n, 1, n, m, l, &mut scratch.corr[x..=x]);
+                kernels.softmax_rows(SoftmaxRows {
+                    tile: row,
+                    stride: n,
+                    rows: 1,
+                    cols: n,
+                    m,
+                    l,
+                    corr: &mut scratch.corr[x..=x],
+                });
             }
             // acc = corr·acc + P · V[j0..j0+n]: values read in place, a row every
             // position stride
-            kernels.mul_acc(
-                Strided {
+            kernels.mul_acc(MulAcc {
+                a: Strided {
                     data: scores,
                     row: n,
                     col: 1,
                 },
-                hg,
-                n,
-                &v.data[v.offset(b, j0, g)..],
-                v.pos_stride,
-                dv,
-                Some(&scratch.corr),
-                &mut acc[i * hg * dv..],
-                dv,
-            );
+                m: hg,
+                k: n,
+                b: &v.data[v.offset(b, j0, g)..],
+                b_stride: v.pos_stride,
+                n: dv,
+                corr: Some(&scratch.corr),
+                acc: &mut acc[i * hg * dv..],
+                acc_stride: dv,
+            });
         }
     }
 }

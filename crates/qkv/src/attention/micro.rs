@@ -27,6 +27,48 @@ pub(crate) struct Strided<'a> {
     pub col: usize,
 }
 
+/// The operands of [`Kernels::scores`].
+pub(crate) struct Scores<'a> {
+    /// `rows` query rows, `q_stride` apart, `d` wide
+    pub q: &'a [f32],
+    pub q_stride: usize,
+    pub rows: usize,
+    pub d: usize,
+    /// `panels` packed key panels, `[D][PANEL]` each
+    pub kp: &'a [f32],
+    pub panels: usize,
+    pub scale: f32,
+    /// `rows` rows of `panels·PANEL` scores, `out_stride` apart
+    pub out: &'a mut [f32],
+    pub out_stride: usize,
+}
+
+/// The operands of [`Kernels::mul_acc`]: A `[m, k]` (strided), B `[k, n]` (rows
+/// `b_stride` apart), acc `[m, n]` (rows `acc_stride` apart) and the rows' factors.
+pub(crate) struct MulAcc<'a> {
+    pub a: Strided<'a>,
+    pub m: usize,
+    pub k: usize,
+    pub b: &'a [f32],
+    pub b_stride: usize,
+    pub n: usize,
+    pub corr: Option<&'a [f32]>,
+    pub acc: &'a mut [f32],
+    pub acc_stride: usize,
+}
+
+/// The operands of [`Kernels::softmax_rows`]: `rows` rows of `cols` scores, `stride`
+/// apart, and each row's running max `m`, sum `l` and new factor `corr`.
+pub(crate) struct SoftmaxRows<'a> {
+    pub tile: &'a mut [f32],
+    pub stride: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub m: &'a mut [f32],
+    pub l: &'a mut [f32],
+    pub corr: &'a mut [f32],
+}
+
 /// Runs kernel `$name` in the form `$isa` names: its AVX-512 or AVX2 entry point in
 /// `x86`, or its portable twin.
 macro_rules! dispatch {
@@ -59,56 +101,27 @@ impl Kernels {
 
     /// `out[r·out_stride + c] = scale · Σ_e q[r·q_stride + e] · key_c[e]` for r < rows and
     /// every key c of the `panels` packed panels.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn scores(
-        &self,
-        q: &[f32],
-        q_stride: usize,
-        rows: usize,
-        d: usize,
-        kp: &[f32],
-        panels: usize,
-        scale: f32,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
-        assert!(rows == 0 || q.len() >= (rows - 1) * q_stride + d);
-        assert!(kp.len() >= panels * PANEL * d);
-        assert!(rows == 0 || out.len() >= (rows - 1) * out_stride + panels * PANEL);
-        dispatch!(
-            self.isa,
-            scores(q, q_stride, rows, d, kp, panels, scale, out, out_stride)
-        )
+    pub(crate) fn scores(&self, s: Scores) {
+        assert!(s.rows == 0 || s.q.len() >= (s.rows - 1) * s.q_stride + s.d);
+        assert!(s.kp.len() >= s.panels * PANEL * s.d);
+        assert!(s.rows == 0 || s.out.len() >= (s.rows - 1) * s.out_stride + s.panels * PANEL);
+        dispatch!(self.isa, scores(s))
     }
 
     /// `acc[x·acc_stride + e] = c_x·acc[x·acc_stride + e] + Σ_y a(x, y) · b[y·b_stride + e]`
     /// for x < m, y < k, e < n, with c_x = `corr[x]` (1 without `corr`): P·V in the
     /// forward, and Pᵀ·dO, dSᵀ·Q and dS·K in the backward.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn mul_acc(
-        &self,
-        a: Strided,
-        m: usize,
-        k: usize,
-        b: &[f32],
-        b_stride: usize,
-        n: usize,
-        corr: Option<&[f32]>,
-        acc: &mut [f32],
-        acc_stride: usize,
-    ) {
-        if m == 0 || k == 0 || n == 0 {
+    pub(crate) fn mul_acc(&self, t: MulAcc) {
+        if t.m == 0 || t.k == 0 || t.n == 0 {
             // nothing to add; the rows still take their correction
-            portable::mul_acc(a, m, 0, b, b_stride, n, corr, acc, acc_stride);
+            portable::mul_acc(MulAcc { k: 0, ..t });
             return;
         }
-        assert!(a.data.len() > (m - 1) * a.row + (k - 1) * a.col);
-        assert!(b.len() >= (k - 1) * b_stride + n);
-        assert!(acc.len() >= (m - 1) * acc_stride + n && corr.is_none_or(|c| c.len() >= m));
-        dispatch!(
-            self.isa,
-            mul_acc(a, m, k, b, b_stride, n, corr, acc, acc_stride)
-        )
+        assert!(t.a.data.len() > (t.m - 1) * t.a.row + (t.k - 1) * t.a.col);
+        assert!(t.b.len() >= (t.k - 1) * t.b_stride + t.n);
+        assert!(t.acc.len() >= (t.m - 1) * t.acc_stride + t.n);
+        assert!(t.corr.is_none_or(|c| c.len() >= t.m));
+        dispatch!(self.isa, mul_acc(t))
     }
 
     /// One online-softmax step for each of `rows` rows of scores (row r is
@@ -117,23 +130,13 @@ impl Kernels {
     /// `corr[r]` gets the factor exp(m − m') that rescales row r's accumulated output (1
     /// when the max did not move). A row with nothing visible yet is left at zero weight
     /// and changes nothing.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn softmax_rows(
-        &self,
-        tile: &mut [f32],
-        stride: usize,
-        rows: usize,
-        cols: usize,
-        m: &mut [f32],
-        l: &mut [f32],
-        corr: &mut [f32],
-    ) {
-        if rows == 0 {
+    pub(crate) fn softmax_rows(&self, t: SoftmaxRows) {
+        if t.rows == 0 {
             return;
         }
-        assert!(tile.len() >= (rows - 1) * stride + cols);
-        assert!(m.len() >= rows && l.len() >= rows && corr.len() >= rows);
-        dispatch!(self.isa, softmax_rows(tile, stride, rows, cols, m, l, corr))
+        assert!(t.tile.len() >= (t.rows - 1) * t.stride + t.cols);
+        assert!(t.m.len() >= t.rows && t.l.len() >= t.rows && t.corr.len() >= t.rows);
+        dispatch!(self.isa, softmax_rows(t))
     }
 
     /// `row[c] ← exp(row[c] − l)`: probabilities from scores and the row's saved
@@ -160,20 +163,20 @@ fn correction(m: f32, m_new: f32) -> f32 {
 /// The kernels in plain loops: what runs without AVX2, and what the tests hold the
 /// vector forms to on any machine. Same contracts as the public functions above.
 mod portable {
-    use super::{correction, Strided, PANEL};
+    use super::{correction, MulAcc, Scores, SoftmaxRows, PANEL};
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn scores(
-        q: &[f32],
-        q_stride: usize,
-        rows: usize,
-        d: usize,
-        kp: &[f32],
-        panels: usize,
-        scale: f32,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
+    pub(super) fn scores(s: Scores) {
+        let Scores {
+            q,
+            q_stride,
+            rows,
+            d,
+            kp,
+            panels,
+            scale,
+            out,
+            out_stride,
+        } = s;
         for r in 0..rows {
             let qr = &q[r * q_stride..r * q_stride + d];
             for p in 0..panels {
@@ -190,18 +193,18 @@ mod portable {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn mul_acc(
-        a: Strided,
-        m: usize,
-        k: usize,
-        b: &[f32],
-        b_stride: usize,
-        n: usize,
-        corr: Option<&[f32]>,
-        acc: &mut [f32],
-        acc_stride: usize,
-    ) {
+    pub(super) fn mul_acc(t: MulAcc) {
+        let MulAcc {
+            a,
+            m,
+            k,
+            b,
+            b_stride,
+            n,
+            corr,
+            acc,
+            acc_stride,
+        } = t;
         for x in 0..m {
             let row = &mut acc[x * acc_stride..x * acc_stride + n];
             let c = corr.map_or(1.0, |c| c[x]);
@@ -215,16 +218,16 @@ mod portable {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn softmax_rows(
-        tile: &mut [f32],
-        stride: usize,
-        rows: usize,
-        cols: usize,
-        m: &mut [f32],
-        l: &mut [f32],
-        corr: &mut [f32],
-    ) {
+    pub(super) fn softmax_rows(t: SoftmaxRows) {
+        let SoftmaxRows {
+            tile,
+            stride,
+            rows,
+            cols,
+            m,
+            l,
+            corr,
+        } = t;
         for r in 0..rows {
             let row = &mut tile[r * stride..r * stride + cols];
             let m_new = row.iter().copied().fold(m[r], f32::max);
@@ -253,7 +256,7 @@ mod portable {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Strided, PANEL};
+    use super::{MulAcc, Scores, SoftmaxRows, PANEL};
     use crate::ops::vector::Vector;
     use std::arch::x86_64::{__m256, __m512};
 
@@ -264,16 +267,15 @@ mod x86 {
     /// them, for the rows of its register tiles: 6 with AVX2's 16 registers (6 × 2
     /// sums, two loads, a broadcast), 8 with AVX-512's 32.
     macro_rules! entry_points {
-        ($($generic:ident $(<$r2:literal, $r512:literal>)? ($($arg:ident: $ty:ty),*) $(-> $ret:ty)?;)*) => {
+        ($($generic:ident $(<$r2:literal, $r512:literal>)? ($($arg:ident: $ty:ty),*);)*) => {
             pub(super) mod avx2 {
                 use super::*;
                 $(
                     /// # Safety
                     /// AVX2 and FMA; the bounds asserted by the `Kernels` method of
                     /// this name.
-                    #[allow(clippy::too_many_arguments)]
                     #[target_feature(enable = "avx2,fma")]
-                    pub(crate) unsafe fn $generic($($arg: $ty),*) $(-> $ret)? {
+                    pub(crate) unsafe fn $generic($($arg: $ty),*) {
                         super::$generic::<__m256 $(, $r2)?>($($arg),*)
                     }
                 )*
@@ -284,9 +286,8 @@ mod x86 {
                 $(
                     /// # Safety
                     /// AVX-512 F, AVX2 and FMA; as the AVX2 entry point.
-                    #[allow(clippy::too_many_arguments)]
                     #[target_feature(enable = "avx512f,avx2,fma")]
-                    pub(crate) unsafe fn $generic($($arg: $ty),*) $(-> $ret)? {
+                    pub(crate) unsafe fn $generic($($arg: $ty),*) {
                         super::$generic::<__m512 $(, $r512)?>($($arg),*)
                     }
                 )*
@@ -295,18 +296,9 @@ mod x86 {
     }
 
     entry_points! {
-        scores<6, 8>(
-            q: &[f32], q_stride: usize, rows: usize, d: usize, kp: &[f32], panels: usize,
-            scale: f32, out: &mut [f32], out_stride: usize
-        );
-        mul_acc<6, 8>(
-            a: Strided, m: usize, k: usize, b: &[f32], b_stride: usize, n: usize,
-            corr: Option<&[f32]>, acc: &mut [f32], acc_stride: usize
-        );
-        softmax_rows(
-            tile: &mut [f32], stride: usize, rows: usize, cols: usize, m: &mut [f32],
-            l: &mut [f32], corr: &mut [f32]
-        );
+        scores<6, 8>(s: Scores);
+        mul_acc<6, 8>(t: MulAcc);
+        softmax_rows(t: SoftmaxRows);
         exp_shift(row: &mut [f32], l: f32);
     }
 
@@ -319,19 +311,19 @@ mod x86 {
         (first / PANEL) * PANEL * d + first % PANEL
     }
 
-    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    unsafe fn scores<V: Vector, const R: usize>(
-        q: &[f32],
-        q_stride: usize,
-        rows: usize,
-        d: usize,
-        kp: &[f32],
-        panels: usize,
-        scale: f32,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
+    unsafe fn scores<V: Vector, const R: usize>(s: Scores) {
+        let Scores {
+            q,
+            q_stride,
+            rows,
+            d,
+            kp,
+            panels,
+            scale,
+            out,
+            out_stride,
+        } = s;
         let (q, kp, out) = (q.as_ptr(), kp.as_ptr(), out.as_mut_ptr());
         let vectors = panels * PANEL / V::LANES;
         let full = rows / R * R;
@@ -453,19 +445,19 @@ mod x86 {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    unsafe fn mul_acc<V: Vector, const R: usize>(
-        a: Strided,
-        m: usize,
-        k: usize,
-        b: &[f32],
-        b_stride: usize,
-        n: usize,
-        corr: Option<&[f32]>,
-        acc: &mut [f32],
-        acc_stride: usize,
-    ) {
+    unsafe fn mul_acc<V: Vector, const R: usize>(t: MulAcc) {
+        let MulAcc {
+            a,
+            m,
+            k,
+            b,
+            b_stride,
+            n,
+            corr,
+            acc,
+            acc_stride,
+        } = t;
         let lanes = V::LANES;
         let (ap, bp, cp) = (a.data.as_ptr(), b.as_ptr(), acc.as_mut_ptr());
         let ones = [1.0f32; R];
@@ -653,17 +645,17 @@ mod x86 {
     /// Rows go by in groups of 16: the maxima of a group first (its rows' reductions
     /// are independent and overlap), then its exponentials, then its corrections
     /// exp(m − m') as one or two vectors rather than a scalar `exp` call per row.
-    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    unsafe fn softmax_rows<V: Vector>(
-        tile: &mut [f32],
-        stride: usize,
-        rows: usize,
-        cols: usize,
-        m: &mut [f32],
-        l: &mut [f32],
-        corr: &mut [f32],
-    ) {
+    unsafe fn softmax_rows<V: Vector>(t: SoftmaxRows) {
+        let SoftmaxRows {
+            tile,
+            stride,
+            rows,
+            cols,
+            m,
+            l,
+            corr,
+        } = t;
         const GROUP: usize = 16;
         let lanes = V::LANES;
         let whole = cols / lanes * lanes;
@@ -785,7 +777,17 @@ mod tests {
             every_form(|kernels| {
                 let mut out = vec![0.0f32; rows * out_stride];
                 let (q, k) = (&q[..], &kp[..]);
-                kernels.scores(q, q_stride, rows, d, k, panels, scale, &mut out, out_stride);
+                kernels.scores(Scores {
+                    q,
+                    q_stride,
+                    rows,
+                    d,
+                    kp: k,
+                    panels,
+                    scale,
+                    out: &mut out,
+                    out_stride,
+                });
                 for r in 0..rows {
                     let span = r * out_stride..r * out_stride + panels * PANEL;
                     close(
@@ -829,7 +831,17 @@ mod tests {
                 let c = use_corr.then_some(&corr[..]);
                 every_form(|kernels| {
                     let mut acc = acc0.clone();
-                    kernels.mul_acc(strided, m, k, &b, b_stride, n, c, &mut acc, acc_stride);
+                    kernels.mul_acc(MulAcc {
+                        a: strided,
+                        m,
+                        k,
+                        b: &b,
+                        b_stride,
+                        n,
+                        corr: c,
+                        acc: &mut acc,
+                        acc_stride,
+                    });
                     for x in 0..m {
                         let span = x * acc_stride..x * acc_stride + n;
                         close(
@@ -880,7 +892,15 @@ mod tests {
                             .flat_map(|r| scores[r * n + c0..r * n + c0 + cols].to_vec())
                             .collect();
                         let (m, l, corr) = (&mut m, &mut l, &mut corr);
-                        kernels.softmax_rows(&mut tile, cols, rows, cols, m, l, corr);
+                        kernels.softmax_rows(SoftmaxRows {
+                            tile: &mut tile,
+                            stride: cols,
+                            rows,
+                            cols,
+                            m,
+                            l,
+                            corr,
+                        });
                         for (r, w) in weights.iter_mut().enumerate() {
                             w.iter_mut().for_each(|x| *x *= corr[r]);
                             w.extend(&tile[r * cols..(r + 1) * cols]);
@@ -921,7 +941,15 @@ mod tests {
         every_form(|kernels| {
             let mut row = vec![f32::NEG_INFINITY; 11];
             let (mut m, mut l, mut corr) = ([f32::NEG_INFINITY], [0.0], [0.0]);
-            kernels.softmax_rows(&mut row, 11, 1, 11, &mut m, &mut l, &mut corr);
+            kernels.softmax_rows(SoftmaxRows {
+                tile: &mut row,
+                stride: 11,
+                rows: 1,
+                cols: 11,
+                m: &mut m,
+                l: &mut l,
+                corr: &mut corr,
+            });
             assert_eq!(corr[0], 1.0);
             assert!(row.iter().all(|&w| w == 0.0) && l[0] == 0.0 && m[0] == f32::NEG_INFINITY);
             let mut row = vec![1.0f32; 11];

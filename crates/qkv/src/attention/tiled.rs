@@ -12,7 +12,7 @@ use crate::ops::disjoint::Disjoint;
 use rayon::prelude::*;
 
 use super::decode;
-use super::micro::{self, Strided, PANEL};
+use super::micro::{self, MulAcc, Scores, SoftmaxRows, Strided, PANEL};
 use super::output::AttentionOutput;
 use super::packed::{Panels, Rows};
 use super::spec::Scorer;
@@ -143,17 +143,17 @@ fn query_block(
     while j0 < hi {
         let cols = BLOCK_K.min(hi - j0);
         let panels = cols.div_ceil(PANEL);
-        kernels.scores(
-            q_blk,
-            q.pos_stride,
+        kernels.scores(Scores {
+            q: q_blk,
+            q_stride: q.pos_stride,
             rows,
             d,
-            keys.from(b, g, j0),
+            kp: keys.from(b, g, j0),
             panels,
-            scorer.scale,
-            &mut scratch.tile,
-            BLOCK_K,
-        );
+            scale: scorer.scale,
+            out: &mut scratch.tile,
+            out_stride: BLOCK_K,
+        });
         let whole = j0 >= lo_last && j0 + cols <= hi_first && !scorer.has_mask_or_bias();
         if !whole {
             for r in 0..rows {
@@ -162,7 +162,15 @@ fn query_block(
             }
         }
         let (m, l, corr) = (&mut scratch.m, &mut scratch.l, &mut scratch.corr);
-        kernels.softmax_rows(&mut scratch.tile, BLOCK_K, rows, cols, m, l, corr);
+        kernels.softmax_rows(SoftmaxRows {
+            tile: &mut scratch.tile,
+            stride: BLOCK_K,
+            rows,
+            cols,
+            m,
+            l,
+            corr,
+        });
         // acc = corr·acc + P · V[j0..j0+cols, g, :]
         let p = Strided {
             data: &scratch.tile,
@@ -170,17 +178,17 @@ fn query_block(
             col: 1,
         };
         let corr = Some(&scratch.corr[..]);
-        kernels.mul_acc(
-            p,
-            rows,
-            cols,
-            values.from(b, g, j0),
-            dv,
-            dv,
+        kernels.mul_acc(MulAcc {
+            a: p,
+            m: rows,
+            k: cols,
+            b: values.from(b, g, j0),
+            b_stride: dv,
+            n: dv,
             corr,
-            &mut scratch.acc,
-            dv,
-        );
+            acc: &mut scratch.acc,
+            acc_stride: dv,
+        });
         j0 += cols;
     }
 }

@@ -24,7 +24,7 @@
 use crate::ops::disjoint::Disjoint;
 use rayon::prelude::*;
 
-use super::super::micro::{self, Strided, PANEL};
+use super::super::micro::{self, MulAcc, Scores, Strided, PANEL};
 use super::super::output::AttentionOutput;
 use super::super::packed::{Panels, Rows};
 use super::super::spec::{Dims, Scorer};
@@ -209,17 +209,17 @@ fn query_block(
         let panels = cols.div_ceil(PANEL);
         // (1) S = scale·Q·Kᵀ (+ bias and masks), recomputed
         let k_panels = keys.from(b, g, j0);
-        kernels.scores(
-            q_blk,
-            d,
+        kernels.scores(Scores {
+            q: q_blk,
+            q_stride: d,
             rows,
             d,
-            k_panels,
+            kp: k_panels,
             panels,
-            scorer.scale,
-            &mut sc.p,
-            BLOCK_K,
-        );
+            scale: scorer.scale,
+            out: &mut sc.p,
+            out_stride: BLOCK_K,
+        });
         // (2) P = exp(S − lse): the softmax, normalised by the forward's saved sum
         let whole = j0 >= lo_last && j0 + cols <= hi_first && !scorer.has_mask_or_bias();
         for r in 0..rows {
@@ -231,9 +231,17 @@ fn query_block(
         }
         // dP = dO·Vᵀ, from (3) O = P·V
         let v_panels = values.from(b, g, j0);
-        kernels.scores(
-            do_blk, dv, rows, dv, v_panels, panels, 1.0, &mut sc.ds, BLOCK_K,
-        );
+        kernels.scores(Scores {
+            q: do_blk,
+            q_stride: dv,
+            rows,
+            d: dv,
+            kp: v_panels,
+            panels,
+            scale: 1.0,
+            out: &mut sc.ds,
+            out_stride: BLOCK_K,
+        });
         // dS = P∘(dP − D), from (2)
         for r in 0..rows {
             let dl = delta[row0 + r];
@@ -260,11 +268,41 @@ fn query_block(
         };
         // dV_blk += Pᵀ·dO, from (3)
         let dv_blk = &mut sc.dv[j0 * dv..];
-        kernels.mul_acc(p_t, cols, rows, do_blk, dv, dv, None, dv_blk, dv);
+        kernels.mul_acc(MulAcc {
+            a: p_t,
+            m: cols,
+            k: rows,
+            b: do_blk,
+            b_stride: dv,
+            n: dv,
+            corr: None,
+            acc: dv_blk,
+            acc_stride: dv,
+        });
         // dK_blk += dSᵀ·Q and dQ += dS·K (both times scale, applied at the end), from (1)
-        kernels.mul_acc(ds_t, cols, rows, q_blk, d, d, None, &mut sc.dk[j0 * d..], d);
+        kernels.mul_acc(MulAcc {
+            a: ds_t,
+            m: cols,
+            k: rows,
+            b: q_blk,
+            b_stride: d,
+            n: d,
+            corr: None,
+            acc: &mut sc.dk[j0 * d..],
+            acc_stride: d,
+        });
         let k_blk = key_rows.from(b, g, j0);
-        kernels.mul_acc(ds, rows, cols, k_blk, d, d, None, &mut sc.dq, d);
+        kernels.mul_acc(MulAcc {
+            a: ds,
+            m: rows,
+            k: cols,
+            b: k_blk,
+            b_stride: d,
+            n: d,
+            corr: None,
+            acc: &mut sc.dq,
+            acc_stride: d,
+        });
         // dbias = dS, from (1) S = … + bias
         if let Some(dst) = ds_rows.as_deref_mut() {
             for r in 0..rows {
