@@ -235,7 +235,7 @@ fn folder_without_modules_json_is_mean_pooled_unnormalized() {
 }
 
 /// Where `it` attends most to `animal` in "The animal didn't cross the street because it
-/// was too tired.": layer 3, head 1 (from 0), as the README says; transformers agrees
+/// was too tired.": layer 3, head 1 (from 0), as docs/attention-maps.md says; transformers agrees
 /// (`strongest_layer` / `strongest_head` in the fixture).
 const IT_TO_ANIMAL: (usize, usize) = (3, 1);
 
@@ -276,7 +276,7 @@ fn attention_weights_on_the_animal_sentence_match_transformers() {
         common::assert_tensor_close(&format!("layer {l}"), got, &want, 1e-5, 0.0);
     }
 
-    // the measurement the README quotes
+    // the measurement docs/attention-maps.md quotes
     let (it, animal) = (labels.iter().position(|t| t == "it").unwrap(), 2);
     assert_eq!(labels[animal], "animal");
     let t = labels.len();
