@@ -29,8 +29,8 @@ pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// q: [B,T,H,D], k: [B,S,G,D], v: [B,S,G,Dv] (validated) → out [B,T,H,Dv], lse [B,H,T].
-/// Heads are independent, so each (batch row, head) is one parallel task.
+/// The readable twin of `tiled::attention`, on the same validated operands: each
+/// (batch row, head) is one parallel task that materialises its T×S scores.
 pub(crate) fn attention(
     q: &HeadsView,
     k: &HeadsView,

@@ -135,7 +135,33 @@ impl Rope {
     /// x: [B, T, H, D] rotated in place; positions: [B·T], the absolute position of
     /// each token (rows may differ, e.g. left-padded batches or a decode offset).
     pub fn apply(&self, x: &mut Tensor, positions: &[usize]) -> Result<()> {
-        x.expect_shape("rope input", &[None, None, None, Some(self.head_dim)])?;
+        self.turn(x, positions, "rope input", 1.0)
+    }
+
+    /// Like [`Rope::apply`] with every row at positions offset..offset+T.
+    pub fn apply_offset(&self, x: &mut Tensor, offset: usize) -> Result<()> {
+        let positions = self.offsets(x, "rope input", offset)?;
+        self.apply(x, &positions)
+    }
+
+    /// Backward of [`Rope::apply`], in place: dy `[B, T, H, D]` (the gradient of the
+    /// rotated vectors) becomes dx, the gradient of the vectors before rotation, for
+    /// the same `positions` `[B·T]`.
+    ///
+    /// The forward is y = R(pos·θ)·x per pair, a rotation, so dx = R(pos·θ)ᵀ·dy =
+    /// R(−pos·θ)·dy: the same rotation with the sine negated, and the pass-through
+    /// dimensions beyond R pass their gradient through unchanged. RoPE has no
+    /// parameters (θ is fixed), so there is nothing to accumulate.
+    pub fn backward(&self, dy: &mut Tensor, positions: &[usize]) -> Result<()> {
+        self.turn(dy, positions, "rope gradient", -1.0)
+    }
+
+    /// Rotates every head of `x` `[B, T, H, D]` (named `what` in errors) by R(±pos·θ)
+    /// at its token's position: `sign` 1 is the forward, −1 its transpose (cos(−a) =
+    /// cos a, sin(−a) = −sin a, both times YaRN's factor c: the forward is c·R(a), whose
+    /// transpose is c·R(−a)).
+    fn turn(&self, x: &mut Tensor, positions: &[usize], what: &str, sign: f32) -> Result<()> {
+        x.expect_shape(what, &[None, None, None, Some(self.head_dim)])?;
         let (b, t, h) = (x.shape()[0], x.shape()[1], x.shape()[2]);
         if positions.len() != b * t {
             return Err(Error::Shape {
@@ -150,52 +176,8 @@ impl Rope {
         }
         let rope = self.for_call(positions);
         for (token, &pos) in x.data_mut().chunks_exact_mut(h * d).zip(positions) {
-            let (cos, sin) = rope.cos_sin(pos);
-            for head in token.chunks_exact_mut(d) {
-                rope.rotate(head, &cos, &sin);
-            }
-        }
-        Ok(())
-    }
-
-    /// Like [`Rope::apply`] with every row at positions offset..offset+T.
-    pub fn apply_offset(&self, x: &mut Tensor, offset: usize) -> Result<()> {
-        x.expect_shape("rope input", &[None, None, None, Some(self.head_dim)])?;
-        let (b, t) = (x.shape()[0], x.shape()[1]);
-        let positions: Vec<usize> = (0..b * t).map(|i| offset + i % t).collect();
-        self.apply(x, &positions)
-    }
-
-    /// Backward of [`Rope::apply`], in place: dy `[B, T, H, D]` (the gradient of the
-    /// rotated vectors) becomes dx, the gradient of the vectors before rotation, for
-    /// the same `positions` `[B·T]`.
-    ///
-    /// The forward is y = R(pos·θ)·x per pair, a rotation, so dx = R(pos·θ)ᵀ·dy =
-    /// R(−pos·θ)·dy: the same rotation with the sine negated, and the pass-through
-    /// dimensions beyond R pass their gradient through unchanged. RoPE has no
-    /// parameters (θ is fixed), so there is nothing to accumulate.
-    pub fn backward(&self, dy: &mut Tensor, positions: &[usize]) -> Result<()> {
-        dy.expect_shape("rope gradient", &[None, None, None, Some(self.head_dim)])?;
-        let (b, t, h) = (dy.shape()[0], dy.shape()[1], dy.shape()[2]);
-        if positions.len() != b * t {
-            return Err(Error::Shape {
-                tensor: "rope positions".into(),
-                expected: format!("[{b}, {t}] = {} entries", b * t),
-                got: vec![positions.len()],
-            });
-        }
-        let d = self.head_dim;
-        if dy.numel() == 0 {
-            return Ok(());
-        }
-        let rope = self.for_call(positions);
-        for (token, &pos) in dy.data_mut().chunks_exact_mut(h * d).zip(positions) {
             let (cos, mut sin) = rope.cos_sin(pos);
-            // R(−a): cos(−a) = cos a, sin(−a) = −sin a (both times YaRN's factor c:
-            // the forward is c·R(a), whose transpose is c·R(−a)).
-            for s in &mut sin {
-                *s = -*s;
-            }
+            sin.iter_mut().for_each(|s| *s *= sign);
             for head in token.chunks_exact_mut(d) {
                 rope.rotate(head, &cos, &sin);
             }
@@ -205,9 +187,14 @@ impl Rope {
 
     /// Like [`Rope::backward`] with every row at positions offset..offset+T.
     pub fn backward_offset(&self, dy: &mut Tensor, offset: usize) -> Result<()> {
-        dy.expect_shape("rope gradient", &[None, None, None, Some(self.head_dim)])?;
-        let (b, t) = (dy.shape()[0], dy.shape()[1]);
-        let positions: Vec<usize> = (0..b * t).map(|i| offset + i % t).collect();
+        let positions = self.offsets(dy, "rope gradient", offset)?;
         self.backward(dy, &positions)
+    }
+
+    /// Positions offset..offset+T for every row of `x` `[B, T, H, D]`.
+    fn offsets(&self, x: &Tensor, what: &str, offset: usize) -> Result<Vec<usize>> {
+        x.expect_shape(what, &[None, None, None, Some(self.head_dim)])?;
+        let (b, t) = (x.shape()[0], x.shape()[1]);
+        Ok((0..b * t).map(|i| offset + i % t).collect())
     }
 }

@@ -17,8 +17,8 @@ fn axpy(acc: &mut [f32], alpha: f32, x: &[f32]) {
     }
 }
 
-/// q: [B,T,H,D], k: [B,S,G,D], v: [B,S,G,Dv], d_out: [B,T,H,Dv] (validated);
-/// dbias, when asked for, has the dense bias's shape `[Bm, Hm, T, S]`.
+/// The readable twin of the tiled backward, on its operands less the forward's output
+/// (P is recomputed from Q and K); dbias, when asked for, has the dense bias's shape.
 pub(super) fn backward(
     q: &HeadsView,
     k: &HeadsView,

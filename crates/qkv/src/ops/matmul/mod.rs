@@ -214,6 +214,20 @@ mod tests {
 
     /// Asserts that `got`, an element of C ← (add ? c0 : 0) − 0.5·A·B, equals −0.5·`dot`
     /// (+ c0) computed in f64, to the rounding a sum of k f32 products allows.
+    /// A `[M, K]` (row-major) times B (element (p, j) from `b`) in f64: the readable
+    /// twin every product is held to.
+    fn f64_dots(
+        a: &[f32],
+        b: impl Fn(usize, usize) -> f32,
+        (m, k, n): (usize, usize, usize),
+    ) -> Vec<f64> {
+        let dot = |i: usize, j: usize| (0..k).map(|p| a[i * k + p] as f64 * b(p, j) as f64).sum();
+        (0..m)
+            .flat_map(|i| (0..n).map(move |j| (i, j)))
+            .map(|(i, j)| dot(i, j))
+            .collect()
+    }
+
     fn assert_product(
         got: f32,
         dot: f64,
@@ -280,16 +294,11 @@ mod tests {
                         par,
                     )
                     .unwrap();
-                    for i in 0..m {
-                        for j in 0..n {
-                            let dot: f64 = (0..k)
-                                .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
-                                .sum();
-                            let got = c_data[i * c_rs + j * c_cs];
-                            let what =
-                                format_args!("{m}x{k}x{n} layout {layout} {par:?}: ({i}, {j})");
-                            assert_product(got, dot, (c0[i * n + j], add), k, what);
-                        }
+                    let dots = f64_dots(&a, |p, j| b[p * n + j], (m, k, n));
+                    for (i, j) in (0..m).flat_map(|i| (0..n).map(move |j| (i, j))) {
+                        let got = c_data[i * c_rs + j * c_cs];
+                        let what = format_args!("{m}x{k}x{n} layout {layout} {par:?}: ({i}, {j})");
+                        assert_product(got, dots[i * n + j], (c0[i * n + j], add), k, what);
                     }
                     assert!(
                         c_data.iter().filter(|v| v.is_nan()).count() == c_data.len() - m * n,
@@ -339,14 +348,16 @@ mod tests {
                     par,
                 )
                 .unwrap();
-                for i in 0..m {
-                    for j in 0..n {
-                        let dot: f64 = (0..k)
-                            .map(|p| a[i * k + p] as f64 * w[j * k + p] as f64)
-                            .sum();
-                        let what = format_args!("{m}x{k}x{n} {par:?}: ({i}, {j})");
-                        assert_product(got[i * n + j], dot, (c0[i * n + j], add), k, what);
-                    }
+                let dots = f64_dots(&a, |p, j| w[j * k + p], (m, k, n));
+                for (i, j) in (0..m).flat_map(|i| (0..n).map(move |j| (i, j))) {
+                    let what = format_args!("{m}x{k}x{n} {par:?}: ({i}, {j})");
+                    assert_product(
+                        got[i * n + j],
+                        dots[i * n + j],
+                        (c0[i * n + j], add),
+                        k,
+                        what,
+                    );
                 }
                 if m > 16 {
                     assert_eq!(got, blocked, "{m}x{k}x{n} {par:?}: packed vs blocked bits");

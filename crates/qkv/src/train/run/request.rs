@@ -315,22 +315,20 @@ impl RunRequest {
         } else if self.out.is_none() {
             return refuse("give `out` DIR: the folder the checkpoints are written to".into());
         }
+        let only = |all: Vec<&'static str>, of: &[&str]| -> Vec<&'static str> {
+            all.into_iter().filter(|s| of.contains(s)).collect()
+        };
         if self.task.is_none() && self.resume.is_none() {
-            let task_only = given(&[
-                ("task_length", self.task_length.is_some()),
-                ("symbols", self.symbols.is_some()),
-                ("queries", self.queries.is_some()),
-                ("distance", self.distance.is_some()),
-            ]);
+            let task_only = only(
+                self.data_settings(),
+                &["task_length", "symbols", "queries", "distance"],
+            );
             if let [s, ..] = task_only.as_slice() {
                 return refuse(format!("`{s}` is an option of `task`"));
             }
         }
         if self.text.is_none() && self.resume.is_none() {
-            let text_only = given(&[
-                ("seq_len", self.seq_len.is_some()),
-                ("val_fraction", self.val_fraction.is_some()),
-            ]);
+            let text_only = only(self.data_settings(), &["seq_len", "val_fraction"]);
             if let [s, ..] = text_only.as_slice() {
                 let why = match self.task.is_some() {
                     true => " (a task fixes its own length: see `task_length`)",
@@ -343,16 +341,12 @@ impl RunRequest {
             return refuse("`threads` must be at least 1".into());
         }
         if self.arch.is_some_and(|a| a != Network::Transformer) {
-            let transformer_only = given(&[
-                ("style", self.style.is_some()),
-                ("heads", self.heads.is_some()),
-                ("kv_heads", self.kv_heads.is_some()),
-                ("ffn", self.ffn.is_some()),
-                ("position", self.position.is_some()),
-                ("norm", self.norm.is_some()),
-                ("post_norm", self.post_norm),
-                ("ffn_kind", self.ffn_kind.is_some()),
-            ]);
+            // every model setting but those a recurrent model reads
+            let transformer_only: Vec<_> = self
+                .model_settings()
+                .into_iter()
+                .filter(|s| !["arch", "d_model", "layers", "seed"].contains(s))
+                .collect();
             if let [s, ..] = transformer_only.as_slice() {
                 return refuse(format!("`{s}` is an option of `arch` transformer; a recurrent model takes `d_model` (its embedding and state width) and `layers`"));
             }
