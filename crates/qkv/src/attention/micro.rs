@@ -166,52 +166,33 @@ mod portable {
     use super::{correction, MulAcc, Scores, SoftmaxRows, PANEL};
 
     pub(super) fn scores(s: Scores) {
-        let Scores {
-            q,
-            q_stride,
-            rows,
-            d,
-            kp,
-            panels,
-            scale,
-            out,
-            out_stride,
-        } = s;
-        for r in 0..rows {
-            let qr = &q[r * q_stride..r * q_stride + d];
-            for p in 0..panels {
-                let panel = &kp[p * PANEL * d..(p + 1) * PANEL * d];
+        let d = s.d;
+        for r in 0..s.rows {
+            let qr = &s.q[r * s.q_stride..r * s.q_stride + d];
+            for p in 0..s.panels {
+                let panel = &s.kp[p * PANEL * d..(p + 1) * PANEL * d];
                 for lane in 0..PANEL {
                     let dot: f32 = qr
                         .iter()
                         .enumerate()
                         .map(|(e, &x)| x * panel[e * PANEL + lane])
                         .sum();
-                    out[r * out_stride + p * PANEL + lane] = scale * dot;
+                    s.out[r * s.out_stride + p * PANEL + lane] = s.scale * dot;
                 }
             }
         }
     }
 
     pub(super) fn mul_acc(t: MulAcc) {
-        let MulAcc {
-            a,
-            m,
-            k,
-            b,
-            b_stride,
-            n,
-            corr,
-            acc,
-            acc_stride,
-        } = t;
-        for x in 0..m {
-            let row = &mut acc[x * acc_stride..x * acc_stride + n];
-            let c = corr.map_or(1.0, |c| c[x]);
+        let (n, a) = (t.n, t.a);
+        for x in 0..t.m {
+            let row = &mut t.acc[x * t.acc_stride..x * t.acc_stride + n];
+            let c = t.corr.map_or(1.0, |c| c[x]);
             row.iter_mut().for_each(|v| *v *= c);
-            for y in 0..k {
+            for y in 0..t.k {
                 let w = a.data[x * a.row + y * a.col];
-                for (v, &bv) in row.iter_mut().zip(&b[y * b_stride..y * b_stride + n]) {
+                let b = &t.b[y * t.b_stride..y * t.b_stride + n];
+                for (v, &bv) in row.iter_mut().zip(b) {
                     *v += w * bv;
                 }
             }
@@ -219,17 +200,9 @@ mod portable {
     }
 
     pub(super) fn softmax_rows(t: SoftmaxRows) {
-        let SoftmaxRows {
-            tile,
-            stride,
-            rows,
-            cols,
-            m,
-            l,
-            corr,
-        } = t;
-        for r in 0..rows {
-            let row = &mut tile[r * stride..r * stride + cols];
+        let (m, l, corr) = (t.m, t.l, t.corr);
+        for r in 0..t.rows {
+            let row = &mut t.tile[r * t.stride..r * t.stride + t.cols];
             let m_new = row.iter().copied().fold(m[r], f32::max);
             corr[r] = correction(m[r], m_new);
             if m_new == f32::NEG_INFINITY {

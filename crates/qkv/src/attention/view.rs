@@ -42,31 +42,30 @@ impl<'a> HeadsView<'a> {
     /// A contiguous positions-major block `[B, L, N, E]` (qkv's layout).
     pub fn positions_major(data: &'a [f32], shape: [usize; 4]) -> Self {
         let [batch, len, heads, dim] = shape;
-        HeadsView {
-            data,
-            batch,
-            len,
-            heads,
-            dim,
-            batch_stride: len * heads * dim,
-            pos_stride: heads * dim,
-            head_stride: dim,
-        }
+        let strides = [len * heads * dim, heads * dim, dim];
+        HeadsView::strided(data, [batch, len, heads, dim], strides)
     }
 
     /// A contiguous heads-major block `[B, N, L, E]` (PyTorch's `[B, H, T, D]`) viewed as
     /// `[B, L, N, E]`; `shape` is the block's own `[B, N, L, E]`.
     pub fn heads_major(data: &'a [f32], shape: [usize; 4]) -> Self {
         let [batch, heads, len, dim] = shape;
+        let strides = [heads * len * dim, dim, len * dim];
+        HeadsView::strided(data, [batch, len, heads, dim], strides)
+    }
+
+    /// `[B, L, N, E]` over `data` with the batch, position and head strides given.
+    fn strided(data: &'a [f32], [batch, len, heads, dim]: [usize; 4], strides: [usize; 3]) -> Self {
+        let [batch_stride, pos_stride, head_stride] = strides;
         HeadsView {
             data,
             batch,
             len,
             heads,
             dim,
-            batch_stride: heads * len * dim,
-            pos_stride: dim,
-            head_stride: len * dim,
+            batch_stride,
+            pos_stride,
+            head_stride,
         }
     }
 

@@ -61,14 +61,7 @@ fn preceding(batch_size: usize, rng: &mut Rng) -> Batch {
         }));
         inputs.extend(row);
     }
-    Batch {
-        inputs,
-        targets,
-        batch: batch_size,
-        len: LENGTH,
-        mask: None,
-        source: None,
-    }
+    Batch::rows(inputs, targets, batch_size, LENGTH)
 }
 
 /// Each head's weights `[B, H, T, T]` for `batch`.

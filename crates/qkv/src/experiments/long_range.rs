@@ -157,14 +157,7 @@ fn transformer_gradient_norms(steps: usize, runs: usize, seed: u64) -> Result<Ve
         ids.truncate(steps);
         let mut targets = vec![IGNORE_INDEX; steps];
         targets[steps - 1] = rng.below(vocab) as i64;
-        let batch = Batch {
-            inputs: ids.clone(),
-            targets,
-            batch: 1,
-            len: steps,
-            mask: None,
-            source: None,
-        };
+        let batch = Batch::rows(ids.clone(), targets, 1, steps);
         model.zero_grads();
         model.loss_and_backward(&batch)?;
         let mut table = Vec::new();

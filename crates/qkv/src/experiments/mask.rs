@@ -52,14 +52,7 @@ fn generate(model: &Transformer, batch: &Batch) -> Result<(f64, f64)> {
     let mut answers = vec![Vec::new(); b_n];
     for _ in 0..LENGTH {
         let len = rows[0].len();
-        let probe = Batch {
-            inputs: rows.concat(),
-            targets: vec![IGNORE_INDEX; b_n * len],
-            batch: b_n,
-            len,
-            mask: None,
-            source: None,
-        };
+        let probe = Batch::rows(rows.concat(), vec![IGNORE_INDEX; b_n * len], b_n, len);
         let logits = model.logits(&probe)?;
         let v = logits.shape()[2];
         for (b, row) in rows.iter_mut().enumerate() {

@@ -46,14 +46,7 @@ fn mirror(batch_size: usize, rng: &mut Rng) -> Batch {
         targets.extend(row.iter().rev().map(|&s| s as i64));
         inputs.extend(row);
     }
-    Batch {
-        inputs,
-        targets,
-        batch: batch_size,
-        len: LENGTH,
-        mask: None,
-        source: None,
-    }
+    Batch::rows(inputs, targets, batch_size, LENGTH)
 }
 
 /// The best accuracy without any order: a position that knows only its own symbol and

@@ -373,14 +373,7 @@ impl Task {
             inputs.extend_from_slice(&x);
             targets.extend_from_slice(&y);
         }
-        Batch {
-            inputs,
-            targets,
-            batch: batch_size,
-            len: t,
-            mask: None,
-            source: None,
-        }
+        Batch::rows(inputs, targets, batch_size, t)
     }
 }
 

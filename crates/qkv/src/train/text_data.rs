@@ -169,14 +169,7 @@ impl TextData {
             inputs.extend(w[..t].iter().map(|&b| b as usize));
             targets.extend(w[1..].iter().map(|&b| b as i64));
         }
-        Ok(Batch {
-            inputs,
-            targets,
-            batch: batch_size,
-            len: t,
-            mask: None,
-            source: None,
-        })
+        Ok(Batch::rows(inputs, targets, batch_size, t))
     }
 }
 

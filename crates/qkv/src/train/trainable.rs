@@ -28,6 +28,21 @@ pub struct Batch {
     pub source: Option<Source>,
 }
 
+impl Batch {
+    /// `batch` rows of `len` real tokens with their targets, for a decoder (or an
+    /// encoder-only model): no padding, no source.
+    pub fn rows(inputs: Vec<usize>, targets: Vec<i64>, batch: usize, len: usize) -> Batch {
+        Batch {
+            inputs,
+            targets,
+            batch,
+            len,
+            mask: None,
+            source: None,
+        }
+    }
+}
+
 /// The source sequences of an encoder-decoder batch: B rows of S tokens, padded.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Source {

@@ -20,7 +20,7 @@
 use super::kernel::{tile, Dst};
 use super::packed::PackedWeight;
 use super::tile::{panels_per_tile, slabs, MR, NR};
-use super::view::{MatMut, MatRef, Par};
+use super::view::{MatRef, Par, Update};
 use super::{dot, pack};
 use crate::ops::disjoint::Disjoint;
 use rayon::prelude::*;
@@ -59,38 +59,25 @@ fn parallel((m, n, k): (usize, usize, usize), par: Par) -> bool {
 
 /// C ← (add ? C : 0) + α·A·B, with shapes already checked by the caller: a `[M,K]`,
 /// b `[K,N]`, c `[M,N]`, all views inside their slices, M, N, K > 0.
-pub(super) fn product(
-    c: MatMut<'_>,
-    a: MatRef<'_>,
-    b: MatRef<'_>,
-    alpha: f32,
-    add: bool,
-    par: Par,
-) {
-    let shape = (c.rows, c.cols, a.cols);
-    if c.rows <= DOT_ROWS && a.col_stride == 1 && b.row_stride == 1 {
-        dot::product(c, a, b, alpha, add, parallel(shape, par));
+pub(super) fn product(u: Update<'_>, a: MatRef<'_>, b: MatRef<'_>, par: Par) {
+    let shape = (u.c.rows, u.c.cols, a.cols);
+    if u.c.rows <= DOT_ROWS && a.col_stride == 1 && b.row_stride == 1 {
+        dot::product(u, a, b, parallel(shape, par));
         return;
     }
-    blocked(c, a, Operand::View(b), alpha, add, parallel(shape, par));
+    blocked(u, a, Operand::View(b), parallel(shape, par));
 }
 
 /// [`product`] with B a packed weight: the blocked path for every row count, without
 /// packing B. Shapes as [`product`] (b `[K,N]` is the packed Wᵀ).
-pub(super) fn product_packed(
-    c: MatMut<'_>,
-    a: MatRef<'_>,
-    b: &PackedWeight,
-    alpha: f32,
-    add: bool,
-    par: Par,
-) {
-    let shape = (c.rows, c.cols, a.cols);
-    blocked(c, a, Operand::Packed(b), alpha, add, parallel(shape, par));
+pub(super) fn product_packed(u: Update<'_>, a: MatRef<'_>, b: &PackedWeight, par: Par) {
+    let shape = (u.c.rows, u.c.cols, a.cols);
+    blocked(u, a, Operand::Packed(b), parallel(shape, par));
 }
 
 /// The blocked product, cut into one rectangle of C per thread when `parallel`.
-fn blocked(c: MatMut<'_>, a: MatRef<'_>, b: Operand, alpha: f32, add: bool, parallel: bool) {
+fn blocked(u: Update<'_>, a: MatRef<'_>, b: Operand, parallel: bool) {
+    let Update { c, alpha, add } = u;
     let (m, n) = (c.rows, c.cols);
     let threads = rayon::current_num_threads();
     let parts = if parallel { threads } else { 1 };

@@ -10,7 +10,7 @@
 //! weight rows in flight at once keep more of memory's bandwidth busy, and a call's
 //! fixed cost (the horizontal sums, the stores) is spread over more of the weight.
 
-use super::view::{MatMut, MatRef};
+use super::view::{MatRef, Update};
 use crate::ops::disjoint::Disjoint;
 use crate::ops::isa::Isa;
 use rayon::prelude::*;
@@ -22,30 +22,17 @@ const WROWS: usize = 3;
 const WROWS_ONE: usize = 8;
 
 /// As [`super::blocked::product`], for `a.col_stride == 1 && b.row_stride == 1`.
-pub(super) fn product(
-    c: MatMut<'_>,
-    a: MatRef<'_>,
-    b: MatRef<'_>,
-    alpha: f32,
-    add: bool,
-    parallel: bool,
-) {
-    if c.rows == 1 {
-        sweep::<WROWS_ONE>(c, a, b, alpha, add, parallel);
+pub(super) fn product(u: Update<'_>, a: MatRef<'_>, b: MatRef<'_>, parallel: bool) {
+    if u.c.rows == 1 {
+        sweep::<WROWS_ONE>(u, a, b, parallel);
     } else {
-        sweep::<WROWS>(c, a, b, alpha, add, parallel);
+        sweep::<WROWS>(u, a, b, parallel);
     }
 }
 
 /// [`product`] with W weight rows per kernel call.
-fn sweep<const W: usize>(
-    c: MatMut<'_>,
-    a: MatRef<'_>,
-    b: MatRef<'_>,
-    alpha: f32,
-    add: bool,
-    parallel: bool,
-) {
+fn sweep<const W: usize>(u: Update<'_>, a: MatRef<'_>, b: MatRef<'_>, parallel: bool) {
+    let Update { c, alpha, add } = u;
     let (m, n, k) = (c.rows, c.cols, a.cols);
     let (rs, cs) = (c.row_stride, c.col_stride);
     let out = Disjoint::new(c.data);

@@ -12,6 +12,7 @@ mod tile;
 mod view;
 
 pub use packed::PackedWeight;
+use view::Update;
 pub use view::{MatMut, MatRef, Par};
 
 /// Columns per packed B panel (see [`pack_panels`]).
@@ -67,7 +68,12 @@ pub fn gemm(
         }
         return Ok(());
     }
-    blocked::product(dst, a, b, alpha, accumulate, par);
+    let update = Update {
+        c: dst,
+        alpha,
+        add: accumulate,
+    };
+    blocked::product(update, a, b, par);
     Ok(())
 }
 
@@ -126,7 +132,12 @@ pub fn gemm_packed(
     if dst.rows == 0 {
         return Ok(());
     }
-    blocked::product_packed(dst, a, w, alpha, accumulate, par);
+    let update = Update {
+        c: dst,
+        alpha,
+        add: accumulate,
+    };
+    blocked::product_packed(update, a, w, par);
     Ok(())
 }
 

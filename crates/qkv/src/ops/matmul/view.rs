@@ -82,6 +82,13 @@ fn span(rows: usize, cols: usize, rs: usize, cs: usize) -> Option<usize> {
         .checked_add(1)
 }
 
+/// What a product writes: C ← (`add` ? C : 0) + `alpha`·(the product).
+pub(crate) struct Update<'a> {
+    pub c: MatMut<'a>,
+    pub alpha: f32,
+    pub add: bool,
+}
+
 /// Threading for one product. Kernels that already run inside a parallel loop pass
 /// `Single`, so threads are not oversubscribed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
