@@ -49,7 +49,7 @@ pub(super) fn run(
     let dims = validate_inner(q, k, v, spec, check_kv)?;
     let scorer = Scorer::new(dims, spec);
     Ok(match spec.kernel {
-        Kernel::Reference => reference::attention(q, k, v, &scorer, spec.want_weights),
-        Kernel::Tiled => tiled::attention(q, k, v, &scorer, spec.want_weights),
+        Kernel::Reference => reference::attention([q, k, v], &scorer, spec.want_weights),
+        Kernel::Tiled => tiled::attention([q, k, v], &scorer, spec.want_weights),
     })
 }

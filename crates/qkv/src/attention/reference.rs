@@ -32,9 +32,7 @@ pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// The readable twin of `tiled::attention`, on the same validated operands: each
 /// (batch row, head) is one parallel task that materialises its T×S scores.
 pub(crate) fn attention(
-    q: &HeadsView,
-    k: &HeadsView,
-    v: &HeadsView,
+    [q, k, v]: [&HeadsView; 3],
     scorer: &Scorer,
     want_weights: bool,
 ) -> AttentionOutput {

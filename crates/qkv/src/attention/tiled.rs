@@ -43,9 +43,7 @@ struct Scratch {
 /// q: [B,T,H,D], k: [B,S,G,D], v: [B,S,G,Dv] (validated) → out [B,T,H,Dv], lse [B,H,T].
 /// A few query rows (a decode step) go to [`decode`], which splits the keys instead.
 pub(crate) fn attention(
-    q: &HeadsView,
-    k: &HeadsView,
-    v: &HeadsView,
+    [q, k, v]: [&HeadsView; 3],
     scorer: &Scorer,
     want_weights: bool,
 ) -> AttentionOutput {

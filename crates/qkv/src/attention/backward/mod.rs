@@ -115,7 +115,7 @@ pub fn attention_backward_views(
     let scorer = Scorer::new(dims, spec);
     let d_out = HeadsView::of(d_out, "d_out")?;
     Ok(match spec.kernel {
-        Kernel::Reference => reference::backward(q, k, v, &d_out, &scorer, dbias_shape),
-        Kernel::Tiled => tiled::backward(q, k, v, fwd, &d_out, &scorer, dbias_shape),
+        Kernel::Reference => reference::backward([q, k, v, &d_out], &scorer, dbias_shape),
+        Kernel::Tiled => tiled::backward([q, k, v, &d_out], fwd, &scorer, dbias_shape),
     })
 }

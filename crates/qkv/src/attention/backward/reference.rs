@@ -20,10 +20,7 @@ fn axpy(acc: &mut [f32], alpha: f32, x: &[f32]) {
 /// The readable twin of the tiled backward, on its operands less the forward's output
 /// (P is recomputed from Q and K); dbias, when asked for, has the dense bias's shape.
 pub(super) fn backward(
-    q: &HeadsView,
-    k: &HeadsView,
-    v: &HeadsView,
-    d_out: &HeadsView,
+    [q, k, v, d_out]: [&HeadsView; 4],
     scorer: &Scorer,
     dbias_shape: Option<[usize; 4]>,
 ) -> AttentionGrads {

@@ -57,11 +57,8 @@ struct Scratch {
 /// q: [B,T,H,D], k: [B,S,G,D], v: [B,S,G,Dv], d_out: [B,T,H,Dv] (validated), with the
 /// forward's out [B,T,H,Dv] and lse [B,H,T].
 pub(super) fn backward(
-    q: &HeadsView,
-    k: &HeadsView,
-    v: &HeadsView,
+    [q, k, v, d_out]: [&HeadsView; 4],
     fwd: &AttentionOutput,
-    d_out: &HeadsView,
     scorer: &Scorer,
     dbias_shape: Option<[usize; 4]>,
 ) -> AttentionGrads {

@@ -68,12 +68,7 @@ pub fn gemm(
         }
         return Ok(());
     }
-    let update = Update {
-        c: dst,
-        alpha,
-        add: accumulate,
-    };
-    blocked::product(update, a, b, par);
+    blocked::product(Update::of(dst, alpha, accumulate), a, b, par);
     Ok(())
 }
 
@@ -132,12 +127,7 @@ pub fn gemm_packed(
     if dst.rows == 0 {
         return Ok(());
     }
-    let update = Update {
-        c: dst,
-        alpha,
-        add: accumulate,
-    };
-    blocked::product_packed(update, a, w, par);
+    blocked::product_packed(Update::of(dst, alpha, accumulate), a, w, par);
     Ok(())
 }
 

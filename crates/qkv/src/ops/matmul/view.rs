@@ -89,6 +89,12 @@ pub(crate) struct Update<'a> {
     pub add: bool,
 }
 
+impl<'a> Update<'a> {
+    pub(crate) fn of(c: MatMut<'a>, alpha: f32, add: bool) -> Self {
+        Update { c, alpha, add }
+    }
+}
+
 /// Threading for one product. Kernels that already run inside a parallel loop pass
 /// `Single`, so threads are not oversubscribed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
