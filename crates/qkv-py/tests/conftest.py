@@ -3,6 +3,7 @@
 safetensors' NumPy loader, and a comparison that names the worst element."""
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -65,3 +66,17 @@ def required(variable, why):
     if os.environ.get("QKV_PY_REQUIRE_ALL"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def opus(tmp_path_factory):
+    """An OPUS-MT style folder, as gen_generate.py assembles it: models/marian's weights,
+    tokenizers/marian's SentencePiece files, generate/marian_opus's generation config."""
+    folder = tmp_path_factory.mktemp("opus")
+    for src, name in [("models/marian", "config.json"), ("models/marian", "model.safetensors"),
+                      ("tokenizers/marian", "source.spm"), ("tokenizers/marian", "target.spm"),
+                      ("tokenizers/marian", "vocab.json"),
+                      ("tokenizers/marian", "tokenizer_config.json"),
+                      ("generate/marian_opus", "generation_config.json")]:
+        shutil.copy(FIXTURES / src / name, folder / name)
+    return folder

@@ -1,12 +1,11 @@
 """Model.generate on a batch of prompts (left-padded, each row as transformers'
 batched generate gives it) and streamed (the pieces join to the whole output)."""
 
-import shutil
 
 import pytest
 
 import qkv
-from conftest import FIXTURES, fixture, model_dir
+from conftest import fixture, model_dir
 
 DECODERS = ["gpt2", "llama_gqa", "mistral", "qwen2", "bloom"]
 
@@ -38,20 +37,6 @@ def test_a_batch_of_prompts_equals_transformers_batched_generate(name):
     assert got == [new_tokens(row, width, eos) for row in f["gen_batch_output"]]
     # and each prompt alone gives its row of the batch
     assert got == [m.generate(p, greedy=True, max_new_tokens=f.params["max_new_tokens"]) for p in prompts]
-
-
-@pytest.fixture(scope="module")
-def opus(tmp_path_factory):
-    """models/marian's weights with tokenizers/marian's SentencePiece files and
-    generate/marian_opus's generation config (beam search, as OPUS-MT folders ask)."""
-    folder = tmp_path_factory.mktemp("opus")
-    for src, name in [("models/marian", "config.json"), ("models/marian", "model.safetensors"),
-                      ("tokenizers/marian", "source.spm"), ("tokenizers/marian", "target.spm"),
-                      ("tokenizers/marian", "vocab.json"),
-                      ("tokenizers/marian", "tokenizer_config.json"),
-                      ("generate/marian_opus", "generation_config.json")]:
-        shutil.copy(FIXTURES / src / name, folder / name)
-    return folder
 
 
 TEXTS = ["The cat sat on the mat.", "猫坐在垫子上", "Attention is all you need, they said."]

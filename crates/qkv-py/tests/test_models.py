@@ -4,7 +4,6 @@ all-MiniLM-L6-v2 that .ci/run fetches. Tolerances are the Rust tests' (atol 1e-4
 rtol 1e-3 on logits; cosine ≥ 0.99999 on embeddings)."""
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -116,20 +115,6 @@ def test_info_reports_what_inspect_prints():
     assert info["eos_token_id"] == [2] and info["bos_token_id"] == 1
     assert qkv.load(model_dir("marian")).info["decoder_start_token_id"] == 98
     assert "qkv.Model(llama" in repr(qkv.load(model_dir("llama_gqa")))
-
-
-@pytest.fixture(scope="module")
-def opus(tmp_path_factory):
-    """An OPUS-MT style folder, as gen_generate.py assembles it: models/marian's weights,
-    tokenizers/marian's SentencePiece files, generate/marian_opus's generation config."""
-    folder = tmp_path_factory.mktemp("opus")
-    for src, name in [("models/marian", "config.json"), ("models/marian", "model.safetensors"),
-                      ("tokenizers/marian", "source.spm"), ("tokenizers/marian", "target.spm"),
-                      ("tokenizers/marian", "vocab.json"),
-                      ("tokenizers/marian", "tokenizer_config.json"),
-                      ("generate/marian_opus", "generation_config.json")]:
-        shutil.copy(FIXTURES / src / name, folder / name)
-    return folder
 
 
 # the generate() keywords qkv.Model.generate takes as they are
