@@ -13,6 +13,7 @@
 //! assert_eq!(lin.zeros_like().num_params(), 9);
 //! ```
 
+use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 /// A dotted path into a parameter tree, e.g. `decoder.layers.3.attn.q.weight`.
@@ -93,9 +94,31 @@ pub trait Module {
         shapes(self) == shapes(other)
     }
 
+    /// Errors unless `grads` is [`Module::shaped_like`] this tree: an [`Error::Invalid`]
+    /// naming `name`, the gradient tree.
+    fn expect_grads(&self, grads: &Self, name: &str) -> Result<()> {
+        if self.shaped_like(grads) {
+            Ok(())
+        } else {
+            let rule = "must have the module's parameter paths and shapes";
+            Err(Error::invalid(name, rule))
+        }
+    }
+
     /// Sets every tensor to zero.
     fn fill_zero(&mut self) {
         self.visit_mut(&mut Path::default(), &mut |_, t| t.data_mut().fill(0.0));
+    }
+
+    /// Zeroes a gradient buffer for these parameters, making it the first time.
+    fn zero_grads_in(&self, grads: &mut Option<Self>)
+    where
+        Self: Clone,
+    {
+        match grads {
+            Some(g) => g.fill_zero(),
+            None => *grads = Some(self.zeros_like()),
+        }
     }
 }
 
@@ -143,9 +166,38 @@ impl<M: Module> Module for Vec<M> {
 }
 
 /// Implements [`Module`] for a struct by walking the listed fields in order, each
-/// under its field name: `module!(Linear { weight, bias });`.
+/// under its field name: `module!(Linear { weight, bias });` for a struct that also
+/// holds settings, or the whole definition of a struct whose every field is a
+/// parameter (a sub-module, an `Option` or a `Vec` of them), so that a field added
+/// later cannot be left out of the walk (and so out of training and saving):
+///
+/// ```
+/// qkv::module! {
+///     /// Two tables.
+///     #[derive(Clone, Debug)]
+///     pub struct Pair {
+///         pub first: qkv::Tensor,
+///         pub second: Option<qkv::Tensor>,
+///     }
+/// }
+/// use qkv::module::Module;
+/// let pair = Pair { first: qkv::Tensor::zeros(&[2, 3]), second: None };
+/// assert_eq!(pair.num_params(), 6);
+/// ```
 #[macro_export]
 macro_rules! module {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $ty:ident {
+            $($(#[$field_meta:meta])* $field_vis:vis $field:ident: $field_ty:ty),* $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        $vis struct $ty {
+            $($(#[$field_meta])* $field_vis $field: $field_ty),*
+        }
+        $crate::module!($ty { $($field),* });
+    };
     ($ty:ident { $($field:ident),* $(,)? }) => {
         impl $crate::module::Module for $ty {
             fn visit<'a>(

@@ -138,6 +138,20 @@ impl Tensor {
         ))
     }
 
+    /// Checks a weight table: two dimensions, neither empty. `rows` and `cols` name them
+    /// in the error (`"[out ≥ 1, in ≥ 1]"`).
+    pub fn expect_matrix(&self, name: &str, [rows, cols]: [&str; 2]) -> Result<()> {
+        self.expect_shape(name, &[None, None])?;
+        if self.numel() == 0 {
+            return Err(Error::shape(
+                name,
+                format!("[{rows} ≥ 1, {cols} ≥ 1]"),
+                &self.shape,
+            ));
+        }
+        Ok(())
+    }
+
     /// Errors on the first NaN or infinity, naming the tensor.
     pub fn check_finite(&self, name: &str) -> Result<()> {
         check_finite(name, &self.data)

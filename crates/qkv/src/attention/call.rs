@@ -18,12 +18,8 @@ pub fn attention(
     v: &Tensor,
     spec: &AttentionSpec,
 ) -> Result<AttentionOutput> {
-    attention_views(
-        &HeadsView::of(q, "q")?,
-        &HeadsView::of(k, "k")?,
-        &HeadsView::of(v, "v")?,
-        spec,
-    )
+    let [q, k, v] = HeadsView::of_qkv([q, k, v])?;
+    attention_views(&q, &k, &v, spec)
 }
 
 /// [`attention`] over views, so K and V can be read in place from a cache whose batch

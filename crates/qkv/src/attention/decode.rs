@@ -22,7 +22,7 @@ use super::micro::{self, MulAcc, SoftmaxRows, Strided};
 use super::spec::Scorer;
 use super::HeadsView;
 use crate::ops::matmul::gemm_views;
-use crate::ops::{MatMut, MatRef, Par};
+use crate::ops::{MatMut, MatRef};
 use crate::tensor::Tensor;
 
 /// Query rows up to this many take this path.
@@ -186,8 +186,6 @@ fn one_split(
                     col_stride: k.pos_stride,
                 },
                 scorer.scale,
-                false,
-                Par::Single,
             );
             for (x, row) in scores.chunks_exact_mut(n).enumerate() {
                 if scorer.has_mask_or_bias() {

@@ -164,6 +164,7 @@ fn correction(m: f32, m_new: f32) -> f32 {
 /// vector forms to on any machine. Same contracts as the public functions above.
 mod portable {
     use super::{correction, MulAcc, Scores, SoftmaxRows, PANEL};
+    use crate::ops::softmax::exp_shifted_sum;
 
     pub(super) fn scores(s: Scores) {
         let d = s.d;
@@ -205,16 +206,8 @@ mod portable {
             let row = &mut t.tile[r * t.stride..r * t.stride + t.cols];
             let m_new = row.iter().copied().fold(m[r], f32::max);
             corr[r] = correction(m[r], m_new);
-            if m_new == f32::NEG_INFINITY {
-                // nothing visible yet in this row: contribute nothing
-                row.fill(0.0);
-                continue;
-            }
-            let mut sum = 0.0;
-            for x in row.iter_mut() {
-                *x = (*x - m_new).exp();
-                sum += *x;
-            }
+            // nothing visible yet in this row: zeros, and l and m stay as they are
+            let sum = exp_shifted_sum(row, m_new);
             l[r] = l[r] * corr[r] + sum;
             m[r] = m_new;
         }
@@ -286,18 +279,9 @@ mod x86 {
 
     #[inline(always)]
     unsafe fn scores<V: Vector, const R: usize>(s: Scores) {
-        let Scores {
-            q,
-            q_stride,
-            rows,
-            d,
-            kp,
-            panels,
-            scale,
-            out,
-            out_stride,
-        } = s;
-        let (q, kp, out) = (q.as_ptr(), kp.as_ptr(), out.as_mut_ptr());
+        let (rows, d, panels, scale) = (s.rows, s.d, s.panels, s.scale);
+        let (q_stride, out_stride) = (s.q_stride, s.out_stride);
+        let (q, kp, out) = (s.q.as_ptr(), s.kp.as_ptr(), s.out.as_mut_ptr());
         let vectors = panels * PANEL / V::LANES;
         let full = rows / R * R;
         // key vectors outside, whole row groups inside: two vectors of keys × D stay in
@@ -420,16 +404,10 @@ mod x86 {
 
     #[inline(always)]
     unsafe fn mul_acc<V: Vector, const R: usize>(t: MulAcc) {
+        let (m, k, n) = (t.m, t.k, t.n);
+        let (b_stride, acc_stride) = (t.b_stride, t.acc_stride);
         let MulAcc {
-            a,
-            m,
-            k,
-            b,
-            b_stride,
-            n,
-            corr,
-            acc,
-            acc_stride,
+            a, b, corr, acc, ..
         } = t;
         let lanes = V::LANES;
         let (ap, bp, cp) = (a.data.as_ptr(), b.as_ptr(), acc.as_mut_ptr());

@@ -32,11 +32,11 @@ pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// The readable twin of `tiled::attention`, on the same validated operands: each
 /// (batch row, head) is one parallel task that materialises its T×S scores.
 pub(crate) fn attention(
-    [q, k, v]: [&HeadsView; 3],
+    views: [&HeadsView; 3],
     scorer: &Scorer,
     want_weights: bool,
 ) -> AttentionOutput {
-    let dims = scorer.dims;
+    let ([q, k, v], dims) = (views, scorer.dims);
     let (t, s, h_n, dv) = (dims.t, dims.s, dims.h, dims.dv);
     let heads: Vec<Head> = (0..dims.b * h_n)
         .into_par_iter()

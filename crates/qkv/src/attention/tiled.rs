@@ -18,7 +18,7 @@ use super::packed::{Panels, Rows};
 use super::spec::Scorer;
 use super::view::HeadsView;
 use crate::ops::matmul::gemm_views;
-use crate::ops::{MatMut, MatRef, Par};
+use crate::ops::{MatMut, MatRef};
 use crate::tensor::Tensor;
 
 /// Query rows per task. With 128 keys a block, a task's scores (32 × 128), its
@@ -221,8 +221,6 @@ fn weights_from_lse(q: &HeadsView, k: &HeadsView, scorer: &Scorer, lse: &Tensor)
                 }
                 .t(),
                 scorer.scale,
-                false,
-                Par::Single,
             );
             for (i, row) in w_bh.chunks_exact_mut(s).enumerate() {
                 scorer.apply_row(b, h, i, 0, row);

@@ -39,6 +39,11 @@ impl<'a> HeadsView<'a> {
         ))
     }
 
+    /// Views of q, k and v, each checked as `[B, L, N, E]` and named so in an error.
+    pub fn of_qkv([q, k, v]: [&'a Tensor; 3]) -> Result<[Self; 3]> {
+        Ok([Self::of(q, "q")?, Self::of(k, "k")?, Self::of(v, "v")?])
+    }
+
     /// A contiguous positions-major block `[B, L, N, E]` (qkv's layout).
     pub fn positions_major(data: &'a [f32], shape: [usize; 4]) -> Self {
         let [batch, len, heads, dim] = shape;

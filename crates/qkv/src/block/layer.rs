@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::attention::{Attend, AttnTape, CrossKv, Keys, MultiHeadAttention};
+use super::attention::{Attend, AttnGrads, AttnTape, CrossKv, Keys, MultiHeadAttention};
 use crate::attention::LayerKv;
 use crate::error::Result;
 use crate::layers::{FeedForward, FeedForwardCache, Norm, NormCache};
@@ -25,34 +25,25 @@ pub enum Residual {
     PreNormFromNormed,
 }
 
-/// One layer's parameters.
-#[derive(Clone, Debug)]
-pub struct Block {
-    pub attn_norm: Norm,
-    pub attn: MultiHeadAttention,
-    /// present exactly in a decoder that reads an encoder
-    pub cross_norm: Option<Norm>,
-    pub cross: Option<MultiHeadAttention>,
-    pub ffn_norm: Norm,
-    pub ffn: FeedForward,
+crate::module! {
+    /// One layer's parameters.
+    #[derive(Clone, Debug)]
+    pub struct Block {
+        pub attn_norm: Norm,
+        pub attn: MultiHeadAttention,
+        /// present exactly in a decoder that reads an encoder
+        pub cross_norm: Option<Norm>,
+        pub cross: Option<MultiHeadAttention>,
+        pub ffn_norm: Norm,
+        pub ffn: FeedForward,
+    }
 }
-
-crate::module!(Block {
-    attn_norm,
-    attn,
-    cross_norm,
-    cross,
-    ffn_norm,
-    ffn
-});
 
 impl Block {
     /// Packs every projection of the layer for inference ([`crate::layers::Linear::pack`]).
     pub fn pack_weights(&mut self) {
-        self.attn.pack_weights();
-        if let Some(cross) = &mut self.cross {
-            cross.pack_weights();
-        }
+        let attentions = std::iter::once(&mut self.attn).chain(&mut self.cross);
+        attentions.for_each(|a| a.pack_weights());
         self.ffn.pack_weights();
     }
 }
@@ -95,14 +86,10 @@ pub struct LayerOut {
     pub cross_weights: Option<Tensor>,
 }
 
-/// What a layer's backward returns besides the parameters' gradients.
-pub struct LayerGrads {
-    /// `[B,T,C]`
-    pub dx: Tensor,
-    pub d_cross: Option<CrossKv>,
-    /// the self-attention's dense bias gradient, when its rule asks for it
-    pub dbias: Option<Tensor>,
-}
+/// What a layer's backward returns besides the parameters' gradients: the three an
+/// attention's returns, for the layer's input (`dbias`: its self-attention's, when the
+/// rule asks for it).
+pub type LayerGrads = AttnGrads;
 
 /// Runs one sub-layer: the norm and residual around `f` (x → (y, branch results)).
 fn sublayer<T>(

@@ -288,22 +288,11 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
         log_x: false,
         log_y: true,
         series: vec![
-            Series {
-                label: format!("Elman RNN, width {RNN_WIDTH}"),
-                points: norms
-                    .iter()
-                    .enumerate()
-                    .map(|(k, &n)| (k as f64, n.max(1e-30)))
-                    .collect(),
-            },
-            Series {
-                label: format!("Transformer (Llama style), 1 layer, width {TRANSFORMER_WIDTH}"),
-                points: attention_norms
-                    .iter()
-                    .enumerate()
-                    .map(|(k, &n)| (k as f64, n.max(1e-30)))
-                    .collect(),
-            },
+            by_steps_back(format!("Elman RNN, width {RNN_WIDTH}"), &norms),
+            by_steps_back(
+                format!("Transformer (Llama style), 1 layer, width {TRANSFORMER_WIDTH}"),
+                &attention_norms,
+            ),
         ],
     }
     .into();
@@ -326,4 +315,14 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
             gradient,
         ],
     })
+}
+
+/// Gradient norms against k, the steps back from the loss, floored above 0 for the
+/// logarithmic axis.
+fn by_steps_back(label: String, norms: &[f64]) -> Series {
+    let points = norms.iter().enumerate();
+    Series {
+        label,
+        points: points.map(|(k, &n)| (k as f64, n.max(1e-30))).collect(),
+    }
 }

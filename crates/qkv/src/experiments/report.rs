@@ -41,6 +41,18 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
+/// `impl From<Kind> for Figure` for each kind of figure.
+macro_rules! figure_kinds {
+    ($($kind:ident),*) => {
+        $(impl From<$kind> for Figure {
+            fn from(figure: $kind) -> Self {
+                Figure::$kind(figure)
+            }
+        })*
+    };
+}
+figure_kinds!(Lines, Heatmaps);
+
 /// The data of one figure.
 #[derive(Clone, Debug, Serialize)]
 #[serde(untagged)]
@@ -62,12 +74,6 @@ pub struct Lines {
     pub series: Vec<Series>,
 }
 
-impl From<Lines> for Figure {
-    fn from(lines: Lines) -> Self {
-        Figure::Lines(lines)
-    }
-}
-
 /// Heatmaps side by side over the same labelled rows and columns, such as the
 /// attention weights of several heads: `panels[p].values[row][column]`, row 0 on top.
 #[derive(Clone, Debug, Serialize)]
@@ -78,12 +84,6 @@ pub struct Heatmaps {
     pub columns: Vec<String>,
     pub rows: Vec<String>,
     pub panels: Vec<Panel>,
-}
-
-impl From<Heatmaps> for Figure {
-    fn from(maps: Heatmaps) -> Self {
-        Figure::Heatmaps(maps)
-    }
 }
 
 /// One heatmap: `values[row][column]`, each in [0, 1].

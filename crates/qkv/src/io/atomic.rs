@@ -98,8 +98,7 @@ mod tests {
 
     #[test]
     fn writes_whole_file_and_leaves_no_temporary() {
-        let dir = std::env::temp_dir().join(format!("qkv-atomic-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::io::scratch_dir("atomic");
         let path = dir.join("out.bin");
         write_atomic(&path, b"hello").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"hello");
@@ -123,8 +122,7 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn symlinks_are_followed_and_devices_written_through() {
-        let dir = std::env::temp_dir().join(format!("qkv-atomic-link-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::io::scratch_dir("atomic-link");
         let real = dir.join("real.bin");
         std::fs::write(&real, b"old").unwrap();
         let link = dir.join("link.bin");

@@ -191,8 +191,7 @@ mod tests {
         struct Needs {
             size: usize,
         }
-        let dir = std::env::temp_dir().join(format!("qkv-json-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::io::scratch_dir("json");
         let path = dir.join("x.json");
         std::fs::write(&path, "{}").unwrap();
         let msg = read_json::<Needs>(&path).unwrap_err().to_string();

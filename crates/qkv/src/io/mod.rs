@@ -16,3 +16,12 @@ pub use self::config::{
 };
 pub use self::files::{check_regular, inside, open_regular, read_regular, read_regular_text};
 pub use self::safetensors::{save, TensorFile};
+
+/// A fresh, empty folder for one unit test: `qkv-{name}-{pid}` in the temporary folder.
+#[cfg(test)]
+pub(crate) fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("qkv-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

@@ -194,9 +194,7 @@ mod tests {
 
     #[test]
     fn save_then_open_round_trips_and_truncation_is_named() {
-        let dir = std::env::temp_dir().join(format!("qkv-st-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("t.safetensors");
+        let path = crate::io::scratch_dir("st").join("t.safetensors");
         let t = Tensor::from_fn(&[2, 3], |i| i as f32 - 1.5);
         let meta = HashMap::from([("k".to_string(), "v".to_string())]);
         save(&path, &[("x", &t)], Some(meta.clone())).unwrap();
@@ -217,6 +215,6 @@ mod tests {
             .expect("truncated file must fail")
             .to_string();
         assert!(err.contains("t.safetensors"), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }
 }

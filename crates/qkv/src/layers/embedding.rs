@@ -7,24 +7,17 @@
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
-#[derive(Clone, Debug)]
-pub struct Embedding {
-    /// [V, C]
-    pub weight: Tensor,
+crate::module! {
+    #[derive(Clone, Debug)]
+    pub struct Embedding {
+        /// [V, C]
+        pub weight: Tensor,
+    }
 }
-
-crate::module!(Embedding { weight });
 
 impl Embedding {
     pub fn new(table: Tensor) -> Result<Self> {
-        table.expect_shape("embedding.weight", &[None, None])?;
-        if table.numel() == 0 {
-            return Err(Error::shape(
-                "embedding.weight",
-                "[V ≥ 1, C ≥ 1]",
-                table.shape(),
-            ));
-        }
+        table.expect_matrix("embedding.weight", ["V", "C"])?;
         Ok(Embedding { weight: table })
     }
 

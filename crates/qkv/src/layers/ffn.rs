@@ -28,11 +28,11 @@ crate::module!(FeedForward { up, gate_up, down });
 impl FeedForward {
     /// Packs the projections for inference ([`Linear::pack`]).
     pub fn pack_weights(&mut self) {
-        self.up.pack();
-        if let Some(g) = &mut self.gate_up {
-            g.pack();
-        }
-        self.down.pack();
+        let gate = self.gate_up.as_mut();
+        [&mut self.up, &mut self.down]
+            .into_iter()
+            .chain(gate)
+            .for_each(Linear::pack);
     }
 }
 
@@ -130,12 +130,7 @@ impl FeedForward {
                 "does not hold this layer's intermediates for this x: run forward_with_cache first",
             ));
         }
-        if !self.shaped_like(grads) {
-            return Err(Error::invalid(
-                "ffn grads",
-                "must be shaped as the layer (gate_up exactly when it is gated)",
-            ));
-        }
+        self.expect_grads(grads, "ffn grads")?;
         if dy.shape() != x.shape() {
             return Err(Error::shape(
                 "ffn dy",

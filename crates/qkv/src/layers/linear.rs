@@ -24,14 +24,7 @@ pub struct Linear {
 impl Linear {
     /// Checks that weight is `[out, in]` and bias, if any, is `[out]`.
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
-        weight.expect_shape("linear.weight", &[None, None])?;
-        if weight.numel() == 0 {
-            return Err(Error::shape(
-                "linear.weight",
-                "[out ≥ 1, in ≥ 1]",
-                weight.shape(),
-            ));
-        }
+        weight.expect_matrix("linear.weight", ["out", "in"])?;
         if let Some(b) = &bias {
             b.expect_shape("linear.bias", &[Some(weight.shape()[0])])?;
         }
@@ -150,6 +143,21 @@ fn product_dims(x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize)> {
     Ok((n_out, n_in, x.numel() / n_in.max(1)))
 }
 
+/// The weight's half of [`product_backward`]: **accumulates** α·dyᵀ·x into `dw`
+/// `[out, in]`, for x `[rows, in]` and dy `[rows, out]` (any leading shape).
+pub fn product_weight_grad(x: &Tensor, alpha: f32, dy: &Tensor, dw: &mut Tensor) -> Result<()> {
+    let (n_out, n_in, rows) = product_dims(x, dw)?;
+    // forward: y = α·x·Wᵀ  →  dW += α·dyᵀ·x   ([out, N]·[N, in])
+    gemm(
+        MatMut::row_major(dw.data_mut(), n_out, n_in),
+        MatRef::row_major(dy.data(), rows, n_out).t(),
+        MatRef::row_major(x.data(), rows, n_in),
+        alpha,
+        true,
+        Par::Auto,
+    )
+}
+
 /// Backward of [`product_into`] (`y = α·x·Wᵀ`): dy `[rows, out]` → dx `[rows, in]`
 /// (shaped as x), written into `dx`, or added to it when `accumulate`; **accumulates**
 /// α·dyᵀ·x into `dw` `[out, in]`.
@@ -162,20 +170,11 @@ pub fn product_backward(
     (dx, accumulate): (&mut Tensor, bool),
 ) -> Result<()> {
     let (n_out, n_in, rows) = product_dims(x, w)?;
-    let dy_m = MatRef::row_major(dy.data(), rows, n_out);
-    // forward: y = α·x·Wᵀ  →  dW += α·dyᵀ·x   ([out, N]·[N, in])
-    gemm(
-        MatMut::row_major(dw.data_mut(), n_out, n_in),
-        dy_m.t(),
-        MatRef::row_major(x.data(), rows, n_in),
-        alpha,
-        true,
-        Par::Auto,
-    )?;
+    product_weight_grad(x, alpha, dy, dw)?;
     // forward: y = α·x·Wᵀ  →  dx = α·dy·W   ([N, out]·[out, in])
     gemm(
         MatMut::row_major(dx.data_mut(), rows, n_in),
-        dy_m,
+        MatRef::row_major(dy.data(), rows, n_out),
         MatRef::row_major(w.data(), n_out, n_in),
         alpha,
         accumulate,

@@ -95,7 +95,6 @@ pub fn load(dir: &Path) -> Result<Loaded> {
 struct ArchitectureOnly {
     #[serde(default)]
     architectures: Vec<String>,
-    #[serde(default)]
     model_type: Option<String>,
 }
 

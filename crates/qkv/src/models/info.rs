@@ -119,18 +119,13 @@ fn scaling_words(scaling: &RopeScaling) -> String {
     match *scaling {
         RopeScaling::None => String::new(),
         RopeScaling::Linear { factor } => format!(", linear scaling ×{factor}"),
-        RopeScaling::Llama3 {
-            factor,
-            original_max,
-            ..
-        } => format!(", llama3 scaling ×{factor} (from {original_max} positions)"),
-        RopeScaling::Yarn {
-            factor,
-            original_max,
-            attention_factor,
-            ..
-        } => format!(
-            ", YaRN scaling ×{factor} (from {original_max} positions, attention factor {attention_factor})"
+        RopeScaling::Llama3(l) => format!(
+            ", llama3 scaling ×{} (from {} positions)",
+            l.factor, l.original_max
+        ),
+        RopeScaling::Yarn(y) => format!(
+            ", YaRN scaling ×{} (from {} positions, attention factor {})",
+            y.factor, y.original_max, y.attention_factor
         ),
         RopeScaling::Dynamic { factor, max_len } => {
             format!(", dynamic NTK scaling ×{factor} past {max_len} positions")

@@ -123,30 +123,28 @@ pub mod x86 {
         _mm256_blendv_ps(r, x, nan)
     }
 
-    /// Horizontal sum of 8 lanes.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-        _mm_cvtss_f32(s)
+    /// Folds 8 lanes to one: the two halves with `$wide` (4 lanes), then pairs, then the
+    /// last two with `$last` (the lowest lane).
+    macro_rules! fold8 {
+        ($v:expr, $wide:ident, $last:ident) => {{
+            let s = $wide(_mm256_castps256_ps128($v), _mm256_extractf128_ps::<1>($v));
+            let s = $wide(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32($last(s, _mm_shuffle_ps::<1>(s, s)))
+        }};
     }
 
-    /// Horizontal maximum of 8 lanes.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2.
+    /// Horizontal sum of 8 lanes; the CPU must have AVX2.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn hmax(v: __m256) -> f32 {
-        let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_max_ss(s, _mm_shuffle_ps::<1>(s, s));
-        _mm_cvtss_f32(s)
+    pub(crate) unsafe fn hsum(v: __m256) -> f32 {
+        fold8!(v, _mm_add_ps, _mm_add_ss)
+    }
+
+    /// Horizontal maximum of 8 lanes; the CPU must have AVX2.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn hmax(v: __m256) -> f32 {
+        fold8!(v, _mm_max_ps, _mm_max_ss)
     }
 }
 

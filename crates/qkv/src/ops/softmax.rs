@@ -12,20 +12,30 @@ pub fn softmax_rows(x: &mut [f32], n: usize) {
     }
     for row in x.chunks_exact_mut(n) {
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        if max == f32::NEG_INFINITY {
-            row.fill(0.0);
+        let sum = exp_shifted_sum(row, max);
+        if sum == 0.0 {
             continue;
-        }
-        let mut sum = 0.0;
-        for v in row.iter_mut() {
-            *v = (*v - max).exp();
-            sum += *v;
         }
         let inv = 1.0 / sum;
         for v in row.iter_mut() {
             *v *= inv;
         }
     }
+}
+
+/// `row[j] ← exp(row[j] − max)` for the row's maximum `max`, returning the row's new sum
+/// (≥ 1). A row whose maximum is −∞ (nothing visible) becomes zeros and sums to 0.
+pub fn exp_shifted_sum(row: &mut [f32], max: f32) -> f32 {
+    if max == f32::NEG_INFINITY {
+        row.fill(0.0);
+        return 0.0;
+    }
+    let mut sum = 0.0;
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    sum
 }
 
 /// Softmax over the last axis of `x`.

@@ -38,6 +38,57 @@ pub trait Vector: Copy {
     unsafe fn max_lane(self) -> f32;
 }
 
+/// Lane-wise binary operations, each one intrinsic: `name: intrinsic`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! lane_wise {
+    ($($name:ident: $intrinsic:ident),*) => {
+        $(
+            #[inline(always)]
+            unsafe fn $name(self, b: Self) -> Self {
+                $intrinsic(self, b)
+            }
+        )*
+    };
+}
+
+/// The [`Vector`] methods that are one intrinsic each, given in the trait's order for
+/// one vector type: zero, splat, load, store, mul_add, times, plus, minus, max, sum,
+/// max_lane.
+#[cfg(target_arch = "x86_64")]
+macro_rules! one_intrinsic_each {
+    ($zero:ident, $splat:ident, $load:ident, $store:ident, $fma:ident, $mul:ident, $add:ident, $sub:ident, $max:ident, $sum:ident, $max_lane:ident) => {
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            $zero()
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> Self {
+            $splat(x)
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            $load(p)
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            $store(p, self)
+        }
+        #[inline(always)]
+        unsafe fn mul_add(self, b: Self, c: Self) -> Self {
+            $fma(self, b, c)
+        }
+        lane_wise! { times: $mul, plus: $add, minus: $sub, max: $max }
+        #[inline(always)]
+        unsafe fn sum(self) -> f32 {
+            $sum(self)
+        }
+        #[inline(always)]
+        unsafe fn max_lane(self) -> f32 {
+            $max_lane(self)
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::Vector;
@@ -46,101 +97,23 @@ mod x86 {
 
     impl Vector for __m256 {
         const LANES: usize = 8;
-        #[inline(always)]
-        unsafe fn zero() -> Self {
-            _mm256_setzero_ps()
-        }
-        #[inline(always)]
-        unsafe fn splat(x: f32) -> Self {
-            _mm256_set1_ps(x)
-        }
+        one_intrinsic_each! { _mm256_setzero_ps, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_fmadd_ps, _mm256_mul_ps, _mm256_add_ps, _mm256_sub_ps, _mm256_max_ps, hsum, hmax }
         #[inline(always)]
         unsafe fn splat_from(p: *const f32) -> Self {
             _mm256_broadcast_ss(&*p)
         }
         #[inline(always)]
-        unsafe fn load(p: *const f32) -> Self {
-            _mm256_loadu_ps(p)
-        }
-        #[inline(always)]
-        unsafe fn store(self, p: *mut f32) {
-            _mm256_storeu_ps(p, self)
-        }
-        #[inline(always)]
-        unsafe fn mul_add(self, b: Self, c: Self) -> Self {
-            _mm256_fmadd_ps(self, b, c)
-        }
-        #[inline(always)]
-        unsafe fn times(self, b: Self) -> Self {
-            _mm256_mul_ps(self, b)
-        }
-        #[inline(always)]
-        unsafe fn plus(self, b: Self) -> Self {
-            _mm256_add_ps(self, b)
-        }
-        #[inline(always)]
-        unsafe fn minus(self, b: Self) -> Self {
-            _mm256_sub_ps(self, b)
-        }
-        #[inline(always)]
-        unsafe fn max(self, b: Self) -> Self {
-            _mm256_max_ps(self, b)
-        }
-        #[inline(always)]
         unsafe fn exp(self) -> Self {
             exp8(self)
-        }
-        #[inline(always)]
-        unsafe fn sum(self) -> f32 {
-            hsum(self)
-        }
-        #[inline(always)]
-        unsafe fn max_lane(self) -> f32 {
-            hmax(self)
         }
     }
 
     impl Vector for __m512 {
         const LANES: usize = 16;
-        #[inline(always)]
-        unsafe fn zero() -> Self {
-            _mm512_setzero_ps()
-        }
-        #[inline(always)]
-        unsafe fn splat(x: f32) -> Self {
-            _mm512_set1_ps(x)
-        }
+        one_intrinsic_each! { _mm512_setzero_ps, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_fmadd_ps, _mm512_mul_ps, _mm512_add_ps, _mm512_sub_ps, _mm512_max_ps, _mm512_reduce_add_ps, _mm512_reduce_max_ps }
         #[inline(always)]
         unsafe fn splat_from(p: *const f32) -> Self {
             _mm512_set1_ps(*p)
-        }
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> Self {
-            _mm512_loadu_ps(p)
-        }
-        #[inline(always)]
-        unsafe fn store(self, p: *mut f32) {
-            _mm512_storeu_ps(p, self)
-        }
-        #[inline(always)]
-        unsafe fn mul_add(self, b: Self, c: Self) -> Self {
-            _mm512_fmadd_ps(self, b, c)
-        }
-        #[inline(always)]
-        unsafe fn times(self, b: Self) -> Self {
-            _mm512_mul_ps(self, b)
-        }
-        #[inline(always)]
-        unsafe fn plus(self, b: Self) -> Self {
-            _mm512_add_ps(self, b)
-        }
-        #[inline(always)]
-        unsafe fn minus(self, b: Self) -> Self {
-            _mm512_sub_ps(self, b)
-        }
-        #[inline(always)]
-        unsafe fn max(self, b: Self) -> Self {
-            _mm512_max_ps(self, b)
         }
         /// The same steps as [`exp8`], on 16 lanes, with the same polynomial and the
         /// same rounding of each step; only the last, e^r·2ⁿ, is one `vscalefps` (zeroing
@@ -176,14 +149,6 @@ mod x86 {
             // below −87.3 (and −∞; NaN compares false and keeps its computed lane) → 0
             let kept = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(-87.3));
             _mm512_maskz_scalef_ps(kept, e_r, n)
-        }
-        #[inline(always)]
-        unsafe fn sum(self) -> f32 {
-            _mm512_reduce_add_ps(self)
-        }
-        #[inline(always)]
-        unsafe fn max_lane(self) -> f32 {
-            _mm512_reduce_max_ps(self)
         }
     }
 

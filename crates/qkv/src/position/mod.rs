@@ -18,5 +18,5 @@ pub use alibi::alibi_slopes;
 pub use learned::LearnedPositions;
 pub use relative::{relative_position_bucket, RelativeBias};
 pub use rope::{Rope, RopeLayout};
-pub use rope_scaling::RopeScaling;
+pub use rope_scaling::{Llama3Scaling, RopeScaling, YarnScaling};
 pub use sinusoidal::{sinusoidal_table, SinusoidalLayout};

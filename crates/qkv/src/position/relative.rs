@@ -69,19 +69,35 @@ impl RelativeBias {
         self.table.shape()[1]
     }
 
+    /// Each (query i, key j) of a T×S score matrix with its bucket, queries at
+    /// offset..offset+T and keys at 0..S.
+    fn buckets(
+        &self,
+        t: usize,
+        s: usize,
+        offset: usize,
+    ) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        let nb = self.table.shape()[0];
+        (0..t).flat_map(move |i| {
+            (0..s).map(move |j| {
+                let rel = j as i64 - (i + offset) as i64;
+                (
+                    i,
+                    j,
+                    relative_position_bucket(rel, self.bidirectional, nb, self.max_distance),
+                )
+            })
+        })
+    }
+
     /// Bias `[1, H, T, S]` for T queries at positions offset..offset+T against S keys
     /// at 0..S (offset > 0 when decoding with a cache).
     pub fn compute(&self, t: usize, s: usize, offset: usize) -> Tensor {
-        let (nb, h_n) = (self.table.shape()[0], self.num_heads());
+        let h_n = self.num_heads();
         let mut out = Tensor::zeros(&[1, h_n, t, s]);
-        for i in 0..t {
-            for j in 0..s {
-                let rel = j as i64 - (i + offset) as i64;
-                let bucket =
-                    relative_position_bucket(rel, self.bidirectional, nb, self.max_distance);
-                for h in 0..h_n {
-                    out.data_mut()[(h * t + i) * s + j] = self.table.data()[bucket * h_n + h];
-                }
+        for (i, j, bucket) in self.buckets(t, s, offset) {
+            for h in 0..h_n {
+                out.data_mut()[(h * t + i) * s + j] = self.table.data()[bucket * h_n + h];
             }
         }
         out
@@ -101,16 +117,11 @@ impl RelativeBias {
         grads.expect_shape("relative bias table gradient", &[Some(nb), Some(h_n)])?;
         let (n, t, s) = (dbias.shape()[0], dbias.shape()[2], dbias.shape()[3]);
         let g = grads.data_mut();
-        for i in 0..t {
-            for j in 0..s {
-                let rel = j as i64 - (i + offset) as i64;
-                let bucket =
-                    relative_position_bucket(rel, self.bidirectional, nb, self.max_distance);
-                for r in 0..n {
-                    for h in 0..h_n {
-                        // from compute(): bias[r, h, i, j] = table[bucket, h]
-                        g[bucket * h_n + h] += dbias.data()[((r * h_n + h) * t + i) * s + j];
-                    }
+        for (i, j, bucket) in self.buckets(t, s, offset) {
+            for r in 0..n {
+                for h in 0..h_n {
+                    // from compute(): bias[r, h, i, j] = table[bucket, h]
+                    g[bucket * h_n + h] += dbias.data()[((r * h_n + h) * t + i) * s + j];
                 }
             }
         }

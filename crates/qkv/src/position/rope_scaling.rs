@@ -27,23 +27,8 @@ pub enum RopeScaling {
     Linear {
         factor: f32,
     },
-    Llama3 {
-        factor: f32,
-        low_freq_factor: f32,
-        high_freq_factor: f32,
-        /// the context length of pre-training (`original_max_position_embeddings`)
-        original_max: usize,
-    },
-    Yarn {
-        factor: f32,
-        original_max: usize,
-        beta_fast: f32,
-        beta_slow: f32,
-        /// round the ramp's ends to whole dimensions (transformers' default: true)
-        truncate: bool,
-        /// cos and sin are multiplied by this
-        attention_factor: f32,
-    },
+    Llama3(Llama3Scaling),
+    Yarn(YarnScaling),
     Dynamic {
         factor: f32,
         /// `max_position_embeddings`: no change up to this length
@@ -51,37 +36,48 @@ pub enum RopeScaling {
     },
 }
 
+/// Llama 3.1's scaling (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Llama3Scaling {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    /// the context length of pre-training (`original_max_position_embeddings`)
+    pub original_max: usize,
+}
+
+/// YaRN's scaling (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct YarnScaling {
+    pub factor: f32,
+    pub original_max: usize,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// round the ramp's ends to whole dimensions (transformers' default: true)
+    pub truncate: bool,
+    /// cos and sin are multiplied by this
+    pub attention_factor: f32,
+}
+
 /// `rope_scaling` (transformers 4.x) or `rope_parameters` (5.x) as a config writes it.
 /// `type` and `rope_type` are separate fields rather than serde aliases because 4.x
 /// configs often carry both, which an alias would reject as a duplicate.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct HfRopeConfig {
-    #[serde(default)]
     pub rope_type: Option<String>,
     #[serde(default, rename = "type")]
     pub legacy_type: Option<String>,
     /// 5.x keeps the base here
-    #[serde(default)]
     pub rope_theta: Option<f64>,
-    #[serde(default)]
     pub factor: Option<f64>,
-    #[serde(default)]
     pub low_freq_factor: Option<f64>,
-    #[serde(default)]
     pub high_freq_factor: Option<f64>,
-    #[serde(default)]
     pub original_max_position_embeddings: Option<usize>,
-    #[serde(default)]
     pub beta_fast: Option<f64>,
-    #[serde(default)]
     pub beta_slow: Option<f64>,
-    #[serde(default)]
     pub attention_factor: Option<f64>,
-    #[serde(default)]
     pub mscale: Option<f64>,
-    #[serde(default)]
     pub mscale_all_dim: Option<f64>,
-    #[serde(default)]
     pub truncate: Option<bool>,
 }
 
@@ -105,7 +101,7 @@ impl HfRopeConfig {
             Some("linear") => RopeScaling::Linear {
                 factor: needs(self.factor, "factor")? as f32,
             },
-            Some("llama3") => RopeScaling::Llama3 {
+            Some("llama3") => RopeScaling::Llama3(Llama3Scaling {
                 factor: needs(self.factor, "factor")? as f32,
                 low_freq_factor: needs(self.low_freq_factor, "low_freq_factor")? as f32,
                 high_freq_factor: needs(self.high_freq_factor, "high_freq_factor")? as f32,
@@ -113,7 +109,7 @@ impl HfRopeConfig {
                     self.original_max_position_embeddings.map(|n| n as f64),
                     "original_max_position_embeddings",
                 )? as usize,
-            },
+            }),
             Some("yarn") => {
                 let mut factor = needs(self.factor, "factor")?;
                 // a given pre-training length makes the factor the ratio of the two
@@ -135,7 +131,7 @@ impl HfRopeConfig {
                         }
                         _ => RopeScaling::yarn_mscale(factor, 1.0),
                     };
-                RopeScaling::Yarn {
+                RopeScaling::Yarn(YarnScaling {
                     factor: factor as f32,
                     original_max,
                     // transformers reads these with `or`: 0 counts as absent too
@@ -143,7 +139,7 @@ impl HfRopeConfig {
                     beta_slow: self.beta_slow.filter(|&b| b != 0.0).unwrap_or(1.0) as f32,
                     truncate: self.truncate.unwrap_or(true),
                     attention_factor: attention_factor as f32,
-                }
+                })
             }
             Some("dynamic") => RopeScaling::Dynamic {
                 factor: needs(self.factor, "factor")? as f32,
@@ -199,47 +195,39 @@ impl RopeScaling {
         match *self {
             RopeScaling::None => Ok(()),
             RopeScaling::Linear { factor } => positive("factor", factor),
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max,
-            } => {
-                positive("factor", factor)?;
-                positive("low_freq_factor", low_freq_factor)?;
-                positive("high_freq_factor", high_freq_factor)?;
-                length("original_max_position_embeddings", original_max)?;
-                if high_freq_factor <= low_freq_factor {
+            RopeScaling::Llama3(l) => {
+                positive("factor", l.factor)?;
+                positive("low_freq_factor", l.low_freq_factor)?;
+                positive("high_freq_factor", l.high_freq_factor)?;
+                length("original_max_position_embeddings", l.original_max)?;
+                if l.high_freq_factor <= l.low_freq_factor {
                     return Err(Error::invalid(
                         entry("high_freq_factor"),
                         format!(
-                            "must exceed low_freq_factor = {low_freq_factor}, got {high_freq_factor}"
+                            "must exceed low_freq_factor = {}, got {}",
+                            l.low_freq_factor, l.high_freq_factor
                         ),
                     ));
                 }
                 Ok(())
             }
-            RopeScaling::Yarn {
-                factor,
-                original_max,
-                beta_fast,
-                beta_slow,
-                attention_factor,
-                ..
-            } => {
-                positive("factor", factor)?;
-                positive("beta_fast", beta_fast)?;
-                positive("beta_slow", beta_slow)?;
+            RopeScaling::Yarn(y) => {
+                positive("factor", y.factor)?;
+                positive("beta_fast", y.beta_fast)?;
+                positive("beta_slow", y.beta_slow)?;
                 // the ramp between the two would run backwards; transformers warns and
                 // runs it, qkv refuses a setting no trained model uses
-                if beta_fast < beta_slow {
+                if y.beta_fast < y.beta_slow {
                     return Err(Error::invalid(
                         entry("beta_fast"),
-                        format!("must be at least beta_slow = {beta_slow}, got {beta_fast}"),
+                        format!(
+                            "must be at least beta_slow = {}, got {}",
+                            y.beta_slow, y.beta_fast
+                        ),
                     ));
                 }
-                positive("attention_factor", attention_factor)?;
-                length("original_max_position_embeddings", original_max)
+                positive("attention_factor", y.attention_factor)?;
+                length("original_max_position_embeddings", y.original_max)
             }
             RopeScaling::Dynamic { factor, max_len } => {
                 positive("factor", factor)?;
@@ -251,9 +239,7 @@ impl RopeScaling {
     /// The multiplier of cos and sin (YaRN's attention factor; 1 otherwise).
     pub fn attention_factor(&self) -> f32 {
         match *self {
-            RopeScaling::Yarn {
-                attention_factor, ..
-            } => attention_factor,
+            RopeScaling::Yarn(y) => y.attention_factor,
             _ => 1.0,
         }
     }
@@ -265,36 +251,8 @@ impl RopeScaling {
         match *self {
             RopeScaling::None => plain(),
             RopeScaling::Linear { factor } => plain().into_iter().map(|f| f / factor).collect(),
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max,
-            } => llama3(
-                &plain(),
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max,
-            ),
-            RopeScaling::Yarn {
-                factor,
-                original_max,
-                beta_fast,
-                beta_slow,
-                truncate,
-                ..
-            } => {
-                let (low, high) = yarn_range(
-                    beta_fast.into(),
-                    beta_slow.into(),
-                    rotary_dim,
-                    base.into(),
-                    original_max,
-                    truncate,
-                );
-                yarn(base, rotary_dim, factor, low, high)
-            }
+            RopeScaling::Llama3(l) => l.inv_freq(&plain()),
+            RopeScaling::Yarn(y) => y.inv_freq(base, rotary_dim),
             RopeScaling::Dynamic { factor, max_len } => {
                 let len = max_pos + 1;
                 if len <= max_len {
@@ -322,30 +280,49 @@ pub(crate) fn default_inv_freq(base: f32, rotary_dim: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Llama 3.1's blend by wavelength 2π/θ_i against the pre-training length.
-fn llama3(plain: &[f32], factor: f32, low: f32, high: f32, original_max: usize) -> Vec<f32> {
-    let old = original_max as f64;
-    let (low_wavelen, high_wavelen) = (
-        (old / f64::from(low)) as f32,
-        (old / f64::from(high)) as f32,
-    );
-    let span = (f64::from(high) - f64::from(low)) as f32;
-    let two_pi = std::f64::consts::TAU as f32;
-    plain
-        .iter()
-        .map(|&f| {
-            let wavelen = two_pi / f;
-            let scaled = if wavelen > low_wavelen { f / factor } else { f };
-            // wavelengths are finite (θ_i > 0), so this is transformers' ¬(<) ∧ ¬(>)
-            let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
-            if medium {
-                let smooth = (original_max as f32 / wavelen - low) / span;
-                (1.0 - smooth) * scaled / factor + smooth * scaled
-            } else {
-                scaled
-            }
-        })
-        .collect()
+impl Llama3Scaling {
+    /// Llama 3.1's blend of the plain frequencies by wavelength 2π/θ_i against the
+    /// pre-training length.
+    fn inv_freq(&self, plain: &[f32]) -> Vec<f32> {
+        let (factor, low, high) = (self.factor, self.low_freq_factor, self.high_freq_factor);
+        let old = self.original_max as f64;
+        let (low_wavelen, high_wavelen) = (
+            (old / f64::from(low)) as f32,
+            (old / f64::from(high)) as f32,
+        );
+        let span = (f64::from(high) - f64::from(low)) as f32;
+        let two_pi = std::f64::consts::TAU as f32;
+        plain
+            .iter()
+            .map(|&f| {
+                let wavelen = two_pi / f;
+                let scaled = if wavelen > low_wavelen { f / factor } else { f };
+                // wavelengths are finite (θ_i > 0), so this is transformers' ¬(<) ∧ ¬(>)
+                let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
+                if medium {
+                    let smooth = (self.original_max as f32 / wavelen - low) / span;
+                    (1.0 - smooth) * scaled / factor + smooth * scaled
+                } else {
+                    scaled
+                }
+            })
+            .collect()
+    }
+}
+
+impl YarnScaling {
+    /// The ramped frequencies for base θ and rotary width R.
+    fn inv_freq(&self, base: f32, rotary_dim: usize) -> Vec<f32> {
+        let (low, high) = yarn_range(
+            self.beta_fast.into(),
+            self.beta_slow.into(),
+            rotary_dim,
+            base.into(),
+            self.original_max,
+            self.truncate,
+        );
+        yarn(base, rotary_dim, self.factor, low, high)
+    }
 }
 
 /// YaRN's ramp ends: the dimensions where a wavelength fits `beta_fast` and

@@ -12,28 +12,24 @@
 //! ([`Additive::project_keys`]); each step then costs O(S·A).
 
 use crate::error::{Error, Result};
+use crate::layers::linear::product_backward;
 use crate::ops::{gemm, MatMut, MatRef, Par};
 use crate::tensor::Tensor;
 
-/// The scoring network's parameters (A: its width).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Additive {
-    /// W `[A, Hq]`: projects the decoder state (the query)
-    pub query: Tensor,
-    /// U `[A, Hk]`: projects each encoder state (the keys)
-    pub key: Tensor,
-    /// b `[A]`
-    pub bias: Tensor,
-    /// v `[A]`
-    pub score: Tensor,
+crate::module! {
+    /// The scoring network's parameters (A: its width).
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct Additive {
+        /// W `[A, Hq]`: projects the decoder state (the query)
+        pub query: Tensor,
+        /// U `[A, Hk]`: projects each encoder state (the keys)
+        pub key: Tensor,
+        /// b `[A]`
+        pub bias: Tensor,
+        /// v `[A]`
+        pub score: Tensor,
+    }
 }
-
-crate::module!(Additive {
-    query,
-    key,
-    bias,
-    score
-});
 
 /// One step's results, kept for its backward.
 #[derive(Clone, Debug)]
@@ -106,35 +102,14 @@ impl Additive {
         let (hk, a) = (self.key.shape()[1], self.width());
         keys.expect_shape("additive keys", &[None, None, Some(hk)])?;
         let (b_n, s_n) = (keys.shape()[0], keys.shape()[1]);
-        d_proj.expect_shape(
-            "additive d projected keys",
-            &[Some(b_n), Some(s_n), Some(a)],
-        )?;
-        d_keys.expect_shape("additive d keys", &[Some(b_n), Some(s_n), Some(hk)])?;
-        self.check_grads(grads)?;
-        let rows = b_n * s_n;
+        self.check_source_grads([b_n, s_n, hk], d_proj, (d_keys, "additive d keys"), grads)?;
         // proj = keys·Uᵀ + b  →  dU += d projᵀ·keys, db += Σ d proj, d keys += d proj·U
-        gemm(
-            MatMut::row_major(grads.key.data_mut(), a, hk),
-            MatRef::row_major(d_proj.data(), rows, a).t(),
-            MatRef::row_major(keys.data(), rows, hk),
-            1.0,
-            true,
-            Par::Auto,
-        )?;
         for row in d_proj.data().chunks_exact(a) {
             for (g, &d) in grads.bias.data_mut().iter_mut().zip(row) {
                 *g += d;
             }
         }
-        gemm(
-            MatMut::row_major(d_keys.data_mut(), rows, hk),
-            MatRef::row_major(d_proj.data(), rows, a),
-            MatRef::row_major(self.key.data(), a, hk),
-            1.0,
-            true,
-            Par::Auto,
-        )
+        product_backward(keys, &self.key, 1.0, d_proj, &mut grads.key, (d_keys, true))
     }
 
     /// One decoder step's attention: query s `[B, Hq]` against the projected keys
@@ -235,12 +210,12 @@ impl Additive {
         values.expect_shape("additive values", &[Some(b_n), Some(s_n), None])?;
         let hk = values.shape()[2];
         d_context.expect_shape("additive d context", &[Some(b_n), Some(hk)])?;
-        d_proj.expect_shape(
-            "additive d projected keys",
-            &[Some(b_n), Some(s_n), Some(a)],
+        self.check_source_grads(
+            [b_n, s_n, hk],
+            d_proj,
+            (d_values, "additive d values"),
+            grads,
         )?;
-        d_values.expect_shape("additive d values", &[Some(b_n), Some(s_n), Some(hk)])?;
-        self.check_grads(grads)?;
         let mut d_qw = vec![0.0; b_n * a];
         for b in 0..b_n {
             let alpha = &step.weights.data()[b * s_n..(b + 1) * s_n];
@@ -289,6 +264,24 @@ impl Additive {
             Par::Auto,
         )?;
         Ok(d_query)
+    }
+
+    /// Checks a backward's source-side buffers: d projected keys `[B, S, A]`, the other
+    /// (`name`: d keys or d values) `[B, S, Hk]`, and the gradient tree.
+    fn check_source_grads(
+        &self,
+        [b_n, s_n, hk]: [usize; 3],
+        d_proj: &Tensor,
+        (other, name): (&Tensor, &str),
+        grads: &Additive,
+    ) -> Result<()> {
+        let a = self.width();
+        d_proj.expect_shape(
+            "additive d projected keys",
+            &[Some(b_n), Some(s_n), Some(a)],
+        )?;
+        other.expect_shape(name, &[Some(b_n), Some(s_n), Some(hk)])?;
+        self.check_grads(grads)
     }
 
     /// Errors unless `grads` has this module's shapes.

@@ -13,31 +13,26 @@
 //! final state is the state after its last real step.
 
 use crate::error::{Error, Result};
-use crate::layers::linear::{product_backward, product_into};
+use crate::layers::linear::{product_backward, product_into, product_weight_grad};
 use crate::module::{Module, Path};
 use crate::ops::{gemm, MatMut, MatRef, Par};
 use crate::tensor::Tensor;
 
-/// One layer's parameters, as `torch.nn.RNN` holds them for layer k (`weight_ih_lk`,
-/// `weight_hh_lk`, `bias_ih_lk`, `bias_hh_lk`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct ElmanLayer {
-    /// `[Hd, In]`: In is the input width for layer 0, Hd above it
-    pub weight_ih: Tensor,
-    /// `[Hd, Hd]`
-    pub weight_hh: Tensor,
-    /// `[Hd]`
-    pub bias_ih: Tensor,
-    /// `[Hd]`
-    pub bias_hh: Tensor,
+crate::module! {
+    /// One layer's parameters, as `torch.nn.RNN` holds them for layer k (`weight_ih_lk`,
+    /// `weight_hh_lk`, `bias_ih_lk`, `bias_hh_lk`).
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct ElmanLayer {
+        /// `[Hd, In]`: In is the input width for layer 0, Hd above it
+        pub weight_ih: Tensor,
+        /// `[Hd, Hd]`
+        pub weight_hh: Tensor,
+        /// `[Hd]`
+        pub bias_ih: Tensor,
+        /// `[Hd]`
+        pub bias_hh: Tensor,
+    }
 }
-
-crate::module!(ElmanLayer {
-    weight_ih,
-    weight_hh,
-    bias_ih,
-    bias_hh
-});
 
 /// A stack of Elman layers. Its parameters are named as in a `torch.nn.RNN` state dict:
 /// `weight_ih_l0`, `weight_hh_l0`, `bias_ih_l0`, `bias_hh_l0`, `weight_ih_l1`, …
@@ -162,12 +157,7 @@ impl Elman {
         if let Some(d) = d_hn {
             d.expect_shape("rnn d_hn", &[Some(l_n), Some(b_n), Some(hd)])?;
         }
-        if !self.shaped_like(grads) {
-            return Err(Error::invalid(
-                "rnn grads",
-                "the gradient tree must be shaped as the stack",
-            ));
-        }
+        self.expect_grads(grads, "rnn grads")?;
         let mut dh0 = Tensor::zeros(&[l_n, b_n, hd]);
         let mut d_above = d_out.clone();
         for k in (0..l_n).rev() {
@@ -207,6 +197,22 @@ impl ElmanLayer {
 
     /// Adds the gradient of both biases, the sum of the rows of d pre (`[…, Hd]`), to
     /// this gradient tree.
+    /// The input side of a backward, from d pre `[..., Hd]` for inputs x `[..., In]`:
+    /// **accumulates** W_ih's and both biases' gradients into `grads`; returns d x.
+    fn input_backward(&self, x: &Tensor, d_pre: &Tensor, grads: &mut ElmanLayer) -> Result<Tensor> {
+        let mut dx = Tensor::zeros(x.shape());
+        product_backward(
+            x,
+            &self.weight_ih,
+            1.0,
+            d_pre,
+            &mut grads.weight_ih,
+            (&mut dx, false),
+        )?;
+        grads.add_bias_grads(d_pre);
+        Ok(dx)
+    }
+
     fn add_bias_grads(&mut self, d_pre: &Tensor) {
         for row in d_pre.data().chunks_exact(self.bias_ih.numel()) {
             for ((gi, gh), &d) in self
@@ -247,16 +253,7 @@ impl ElmanLayer {
         for (d, &h) in d_pre.data_mut().iter_mut().zip(next.data()) {
             *d *= 1.0 - h * h;
         }
-        let mut dx = Tensor::zeros(x.shape());
         let mut ds = Tensor::zeros(s.shape());
-        product_backward(
-            x,
-            &self.weight_ih,
-            1.0,
-            &d_pre,
-            &mut grads.weight_ih,
-            (&mut dx, false),
-        )?;
         product_backward(
             s,
             &self.weight_hh,
@@ -265,8 +262,7 @@ impl ElmanLayer {
             &mut grads.weight_hh,
             (&mut ds, false),
         )?;
-        grads.add_bias_grads(&d_pre);
-        Ok((dx, ds))
+        Ok((self.input_backward(x, &d_pre, grads)?, ds))
     }
 
     /// One layer over input `[B, T, In]` from h0 `[B, Hd]`: returns its states
@@ -364,26 +360,8 @@ impl ElmanLayer {
         }
         // dW_hh += Σ d preᵀ·h_{t−1} ([Hd, B·T]·[B·T, Hd]); dW_ih += Σ d preᵀ·x_t with
         // d input = d pre · W_ih; db_ih = db_hh += Σ d pre
-        let rows = b_n * t_n;
-        gemm(
-            MatMut::row_major(grads.weight_hh.data_mut(), hd, hd),
-            MatRef::row_major(d_pre.data(), rows, hd).t(),
-            MatRef::row_major(prev.data(), rows, hd),
-            1.0,
-            true,
-            Par::Auto,
-        )?;
-        let mut d_input = Tensor::zeros(input.shape());
-        product_backward(
-            input,
-            &self.weight_ih,
-            1.0,
-            &d_pre,
-            &mut grads.weight_ih,
-            (&mut d_input, false),
-        )?;
-        grads.add_bias_grads(&d_pre);
-        Ok((d_input, dh.into_data()))
+        product_weight_grad(&prev, 1.0, &d_pre, &mut grads.weight_hh)?;
+        Ok((self.input_backward(input, &d_pre, grads)?, dh.into_data()))
     }
 }
 

@@ -9,15 +9,15 @@ use crate::layers::{Embedding, Linear};
 use crate::module::Module;
 use crate::tensor::Tensor;
 
-/// Embedding `[V, E]` → Elman stack (E → Hd) → head (Hd → V).
-#[derive(Clone, Debug)]
-pub struct RnnLm {
-    pub embed: Embedding,
-    pub rnn: Elman,
-    pub head: Linear,
+crate::module! {
+    /// Embedding `[V, E]` → Elman stack (E → Hd) → head (Hd → V).
+    #[derive(Clone, Debug)]
+    pub struct RnnLm {
+        pub embed: Embedding,
+        pub rnn: Elman,
+        pub head: Linear,
+    }
 }
-
-crate::module!(RnnLm { embed, rnn, head });
 
 /// What the backward needs from the forward.
 #[derive(Clone, Debug)]
@@ -81,12 +81,7 @@ impl RnnLm {
     /// Backward for d logits `[B, T, V]`: **accumulates** every parameter's gradient
     /// into `grads`, a tree shaped as this model.
     pub fn backward(&self, cache: &RnnLmCache, d_logits: &Tensor, grads: &mut Self) -> Result<()> {
-        if !self.shaped_like(grads) {
-            return Err(Error::invalid(
-                "rnn lm grads",
-                "the gradient tree must be shaped as the model",
-            ));
-        }
+        self.expect_grads(grads, "rnn lm grads")?;
         let d_states = self
             .head
             .backward(&cache.states, d_logits, &mut grads.head)?;

@@ -19,31 +19,24 @@ use crate::layers::{Embedding, Linear};
 use crate::module::Module;
 use crate::tensor::Tensor;
 
-/// The encoder-decoder's parameters. E: embedding width, Hd: state width.
-#[derive(Clone, Debug)]
-pub struct RnnSeq2Seq {
-    /// `[V_src, E]`
-    pub source_embed: Embedding,
-    /// `[V_tgt, E]`
-    pub target_embed: Embedding,
-    /// E → Hd, any number of layers
-    pub encoder: Elman,
-    /// the decoder cell: input E + Hd (embedding, then context), state Hd
-    pub decoder: ElmanLayer,
-    /// `None`: the 2014 baseline, whose context is the encoder's final state
-    pub attention: Option<Additive>,
-    /// 2·Hd → V_tgt, reading [s_i; c_i]
-    pub out: Linear,
+crate::module! {
+    /// The encoder-decoder's parameters. E: embedding width, Hd: state width.
+    #[derive(Clone, Debug)]
+    pub struct RnnSeq2Seq {
+        /// `[V_src, E]`
+        pub source_embed: Embedding,
+        /// `[V_tgt, E]`
+        pub target_embed: Embedding,
+        /// E → Hd, any number of layers
+        pub encoder: Elman,
+        /// the decoder cell: input E + Hd (embedding, then context), state Hd
+        pub decoder: ElmanLayer,
+        /// `None`: the 2014 baseline, whose context is the encoder's final state
+        pub attention: Option<Additive>,
+        /// 2·Hd → V_tgt, reading [s_i; c_i]
+        pub out: Linear,
+    }
 }
-
-crate::module!(RnnSeq2Seq {
-    source_embed,
-    target_embed,
-    encoder,
-    decoder,
-    attention,
-    out
-});
 
 /// A batch: B source rows of S tokens (padded, with lengths) and B target-input rows
 /// of T tokens.
@@ -223,12 +216,7 @@ impl RnnSeq2Seq {
         d_logits: &Tensor,
         grads: &mut Self,
     ) -> Result<()> {
-        if !self.shaped_like(grads) {
-            return Err(Error::invalid(
-                "rnn seq2seq grads",
-                "the gradient tree must be shaped as the model",
-            ));
-        }
+        self.expect_grads(grads, "rnn seq2seq grads")?;
         let d_features = self
             .out
             .backward(&cache.features, d_logits, &mut grads.out)?;

@@ -347,12 +347,8 @@ impl AdamW {
                 }
                 let i = index;
                 index += 1;
-                if g.shape() != p.shape() {
-                    err = Some(Error::shape(
-                        format!("{name} (gradient)"),
-                        format!("{:?} like the parameter", p.shape()),
-                        g.shape(),
-                    ));
+                if let Err(e) = like_parameter(g, p, &format!("{name} (gradient)")) {
+                    err = Some(e);
                     return;
                 }
                 if let Err(e) = g.check_finite(&format!("{name} (gradient)")) {
@@ -502,12 +498,8 @@ impl AdamW {
                 }
             };
             for (t, suffix) in [(&m, EXP_AVG), (&v, EXP_AVG_SQ)] {
-                if t.shape() != p.shape() {
-                    err = Some(Error::shape(
-                        format!("{name}{suffix}"),
-                        format!("{:?} like the parameter", p.shape()),
-                        t.shape(),
-                    ));
+                if let Err(e) = like_parameter(t, p, &format!("{name}{suffix}")) {
+                    err = Some(e);
                     return;
                 }
             }
@@ -684,6 +676,18 @@ pub fn clip_grad_norm(grads: &mut [(&str, &mut Tensor)], max_norm: f64) -> Resul
         }
     }
     Ok(total)
+}
+
+/// Errors unless `t` (a gradient or a moment, called `name`) has the parameter's shape.
+fn like_parameter(t: &Tensor, p: &Tensor, name: &str) -> Result<()> {
+    if t.shape() == p.shape() {
+        return Ok(());
+    }
+    Err(Error::shape(
+        name,
+        format!("{:?} like the parameter", p.shape()),
+        t.shape(),
+    ))
 }
 
 #[cfg(test)]

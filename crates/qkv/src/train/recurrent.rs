@@ -346,10 +346,7 @@ fn build(spec: &RecurrentSpec, make: &mut dyn FnMut(&[usize], Init) -> Tensor) -
 
 impl TrainableModel for RecurrentModel {
     fn zero_grads(&mut self) {
-        match &mut self.grads {
-            Some(g) => g.fill_zero(),
-            None => self.grads = Some(self.net.zeros_like()),
-        }
+        self.net.zero_grads_in(&mut self.grads);
     }
 
     fn loss_and_backward(&mut self, batch: &Batch) -> Result<f32> {

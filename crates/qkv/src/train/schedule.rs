@@ -35,15 +35,20 @@ use crate::error::{Error, Result};
 #[derive(Clone, Debug, PartialEq)]
 pub enum Schedule {
     /// `lr(s) = lr` for every step.
-    Constant { lr: f64 },
-    /// Linear warm-up from 0 over `warmup_steps`, then cosine decay from `lr` to
-    /// `min_lr` at `total_steps`, constant `min_lr` afterwards (module docs: formula).
-    WarmupCosine {
+    Constant {
         lr: f64,
-        warmup_steps: u64,
-        total_steps: u64,
-        min_lr: f64,
     },
+    WarmupCosine(WarmupCosine),
+}
+
+/// Linear warm-up from 0 over `warmup_steps`, then cosine decay from `lr` to `min_lr` at
+/// `total_steps`, constant `min_lr` afterwards (module docs: formula).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WarmupCosine {
+    pub lr: f64,
+    pub warmup_steps: u64,
+    pub total_steps: u64,
+    pub min_lr: f64,
 }
 
 impl Schedule {
@@ -52,81 +57,82 @@ impl Schedule {
     }
 
     pub fn warmup_cosine(lr: f64, warmup_steps: u64, total_steps: u64, min_lr: f64) -> Self {
-        Schedule::WarmupCosine {
+        Schedule::WarmupCosine(WarmupCosine {
             lr,
             warmup_steps,
             total_steps,
             min_lr,
-        }
+        })
     }
 
     /// Errors on a negative or non-finite rate, `min_lr > lr`, or a warm-up longer
     /// than the run.
     pub fn validate(&self) -> Result<()> {
-        let rate = |field: &str, v: f64| {
-            if v.is_finite() && v >= 0.0 {
-                Ok(())
-            } else {
-                Err(Error::invalid(
-                    field,
-                    format!("{v} is not a finite value ≥ 0"),
-                ))
-            }
-        };
-        match *self {
-            Schedule::Constant { lr } => rate("lr", lr),
-            Schedule::WarmupCosine {
-                lr,
-                warmup_steps,
-                total_steps,
-                min_lr,
-            } => {
-                rate("lr", lr)?;
-                rate("min_lr", min_lr)?;
-                if min_lr > lr {
-                    return Err(Error::invalid(
-                        "min_lr",
-                        format!("{min_lr} is above the peak lr {lr}"),
-                    ));
-                }
-                if warmup_steps > total_steps {
-                    return Err(Error::invalid(
-                        "warmup_steps",
-                        format!("{warmup_steps} is more than the {total_steps} total steps"),
-                    ));
-                }
-                Ok(())
-            }
+        match self {
+            Schedule::Constant { lr } => rate("lr", *lr),
+            Schedule::WarmupCosine(c) => c.validate(),
         }
     }
 
     /// The learning rate of the update that follows `step` applied updates.
     pub fn lr(&self, step: u64) -> f64 {
-        match *self {
-            Schedule::Constant { lr } => lr,
-            Schedule::WarmupCosine {
-                lr,
-                warmup_steps,
-                total_steps,
-                min_lr,
-            } => {
-                if step < warmup_steps {
-                    return lr * step as f64 / warmup_steps.max(1) as f64;
-                }
-                if step > total_steps {
-                    return min_lr;
-                }
-                let progress = (step - warmup_steps) as f64
-                    / total_steps.saturating_sub(warmup_steps).max(1) as f64;
-                let cosine = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
-                // transformers: lr · max(0, cosine·(1 − r) + r), r = min_lr / lr
-                if lr == 0.0 {
-                    return 0.0;
-                }
-                let r = min_lr / lr;
-                lr * (cosine * (1.0 - r) + r).max(0.0)
-            }
+        match self {
+            Schedule::Constant { lr } => *lr,
+            Schedule::WarmupCosine(c) => c.lr(step),
         }
+    }
+}
+
+/// A rate must be finite and ≥ 0.
+fn rate(field: &str, v: f64) -> Result<()> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            field,
+            format!("{v} is not a finite value ≥ 0"),
+        ))
+    }
+}
+
+impl WarmupCosine {
+    fn validate(&self) -> Result<()> {
+        rate("lr", self.lr)?;
+        rate("min_lr", self.min_lr)?;
+        if self.min_lr > self.lr {
+            return Err(Error::invalid(
+                "min_lr",
+                format!("{} is above the peak lr {}", self.min_lr, self.lr),
+            ));
+        }
+        if self.warmup_steps > self.total_steps {
+            return Err(Error::invalid(
+                "warmup_steps",
+                format!(
+                    "{} is more than the {} total steps",
+                    self.warmup_steps, self.total_steps
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn lr(&self, step: u64) -> f64 {
+        let (lr, warmup, total) = (self.lr, self.warmup_steps, self.total_steps);
+        if step < warmup {
+            return lr * step as f64 / warmup.max(1) as f64;
+        }
+        if step > total {
+            return self.min_lr;
+        }
+        let progress = (step - warmup) as f64 / total.saturating_sub(warmup).max(1) as f64;
+        let cosine = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
+        // transformers: lr · max(0, cosine·(1 − r) + r), r = min_lr / lr
+        if lr == 0.0 {
+            return 0.0;
+        }
+        let r = self.min_lr / lr;
+        lr * (cosine * (1.0 - r) + r).max(0.0)
     }
 }
 

@@ -132,10 +132,7 @@ fn input<'a>(
 
 impl TrainableModel for Transformer {
     fn zero_grads(&mut self) {
-        match &mut self.grads {
-            Some(g) => g.fill_zero(),
-            None => self.grads = Some(self.weights.zeros_like()),
-        }
+        self.weights.zero_grads_in(&mut self.grads);
     }
 
     /// A non-finite loss is returned as it is, without a backward (the trainer reports

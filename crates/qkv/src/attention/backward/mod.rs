@@ -60,15 +60,8 @@ pub fn attention_backward(
     spec: &AttentionSpec,
     want_dbias: bool,
 ) -> Result<AttentionGrads> {
-    attention_backward_views(
-        &HeadsView::of(q, "q")?,
-        &HeadsView::of(k, "k")?,
-        &HeadsView::of(v, "v")?,
-        fwd,
-        d_out,
-        spec,
-        want_dbias,
-    )
+    let [q, k, v] = HeadsView::of_qkv([q, k, v])?;
+    attention_backward_views(&q, &k, &v, fwd, d_out, spec, want_dbias)
 }
 
 /// [`attention_backward`] over views, mirroring [`super::attention_views`].

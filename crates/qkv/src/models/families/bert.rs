@@ -32,7 +32,6 @@ pub(crate) static BERT: FamilyDef = FamilyDef {
         "BertModel",
         "BertForSequenceClassification",
     ],
-    model_type: "bert",
     read: read_folder,
     names,
     prefix: "bert.",

@@ -24,7 +24,6 @@ use crate::models::net::arch::{Arch, Head, Position};
 pub(crate) static BLOOM: FamilyDef = FamilyDef {
     name: "bloom",
     architectures: &["BloomForCausalLM"],
-    model_type: "bloom",
     read: |dir, _, _| read(dir),
     names,
     prefix: "transformer.",

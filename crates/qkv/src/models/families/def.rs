@@ -15,16 +15,16 @@ use crate::models::net::arch::Arch;
 /// One checkpoint family: how its `config.json` becomes an [`Arch`], where its tensors
 /// live, and its quirks.
 pub(crate) struct FamilyDef {
-    /// `bert`, `gpt2`, …: what `qkv inspect` prints.
+    /// `bert`, `gpt2`, …: the family's `model_type` in `config.json` (read when
+    /// `architectures` is absent), and what `qkv inspect` prints.
     pub name: &'static str,
     /// The `architectures[0]` values read as this family (the first is what a folder of
-    /// it is saved as), then its `model_type`, read when `architectures` is absent.
+    /// it is saved as).
     pub architectures: &'static [&'static str],
-    pub model_type: &'static str,
     /// `config.json` → the architecture and the special ids it names; `architecture`
     /// is the name the folder gave and `ckpt` its weights, for the families whose
     /// reading depends on them (BERT's head, T5's tied head).
-    pub read: fn(dir: &Path, architecture: &str, ckpt: &Checkpoint) -> Result<(Arch, TokenIds)>,
+    pub read: ReadConfig,
     /// The name table: each qkv parameter path's checkpoint name and how it is stored.
     pub names: fn(&Arch) -> Vec<Name>,
     /// The prefix of the task model's tensors (`transformer.`, `model.`, `bert.`): a
@@ -42,6 +42,11 @@ pub(crate) struct FamilyDef {
     /// its qkv path; no Hugging Face config to keep.
     pub native: bool,
 }
+
+/// A family's `config.json` reader: the folder, the architecture name it gave, and its
+/// weights → the architecture and the special ids the config names.
+pub(crate) type ReadConfig =
+    fn(dir: &Path, architecture: &str, ckpt: &Checkpoint) -> Result<(Arch, TokenIds)>;
 
 /// How a family writes a model built from scratch.
 pub(crate) struct Fresh {

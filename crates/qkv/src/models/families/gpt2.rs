@@ -27,7 +27,6 @@ use crate::ops::Activation;
 pub(crate) static GPT2: FamilyDef = FamilyDef {
     name: "gpt2",
     architectures: &["GPT2LMHeadModel", "GPT2Model"],
-    model_type: "gpt2",
     read: |dir, _, _| read(dir),
     names: |_| names(),
     prefix: "transformer.",
@@ -47,7 +46,6 @@ struct Gpt2Config {
     max_position_embeddings: Option<usize>,
     vocab_size: usize,
     /// `None` (or absent) means 4·C.
-    #[serde(default)]
     n_inner: Option<usize>,
     #[serde(default = "crate::io::eps::<5>")]
     layer_norm_epsilon: f64,

@@ -14,7 +14,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::def::{as_given, no_aliases, FamilyDef, Fresh};
+use super::def::{as_given, no_aliases, FamilyDef, Fresh, ReadConfig};
 use super::names::{same, Name};
 use super::special::TokenIds;
 use crate::error::{Error, Result};
@@ -26,7 +26,6 @@ use crate::position::rope_scaling::{HfRopeConfig, RopeScaling};
 pub(crate) static LLAMA: FamilyDef = FamilyDef {
     name: "llama",
     architectures: &["LlamaForCausalLM"],
-    model_type: "llama",
     read: |dir, _, _| read(dir, Variant::Llama),
     names: |_| names(),
     prefix: "model.",
@@ -36,23 +35,30 @@ pub(crate) static LLAMA: FamilyDef = FamilyDef {
     native: false,
 };
 
-pub(crate) static MISTRAL: FamilyDef = FamilyDef {
-    name: "mistral",
-    architectures: &["MistralForCausalLM"],
-    model_type: "mistral",
-    read: |dir, _, _| read(dir, Variant::Mistral),
-    fresh: None,
-    ..LLAMA
-};
+pub(crate) static MISTRAL: FamilyDef =
+    llama_like("mistral", &["MistralForCausalLM"], |dir, _, _| {
+        read(dir, Variant::Mistral)
+    });
 
-pub(crate) static QWEN2: FamilyDef = FamilyDef {
-    name: "qwen2",
-    architectures: &["Qwen2ForCausalLM"],
-    model_type: "qwen2",
-    read: |dir, _, _| read(dir, Variant::Qwen2),
-    fresh: None,
-    ..LLAMA
-};
+pub(crate) static QWEN2: FamilyDef = llama_like("qwen2", &["Qwen2ForCausalLM"], |dir, _, _| {
+    read(dir, Variant::Qwen2)
+});
+
+/// A family read as Llama with its own `config.json` reader, which a fresh model is
+/// never saved as (it saves as Llama).
+const fn llama_like(
+    name: &'static str,
+    architectures: &'static [&'static str],
+    read: ReadConfig,
+) -> FamilyDef {
+    FamilyDef {
+        name,
+        architectures,
+        read,
+        fresh: None,
+        ..LLAMA
+    }
+}
 
 /// `config.json` of a Llama or Mistral checkpoint, as transformers writes it.
 #[derive(Deserialize)]
@@ -63,10 +69,8 @@ struct LlamaConfig {
     num_hidden_layers: usize,
     num_attention_heads: usize,
     /// Absent means multi-head attention (G = H).
-    #[serde(default)]
     num_key_value_heads: Option<usize>,
     /// Absent or null means hidden_size / num_attention_heads.
-    #[serde(default)]
     head_dim: Option<usize>,
     #[serde(default = "crate::io::eps::<6>")]
     rms_norm_eps: f64,
@@ -81,28 +85,21 @@ struct LlamaConfig {
     /// Both Llama and Mistral default to separate input and output matrices.
     #[serde(default)]
     tie_word_embeddings: bool,
-    #[serde(default)]
     max_position_embeddings: Option<usize>,
     /// transformers 4.x
-    #[serde(default)]
     rope_theta: Option<f64>,
     /// transformers 4.x
-    #[serde(default)]
     rope_scaling: Option<HfRopeConfig>,
     /// transformers 5.x
-    #[serde(default)]
     rope_parameters: Option<HfRopeConfig>,
     /// Mistral: query position p sees key j only when p − j < sliding_window.
-    #[serde(default)]
     sliding_window: Option<usize>,
     /// Qwen2: the window is used only when this is true …
     #[serde(default)]
     use_sliding_window: bool,
     /// … on layers from this one up (transformers' default: 28) …
-    #[serde(default)]
     max_window_layers: Option<usize>,
     /// … unless each layer's kind is listed (`full_attention` / `sliding_attention`).
-    #[serde(default)]
     layer_types: Option<Vec<String>>,
     #[serde(flatten)]
     tokens: TokenIds,
@@ -324,40 +321,28 @@ fn scaling_json(scaling: &RopeScaling, max_positions: usize) -> Option<Value> {
     Some(match *scaling {
         RopeScaling::None => Value::Null,
         RopeScaling::Linear { factor } => json!({"rope_type": "linear", "factor": f(factor)}),
-        RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max,
-        } => json!({
+        RopeScaling::Llama3(l) => json!({
             "rope_type": "llama3",
-            "factor": f(factor),
-            "low_freq_factor": f(low_freq_factor),
-            "high_freq_factor": f(high_freq_factor),
-            "original_max_position_embeddings": original_max,
+            "factor": f(l.factor),
+            "low_freq_factor": f(l.low_freq_factor),
+            "high_freq_factor": f(l.high_freq_factor),
+            "original_max_position_embeddings": l.original_max,
         }),
-        RopeScaling::Yarn {
-            factor,
-            original_max,
-            beta_fast,
-            beta_slow,
-            truncate,
-            attention_factor,
-        } => {
+        RopeScaling::Yarn(y) => {
             let mut v = json!({
                 "rope_type": "yarn",
-                "factor": f(factor),
-                "beta_fast": f(beta_fast),
-                "beta_slow": f(beta_slow),
-                "truncate": truncate,
-                "attention_factor": f(attention_factor),
+                "factor": f(y.factor),
+                "beta_fast": f(y.beta_fast),
+                "beta_slow": f(y.beta_slow),
+                "truncate": y.truncate,
+                "attention_factor": f(y.attention_factor),
             });
             // transformers then takes the factor as the ratio of the two lengths
-            if original_max != max_positions {
-                if (max_positions as f64 / original_max as f64) as f32 != factor {
+            if y.original_max != max_positions {
+                if (max_positions as f64 / y.original_max as f64) as f32 != y.factor {
                     return None;
                 }
-                v["original_max_position_embeddings"] = json!(original_max);
+                v["original_max_position_embeddings"] = json!(y.original_max);
             }
             v
         }

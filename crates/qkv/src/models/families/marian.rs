@@ -31,7 +31,6 @@ use crate::position::SinusoidalLayout;
 pub(crate) static MARIAN: FamilyDef = FamilyDef {
     name: "marian",
     architectures: &["MarianMTModel"],
-    model_type: "marian",
     read: |dir, _, _| read(dir),
     names,
     prefix: "model.",
@@ -59,7 +58,6 @@ struct MarianConfig {
     #[serde(default = "crate::io::size::<58101>")]
     vocab_size: usize,
     /// Target vocabulary when it differs from the source one (`None`: the same).
-    #[serde(default)]
     decoder_vocab_size: Option<usize>,
     #[serde(default = "crate::io::size::<1024>", alias = "hidden_size")]
     d_model: usize,
@@ -92,7 +90,6 @@ struct MarianConfig {
     pad_token_id: Option<Ids>,
     #[serde(default = "default_eos")]
     eos_token_id: Option<Ids>,
-    #[serde(default)]
     bos_token_id: Option<Ids>,
     #[serde(default = "default_pad")]
     decoder_start_token_id: Option<Ids>,

@@ -19,7 +19,6 @@ pub const NATIVE_ARCHITECTURE: &str = "QkvTransformer";
 pub(crate) static QKV: FamilyDef = FamilyDef {
     name: "qkv",
     architectures: &[NATIVE_ARCHITECTURE],
-    model_type: "qkv",
     read,
     names: no_names,
     prefix: "",

@@ -54,7 +54,7 @@ impl Family {
     /// The family that reads the folder naming itself `name` (its `architectures[0]`,
     /// or its `model_type`).
     pub fn reading(name: &str) -> Option<Family> {
-        let reads = |f: &&&FamilyDef| f.architectures.contains(&name) || f.model_type == name;
+        let reads = |f: &&&FamilyDef| f.architectures.contains(&name) || f.name == name;
         FAMILIES.iter().find(reads).map(|&f| Family(f))
     }
 

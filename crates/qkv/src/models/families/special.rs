@@ -71,13 +71,9 @@ impl Ids {
 /// `#[serde(flatten)]` it into their config struct.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct TokenIds {
-    #[serde(default)]
     pub eos_token_id: Option<Ids>,
-    #[serde(default)]
     pub bos_token_id: Option<Ids>,
-    #[serde(default)]
     pub pad_token_id: Option<Ids>,
-    #[serde(default)]
     pub decoder_start_token_id: Option<Ids>,
 }
 
@@ -153,9 +149,7 @@ mod tests {
 
     /// A scratch folder, with a generation_config.json when `generation` is given.
     fn folder(tag: &str, generation: Option<&str>) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("qkv-special-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::io::scratch_dir(&format!("special-{tag}"));
         if let Some(text) = generation {
             std::fs::write(dir.join("generation_config.json"), text).unwrap();
         }

@@ -34,7 +34,6 @@ use crate::ops::Activation;
 pub(crate) static T5: FamilyDef = FamilyDef {
     name: "t5",
     architectures: &["T5ForConditionalGeneration"],
-    model_type: "t5",
     read: |dir, _, ckpt| read(dir, ckpt),
     names,
     prefix: "",
@@ -67,7 +66,6 @@ struct T5Config {
     #[serde(default = "crate::io::size::<6>", alias = "num_hidden_layers")]
     num_layers: usize,
     /// Defaults to `num_layers`.
-    #[serde(default)]
     num_decoder_layers: Option<usize>,
     #[serde(default = "crate::io::size::<8>", alias = "num_attention_heads")]
     num_heads: usize,
@@ -81,14 +79,11 @@ struct T5Config {
     feed_forward_proj: String,
     /// Written by transformers ≥ 4.23; overrides what `feed_forward_proj` implies, as
     /// `PretrainedConfig` sets saved attributes after `T5Config.__init__` derives them.
-    #[serde(default)]
     dense_act_fn: Option<String>,
-    #[serde(default)]
     is_gated_act: Option<bool>,
     #[serde(default = "crate::io::yes")]
     tie_word_embeddings: bool,
     /// transformers 5: whether the decoder output is scaled by d_model^−½ before the head.
-    #[serde(default)]
     scale_decoder_outputs: Option<bool>,
     #[serde(flatten)]
     ids: TokenIds,

@@ -20,7 +20,6 @@ pub struct Arch {
     pub vocab: usize,
     /// The encoder's own vocabulary when it has a table of its own; `None`: the encoder
     /// reads the one table (Marian's and T5's `shared`).
-    #[serde(default)]
     pub src_vocab: Option<usize>,
     /// C
     pub d_model: usize,
@@ -79,7 +78,6 @@ pub enum Position {
         )]
         scaling: RopeScaling,
         /// The trained context (`max_position_embeddings`); not enforced.
-        #[serde(default)]
         max_len: Option<usize>,
     },
     /// Linear distance penalties on the scores, BLOOM's slopes per head: slope·(j − i)
@@ -122,14 +120,12 @@ pub struct AttentionArch {
     /// A bias on W_O.
     pub out_bias: bool,
     /// The score scale; `None` is 1/√D (T5 uses 1).
-    #[serde(default)]
     pub scale: Option<f32>,
     /// Layer l's scores are also divided by l + 1 (GPT-2's
     /// `scale_attn_by_inverse_layer_idx`).
     #[serde(default)]
     pub scale_by_layer: bool,
     /// Sliding window of the causal self-attention (Mistral, Qwen2).
-    #[serde(default)]
     pub window: Option<usize>,
     /// The window applies to decoder layers l ≥ this one only (Qwen2's
     /// `max_window_layers`); 0: to every layer.
@@ -163,7 +159,6 @@ pub struct EmbedArch {
     pub slot_positions: bool,
     /// Lookups of this id give the token table no gradient (PyTorch's `padding_idx`,
     /// which BERT, Llama and Marian set to the pad token).
-    #[serde(default)]
     pub padding_idx: Option<usize>,
 }
 
@@ -487,14 +482,14 @@ mod tests {
         assert_eq!(scaling_of(old), RopeScaling::Linear { factor: 2.0 });
         assert_eq!(scaling_of(plain), RopeScaling::None);
         assert_eq!(scaling_of(absent), RopeScaling::None);
-        let yarn = RopeScaling::Yarn {
+        let yarn = RopeScaling::Yarn(crate::position::YarnScaling {
             factor: 4.0,
             original_max: 64,
             beta_fast: 32.0,
             beta_slow: 1.0,
             truncate: true,
             attention_factor: 1.25,
-        };
+        });
         let p = Position::Rope {
             theta: 500_000.0,
             scaling: yarn,

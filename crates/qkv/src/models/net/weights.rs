@@ -10,70 +10,52 @@ use crate::module::Module;
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 
-/// Every parameter of a model.
-#[derive(Clone, Debug)]
-pub struct Weights {
-    /// `[V, C]` the decoder's token table (an encoder-only model's), which the encoder
-    /// reads too unless it has its own
-    pub embed_tokens: Embedding,
-    /// `[V_src, C]` the encoder's own table
-    pub src_embed_tokens: Option<Embedding>,
-    pub encoder: Option<Stack>,
-    pub decoder: Option<Stack>,
-    pub head: HeadWeights,
+crate::module! {
+    /// Every parameter of a model.
+    #[derive(Clone, Debug)]
+    pub struct Weights {
+        /// `[V, C]` the decoder's token table (an encoder-only model's), which the encoder
+        /// reads too unless it has its own
+        pub embed_tokens: Embedding,
+        /// `[V_src, C]` the encoder's own table
+        pub src_embed_tokens: Option<Embedding>,
+        pub encoder: Option<Stack>,
+        pub decoder: Option<Stack>,
+        pub head: HeadWeights,
+    }
 }
 
-crate::module!(Weights {
-    embed_tokens,
-    src_embed_tokens,
-    encoder,
-    decoder,
-    head
-});
-
-/// One stack: what it adds to the token embeddings, its layers, its final norm.
-#[derive(Clone, Debug)]
-pub struct Stack {
-    /// `[max_len, C]` learned positions
-    pub embed_positions: Option<Embedding>,
-    /// `[token_types, C]`
-    pub embed_types: Option<Embedding>,
-    pub embed_norm: Option<Norm>,
-    /// `[buckets, H]` T5's relative position bias, shared by the stack's layers
-    pub rel_bias: Option<Embedding>,
-    pub layers: Vec<Block>,
-    /// pre-norm stacks end with a norm
-    pub final_norm: Option<Norm>,
+crate::module! {
+    /// One stack: what it adds to the token embeddings, its layers, its final norm.
+    #[derive(Clone, Debug)]
+    pub struct Stack {
+        /// `[max_len, C]` learned positions
+        pub embed_positions: Option<Embedding>,
+        /// `[token_types, C]`
+        pub embed_types: Option<Embedding>,
+        pub embed_norm: Option<Norm>,
+        /// `[buckets, H]` T5's relative position bias, shared by the stack's layers
+        pub rel_bias: Option<Embedding>,
+        pub layers: Vec<Block>,
+        /// pre-norm stacks end with a norm
+        pub final_norm: Option<Norm>,
+    }
 }
 
-crate::module!(Stack {
-    embed_positions,
-    embed_types,
-    embed_norm,
-    rel_bias,
-    layers,
-    final_norm
-});
-
-/// The head's parameters, as [`Head`] asks.
-#[derive(Clone, Debug)]
-pub struct HeadWeights {
-    /// `[V, C]` an untied LM head
-    pub lm_head: Option<Linear>,
-    /// masked-LM transform: dense C → C
-    pub dense: Option<Linear>,
-    /// masked-LM transform: norm
-    pub norm: Option<Norm>,
-    /// `[V]` masked-LM output bias
-    pub bias: Option<Tensor>,
+crate::module! {
+    /// The head's parameters, as [`Head`] asks.
+    #[derive(Clone, Debug)]
+    pub struct HeadWeights {
+        /// `[V, C]` an untied LM head
+        pub lm_head: Option<Linear>,
+        /// masked-LM transform: dense C → C
+        pub dense: Option<Linear>,
+        /// masked-LM transform: norm
+        pub norm: Option<Norm>,
+        /// `[V]` masked-LM output bias
+        pub bias: Option<Tensor>,
+    }
 }
-
-crate::module!(HeadWeights {
-    lm_head,
-    dense,
-    norm,
-    bias
-});
 
 impl Weights {
     /// Packs every linear layer for inference ([`crate::layers::Linear::pack`]): the

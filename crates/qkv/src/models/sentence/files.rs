@@ -183,8 +183,7 @@ mod tests {
 
     #[test]
     fn pooling_config_layouts() {
-        let dir = std::env::temp_dir().join(format!("qkv-pooling-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::io::scratch_dir("pooling");
         let legacy = write(
             &dir,
             "legacy.json",
@@ -235,8 +234,7 @@ mod tests {
 
     #[test]
     fn modules_must_be_a_pipeline_qkv_runs() {
-        let dir = std::env::temp_dir().join(format!("qkv-modules-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::io::scratch_dir("modules");
         let entry = |kind: &str, path: &str| {
             format!(
                 r#"{{"idx": 0, "name": "x", "path": "{path}", "type": "sentence_transformers.models.{kind}"}}"#

@@ -127,25 +127,21 @@ mod x86 {
     use crate::ops::vector::Vector;
     use std::arch::x86_64::{__m256, __m512};
 
-    /// # Safety
-    /// AVX2 and FMA; every slice has the length of `x[0]`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dots_avx2<const R: usize, const W: usize>(
-        x: &[&[f32]; R],
-        w: &[&[f32]; W],
-    ) -> [[f32; W]; R] {
-        dots::<__m256, R, W>(x, w)
+    /// The entry point of one instruction set, compiled for it, around the one body.
+    macro_rules! entry_point {
+        ($name:ident, $vector:ty, $features:literal, $needs:literal) => {
+            #[doc = concat!("# Safety\n", $needs, "; every slice has the length of `x[0]`.")]
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $name<const R: usize, const W: usize>(
+                x: &[&[f32]; R],
+                w: &[&[f32]; W],
+            ) -> [[f32; W]; R] {
+                dots::<$vector, R, W>(x, w)
+            }
+        };
     }
-
-    /// # Safety
-    /// AVX-512 F; every slice has the length of `x[0]`.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn dots_avx512<const R: usize, const W: usize>(
-        x: &[&[f32]; R],
-        w: &[&[f32]; W],
-    ) -> [[f32; W]; R] {
-        dots::<__m512, R, W>(x, w)
-    }
+    entry_point!(dots_avx2, __m256, "avx2,fma", "AVX2 and FMA");
+    entry_point!(dots_avx512, __m512, "avx512f,avx2,fma", "AVX-512 F");
 
     #[inline(always)]
     #[allow(clippy::needless_range_loop)]

@@ -72,17 +72,11 @@ pub fn gemm(
     Ok(())
 }
 
-/// [`gemm`] on views that the crate builds from shapes it has already checked, inside
-/// loops that return no error: a mismatch here is a bug in qkv, and panics.
-pub(crate) fn gemm_views(
-    dst: MatMut<'_>,
-    a: MatRef<'_>,
-    b: MatRef<'_>,
-    alpha: f32,
-    accumulate: bool,
-    par: Par,
-) {
-    if let Err(e) = gemm(dst, a, b, alpha, accumulate, par) {
+/// `dst = scale · a · b` on this thread, for views that the crate builds from shapes it
+/// has already checked, inside parallel loops that return no error (the attention
+/// kernels' scores): a mismatch here is a bug in qkv, and panics.
+pub(crate) fn gemm_views(dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, scale: f32) {
+    if let Err(e) = gemm(dst, a, b, scale, false, Par::Single) {
         panic!("internal views: {e}");
     }
 }
@@ -217,30 +211,25 @@ mod tests {
     /// (+ c0) computed in f64, to the rounding a sum of k f32 products allows.
     /// A `[M, K]` (row-major) times B (element (p, j) from `b`) in f64: the readable
     /// twin every product is held to.
-    fn f64_dots(
+    /// Holds `got(i, j)` to −0.5·A·B (+ C₀ when `add`) in f64, for every element of the
+    /// m×n product of A (`a`, row-major m×k) and B (`b(p, j)`), within f32 rounding.
+    fn assert_products(
+        got: impl Fn(usize, usize) -> f32,
         a: &[f32],
         b: impl Fn(usize, usize) -> f32,
         (m, k, n): (usize, usize, usize),
-    ) -> Vec<f64> {
-        let dot = |i: usize, j: usize| (0..k).map(|p| a[i * k + p] as f64 * b(p, j) as f64).sum();
-        (0..m)
-            .flat_map(|i| (0..n).map(move |j| (i, j)))
-            .map(|(i, j)| dot(i, j))
-            .collect()
-    }
-
-    fn assert_product(
-        got: f32,
-        dot: f64,
-        (c0, add): (f32, bool),
-        k: usize,
-        what: std::fmt::Arguments,
+        (c0, add): (&[f32], bool),
+        what: &str,
     ) {
-        let want = -0.5 * dot + if add { c0 as f64 } else { 0.0 };
-        assert!(
-            (got as f64 - want).abs() < 2e-6 * (k as f64).sqrt() * (1.0 + want.abs()),
-            "{what} {got} vs {want}"
-        );
+        for (i, j) in (0..m).flat_map(|i| (0..n).map(move |j| (i, j))) {
+            let dot: f64 = (0..k).map(|p| a[i * k + p] as f64 * b(p, j) as f64).sum();
+            let want = -0.5 * dot + if add { c0[i * n + j] as f64 } else { 0.0 };
+            let got = got(i, j);
+            assert!(
+                (got as f64 - want).abs() < 2e-6 * (k as f64).sqrt() * (1.0 + want.abs()),
+                "{m}x{k}x{n} {what}: ({i}, {j}) {got} vs {want}"
+            );
+        }
     }
 
     /// Every path of the engine (few rows, blocked, several K slabs and row blocks,
@@ -295,12 +284,14 @@ mod tests {
                         par,
                     )
                     .unwrap();
-                    let dots = f64_dots(&a, |p, j| b[p * n + j], (m, k, n));
-                    for (i, j) in (0..m).flat_map(|i| (0..n).map(move |j| (i, j))) {
-                        let got = c_data[i * c_rs + j * c_cs];
-                        let what = format_args!("{m}x{k}x{n} layout {layout} {par:?}: ({i}, {j})");
-                        assert_product(got, dots[i * n + j], (c0[i * n + j], add), k, what);
-                    }
+                    assert_products(
+                        |i, j| c_data[i * c_rs + j * c_cs],
+                        &a,
+                        |p, j| b[p * n + j],
+                        (m, k, n),
+                        (&c0, add),
+                        &format!("layout {layout} {par:?}"),
+                    );
                     assert!(
                         c_data.iter().filter(|v| v.is_nan()).count() == c_data.len() - m * n,
                         "padding written"
@@ -349,17 +340,14 @@ mod tests {
                     par,
                 )
                 .unwrap();
-                let dots = f64_dots(&a, |p, j| w[j * k + p], (m, k, n));
-                for (i, j) in (0..m).flat_map(|i| (0..n).map(move |j| (i, j))) {
-                    let what = format_args!("{m}x{k}x{n} {par:?}: ({i}, {j})");
-                    assert_product(
-                        got[i * n + j],
-                        dots[i * n + j],
-                        (c0[i * n + j], add),
-                        k,
-                        what,
-                    );
-                }
+                assert_products(
+                    |i, j| got[i * n + j],
+                    &a,
+                    |p, j| w[j * k + p],
+                    (m, k, n),
+                    (&c0, add),
+                    &format!("{par:?}"),
+                );
                 if m > 16 {
                     assert_eq!(got, blocked, "{m}x{k}x{n} {par:?}: packed vs blocked bits");
                 }

@@ -34,15 +34,8 @@ pub(super) fn pack_a(a: &MatRef, r0: usize, rows: usize, k0: usize, kc: usize, o
                 copy_line::<MR>(dst, &a.data[base + p * a.col_stride..], live);
             }
         } else {
-            for p in done..kc {
-                for r in 0..MR {
-                    panel[p * MR + r] = if r < live {
-                        a.data[base + r * a.row_stride + p * a.col_stride]
-                    } else {
-                        0.0
-                    };
-                }
-            }
+            let at = |p: usize, r: usize| a.data[base + r * a.row_stride + p * a.col_stride];
+            fill_panel::<MR>(&mut panel[done * MR..], done..kc, live, at);
         }
     }
 }
@@ -79,14 +72,24 @@ pub(super) fn pack_b(b: &MatRef, k0: usize, kc: usize, c0: usize, cols: usize, o
             // `base` and the panel holds kc·NR.
             done = unsafe { x86::rows_to_panel_b(&b.data[base..], b.col_stride, kc, panel) };
         }
-        for p in done..kc {
-            for c in 0..NR {
-                panel[p * NR + c] = if c < live {
-                    b.data[base + c * b.col_stride + p * b.row_stride]
-                } else {
-                    0.0
-                };
-            }
+        let at = |p: usize, c: usize| b.data[base + c * b.col_stride + p * b.row_stride];
+        fill_panel::<NR>(&mut panel[done * NR..], done..kc, live, at);
+    }
+}
+
+/// The element by element copy: line p of `ks` (`ks.start` the first) is
+/// `panel[(p − ks.start)·W ..][..W]`, holding `at(p, x)` for its first `live` lanes x and
+/// zeros past them.
+#[inline(always)]
+fn fill_panel<const W: usize>(
+    panel: &mut [f32],
+    ks: std::ops::Range<usize>,
+    live: usize,
+    at: impl Fn(usize, usize) -> f32,
+) {
+    for (p, line) in ks.zip(panel.chunks_exact_mut(W)) {
+        for (x, v) in line.iter_mut().enumerate() {
+            *v = if x < live { at(p, x) } else { 0.0 };
         }
     }
 }
@@ -231,48 +234,47 @@ mod tests {
         ]
     }
 
+    /// Both packers hold each element of their block once, in the order the
+    /// micro-kernel reads it, and zeros past its edge: A for three tiles of fewer than
+    /// MR rows, B for a last panel of fewer than NR columns; kc long enough for the
+    /// vector path and a tail.
     #[test]
-    fn packed_a_holds_each_element_once_and_zeros_past_the_rows() {
-        let (m, k) = (16, 40);
-        let data: Vec<f32> = (0..m * k).map(|i| i as f32 + 1.0).collect();
-        // three tiles of fewer than MR rows; kc long enough for the vector path and a tail
-        let (r0, rows, k0, kc) = (1, 14, 2, 29);
-        for (a, at) in both_layouts(m, k, &data) {
-            let mut out = vec![f32::NAN; 3 * kc * MR];
-            pack_a(&a, r0, rows, k0, kc, &mut out);
-            let tiles: Vec<_> = row_tiles(rows).collect();
-            assert_eq!(tiles, [(0, 5), (5, 5), (10, 4)]);
-            for (i, &(start, live)) in tiles.iter().enumerate() {
-                for r in 0..MR {
-                    for p in 0..kc {
+    fn packed_blocks_hold_each_element_once_and_zeros_past_the_edge() {
+        let (m, k, n) = (16, 40, 41);
+        let a_data: Vec<f32> = (0..m * k).map(|i| i as f32 + 1.0).collect();
+        let b_data: Vec<f32> = (0..k * n).map(|i| i as f32 + 1.0).collect();
+        let (r0, rows, a_k0, kc) = (1, 14, 2, 29);
+        let (b_k0, c0, cols) = (1, 2, 38);
+        let tiles: Vec<_> = row_tiles(rows).collect();
+        assert_eq!(tiles, [(0, 5), (5, 5), (10, 4)]);
+        let layouts = both_layouts(m, k, &a_data)
+            .into_iter()
+            .zip(both_layouts(k, n, &b_data));
+        for ((a, a_at), (b, b_at)) in layouts {
+            let mut packed_a = vec![f32::NAN; 3 * kc * MR];
+            pack_a(&a, r0, rows, a_k0, kc, &mut packed_a);
+            let mut packed_b = vec![f32::NAN; 3 * kc * NR];
+            pack_b(&b, b_k0, kc, c0, cols, &mut packed_b);
+            for p in 0..kc {
+                for (i, &(start, live)) in tiles.iter().enumerate() {
+                    for r in 0..MR {
                         let want = if r < live {
-                            at(r0 + start + r, k0 + p)
+                            a_at(r0 + start + r, a_k0 + p)
                         } else {
                             0.0
                         };
-                        assert_eq!(out[i * kc * MR + p * MR + r], want, "tile {i} ({r}, {p})");
+                        let got = packed_a[i * kc * MR + p * MR + r];
+                        assert_eq!(got, want, "A tile {i} ({r}, {p})");
                     }
                 }
-            }
-        }
-    }
-
-    #[test]
-    fn packed_b_holds_each_element_once_and_zeros_past_the_columns() {
-        let (k, n) = (40, 41);
-        let data: Vec<f32> = (0..k * n).map(|i| i as f32 + 1.0).collect();
-        let (k0, kc, c0, cols) = (1, 29, 2, 38);
-        for (b, at) in both_layouts(k, n, &data) {
-            let mut out = vec![f32::NAN; 3 * kc * NR];
-            pack_b(&b, k0, kc, c0, cols, &mut out);
-            for c in 0..3 * NR {
-                for p in 0..kc {
-                    let want = if c < cols { at(k0 + p, c0 + c) } else { 0.0 };
-                    assert_eq!(
-                        out[(c / NR) * kc * NR + p * NR + c % NR],
-                        want,
-                        "({p}, {c})"
-                    );
+                for c in 0..3 * NR {
+                    let want = if c < cols {
+                        b_at(b_k0 + p, c0 + c)
+                    } else {
+                        0.0
+                    };
+                    let got = packed_b[(c / NR) * kc * NR + p * NR + c % NR];
+                    assert_eq!(got, want, "B ({p}, {c})");
                 }
             }
         }
