@@ -10,6 +10,7 @@ use qkv::models::generation_config::EarlyStopping;
 use qkv::models::request::Request;
 use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{Head, Input, ModelKind, TokenBatch, Transformer};
+use qkv::ops::DType;
 use qkv::text::Tokenizer;
 use qkv::Tensor;
 
@@ -57,19 +58,27 @@ impl Model {
 /// Mistral, Qwen2, BLOOM, Marian, T5), a sentence-transformers folder (with
 /// ``modules.json``), or a folder qkv saved. Nothing is downloaded.
 ///
+/// ``dtype`` is the number type the linear layers compute in: ``"f32"``, or ``"bf16"``
+/// (weights and each layer's input rounded to bfloat16, products and sums in f32; norms,
+/// softmax, embeddings and a tied head stay f32).
+///
 /// Raises:
 ///     FileNotFoundError: ``path`` is not a folder, or lacks a file it needs.
 ///     ValueError: the config or weights are invalid or of an unsupported
-///         architecture; the message names the file and field.
+///         architecture (the message names the file and field), or ``dtype`` is
+///         not one of the names.
 #[pyfunction]
-pub fn load(py: Python<'_>, path: PathBuf) -> PyResult<Model> {
-    py.detach(|| read(&path)).or_py()
+#[pyo3(signature = (path, *, dtype = "f32"))]
+pub fn load(py: Python<'_>, path: PathBuf, dtype: &str) -> PyResult<Model> {
+    let dtype: DType = dtype.parse().or_py()?;
+    py.detach(|| read(&path, dtype)).or_py()
 }
 
-fn read(dir: &Path) -> qkv::Result<Model> {
+fn read(dir: &Path, dtype: DType) -> qkv::Result<Model> {
     let (net, parameters, dtypes, rows) = match dir.join("modules.json").is_file() {
         true => {
-            let encoder = SentenceEncoder::load(dir)?;
+            let mut encoder = SentenceEncoder::load(dir)?;
+            encoder.set_dtype(dtype);
             let parameters = encoder.encoder().num_params();
             let rows = encoder.encoder().arch.token_rows();
             (
@@ -83,7 +92,7 @@ fn read(dir: &Path) -> qkv::Result<Model> {
             let loaded = qkv::models::load(dir)?;
             let mut model = loaded.model;
             // Python calls only run forward: the projections are packed once here
-            model.pack_weights();
+            model.set_dtype(dtype);
             let rows = model.arch.token_rows();
             (
                 Net::Plain(Box::new(model)),
@@ -179,8 +188,9 @@ impl Model {
     /// ``kv_heads``, ``head_dim``, ``ffn_dim``, ``vocab``, ``max_positions``,
     /// ``position``, ``norm``, ``ffn``, the special tokens (``bos_token_id``,
     /// ``eos_token_id`` as a list, ``pad_token_id``, ``decoder_start_token_id``),
-    /// ``parameters`` and ``dtypes`` (element counts by dtype on disk; empty for a
-    /// sentence-transformers folder).
+    /// ``parameters``, ``dtypes`` (element counts by dtype on disk; empty for a
+    /// sentence-transformers folder) and ``dtype`` (what the linear layers compute in,
+    /// as ``load`` was asked).
     #[getter]
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let i = self.transformer().info();
@@ -218,6 +228,7 @@ impl Model {
             dtypes.set_item(name, n)?;
         }
         d.set_item("dtypes", dtypes)?;
+        d.set_item("dtype", self.transformer().dtype().name())?;
         Ok(d)
     }
 

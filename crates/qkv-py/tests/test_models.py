@@ -46,6 +46,21 @@ def test_decoder_logits_and_attentions_equal_transformers(name):
                      want.transpose(0, 2, 1, 3)[rows], ATOL, RTOL)
 
 
+@pytest.mark.parametrize("name", ["llama_gqa", "gpt2"])
+def test_bf16_logits_equal_pytorch_with_bf16_linear_layers(name):
+    # tools/fixtures/gen_dtype.py: each linear layer's input and weight rounded to bf16
+    f = fixture(f"models/{name}", "reference")
+    want = fixture("dtype", name)["logits"]
+    m = qkv.load(model_dir(name), dtype="bf16")
+    assert m.info["dtype"] == "bf16" and qkv.load(model_dir(name)).info["dtype"] == "f32"
+    out = m.forward(f["input_ids"], f["attention_mask"])["logits"]
+    rows = f["attention_mask"]
+    assert np.abs(real_rows(want, rows) - real_rows(f["logits"], rows)).max() > 3 * ATOL
+    assert_close(f"{name} bf16 logits", real_rows(out, rows), real_rows(want, rows), ATOL, RTOL)
+    with pytest.raises(ValueError, match="`int4` is not one of f32, bf16"):
+        qkv.load(model_dir(name), dtype="int4")
+
+
 def new_tokens(output, prompt_len, eos):
     row = [int(t) for t in output[prompt_len:]]
     for i, t in enumerate(row):

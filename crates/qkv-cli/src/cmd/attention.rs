@@ -31,6 +31,8 @@ pub struct AttentionArgs {
     /// Hugging Face model folder
     #[arg(long)]
     model: PathBuf,
+    #[command(flatten)]
+    dtype: super::DTypeFlag,
     /// Input text (needs the folder's tokenizer.json); the source of an encoder-decoder
     #[arg(
         long,
@@ -288,7 +290,8 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
         since: Instant::now(),
     };
     steps.step(&format!("loading {}", args.model.display()));
-    let loaded = super::load_model(&args.model)?;
+    let mut loaded = super::load_model(&args.model)?;
+    args.dtype.apply(&mut loaded.model);
     let model = &loaded.model;
     steps.step("loaded");
     let tok = super::tokenizer(&args.model, model, args.text.is_some())?;

@@ -23,6 +23,8 @@ use qkv::layers::linear::product_into;
 use qkv::models::generate::{generate_causal, GenerateOptions, Sampling};
 use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{Arch, TokenBatch, Transformer};
+use qkv::ops::bf16::{self, Bf16Weight};
+use qkv::ops::{DType, Par};
 use qkv::rng::Rng;
 use qkv::{AttentionSpec, CausalAlign, Kernel, Tensor};
 use serde_json::{json, Map, Value};
@@ -145,6 +147,9 @@ struct MinilmArgs {
     /// Print the generated sentences as a JSON list and exit (the PyTorch side encodes these)
     #[arg(long)]
     print_sentences: bool,
+    /// Below f32, the embeddings are first checked against f32's (least cosine)
+    #[command(flatten)]
+    dtype: super::DTypeFlag,
     #[command(flatten)]
     common: Common,
 }
@@ -180,6 +185,10 @@ struct LlamaArgs {
     /// Also write the model to DIR as a LlamaForCausalLM folder (transformers loads it)
     #[arg(long, value_name = "DIR")]
     save: Option<PathBuf>,
+    /// Below f32, each workload is first checked against the f32 model: the prefill's
+    /// logits, and the greedy tokens
+    #[command(flatten)]
+    dtype: super::DTypeFlag,
     #[command(flatten)]
     common: Common,
 }
@@ -198,6 +207,10 @@ struct MatmulArgs {
         ]
     )]
     shapes: Vec<String>,
+    /// The weight's number type: f32 (the product read in place), or bf16 (its copy,
+    /// made before timing)
+    #[command(flatten)]
+    dtype: super::DTypeFlag,
     #[command(flatten)]
     common: Common,
 }
@@ -302,17 +315,23 @@ fn bench_matmul(a: &MatmulArgs, p: &mut Printer<impl Write>) -> Result<()> {
         let x = rng.tensor(&[m, k], 1.0);
         let w = rng.tensor(&[n, k], 1.0);
         let mut y = Tensor::zeros(&[m, n]);
+        let dtype = a.dtype.dtype;
+        let w16 = Bf16Weight::new(w.data(), n, k)?;
         let timing = measure(&a.common, || {
-            product_into(&mut y, &x, &w, 1.0, false)?;
+            match dtype {
+                DType::F32 => product_into(&mut y, &x, &w, 1.0, false)?,
+                DType::Bf16 => bf16::product(y.data_mut(), x.data(), m, &w16, false, Par::Auto)?,
+            }
             black_box(&y);
             Ok(())
         })?;
         let flop = 2.0 * (m * k * n) as f64;
         p.row(Row {
-            label: format!("matmul {m}x{k}x{n}"),
+            label: format!("matmul {m}x{k}x{n} {dtype}"),
             timing,
             rate: Some(Rate::new("gflops", "GFLOP/s", flop / 1e9)),
-            fields: json!({"bench": "matmul", "m": m, "k": k, "n": n, "gflop": flop / 1e9}),
+            fields: json!({"bench": "matmul", "m": m, "k": k, "n": n, "gflop": flop / 1e9,
+                           "dtype": dtype.name()}),
         })?;
     }
     Ok(())
@@ -399,12 +418,30 @@ fn bench_minilm(a: &MinilmArgs, p: &mut Printer<impl Write>) -> Result<()> {
         return Ok(());
     }
     let dir = a.model.as_ref().expect("clap requires --model");
-    let encoder = SentenceEncoder::load(dir)
+    let mut encoder = SentenceEncoder::load(dir)
         .with_context(|| format!("loading sentence encoder {}", dir.display()))?;
+    let dtype = a.dtype.dtype;
+    let all: Vec<&str> = sentences.iter().map(String::as_str).collect();
+    let accuracy = if dtype == DType::F32 {
+        json!({})
+    } else {
+        let want = encoder.embed_batched(&all, a.batch)?;
+        encoder.set_dtype(dtype);
+        let got = encoder.embed_batched(&all, a.batch)?;
+        let least = want
+            .iter()
+            .zip(&got)
+            .map(|(w, g)| cosine(w, g))
+            .fold(f64::INFINITY, f64::min);
+        eprintln!(
+            "{dtype}: least cosine to f32 over {} sentences {least:.6}",
+            all.len()
+        );
+        json!({"min_cosine_to_f32": least})
+    };
 
     // One call over every sentence, which `embed_batched` groups into batches, as
     // sentence-transformers' encode groups them on the PyTorch side.
-    let all: Vec<&str> = sentences.iter().map(String::as_str).collect();
     let timing = measure(&a.common, || {
         black_box(encoder.embed_batched(&all, a.batch)?);
         Ok(())
@@ -414,7 +451,11 @@ fn bench_minilm(a: &MinilmArgs, p: &mut Printer<impl Write>) -> Result<()> {
         label: format!("minilm {n} sentences, batch {}", a.batch),
         timing,
         rate: Some(Rate::new("sentences_per_s", "sentences/s", n as f64)),
-        fields: json!({"bench": "minilm", "mode": "batch", "sentences": n, "batch": a.batch}),
+        fields: merge(
+            &json!({"bench": "minilm", "mode": "batch", "sentences": n, "batch": a.batch,
+                    "dtype": dtype.name()}),
+            accuracy,
+        ),
     })?;
 
     let tokens = encoder.tokenize(&[SINGLE_SENTENCE])?.len;
@@ -428,6 +469,7 @@ fn bench_minilm(a: &MinilmArgs, p: &mut Printer<impl Write>) -> Result<()> {
         rate: None,
         fields: json!({
             "bench": "minilm", "mode": "single", "sentence": SINGLE_SENTENCE, "tokens": tokens,
+            "dtype": dtype.name(),
         }),
     })
 }
@@ -481,7 +523,12 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
         );
     }
     let arch = Arch::llama(a.vocab, a.d_model, a.layers, a.heads, a.kv_heads, a.max_len);
-    let model = Transformer::new(&arch, a.common.seed)?;
+    let mut model = Transformer::new(&arch, a.common.seed)?;
+    let dtype = a.dtype.dtype;
+    if dtype != DType::F32 {
+        // the f32 model of the same seed is the reference
+        model.set_dtype(dtype);
+    }
     if let Some(dir) = &a.save {
         model
             .save(dir)
@@ -490,11 +537,27 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
     let arch_fields = json!({
         "bench": "llama", "d_model": a.d_model, "layers": a.layers, "heads": a.heads,
         "kv_heads": a.kv_heads, "vocab": a.vocab, "params": model.num_params(),
+        "dtype": dtype.name(),
     });
     let mut rng = Rng::new(a.common.seed.wrapping_add(1));
     let mut ids = |n: usize| -> Vec<usize> { (0..n).map(|_| rng.below(a.vocab)).collect() };
 
     let prompt = TokenBatch::single(ids(a.prefill))?;
+    let decode_prompt = TokenBatch::single(ids(a.decode_prompt))?;
+    let opts = GenerateOptions::new(a.decode, Sampling::Greedy, Vec::new());
+    let accuracy = match dtype {
+        DType::F32 => json!({}),
+        _ => {
+            let reference = Transformer::new(&arch, a.common.seed)?;
+            let acc = low_precision_accuracy(&reference, &model, &prompt, &decode_prompt, &opts)?;
+            // on stderr, so that `--json` prints JSON lines alone
+            eprintln!(
+                "{dtype}: prefill logits max abs {} from f32; greedy decode {} of {} tokens as f32",
+                acc["logits_max_abs"], acc["greedy_equal"], a.decode
+            );
+            acc
+        }
+    };
     let timing = measure(&a.common, || {
         let mut cache = model.new_cache(1);
         match a.last_logits {
@@ -510,21 +573,23 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
         rate: Some(Rate::new("tokens_per_s", "tokens/s", a.prefill as f64)),
         fields: merge(
             &arch_fields,
-            json!({"mode": "prefill", "tokens": a.prefill, "last_logits": a.last_logits}),
+            merge(
+                &json!({"mode": "prefill", "tokens": a.prefill, "last_logits": a.last_logits}),
+                accuracy.clone(),
+            ),
         ),
     })?;
 
-    let prompt = TokenBatch::single(ids(a.decode_prompt))?;
-    let opts = GenerateOptions::new(a.decode, Sampling::Greedy, Vec::new());
     let timing = measure(&a.common, || {
-        let new = generate_causal(&model, &prompt, &opts)?;
+        let new = generate_causal(&model, &decode_prompt, &opts)?;
         if new[0].len() != a.decode {
             bail!("generated {} tokens, not {}", new[0].len(), a.decode);
         }
         Ok(())
     })?;
     // Every decoding step reads every weight but the embedding table (one row of it).
-    let weight_bytes = ((model.num_params() - a.vocab * a.d_model) * 4) as f64;
+    // The embedding table stays f32 (a tied head would read it whole in f32).
+    let weight_bytes = ((model.num_params() - a.vocab * a.d_model) * dtype.bytes()) as f64;
     let fields = merge(
         &arch_fields,
         json!({
@@ -534,6 +599,7 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
             "weight_gbs_median": weight_bytes * a.decode as f64 / timing.median_s / 1e9,
         }),
     );
+    let fields = merge(&fields, accuracy);
     p.row(Row {
         label: format!(
             "llama greedy decode {} tokens (prompt {})",
@@ -543,6 +609,38 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
         rate: Some(Rate::new("tokens_per_s", "tokens/s", a.decode as f64)),
         fields,
     })
+}
+
+/// A reduced-precision model against the f32 one: the largest logit difference over the
+/// prefill prompt's positions, and how many greedy tokens match from the start.
+fn low_precision_accuracy(
+    reference: &Transformer,
+    model: &Transformer,
+    prompt: &TokenBatch,
+    decode_prompt: &TokenBatch,
+    opts: &GenerateOptions,
+) -> Result<Value> {
+    let want = reference.forward_cached(prompt, &mut reference.new_cache(1))?;
+    let got = model.forward_cached(prompt, &mut model.new_cache(1))?;
+    let want_tokens = &generate_causal(reference, decode_prompt, opts)?[0];
+    let got_tokens = &generate_causal(model, decode_prompt, opts)?[0];
+    let equal = want_tokens
+        .iter()
+        .zip(got_tokens)
+        .take_while(|(w, g)| w == g)
+        .count();
+    Ok(json!({"logits_max_abs": want.max_abs_diff(&got), "greedy_equal": equal}))
+}
+
+/// cos(u, v), in f64.
+fn cosine(u: &[f32], v: &[f32]) -> f64 {
+    let dot = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| *x as f64 * *y as f64)
+            .sum::<f64>()
+    };
+    dot(u, v) / (dot(u, u) * dot(v, v)).sqrt()
 }
 
 impl From<KernelArg> for Kernel {

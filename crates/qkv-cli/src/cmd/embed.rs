@@ -17,10 +17,13 @@ pub struct EmbedArgs {
     /// Sentences to embed
     #[arg(required = true)]
     texts: Vec<String>,
+    #[command(flatten)]
+    dtype: super::DTypeFlag,
 }
 
 pub fn run(args: &EmbedArgs, out: &mut impl Write) -> Result<()> {
-    let encoder = SentenceEncoder::load(&args.model)?;
+    let mut encoder = SentenceEncoder::load(&args.model)?;
+    encoder.set_dtype(args.dtype.dtype);
     let texts: Vec<&str> = args.texts.iter().map(String::as_str).collect();
     let vectors = encoder.embed(&texts)?;
     if args.json {

@@ -18,11 +18,14 @@ pub struct ForwardArgs {
     /// Output safetensors: float32 `logits` [B,T,V] (`last_hidden_state` [B,T,C] for encoders)
     #[arg(long)]
     output: PathBuf,
+    #[command(flatten)]
+    dtype: super::DTypeFlag,
 }
 
 pub fn run(args: &ForwardArgs) -> Result<()> {
     super::check_writable("--output", &args.output)?;
-    let model = super::load_model(&args.model)?.model;
+    let mut model = super::load_model(&args.model)?.model;
+    args.dtype.apply(&mut model);
     let input = TensorFile::open(&args.input)?;
     let tokens = input.token_batch("input_ids", Some("attention_mask"))?;
     // the encoder's own table where it has one (Marian may), else the one table

@@ -62,6 +62,8 @@ pub struct GenerateArgs {
     /// Print the generated token ids as a JSON list
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    dtype: super::DTypeFlag,
 }
 
 impl GenerateArgs {
@@ -86,7 +88,8 @@ impl GenerateArgs {
 }
 
 pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
-    let loaded = super::load_model(&args.model)?;
+    let mut loaded = super::load_model(&args.model)?;
+    args.dtype.apply(&mut loaded.model);
     let tokenizer = super::tokenizer(&args.model, &loaded.model, args.prompt.is_some())?;
     let ids = match (&args.prompt, &args.input_ids, &tokenizer) {
         (Some(text), _, Some(tok)) => tok.encode(text, true)?,

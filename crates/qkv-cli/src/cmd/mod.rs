@@ -17,6 +17,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use qkv::models::{self, Loaded, Transformer};
+use qkv::ops::DType;
 use qkv::text::Tokenizer;
 
 pub use flags::{as_flags, in_flags};
@@ -25,6 +26,28 @@ pub use writable::check_writable;
 /// Sizes the global rayon pool from a `--threads` flag (`None`: all cores).
 pub fn set_threads(threads: Option<usize>) -> Result<()> {
     qkv::ops::pool::use_threads(threads).map_err(in_flags::<Threads>)
+}
+
+/// `--dtype`, for the commands that run a model.
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct DTypeFlag {
+    /// Number type of the linear layers' weights: f32, or bf16 (half the bytes; the
+    /// products sum in f32, and norms, softmax and the residual stream stay f32)
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    pub dtype: DType,
+}
+
+fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
+    s.parse::<DType>().map_err(|e| e.to_string())
+}
+
+impl DTypeFlag {
+    /// Sets the model's type; f32 leaves it exactly as loaded.
+    pub fn apply(self, model: &mut Transformer) {
+        if self.dtype != DType::F32 {
+            model.set_dtype(self.dtype);
+        }
+    }
 }
 
 /// The one flag every command that sizes the pool has.

@@ -214,8 +214,9 @@ class Stream:
     def __iter__(self) -> "Stream": ...
     def __next__(self) -> Union[str, int]: ...
 
-def load(path: Union[str, "PathLike[str]"]) -> Model:
-    """Loads a Hugging Face, sentence-transformers or qkv model folder."""
+def load(path: Union[str, "PathLike[str]"], *, dtype: Literal["f32", "bf16"] = "f32") -> Model:
+    """Loads a Hugging Face, sentence-transformers or qkv model folder; its linear layers
+    compute in ``dtype``."""
 
 def sinusoidal_table(
     n_positions: int, dim: int, *, layout: Literal["interleaved", "split"] = "interleaved"

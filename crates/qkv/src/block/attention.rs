@@ -22,6 +22,7 @@ use crate::attention::{
 };
 use crate::error::{Error, Result};
 use crate::layers::Linear;
+use crate::ops::DType;
 use crate::position::Rope;
 use crate::tensor::Tensor;
 
@@ -44,10 +45,10 @@ pub struct MultiHeadAttention {
 crate::module!(MultiHeadAttention { q, k, v, o });
 
 impl MultiHeadAttention {
-    /// Packs the four projections for inference ([`Linear::pack`]).
-    pub fn pack_weights(&mut self) {
+    /// Packs the four projections for inference, in `dtype` ([`Linear::pack_as`]).
+    pub fn pack_weights(&mut self, dtype: DType) {
         for p in [&mut self.q, &mut self.k, &mut self.v, &mut self.o] {
-            p.pack();
+            p.pack_as(dtype);
         }
     }
 }

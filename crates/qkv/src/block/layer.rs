@@ -11,6 +11,7 @@ use super::attention::{Attend, AttnGrads, AttnTape, CrossKv, Keys, MultiHeadAtte
 use crate::attention::LayerKv;
 use crate::error::Result;
 use crate::layers::{FeedForward, FeedForwardCache, Norm, NormCache};
+use crate::ops::DType;
 use crate::tensor::Tensor;
 
 /// Where each sub-layer's norm sits relative to its branch f and the residual.
@@ -40,11 +41,12 @@ crate::module! {
 }
 
 impl Block {
-    /// Packs every projection of the layer for inference ([`crate::layers::Linear::pack`]).
-    pub fn pack_weights(&mut self) {
+    /// Packs every projection of the layer for inference, in `dtype`
+    /// ([`crate::layers::Linear::pack_as`]).
+    pub fn pack_weights(&mut self, dtype: DType) {
         let attentions = std::iter::once(&mut self.attn).chain(&mut self.cross);
-        attentions.for_each(|a| a.pack_weights());
-        self.ffn.pack_weights();
+        attentions.for_each(|a| a.pack_weights(dtype));
+        self.ffn.pack_weights(dtype);
     }
 }
 

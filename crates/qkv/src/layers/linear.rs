@@ -5,7 +5,8 @@
 //! is all the backward needs, and the caller holds it anyway.
 
 use crate::error::{Error, Result};
-use crate::ops::{gemm, gemm_packed, MatMut, MatRef, PackedWeight, Par};
+use crate::ops::bf16::{self, Bf16Weight};
+use crate::ops::{gemm, gemm_packed, DType, MatMut, MatRef, PackedWeight, Par};
 use crate::tensor::Tensor;
 use std::sync::Arc;
 
@@ -15,10 +16,19 @@ pub struct Linear {
     pub weight: Tensor,
     /// `[out]`
     pub bias: Option<Tensor>,
-    /// `weight` packed for the matrix-product kernel by [`Linear::pack`], with the
-    /// [`Tensor::generation`] it was packed from: once the weight changes, the copy no
-    /// longer matches and is not used.
-    packed: Option<(u64, Arc<PackedWeight>)>,
+    /// `weight` packed for the products by [`Linear::pack`] or [`Linear::pack_as`], with
+    /// the [`Tensor::generation`] it was packed from: once the weight changes, the copy
+    /// no longer matches and is not used.
+    packed: Option<(u64, Arc<Packed>)>,
+}
+
+/// A weight's copy in the layout (and number type) its products read.
+#[derive(Debug)]
+enum Packed {
+    /// f32 in the matrix-product kernel's panels.
+    F32(PackedWeight),
+    /// bf16, which every product of the layer then reads instead of the f32 weight.
+    Bf16(Bf16Weight),
 }
 
 impl Linear {
@@ -62,46 +72,86 @@ impl Linear {
     /// doubles the weight's memory. A weight changed afterwards (by training) is used
     /// as it is; its stale copy is ignored.
     pub fn pack(&mut self) {
-        let (n_out, n_in) = (self.out_features(), self.in_features());
-        // an empty weight (no inputs or outputs) has no product to speed up: left unpacked
-        self.packed = PackedWeight::new(self.weight.data(), n_out, n_in)
-            .ok()
-            .map(|packed| (self.weight.generation(), Arc::new(packed)));
+        self.pack_as(DType::F32);
     }
 
-    /// The packed weight, when [`Linear::pack`] made one from the current weight.
-    fn current_packed(&self) -> Option<&PackedWeight> {
+    /// [`Linear::pack`] in a number type: with [`DType::Bf16`], a bf16 copy (half the
+    /// f32 weight's bytes) that every forward then reads: the layer computes
+    /// bf16(x)·bf16(W)ᵀ, products and sums in f32, plus the f32 bias
+    /// ([`crate::ops::bf16`]). As with `pack`, a weight changed afterwards is used
+    /// as it is, in f32.
+    pub fn pack_as(&mut self, dtype: DType) {
+        let (n_out, n_in) = (self.out_features(), self.in_features());
+        let w = self.weight.data();
+        // an empty weight (no inputs or outputs) has no product to speed up: left unpacked
+        let packed = match dtype {
+            DType::F32 => PackedWeight::new(w, n_out, n_in).ok().map(Packed::F32),
+            DType::Bf16 => Bf16Weight::new(w, n_out, n_in).ok().map(Packed::Bf16),
+        };
+        self.packed = packed.map(|p| (self.weight.generation(), Arc::new(p)));
+    }
+
+    /// The number type the forward computes with: that of a current packed copy, else f32.
+    pub fn dtype(&self) -> DType {
+        match self.current_packed() {
+            Some(Packed::Bf16(_)) => DType::Bf16,
+            _ => DType::F32,
+        }
+    }
+
+    /// The packed copy, when one was made from the current weight.
+    fn current_packed(&self) -> Option<&Packed> {
         match &self.packed {
             Some((generation, w)) if *generation == self.weight.generation() => Some(w),
             _ => None,
         }
     }
 
+    /// s·x·Wᵀ without the bias, x: `[..., in]` → `[..., out]`, through the packed copy
+    /// when there is one (an LM head's logits).
+    pub fn project(&self, x: &Tensor, s: f32) -> Result<Tensor> {
+        let mut y = self.forward_with_bias(x, false)?;
+        if s != 1.0 {
+            y.data_mut().iter_mut().for_each(|v| *v *= s);
+        }
+        Ok(y)
+    }
+
     /// x: `[..., in]` → `[..., out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_with_bias(x, true)
+    }
+
+    /// x·Wᵀ, plus the bias when `with_bias` and the layer has one.
+    fn forward_with_bias(&self, x: &Tensor, with_bias: bool) -> Result<Tensor> {
         let n_out = self.out_features();
         self.check_input(x)?;
         let mut shape = x.shape().to_vec();
         *shape.last_mut().expect("rank checked") = n_out;
         let mut y = Tensor::zeros(&shape);
-        if let Some(b) = &self.bias {
+        let bias = self.bias.as_ref().filter(|_| with_bias);
+        if let Some(b) = bias {
             for row in y.data_mut().chunks_exact_mut(n_out) {
                 row.copy_from_slice(b.data());
             }
         }
         let rows = x.numel() / self.in_features();
+        let accumulate = bias.is_some();
         match self.current_packed() {
             // one row (a decoding step) reads the weight once in place, at memory speed,
             // whichever copy it reads: the unpacked path's dot products suit it best
-            Some(packed) if rows > 1 => gemm_packed(
+            Some(Packed::F32(packed)) if rows > 1 => gemm_packed(
                 MatMut::row_major(y.data_mut(), rows, n_out),
                 MatRef::row_major(x.data(), rows, self.in_features()),
                 packed,
                 1.0,
-                self.bias.is_some(),
+                accumulate,
                 Par::Auto,
             )?,
-            _ => product_into(&mut y, x, &self.weight, 1.0, self.bias.is_some())?,
+            Some(Packed::Bf16(w)) => {
+                bf16::product(y.data_mut(), x.data(), rows, w, accumulate, Par::Auto)?
+            }
+            _ => product_into(&mut y, x, &self.weight, 1.0, accumulate)?,
         }
         Ok(y)
     }

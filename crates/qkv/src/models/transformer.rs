@@ -17,7 +17,7 @@ use crate::attention::{Kernel, KvCache};
 use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
 use crate::module::Module;
-use crate::ops::on_pool;
+use crate::ops::{on_pool, DType};
 use crate::tensor::Tensor;
 
 /// A model: its architecture, parameters and (once a backward has run) gradients.
@@ -34,6 +34,8 @@ pub struct Transformer {
     pub kernel: Kernel,
     /// `[V]` a fixed bias on the logits (Marian's `final_logits_bias`)
     pub logits_bias: Option<Tensor>,
+    /// What the linear layers compute in ([`Transformer::set_dtype`]).
+    dtype: DType,
     info: ModelInfo,
     /// The `config.json` the model was read from (Hugging Face families), written back
     /// on save so the folder stays what transformers expects.
@@ -93,6 +95,7 @@ impl Transformer {
             grads: None,
             kernel: Kernel::Tiled,
             logits_bias,
+            dtype: DType::F32,
             info,
             source_config,
         })
@@ -332,7 +335,21 @@ impl Transformer {
     /// projection weights. Training afterwards stays correct (a changed weight is
     /// used as it is), but the copies are then dead weight.
     pub fn pack_weights(&mut self) {
-        self.weights.pack_weights();
+        self.weights.pack_weights(DType::F32);
+    }
+
+    /// Computes with the weights of every linear layer in `dtype` from now on
+    /// ([`crate::layers::Linear::pack_as`]); [`DType::F32`] packs them as
+    /// [`Transformer::pack_weights`] does. Norms, embeddings, attention and a tied head
+    /// stay f32. [`Transformer::dtype`] says which type the layers compute in.
+    pub fn set_dtype(&mut self, dtype: DType) {
+        self.weights.pack_weights(dtype);
+        self.dtype = dtype;
+    }
+
+    /// The number type the linear layers compute in ([`Transformer::set_dtype`]).
+    pub fn dtype(&self) -> DType {
+        self.dtype
     }
 
     /// A whole forward without a cache: logits (or an encoder's hidden states), and

@@ -2,7 +2,9 @@
 
 pub mod activation;
 pub(crate) mod aligned;
+pub mod bf16;
 pub(crate) mod disjoint;
+pub mod dtype;
 pub mod fastmath;
 pub mod isa;
 pub mod matmul;
@@ -12,6 +14,7 @@ pub mod softmax;
 pub mod vector;
 
 pub use activation::Activation;
+pub use dtype::DType;
 pub use matmul::{gemm, gemm_packed, matmul, MatMut, MatRef, PackedWeight, Par};
 pub use pool::on_pool;
 pub use softmax::{softmax, softmax_backward, softmax_rows};

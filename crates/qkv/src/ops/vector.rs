@@ -36,6 +36,10 @@ pub trait Vector: Copy {
     unsafe fn sum(self) -> f32;
     /// Largest lane.
     unsafe fn max_lane(self) -> f32;
+    /// Each lane's bits read as two bf16 numbers, low half first: the low one as f32.
+    unsafe fn bf16_low(self) -> Self;
+    /// The high one as f32.
+    unsafe fn bf16_high(self) -> Self;
 }
 
 /// Lane-wise binary operations, each one intrinsic: `name: intrinsic`.
@@ -95,8 +99,19 @@ mod x86 {
     use crate::ops::simd::x86::{exp8, hmax, hsum};
     use std::arch::x86_64::*;
 
+    /// The bits of a lane's high bf16 half.
+    const BF16_HIGH: i32 = 0xffff_0000_u32 as i32;
+
     impl Vector for __m256 {
         const LANES: usize = 8;
+        #[inline(always)]
+        unsafe fn bf16_low(self) -> Self {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_castps_si256(self)))
+        }
+        #[inline(always)]
+        unsafe fn bf16_high(self) -> Self {
+            _mm256_and_ps(self, _mm256_castsi256_ps(_mm256_set1_epi32(BF16_HIGH)))
+        }
         one_intrinsic_each! { _mm256_setzero_ps, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_fmadd_ps, _mm256_mul_ps, _mm256_add_ps, _mm256_sub_ps, _mm256_max_ps, hsum, hmax }
         #[inline(always)]
         unsafe fn splat_from(p: *const f32) -> Self {
@@ -110,6 +125,15 @@ mod x86 {
 
     impl Vector for __m512 {
         const LANES: usize = 16;
+        #[inline(always)]
+        unsafe fn bf16_low(self) -> Self {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_castps_si512(self)))
+        }
+        #[inline(always)]
+        unsafe fn bf16_high(self) -> Self {
+            let bits = _mm512_and_si512(_mm512_castps_si512(self), _mm512_set1_epi32(BF16_HIGH));
+            _mm512_castsi512_ps(bits)
+        }
         one_intrinsic_each! { _mm512_setzero_ps, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_fmadd_ps, _mm512_mul_ps, _mm512_add_ps, _mm512_sub_ps, _mm512_max_ps, _mm512_reduce_add_ps, _mm512_reduce_max_ps }
         #[inline(always)]
         unsafe fn splat_from(p: *const f32) -> Self {

@@ -363,16 +363,18 @@ impl<'m> Net<'m> {
         let (logits, mlm) = match self.arch.head {
             Head::None => return Ok((h, None)),
             Head::Lm { tied, rescale, .. } => {
-                let w = match (&hw.lm_head, tied) {
-                    (Some(lin), false) => &lin.weight,
-                    _ => table,
-                };
                 let s = if rescale {
                     (self.arch.d_model as f32).powf(-0.5)
                 } else {
                     1.0
                 };
-                (project(&h, w, s)?, None)
+                // an untied head is a linear layer, in its dtype; a tied one reads the
+                // token table in f32
+                let logits = match (&hw.lm_head, tied) {
+                    (Some(lin), false) => lin.project(&h, s)?,
+                    _ => project(&h, table, s)?,
+                };
+                (logits, None)
             }
             Head::MaskedLm { activation } => {
                 let (dense, norm) = match (&hw.dense, &hw.norm) {

@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::layers::{Embedding, FeedForward, Linear, Norm};
 use crate::models::net::arch::{Arch, Head, Position, StackDims};
 use crate::module::Module;
+use crate::ops::DType;
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 
@@ -58,20 +59,21 @@ crate::module! {
 }
 
 impl Weights {
-    /// Packs every linear layer for inference ([`crate::layers::Linear::pack`]): the
-    /// attention and FFN projections of both stacks and the head's own layers. A
-    /// tied head reads the token table in place.
-    pub fn pack_weights(&mut self) {
+    /// Packs every linear layer for inference, in `dtype`
+    /// ([`crate::layers::Linear::pack_as`]): the attention and FFN projections of both
+    /// stacks and the head's own layers. A tied head reads the token table in place,
+    /// in f32.
+    pub fn pack_weights(&mut self, dtype: DType) {
         for stack in [&mut self.encoder, &mut self.decoder].into_iter().flatten() {
             for layer in &mut stack.layers {
-                layer.pack_weights();
+                layer.pack_weights(dtype);
             }
         }
         for linear in [&mut self.head.lm_head, &mut self.head.dense]
             .into_iter()
             .flatten()
         {
-            linear.pack();
+            linear.pack_as(dtype);
         }
     }
 }

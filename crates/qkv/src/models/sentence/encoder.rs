@@ -42,6 +42,14 @@ pub struct SentenceEncoder {
 }
 
 impl SentenceEncoder {
+    /// Computes with the transformer's linear layers in `dtype` from now on
+    /// ([`Transformer::set_dtype`]).
+    pub fn set_dtype(&mut self, dtype: crate::ops::DType) {
+        if self.model.dtype() != dtype {
+            self.model.set_dtype(dtype);
+        }
+    }
+
     /// Loads the sentence-transformers folder `dir` (see the module docs).
     pub fn load(dir: &Path) -> Result<Self> {
         let modules_path = dir.join("modules.json");

@@ -48,6 +48,19 @@ enum Operand<'a> {
     View(MatRef<'a>),
     /// A weight packed once, read in place.
     Packed(&'a PackedWeight),
+    /// A weight that packs its own slabs (one stored in another number type).
+    Source(&'a dyn SlabSource),
+}
+
+/// A `[K, N]` B operand that writes its slabs in the packed layout itself: what lets a
+/// weight stored in another number type (bf16) run on the f32 micro-kernel, widened
+/// slab by slab as the product packs it.
+pub trait SlabSource: Sync {
+    /// Writes rows `k0..k0 + kc` × columns `c0..c0 + cols` of B into `out` as
+    /// [`super::pack_panels`] lays B out: element (p, c) at
+    /// `(c / PANEL)·kc·PANEL + p·PANEL + c % PANEL`, columns past `cols` in the last
+    /// panel zero. `c0` is a multiple of [`super::PANEL`].
+    fn pack_slab(&self, k0: usize, kc: usize, c0: usize, cols: usize, out: &mut [f32]);
 }
 
 /// Whether a product of this shape is split over the threads.
@@ -73,6 +86,13 @@ pub(super) fn product(u: Update<'_>, a: MatRef<'_>, b: MatRef<'_>, par: Par) {
 pub(super) fn product_packed(u: Update<'_>, a: MatRef<'_>, b: &PackedWeight, par: Par) {
     let shape = (u.c.rows, u.c.cols, a.cols);
     blocked(u, a, Operand::Packed(b), parallel(shape, par));
+}
+
+/// [`product`] with B a [`SlabSource`]: the blocked path for every row count. Shapes
+/// as [`product`].
+pub(super) fn product_source(u: Update<'_>, a: MatRef<'_>, b: &dyn SlabSource, par: Par) {
+    let shape = (u.c.rows, u.c.cols, a.cols);
+    blocked(u, a, Operand::Source(b), parallel(shape, par));
 }
 
 /// The blocked product, cut into one rectangle of C per thread when `parallel`.
@@ -137,7 +157,7 @@ impl Part {
         let panels = self.cols.div_ceil(NR);
         let per_tile = panels_per_tile();
         let b_scratch = match b {
-            Operand::View(_) => panels * kc_max * NR,
+            Operand::View(_) | Operand::Source(_) => panels * kc_max * NR,
             Operand::Packed(_) => 0,
         };
         with_buffer(&PACKED_B, b_scratch, |b_scratch| {
@@ -151,6 +171,11 @@ impl Part {
                         let packed_b: &[f32] = match b {
                             Operand::View(view) => {
                                 pack::pack_b(&view, k0, kc, self.c0, self.cols, b_scratch);
+                                b_scratch
+                            }
+                            Operand::Source(source) => {
+                                let len = panels * kc * NR;
+                                source.pack_slab(k0, kc, self.c0, self.cols, &mut b_scratch[..len]);
                                 b_scratch
                             }
                             // a part starts on a panel boundary (c0 is a multiple of NR)

@@ -11,6 +11,8 @@ mod packed;
 mod tile;
 mod view;
 
+pub use blocked::SlabSource;
+pub(crate) use packed::check_weight;
 pub use packed::PackedWeight;
 use view::Update;
 pub use view::{MatMut, MatRef, Par};
@@ -122,6 +124,35 @@ pub fn gemm_packed(
         return Ok(());
     }
     blocked::product_packed(Update::of(dst, alpha, accumulate), a, w, par);
+    Ok(())
+}
+
+/// [`gemm`] with b a [`SlabSource`] `[K, N]` of `(k, n)`: `dst = (accumulate ? dst : 0)
+/// + alpha · a · b` on the blocked path, B packed by the source slab by slab. Errors as
+/// [`gemm`] does.
+pub fn gemm_source(
+    dst: MatMut<'_>,
+    a: MatRef<'_>,
+    (b, k, n): (&dyn SlabSource, usize, usize),
+    alpha: f32,
+    accumulate: bool,
+    par: Par,
+) -> Result<()> {
+    if !(a.rows == dst.rows && n == dst.cols && a.cols == k) {
+        return Err(Error::shape(
+            "gemm_source operands",
+            format!(
+                "a [M,K], b [K,N], dst [M,N]; got a {}x{}, b {k}x{n}, dst",
+                a.rows, a.cols
+            ),
+            &[dst.rows, dst.cols],
+        ));
+    }
+    outside("gemm_source", &[("a", a.fits()), ("dst", dst.fits())])?;
+    if dst.rows == 0 || n == 0 || k == 0 {
+        return Ok(());
+    }
+    blocked::product_source(Update::of(dst, alpha, accumulate), a, b, par);
     Ok(())
 }
 

@@ -19,6 +19,18 @@ use super::view::MatRef;
 use crate::error::{Error, Result};
 use crate::ops::aligned::AlignedBuf;
 
+/// Errors unless `len` values make a `[n, k]` weight with n, k ≥ 1 (`what` names it).
+pub(crate) fn check_weight(what: &str, len: usize, n: usize, k: usize) -> Result<()> {
+    if n == 0 || k == 0 || n.checked_mul(k) != Some(len) {
+        return Err(Error::shape(
+            what,
+            format!("[{n}, {k}] with n, k ≥ 1, as its {len} values"),
+            &[n, k],
+        ));
+    }
+    Ok(())
+}
+
 /// Wᵀ of a `[N, K]` weight, in micro-panels (see the module documentation).
 #[derive(Clone)]
 pub struct PackedWeight {
@@ -37,13 +49,7 @@ impl std::fmt::Debug for PackedWeight {
 impl PackedWeight {
     /// Packs `w`, a row-major `[n, k]` weight (n, k ≥ 1) as a linear layer stores it.
     pub fn new(w: &[f32], n: usize, k: usize) -> Result<Self> {
-        if n == 0 || k == 0 || n.checked_mul(k) != Some(w.len()) {
-            return Err(Error::shape(
-                "packed weight",
-                format!("[{n}, {k}] with n, k ≥ 1, as its {} floats", w.len()),
-                &[n, k],
-            ));
-        }
+        check_weight("packed weight", w.len(), n, k)?;
         let (count, kc_max) = slabs(k);
         let panels = n.div_ceil(NR);
         let mut data = AlignedBuf::zeros(k * panels * NR);

@@ -1,0 +1,167 @@
+//! y (+)= x·Wᵀ for a bf16 weight: the form by the row count and the CPU (module docs
+//! of [`super`]).
+
+use super::convert::round_to_bf16;
+use super::operands::Operands;
+use super::weight::Bf16Weight;
+use super::{gemm, gemv};
+use crate::error::{Error, Result};
+use crate::ops::{MatMut, MatRef, Par};
+
+/// Which form a product of `rows` rows takes. Each computes bf16(x)·Wᵀ with products
+/// and sums in f32; they differ in the order of the sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// The weight widened in registers: a few rows.
+    FewRows,
+    /// `vdpbf16ps`: many rows on AVX512-BF16.
+    DotBf16,
+    /// x and the weight widened to f32 once, then the f32 product: many rows elsewhere.
+    Widened,
+}
+
+/// The form [`product`] takes for `rows` rows on this CPU.
+pub fn form(rows: usize) -> Form {
+    if rows <= gemv::ROWS {
+        Form::FewRows
+    } else if gemm::preferred() {
+        Form::DotBf16
+    } else {
+        Form::Widened
+    }
+}
+
+/// y `[rows, N]` ← (accumulate ? y : 0) + bf16(x) `[rows, K]`·Wᵀ, row-major: x rounded
+/// to bf16 as the weight is, products and sums in f32. Errors when the lengths do not
+/// match the weight's shape.
+pub fn product(
+    y: &mut [f32],
+    x: &[f32],
+    rows: usize,
+    w: &Bf16Weight,
+    accumulate: bool,
+    par: Par,
+) -> Result<()> {
+    let (n, k) = (w.n(), w.k());
+    if rows.checked_mul(k) != Some(x.len()) || rows.checked_mul(n) != Some(y.len()) {
+        return Err(Error::shape(
+            "bf16 product operands",
+            format!("x [rows, {k}] and y [rows, {n}] for the weight [{n}, {k}], rows = {rows}"),
+            &[x.len(), y.len()],
+        ));
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let ops = Operands {
+        y,
+        x,
+        rows,
+        w,
+        accumulate,
+    };
+    run(form(rows), ops, par)
+}
+
+/// The forms this CPU can run (what the tests compare): the few-rows and widened forms
+/// everywhere, `vdpbf16ps` where the CPU has AVX512-BF16.
+pub fn forms_here() -> Vec<Form> {
+    let mut forms = vec![Form::FewRows, Form::Widened];
+    if gemm::available() {
+        forms.push(Form::DotBf16);
+    }
+    forms
+}
+
+/// [`product`] in a given form, on checked operands (the few-rows form takes at most
+/// four rows).
+fn run(form: Form, ops: Operands<'_>, par: Par) -> Result<()> {
+    let parallel = par == Par::Auto;
+    match form {
+        Form::FewRows => gemv::product(ops, parallel),
+        Form::DotBf16 => gemm::product(ops, parallel),
+        Form::Widened => widened(ops, par)?,
+    }
+    Ok(())
+}
+
+/// The widened form: x rounded once, then the f32 product with the weight widened slab
+/// by slab as the product packs it ([`crate::ops::matmul::SlabSource`]).
+fn widened(ops: Operands<'_>, par: Par) -> Result<()> {
+    let Operands {
+        y,
+        x,
+        rows,
+        w,
+        accumulate,
+    } = ops;
+    let (n, k) = (w.n(), w.k());
+    let xr: Vec<f32> = x.iter().map(|&v| round_to_bf16(v)).collect();
+    crate::ops::matmul::gemm_source(
+        MatMut::row_major(y, rows, n),
+        MatRef::row_major(&xr, rows, k),
+        (w, k, n),
+        1.0,
+        accumulate,
+        par,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::reference;
+    use super::*;
+    use crate::rng::Rng;
+
+    /// Each form this CPU runs equals the twin within f32 rounding of the sums (their
+    /// order differs):
+    /// row counts on both sides of the few-rows limit and of a tile, odd K, a last
+    /// panel of fewer than 16 columns, accumulation.
+    #[test]
+    fn every_row_count_equals_the_twin() {
+        let mut rng = Rng::new(7);
+        for &(rows, k, n) in &[
+            (1, 7, 3),
+            (1, 512, 100),
+            (3, 130, 40),
+            (4, 64, 17),
+            (5, 33, 70),
+            (13, 301, 45),
+            (64, 96, 129),
+        ] {
+            let x = rng.normals(rows * k, 1.0);
+            let wf = rng.normals(n * k, 1.0);
+            let w = Bf16Weight::new(&wf, n, k).unwrap();
+            let y0 = rng.normals(rows * n, 1.0);
+            let forms = forms_here()
+                .into_iter()
+                .filter(|&f| f != Form::FewRows || rows <= 4);
+            for (form, accumulate) in forms.flat_map(|f| [(f, false), (f, true)]) {
+                let mut got = y0.clone();
+                let ops = Operands {
+                    y: &mut got,
+                    x: &x,
+                    rows,
+                    w: &w,
+                    accumulate,
+                };
+                run(form, ops, Par::Auto).unwrap();
+                let mut want = y0.clone();
+                reference::product(&mut want, &x, rows, &w, accumulate);
+                for (i, (g, t)) in got.iter().zip(&want).enumerate() {
+                    let tol = 1e-5 * (k as f32).sqrt() * (1.0 + t.abs());
+                    let what = format!("{form:?} {rows}x{k}x{n} acc {accumulate} [{i}]");
+                    assert!((g - t).abs() < tol, "{what}: {g} vs {t}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mismatched_lengths_are_errors() {
+        let w = Bf16Weight::new(&[1.0; 6], 2, 3).unwrap();
+        let mut y = vec![0.0; 2];
+        assert!(product(&mut y, &[1.0; 4], 1, &w, false, Par::Auto).is_err());
+        assert!(product(&mut y, &[1.0; 3], 2, &w, false, Par::Auto).is_err());
+    }
+}
