@@ -5,7 +5,7 @@
 //! - [`convert`]: f32 → bf16 with round-to-nearest-even, as PyTorch's `.to(bfloat16)`;
 //! - [`weight`]: a `[N, K]` weight in the one layout both products read (panels of 16
 //!   output columns, K in pairs);
-//! - [`product`]: y (+)= bf16(x)·Wᵀ: x rounded to bf16 as the weight is, products and
+//! - [`product`](mod@product): y (+)= bf16(x)·Wᵀ: x rounded to bf16 as the weight is, products and
 //!   sums in f32, whichever form runs (so a result does not depend on the row count or
 //!   the CPU beyond the order of the sums). A few rows (a decoding step) stream the
 //!   weight once, widening each weight to f32 in registers: that path is bound by
@@ -14,7 +14,7 @@
 //!   twice the multiply-adds of an f32 FMA, and elsewhere through the f32 product of the
 //!   operands widened 256 weight rows at a time (on Intel's Xeons `vdpbf16ps` ran at
 //!   half the f32 product's rate: `gemm::preferred`);
-//! - [`reference`]: the readable twin the tests hold every form to: both operands
+//! - [`reference`](mod@reference): the readable twin the tests hold every form to: both operands
 //!   rounded and widened to f32, then the f32 product.
 
 pub mod convert;

@@ -57,9 +57,9 @@ enum Operand<'a> {
 /// slab by slab as the product packs it.
 pub trait SlabSource: Sync {
     /// Writes rows `k0..k0 + kc` × columns `c0..c0 + cols` of B into `out` as
-    /// [`super::pack_panels`] lays B out: element (p, c) at
+    /// `matmul::pack_panels` lays B out: element (p, c) at
     /// `(c / PANEL)·kc·PANEL + p·PANEL + c % PANEL`, columns past `cols` in the last
-    /// panel zero. `c0` is a multiple of [`super::PANEL`].
+    /// panel zero. `c0` is a multiple of the panel width (16).
     fn pack_slab(&self, k0: usize, kc: usize, c0: usize, cols: usize, out: &mut [f32]);
 }
 
