@@ -103,44 +103,42 @@ fn generate_json_prints_hf_greedy_tokens() {
     assert_eq!(got, output[prompt.len()..shape[1]].to_vec());
 }
 
-/// `--dtype bf16` generates what PyTorch with bf16 linear layers generates
+/// `--dtype bf16` and `int8` generate what PyTorch with such linear layers generates
 /// (tools/fixtures/gen_dtype.py); an unknown type is refused naming the flag.
 #[test]
-fn generate_dtype_bf16_prints_the_bf16_reference_tokens() {
+fn generate_dtype_prints_the_reduced_reference_tokens() {
     let dir = fixture("llama_gqa");
     let reference = TensorFile::open(dir.join("reference.safetensors")).unwrap();
     let (_, prompt) = reference.ints("gen_prompt").unwrap();
-    let bf16 = TensorFile::open(dir.join("../../dtype/llama_gqa.safetensors")).unwrap();
-    let (shape, output) = bf16.ints("gen_output").unwrap();
     let ids: Vec<String> = prompt.iter().map(|i| i.to_string()).collect();
+    let joined = ids.join(",");
     let model = dir.to_str().unwrap();
     let args = |dtype: &'static str| {
-        let mut a = vec![
-            "generate",
-            "--model",
-            model,
-            "--max-new-tokens",
-            "8",
+        let mut a = vec!["generate", "--model", model, "--max-new-tokens", "8"];
+        a.extend([
             "--greedy",
-        ];
-        a.extend(["--json", "--dtype", dtype, "--input-ids"]);
+            "--json",
+            "--dtype",
+            dtype,
+            "--input-ids",
+            &joined,
+        ]);
         a
     };
-    let mut with_ids = args("bf16");
-    let joined = ids.join(",");
-    with_ids.push(&joined);
-    let out = qkv(&with_ids);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let got: Vec<i64> = serde_json::from_slice(&out.stdout).expect("a JSON list of ids");
-    assert_eq!(got, output[prompt.len()..shape[1]].to_vec());
+    for dtype in ["bf16", "int8"] {
+        let path = dir.join(format!("../../dtype/{dtype}/llama_gqa.safetensors"));
+        let (shape, output) = TensorFile::open(path).unwrap().ints("gen_output").unwrap();
+        let out = qkv(&args(dtype));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let got: Vec<i64> = serde_json::from_slice(&out.stdout).expect("a JSON list of ids");
+        assert_eq!(got, output[prompt.len()..shape[1]].to_vec(), "{dtype}");
+    }
 
-    let mut bad = args("int4");
-    bad.push(&joined);
-    let out = qkv(&bad);
+    let out = qkv(&args("int4"));
     assert!(!out.status.success() && out.stdout.is_empty());
     let err = stderr(&out);
     assert!(
-        err.contains("--dtype") && err.contains("`int4` is not one of f32, bf16"),
+        err.contains("--dtype") && err.contains("`int4` is not one of f32, bf16, int8, int8-row"),
         "{err}"
     );
 }

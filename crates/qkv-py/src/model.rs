@@ -58,9 +58,11 @@ impl Model {
 /// Mistral, Qwen2, BLOOM, Marian, T5), a sentence-transformers folder (with
 /// ``modules.json``), or a folder qkv saved. Nothing is downloaded.
 ///
-/// ``dtype`` is the number type the linear layers compute in: ``"f32"``, or ``"bf16"``
-/// (weights and each layer's input rounded to bfloat16, products and sums in f32; norms,
-/// softmax, embeddings and a tied head stay f32).
+/// ``dtype`` is the number type the linear layers compute in: ``"f32"``; ``"bf16"``
+/// (weights and each layer's input rounded to bfloat16, products and sums in f32);
+/// ``"int8"`` (8-bit codes with a scale per 32 weights of a row, as GGUF's Q8_0, and
+/// each layer's input quantized the same way on the fly) or ``"int8-row"`` (a scale per
+/// row). Norms, softmax, embeddings and a tied head stay f32.
 ///
 /// Raises:
 ///     FileNotFoundError: ``path`` is not a folder, or lacks a file it needs.

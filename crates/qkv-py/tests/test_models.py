@@ -46,18 +46,20 @@ def test_decoder_logits_and_attentions_equal_transformers(name):
                      want.transpose(0, 2, 1, 3)[rows], ATOL, RTOL)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "int8", "int8-row"])
 @pytest.mark.parametrize("name", ["llama_gqa", "gpt2"])
-def test_bf16_logits_equal_pytorch_with_bf16_linear_layers(name):
-    # tools/fixtures/gen_dtype.py: each linear layer's input and weight rounded to bf16
+def test_reduced_logits_equal_pytorch_with_such_linear_layers(name, dtype):
+    # tools/fixtures/gen_dtype.py: each linear layer's input and weight rounded to bf16,
+    # or quantized to int8 and dequantized
     f = fixture(f"models/{name}", "reference")
-    want = fixture("dtype", name)["logits"]
-    m = qkv.load(model_dir(name), dtype="bf16")
-    assert m.info["dtype"] == "bf16" and qkv.load(model_dir(name)).info["dtype"] == "f32"
+    want = fixture(f"dtype/{dtype.replace('-', '_')}", name)["logits"]
+    m = qkv.load(model_dir(name), dtype=dtype)
+    assert m.info["dtype"] == dtype and qkv.load(model_dir(name)).info["dtype"] == "f32"
     out = m.forward(f["input_ids"], f["attention_mask"])["logits"]
     rows = f["attention_mask"]
     assert np.abs(real_rows(want, rows) - real_rows(f["logits"], rows)).max() > 3 * ATOL
-    assert_close(f"{name} bf16 logits", real_rows(out, rows), real_rows(want, rows), ATOL, RTOL)
-    with pytest.raises(ValueError, match="`int4` is not one of f32, bf16"):
+    assert_close(f"{name} {dtype} logits", real_rows(out, rows), real_rows(want, rows), ATOL, RTOL)
+    with pytest.raises(ValueError, match="`int4` is not one of f32, bf16, int8, int8-row"):
         qkv.load(model_dir(name), dtype="int4")
 
 

@@ -24,6 +24,7 @@ use qkv::models::generate::{generate_causal, GenerateOptions, Sampling};
 use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{Arch, TokenBatch, Transformer};
 use qkv::ops::bf16::{self, Bf16Weight};
+use qkv::ops::int8::{self, Int8Weight, ScaleLayout};
 use qkv::ops::{DType, Par};
 use qkv::rng::Rng;
 use qkv::{AttentionSpec, CausalAlign, Kernel, Tensor};
@@ -207,8 +208,8 @@ struct MatmulArgs {
         ]
     )]
     shapes: Vec<String>,
-    /// The weight's number type: f32 (the product read in place), or bf16 (its copy,
-    /// made before timing)
+    /// The weight's number type: f32 (the product read in place), or another (its copy,
+    /// made before timing; its error against f32 printed to stderr)
     #[command(flatten)]
     dtype: super::DTypeFlag,
     #[command(flatten)]
@@ -316,12 +317,40 @@ fn bench_matmul(a: &MatmulArgs, p: &mut Printer<impl Write>) -> Result<()> {
         let w = rng.tensor(&[n, k], 1.0);
         let mut y = Tensor::zeros(&[m, n]);
         let dtype = a.dtype.dtype;
-        let w16 = Bf16Weight::new(w.data(), n, k)?;
-        let timing = measure(&a.common, || {
-            match dtype {
-                DType::F32 => product_into(&mut y, &x, &w, 1.0, false)?,
-                DType::Bf16 => bf16::product(y.data_mut(), x.data(), m, &w16, false, Par::Auto)?,
+        let weight = MatmulWeight::new(dtype, &w)?;
+        let run = |y: &mut Tensor| -> Result<()> {
+            match &weight {
+                MatmulWeight::F32 => product_into(y, &x, &w, 1.0, false)?,
+                MatmulWeight::Bf16(w) => {
+                    bf16::product(y.data_mut(), x.data(), m, w, false, Par::Auto)?
+                }
+                MatmulWeight::Int8(w) => {
+                    int8::product(y.data_mut(), x.data(), m, w, false, Par::Auto)?
+                }
             }
+            Ok(())
+        };
+        // how far the type moves the product: the largest error over the largest |y|
+        let accuracy = if dtype == DType::F32 {
+            json!({})
+        } else {
+            let mut want = Tensor::zeros(&[m, n]);
+            product_into(&mut want, &x, &w, 1.0, false)?;
+            run(&mut y)?;
+            let top = want.data().iter().fold(0.0f32, |t, v| t.max(v.abs()));
+            let err = y
+                .data()
+                .iter()
+                .zip(want.data())
+                .fold(0.0f32, |e, (g, t)| e.max((g - t).abs()));
+            eprintln!(
+                "{dtype} {m}x{k}x{n}: largest error {:.3e} of the largest |y|",
+                err / top
+            );
+            json!({"relative_error": err / top})
+        };
+        let timing = measure(&a.common, || {
+            run(&mut y)?;
             black_box(&y);
             Ok(())
         })?;
@@ -330,11 +359,40 @@ fn bench_matmul(a: &MatmulArgs, p: &mut Printer<impl Write>) -> Result<()> {
             label: format!("matmul {m}x{k}x{n} {dtype}"),
             timing,
             rate: Some(Rate::new("gflops", "GFLOP/s", flop / 1e9)),
-            fields: json!({"bench": "matmul", "m": m, "k": k, "n": n, "gflop": flop / 1e9,
-                           "dtype": dtype.name()}),
+            fields: merge(
+                &json!({"bench": "matmul", "m": m, "k": k, "n": n, "gflop": flop / 1e9,
+                        "dtype": dtype.name()}),
+                accuracy,
+            ),
         })?;
     }
     Ok(())
+}
+
+/// The weight of `bench matmul`, in its type.
+enum MatmulWeight {
+    /// the f32 weight, read in place as `product_into` reads it
+    F32,
+    Bf16(Bf16Weight),
+    Int8(Int8Weight),
+}
+
+impl MatmulWeight {
+    fn new(dtype: DType, w: &Tensor) -> Result<Self> {
+        let &[n, k] = w.shape() else {
+            bail!("a matmul weight is [n, k]");
+        };
+        Ok(match dtype {
+            DType::F32 => MatmulWeight::F32,
+            DType::Bf16 => MatmulWeight::Bf16(Bf16Weight::new(w.data(), n, k)?),
+            DType::Int8 => {
+                MatmulWeight::Int8(Int8Weight::new(w.data(), n, k, ScaleLayout::Blocks)?)
+            }
+            DType::Int8Row => {
+                MatmulWeight::Int8(Int8Weight::new(w.data(), n, k, ScaleLayout::Rows)?)
+            }
+        })
+    }
 }
 
 fn bench_machine(a: &MachineArgs, p: &mut Printer<impl Write>) -> Result<()> {
@@ -589,7 +647,7 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
     })?;
     // Every decoding step reads every weight but the embedding table (one row of it).
     // The embedding table stays f32 (a tied head would read it whole in f32).
-    let weight_bytes = ((model.num_params() - a.vocab * a.d_model) * dtype.bytes()) as f64;
+    let weight_bytes = (model.num_params() - a.vocab * a.d_model) as f64 * dtype.bytes_per_weight();
     let fields = merge(
         &arch_fields,
         json!({

@@ -31,8 +31,10 @@ pub fn set_threads(threads: Option<usize>) -> Result<()> {
 /// `--dtype`, for the commands that run a model.
 #[derive(clap::Args, Clone, Copy, Debug)]
 pub struct DTypeFlag {
-    /// Number type of the linear layers' weights: f32, or bf16 (half the bytes; the
-    /// products sum in f32, and norms, softmax and the residual stream stay f32)
+    /// Number type of the linear layers' weights: f32; bf16 (half the bytes, products
+    /// summed in f32); int8 (8-bit codes, a scale per 32 weights of a row as GGUF's
+    /// Q8_0, activations quantized per 32 on the fly); or int8-row (a scale per row).
+    /// Norms, softmax and the residual stream stay f32
     #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     pub dtype: DType,
 }

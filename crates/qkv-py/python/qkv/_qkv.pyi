@@ -214,7 +214,7 @@ class Stream:
     def __iter__(self) -> "Stream": ...
     def __next__(self) -> Union[str, int]: ...
 
-def load(path: Union[str, "PathLike[str]"], *, dtype: Literal["f32", "bf16"] = "f32") -> Model:
+def load(path: Union[str, "PathLike[str]"], *, dtype: Literal["f32", "bf16", "int8", "int8-row"] = "f32") -> Model:
     """Loads a Hugging Face, sentence-transformers or qkv model folder; its linear layers
     compute in ``dtype``."""
 

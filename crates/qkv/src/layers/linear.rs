@@ -6,6 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::ops::bf16::{self, Bf16Weight};
+use crate::ops::int8::{self, Int8Weight, ScaleLayout};
 use crate::ops::{gemm, gemm_packed, DType, MatMut, MatRef, PackedWeight, Par};
 use crate::tensor::Tensor;
 use std::sync::Arc;
@@ -29,6 +30,8 @@ enum Packed {
     F32(PackedWeight),
     /// bf16, which every product of the layer then reads instead of the f32 weight.
     Bf16(Bf16Weight),
+    /// int8 codes and scales, likewise.
+    Int8(Int8Weight),
 }
 
 impl Linear {
@@ -78,8 +81,9 @@ impl Linear {
     /// [`Linear::pack`] in a number type: with [`DType::Bf16`], a bf16 copy (half the
     /// f32 weight's bytes) that every forward then reads: the layer computes
     /// bf16(x)·bf16(W)ᵀ, products and sums in f32, plus the f32 bias
-    /// ([`crate::ops::bf16`]). As with `pack`, a weight changed afterwards is used
-    /// as it is, in f32.
+    /// ([`crate::ops::bf16`]). With [`DType::Int8`] or [`DType::Int8Row`], 8-bit codes
+    /// and scales, and x quantized on the fly ([`crate::ops::int8`]). As with `pack`, a
+    /// weight changed afterwards is used as it is, in f32.
     pub fn pack_as(&mut self, dtype: DType) {
         let (n_out, n_in) = (self.out_features(), self.in_features());
         let w = self.weight.data();
@@ -87,6 +91,15 @@ impl Linear {
         let packed = match dtype {
             DType::F32 => PackedWeight::new(w, n_out, n_in).ok().map(Packed::F32),
             DType::Bf16 => Bf16Weight::new(w, n_out, n_in).ok().map(Packed::Bf16),
+            DType::Int8 | DType::Int8Row => {
+                let layout = match dtype {
+                    DType::Int8 => ScaleLayout::Blocks,
+                    _ => ScaleLayout::Rows,
+                };
+                Int8Weight::new(w, n_out, n_in, layout)
+                    .ok()
+                    .map(Packed::Int8)
+            }
         };
         self.packed = packed.map(|p| (self.weight.generation(), Arc::new(p)));
     }
@@ -95,6 +108,10 @@ impl Linear {
     pub fn dtype(&self) -> DType {
         match self.current_packed() {
             Some(Packed::Bf16(_)) => DType::Bf16,
+            Some(Packed::Int8(w)) => match w.layout() {
+                ScaleLayout::Blocks => DType::Int8,
+                ScaleLayout::Rows => DType::Int8Row,
+            },
             _ => DType::F32,
         }
     }
@@ -150,6 +167,9 @@ impl Linear {
             )?,
             Some(Packed::Bf16(w)) => {
                 bf16::product(y.data_mut(), x.data(), rows, w, accumulate, Par::Auto)?
+            }
+            Some(Packed::Int8(w)) => {
+                int8::product(y.data_mut(), x.data(), rows, w, accumulate, Par::Auto)?
             }
             _ => product_into(&mut y, x, &self.weight, 1.0, accumulate)?,
         }

@@ -12,25 +12,35 @@ pub enum DType {
     /// 2 bytes a weight: f32's exponent range with 8 bits of precision
     /// ([`crate::ops::bf16`]).
     Bf16,
+    /// 8-bit codes with one scale per 32 weights of a row, as GGUF's Q8_0
+    /// ([`crate::ops::int8`]).
+    Int8,
+    /// 8-bit codes with one scale per row: the layout ONNX Runtime and CTranslate2 use.
+    Int8Row,
 }
 
 impl DType {
     /// Every type, by its name.
-    pub const ALL: [DType; 2] = [DType::F32, DType::Bf16];
+    pub const ALL: [DType; 4] = [DType::F32, DType::Bf16, DType::Int8, DType::Int8Row];
 
-    /// `f32`, `bf16`: the name flags and keywords take.
+    /// `f32`, `bf16`, `int8`, `int8-row`: the name flags and keywords take.
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
             DType::Bf16 => "bf16",
+            DType::Int8 => "int8",
+            DType::Int8Row => "int8-row",
         }
     }
 
-    /// Bytes one weight takes.
-    pub fn bytes(self) -> usize {
+    /// Bytes one weight takes, its share of the scales included (an f32 scale per 32
+    /// for int8; a row's one scale is counted as nothing).
+    pub fn bytes_per_weight(self) -> f64 {
         match self {
-            DType::F32 => 4,
-            DType::Bf16 => 2,
+            DType::F32 => 4.0,
+            DType::Bf16 => 2.0,
+            DType::Int8 => 1.0 + 4.0 / 32.0,
+            DType::Int8Row => 1.0,
         }
     }
 }
@@ -66,6 +76,9 @@ mod tests {
             assert_eq!(d.name().parse::<DType>().unwrap(), d);
         }
         let err = "int4".parse::<DType>().unwrap_err().to_string();
-        assert!(err.contains("`int4`") && err.contains("f32, bf16"), "{err}");
+        assert!(
+            err.contains("`int4`") && err.contains("f32, bf16, int8, int8-row"),
+            "{err}"
+        );
     }
 }

@@ -6,6 +6,7 @@ pub mod bf16;
 pub(crate) mod disjoint;
 pub mod dtype;
 pub mod fastmath;
+pub mod int8;
 pub mod isa;
 pub mod matmul;
 pub mod pool;

@@ -1,0 +1,25 @@
+//! int8 weights: products of f32 activations with weights stored as 8-bit codes and
+//! scales, at about a quarter of f32's bytes. What leaves a product is f32.
+//!
+//! - [`quant`]: the codes of a group of numbers, d = max|x|/127 and q = round(x/d), as
+//!   llama.cpp's Q8_0 makes them;
+//! - [`weight`]: a `[N, K]` weight, one scale per 32 steps of a row (Q8_0's blocks, the
+//!   default) or per row ([`ScaleLayout`]), in panels of 16 output columns;
+//! - [`product`](mod@product): y (+)= deq(q(x))·deq(W)ᵀ, x quantized on the fly in the
+//!   weight's groups. On AVX-512 VNNI every row count runs `vpdpbusd` tiles, each
+//!   group's sum exact in i32, so a result does not depend on the row count; elsewhere
+//!   both operands are dequantized and the f32 product runs, having read the weight at
+//!   a quarter of the bytes;
+//! - [`reference`](mod@reference): the twin the tests hold every form to: both operands
+//!   dequantized, then the f32 product.
+
+mod kernel;
+pub mod product;
+pub mod quant;
+pub mod reference;
+mod rows;
+mod slab;
+pub mod weight;
+
+pub use product::product;
+pub use weight::{Int8Weight, ScaleLayout};

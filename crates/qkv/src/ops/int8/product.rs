@@ -1,0 +1,269 @@
+//! y (+)= x·Wᵀ for an int8 weight: the form by the CPU (module docs of [`super`]).
+
+use super::kernel::{self, Kernel, Tile};
+use super::rows::QuantizedRows;
+use super::weight::{Int8Weight, PANEL};
+use crate::error::{Error, Result};
+use crate::ops::disjoint::Disjoint;
+use crate::ops::{MatMut, MatRef, Par};
+use rayon::prelude::*;
+
+/// Which form a product takes. Both compute deq(q(x))·deq(W)ᵀ; they differ in the
+/// order of the f32 sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// `vpdpbusd` tiles, exact in i32 within a group: every row count on AVX-512 VNNI.
+    Dot,
+    /// Both operands dequantized, then the f32 product: elsewhere.
+    Widened,
+}
+
+/// The form [`product`] takes on this CPU.
+pub fn form() -> Form {
+    if kernel::vnni() {
+        Form::Dot
+    } else {
+        Form::Widened
+    }
+}
+
+/// The forms this CPU can run (what the tests compare).
+pub fn forms_here() -> Vec<Form> {
+    let mut forms = vec![Form::Widened];
+    if kernel::vnni() {
+        forms.push(Form::Dot);
+    }
+    forms
+}
+
+/// Rows of a tile.
+const MR: usize = 4;
+
+/// y `[rows, N]` ← (accumulate ? y : 0) + deq(q(x))·deq(W)ᵀ, row-major: x `[rows, K]`
+/// quantized in the weight's groups ([`super::quant`]), each group's sum exact in
+/// integers. Errors when the lengths do not match the weight's shape.
+pub fn product(
+    y: &mut [f32],
+    x: &[f32],
+    rows: usize,
+    w: &Int8Weight,
+    accumulate: bool,
+    par: Par,
+) -> Result<()> {
+    let (n, k) = (w.n(), w.k());
+    if rows.checked_mul(k) != Some(x.len()) || rows.checked_mul(n) != Some(y.len()) {
+        return Err(Error::shape(
+            "int8 product operands",
+            format!("x [rows, {k}] and y [rows, {n}] for the weight [{n}, {k}], rows = {rows}"),
+            &[x.len(), y.len()],
+        ));
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let xq = QuantizedRows::new(x, rows, w);
+    match form() {
+        Form::Dot => tiles(y, &xq, rows, w, accumulate, Kernel::Vnni, par),
+        Form::Widened => widened(y, &xq, rows, w, accumulate, par)?,
+    }
+    Ok(())
+}
+
+/// The tiled form with a given kernel. One row (a decoding step) takes four panels a
+/// tile (64 columns, 8 vectors of sums); more rows take tiles of [`MR`] rows × 2
+/// panels. A task owns a run of panels and sweeps every row tile over them, so its
+/// panels stay in cache while x streams past; the weight is read from memory once.
+fn tiles(
+    y: &mut [f32],
+    xq: &QuantizedRows,
+    rows: usize,
+    w: &Int8Weight,
+    accumulate: bool,
+    kernel: Kernel,
+    par: Par,
+) {
+    let n = w.n();
+    let group = if rows == 1 { 4 } else { 2 };
+    let panels = w.panels();
+    let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
+    let chunk = if parallel {
+        panels
+            .div_ceil(4 * rayon::current_num_threads())
+            .next_multiple_of(group)
+    } else {
+        panels
+    };
+    let out = Disjoint::new(y);
+    let run = |j0: usize| {
+        let j1 = panels.min(j0 + chunk);
+        let mut sums = [[0.0f32; 4 * PANEL]; MR];
+        for j in (j0..j1).step_by(group) {
+            let live = (j1 - j).min(group);
+            let cols = (n - j * PANEL).min(live * PANEL);
+            for r0 in (0..rows).step_by(MR) {
+                let r_live = (rows - r0).min(MR);
+                tile(kernel, xq, r0, r_live, w, j, live, group == 4, &mut sums);
+                for (r, row) in sums.iter().enumerate().take(r_live) {
+                    // SAFETY: columns j·PANEL.. of this task's panels belong to it alone.
+                    let dst = unsafe { out.range((r0 + r) * n + j * PANEL, cols) };
+                    for (d, &s) in dst.iter_mut().zip(row) {
+                        *d = if accumulate { *d + s } else { s };
+                    }
+                }
+            }
+        }
+    };
+    if parallel {
+        (0..panels).into_par_iter().step_by(chunk).for_each(run);
+    } else {
+        run(0);
+    }
+}
+
+/// Sums of rows `r0..r0 + r_live` against panels `j..j + live` (of four when `four`,
+/// else two) into `sums[r][c]`, the panels' columns c.
+#[allow(clippy::too_many_arguments)]
+fn tile(
+    kernel: Kernel,
+    xq: &QuantizedRows,
+    r0: usize,
+    r_live: usize,
+    w: &Int8Weight,
+    j: usize,
+    live: usize,
+    four: bool,
+    sums: &mut [[f32; 4 * PANEL]; MR],
+) {
+    // missing panels repeat the last live one; their sums are dropped
+    let panel = |i: usize| j + i.min(live - 1);
+    macro_rules! call {
+        ($r:literal, $np:literal) => {{
+            let t = Tile::<$r, $np> {
+                x: std::array::from_fn(|i| xq.row(r0 + i)),
+                codes: std::array::from_fn(|i| w.panel_codes(panel(i))),
+                scales: std::array::from_fn(|i| w.panel_scales(panel(i))),
+                group: w.group(),
+            };
+            let mut out = [[[0.0f32; PANEL]; $np]; $r];
+            kernel::tile_on(kernel, &t, &mut out);
+            for (dst, src) in sums.iter_mut().zip(&out) {
+                for (np, cols) in src.iter().enumerate() {
+                    dst[np * PANEL..][..PANEL].copy_from_slice(cols);
+                }
+            }
+        }};
+    }
+    match (r_live, four) {
+        (1, true) => call!(1, 4),
+        (1, false) => call!(1, 2),
+        (2, _) => call!(2, 2),
+        (3, _) => call!(3, 2),
+        _ => call!(4, 2),
+    }
+}
+
+/// The widened form: x dequantized once, then the f32 product with the weight
+/// dequantized slab by slab as the product packs it
+/// ([`crate::ops::matmul::SlabSource`]).
+fn widened(
+    y: &mut [f32],
+    xq: &QuantizedRows,
+    rows: usize,
+    w: &Int8Weight,
+    accumulate: bool,
+    par: Par,
+) -> Result<()> {
+    let (n, k) = (w.n(), w.k());
+    let xd = xq.dequantized(k);
+    crate::ops::matmul::gemm_source(
+        MatMut::row_major(y, rows, n),
+        MatRef::row_major(&xd, rows, k),
+        (w, k, n),
+        1.0,
+        accumulate,
+        par,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::reference;
+    use super::super::weight::ScaleLayout;
+    use super::*;
+    use crate::rng::Rng;
+
+    /// Every form, and the tiles with the plain kernel on any CPU, equal the twin within
+    /// f32 rounding of the sums over groups: row counts around a tile, one row, odd K, a
+    /// last block shorter than 32, a last panel of fewer than 16 columns, both layouts,
+    /// accumulation.
+    #[test]
+    fn every_form_equals_the_twin() {
+        let mut rng = Rng::new(11);
+        for &(rows, k, n) in &[
+            (1, 7, 3),
+            (1, 512, 100),
+            (3, 130, 40),
+            (4, 64, 17),
+            (5, 33, 70),
+            (13, 301, 45),
+            (64, 96, 129),
+        ] {
+            let x = rng.normals(rows * k, 1.0);
+            let wf = rng.normals(n * k, 1.0);
+            let y0 = rng.normals(rows * n, 1.0);
+            for layout in [ScaleLayout::Blocks, ScaleLayout::Rows] {
+                let w = Int8Weight::new(&wf, n, k, layout).unwrap();
+                let xq = QuantizedRows::new(&x, rows, &w);
+                for accumulate in [false, true] {
+                    let mut want = y0.clone();
+                    reference::product(&mut want, &x, rows, &w, accumulate);
+                    let mut runs: Vec<(String, Vec<f32>)> = Vec::new();
+                    for kernel in kernel::kernels_here() {
+                        let mut got = y0.clone();
+                        tiles(&mut got, &xq, rows, &w, accumulate, kernel, Par::Auto);
+                        runs.push((format!("tiles {kernel:?}"), got));
+                    }
+                    let mut got = y0.clone();
+                    widened(&mut got, &xq, rows, &w, accumulate, Par::Auto).unwrap();
+                    runs.push(("widened".into(), got));
+                    let mut got = y0.clone();
+                    product(&mut got, &x, rows, &w, accumulate, Par::Auto).unwrap();
+                    runs.push((format!("product ({:?})", form()), got));
+                    for (name, got) in runs {
+                        for (i, (g, t)) in got.iter().zip(&want).enumerate() {
+                            let tol = 1e-5 * (k as f32).sqrt() * (1.0 + t.abs());
+                            let what =
+                                format!("{name} {layout:?} {rows}x{k}x{n} acc {accumulate} [{i}]");
+                            assert!((g - t).abs() < tol, "{what}: {g} vs {t}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mismatched_lengths_are_errors() {
+        let w = Int8Weight::new(&[1.0; 6], 2, 3, ScaleLayout::Blocks).unwrap();
+        let mut y = vec![0.0; 2];
+        assert!(product(&mut y, &[1.0; 4], 1, &w, false, Par::Auto).is_err());
+        assert!(product(&mut y, &[1.0; 3], 2, &w, false, Par::Auto).is_err());
+    }
+
+    /// A NaN in x reaches y, as in f32, rather than vanishing into a code of 0.
+    #[test]
+    fn a_nan_in_x_reaches_y() {
+        let w = Int8Weight::new(&[1.0; 64], 1, 64, ScaleLayout::Blocks).unwrap();
+        let mut x = vec![0.5; 64];
+        x[40] = f32::NAN;
+        for f in forms_here() {
+            let mut y = vec![0.0; 1];
+            let xq = QuantizedRows::new(&x, 1, &w);
+            match f {
+                Form::Dot => tiles(&mut y, &xq, 1, &w, false, Kernel::Vnni, Par::Auto),
+                Form::Widened => widened(&mut y, &xq, 1, &w, false, Par::Auto).unwrap(),
+            }
+            assert!(y[0].is_nan(), "{f:?}: {}", y[0]);
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! Activations quantized on the fly: each row of x `[rows, K]` cut into the weight's
+//! groups, one scale a group ([`super::quant`]), as the signed side of the products.
+
+use super::quant::quantize_groups;
+use super::weight::Int8Weight;
+
+/// x `[rows, K]` in codes, for one weight's groups.
+pub(super) struct QuantizedRows {
+    /// K padded to whole groups
+    pub width: usize,
+    pub group: usize,
+    /// `[rows, width]`, zeros past K
+    pub codes: Vec<i8>,
+    /// `[rows, groups]`
+    pub scales: Vec<f32>,
+    /// `[rows, groups]`: 128 · Σ codes of the group, what the weights' bias of 128
+    /// adds to each sum (Σ (q_w + 128)·q_x = Σ q_w·q_x + 128·Σ q_x)
+    pub offsets: Vec<i32>,
+}
+
+impl QuantizedRows {
+    /// Quantizes x `[rows, w.k()]` in `w`'s groups.
+    pub fn new(x: &[f32], rows: usize, w: &Int8Weight) -> Self {
+        let (k, group) = (w.k(), w.group());
+        assert_eq!(x.len(), rows * k);
+        let width = w.quads() * 4;
+        let groups = width / group;
+        let mut codes = vec![0i8; rows * width];
+        let mut scales = vec![0.0f32; rows * groups];
+        let mut offsets = vec![0i32; rows * groups];
+        for (r, src) in x.chunks_exact(k).enumerate() {
+            let g = r * groups..(r + 1) * groups;
+            let (s, o) = (&mut scales[g.clone()], &mut offsets[g]);
+            quantize_groups(src, group, &mut codes[r * width..][..k], s, o);
+            o.iter_mut().for_each(|sum| *sum *= 128);
+        }
+        QuantizedRows {
+            width,
+            group,
+            codes,
+            scales,
+            offsets,
+        }
+    }
+
+    /// Scales per row.
+    pub fn groups(&self) -> usize {
+        self.width / self.group
+    }
+
+    /// Row r's codes, scales and offsets.
+    pub fn row(&self, r: usize) -> (&[i8], &[f32], &[i32]) {
+        let g = self.groups();
+        (
+            &self.codes[r * self.width..][..self.width],
+            &self.scales[r * g..][..g],
+            &self.offsets[r * g..][..g],
+        )
+    }
+
+    /// x as the product reads it, `[rows, k]`: q·d.
+    pub fn dequantized(&self, k: usize) -> Vec<f32> {
+        let rows = self.scales.len() / self.groups();
+        let mut out = Vec::with_capacity(rows * k);
+        for r in 0..rows {
+            let (codes, scales, _) = self.row(r);
+            out.extend((0..k).map(|c| f32::from(codes[c]) * scales[c / self.group]));
+        }
+        out
+    }
+}

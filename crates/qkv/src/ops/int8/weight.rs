@@ -1,0 +1,206 @@
+//! A `[N, K]` weight in 8-bit codes with scales, laid out for y = x·Wᵀ.
+//!
+//! Each row is cut into groups of K steps with one scale each ([`ScaleLayout`]):
+//! W[r, c] ≈ q[r, c]·d[r, g]. The codes are stored biased, q + 128 as an unsigned byte,
+//! because `vpdpbusd` multiplies unsigned bytes by signed ones: the weight is the
+//! unsigned side and the activations, quantized on the fly, the signed one.
+//!
+//! Layout: N cut into panels of [`PANEL`] output columns (the last padded with zero
+//! rows), K padded with zeros to whole groups and cut into quads of 4 steps. Panel j
+//! holds, for each quad t, its 16 columns' quads: word `(j·quads + t)·16 + c` holds
+//! q[16j + c, 4t + i] + 128 in byte i. A panel's quad row is 64 bytes, one AVX-512
+//! vector, the operand of `vpdpbusd`. Panel j's scales are `(j·groups + g)·16 + c`.
+
+use super::quant::{quantize, BLOCK};
+use crate::error::Result;
+use crate::ops::matmul::check_weight;
+
+/// Output columns of a panel.
+pub const PANEL: usize = 16;
+
+/// Most K steps one scale covers: the i32 sums of a group, at most 255·127 a step,
+/// must not overflow.
+const MOST_STEPS: usize = 1 << 16;
+
+/// How many K steps share a scale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScaleLayout {
+    /// One scale per [`BLOCK`] = 32 steps of a row, as GGUF's Q8_0 (whose f16 scales
+    /// these f32 ones hold exactly). The activations are quantized per block of 32
+    /// too, as llama.cpp does.
+    Blocks,
+    /// One scale per row (per 65536 steps of a longer row), and the activations one
+    /// per row.
+    Rows,
+}
+
+/// An int8 weight (see the module documentation).
+#[derive(Clone)]
+pub struct Int8Weight {
+    n: usize,
+    k: usize,
+    layout: ScaleLayout,
+    /// K steps per scale: 32, or K rounded up to a quad
+    group: usize,
+    codes: Vec<u32>,
+    scales: Vec<f32>,
+}
+
+impl std::fmt::Debug for Int8Weight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (n, k, layout) = (self.n, self.k, self.layout);
+        write!(f, "Int8Weight {{ n: {n}, k: {k}, {layout:?} }}")
+    }
+}
+
+impl Int8Weight {
+    /// Quantizes `w`, a row-major `[n, k]` f32 weight (n, k ≥ 1), group by group.
+    /// Errors when the lengths do not match.
+    pub fn new(w: &[f32], n: usize, k: usize, layout: ScaleLayout) -> Result<Self> {
+        check_weight("int8 weight", w.len(), n, k)?;
+        let group = match layout {
+            ScaleLayout::Blocks => BLOCK,
+            ScaleLayout::Rows => k.next_multiple_of(4).min(MOST_STEPS),
+        };
+        let kq = k.next_multiple_of(group);
+        let (groups, quads, panels) = (kq / group, kq / 4, n.div_ceil(PANEL));
+        let mut codes = vec![0x8080_8080u32; panels * quads * PANEL];
+        let mut scales = vec![0.0f32; panels * groups * PANEL];
+        let mut row = vec![0.0f32; kq];
+        let mut q = vec![0i8; group];
+        for r in 0..n {
+            row[..k].copy_from_slice(&w[r * k..][..k]);
+            let (j, c) = (r / PANEL, r % PANEL);
+            for g in 0..groups {
+                let d = quantize(&row[g * group..][..group], &mut q);
+                scales[(j * groups + g) * PANEL + c] = d;
+                for (i, &code) in q.iter().enumerate() {
+                    let step = g * group + i;
+                    let word = &mut codes[(j * quads + step / 4) * PANEL + c];
+                    let shift = 8 * (step % 4);
+                    let biased = u32::from((code as u8) ^ 0x80);
+                    *word = (*word & !(0xff << shift)) | (biased << shift);
+                }
+            }
+        }
+        Ok(Int8Weight {
+            n,
+            k,
+            layout,
+            group,
+            codes,
+            scales,
+        })
+    }
+
+    /// Rows of the weight: columns of the product.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Columns of the weight: the product's inner dimension.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// How the scales are laid out.
+    pub fn layout(&self) -> ScaleLayout {
+        self.layout
+    }
+
+    /// K steps per scale.
+    pub fn group(&self) -> usize {
+        self.group
+    }
+
+    /// Scales per row.
+    pub fn groups(&self) -> usize {
+        self.k.div_ceil(self.group)
+    }
+
+    /// K padded to whole groups, in quads of 4 steps.
+    pub fn quads(&self) -> usize {
+        self.groups() * self.group / 4
+    }
+
+    /// Panels of [`PANEL`] columns.
+    pub fn panels(&self) -> usize {
+        self.n.div_ceil(PANEL)
+    }
+
+    /// Bytes the codes and scales take.
+    pub fn bytes(&self) -> usize {
+        (self.codes.len() + self.scales.len()) * 4
+    }
+
+    /// Panel j's codes: `quads · PANEL` words.
+    pub(super) fn panel_codes(&self, j: usize) -> &[u32] {
+        let len = self.quads() * PANEL;
+        &self.codes[j * len..][..len]
+    }
+
+    /// Panel j's scales: `groups · PANEL`, group-major.
+    pub(super) fn panel_scales(&self, j: usize) -> &[f32] {
+        let len = self.groups() * PANEL;
+        &self.scales[j * len..][..len]
+    }
+
+    /// q[r, c]: the code of W[r, c], unbiased.
+    pub(super) fn code(&self, r: usize, c: usize) -> i8 {
+        let word = self.panel_codes(r / PANEL)[(c / 4) * PANEL + r % PANEL];
+        ((word >> (8 * (c % 4))) as u8 ^ 0x80) as i8
+    }
+
+    /// The scale of W[r, c].
+    pub(super) fn scale(&self, r: usize, c: usize) -> f32 {
+        self.panel_scales(r / PANEL)[(c / self.group) * PANEL + r % PANEL]
+    }
+
+    /// W[r, c] as the product reads it: q·d.
+    pub fn get(&self, r: usize, c: usize) -> f32 {
+        f32::from(self.code(r, c)) * self.scale(r, c)
+    }
+
+    /// The weight as the product reads it, row-major `[n, k]` f32.
+    pub fn to_f32(&self) -> Vec<f32> {
+        (0..self.n * self.k)
+            .map(|i| self.get(i / self.k, i % self.k))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holds_each_group_quantized_and_refuses_bad_weights() {
+        // 19 rows: a second panel of 3; 45 columns: a last block of 13 steps
+        let (n, k) = (19, 45);
+        let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        for layout in [ScaleLayout::Blocks, ScaleLayout::Rows] {
+            let q = Int8Weight::new(&w, n, k, layout).unwrap();
+            let got = q.to_f32();
+            for r in 0..n {
+                for (g, cols) in w[r * k..][..k].chunks(q.group()).enumerate() {
+                    let mut codes = vec![0i8; cols.len()];
+                    let d = quantize(cols, &mut codes);
+                    for (i, &c) in codes.iter().enumerate() {
+                        let at = r * k + g * q.group() + i;
+                        assert_eq!(got[at], f32::from(c) * d, "{layout:?} [{r}, {at}]");
+                    }
+                }
+            }
+        }
+        let blocks = Int8Weight::new(&w, n, k, ScaleLayout::Blocks).unwrap();
+        assert_eq!(
+            (blocks.panels(), blocks.groups(), blocks.quads()),
+            (2, 2, 16)
+        );
+        // the padding is zero codes (128 biased) on zero scales
+        assert_eq!(blocks.panel_codes(1)[15 * PANEL + 3], 0x8080_8080);
+        assert_eq!(blocks.panel_scales(1)[PANEL + 3], 0.0);
+        assert!(Int8Weight::new(&w, n, k + 1, ScaleLayout::Rows).is_err());
+        assert!(Int8Weight::new(&[], 0, 3, ScaleLayout::Rows).is_err());
+    }
+}
