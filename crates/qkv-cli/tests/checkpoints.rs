@@ -191,6 +191,48 @@ fn inspect_describes_the_architecture() {
     }
 }
 
+/// `inspect --dtype` adds the weights' memory in that type: llama_gqa's linear layers
+/// are 2 × (q 32·32 + k, v 16·32 + o 32·32 + gate, up, down 64·32) + the head 99·32 =
+/// 21600 weights, 86.4 kB in f32.
+#[test]
+fn inspect_dtype_prints_the_weights_memory() {
+    let model = fixture("llama_gqa");
+    let run = |dtype: &str| {
+        let out = qkv(&[
+            "inspect",
+            "--model",
+            model.to_str().unwrap(),
+            "--dtype",
+            dtype,
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let f32_text = run("f32");
+    assert!(
+        f32_text.contains("linear layers 86.4 kB in f32, 86.4 kB in f32"),
+        "{f32_text}"
+    );
+    let int8 = run("int8");
+    let line = int8
+        .lines()
+        .find(|l| l.starts_with("weights in int8"))
+        .unwrap_or_else(|| panic!("{int8}"));
+    assert!(line.contains("in int8, 86.4 kB in f32"), "{line}");
+    let out = qkv(&[
+        "inspect",
+        "--model",
+        model.to_str().unwrap(),
+        "--dtype",
+        "fp8",
+    ]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("--dtype"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn bad_input_fails_with_one_line_and_no_output_file() {
     let dir = scratch("bad");

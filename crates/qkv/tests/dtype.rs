@@ -168,3 +168,117 @@ fn encoders_and_encoder_decoders_match_pytorch_with_reduced_linear_layers() {
         println!("{what}: moved by up to {moved:.4}; qkv within {worst:.2e}");
     }
 }
+
+/// Issue 26's accuracy contract on a trained model (a random one's logits are too flat
+/// to judge by): a byte-level Llama trained by `qkv::train::run` (as `qkv train --text`)
+/// on a fixed text, `tests/fixtures/text/corpus.md` (four of the docs, frozen), then
+/// scored in each type on the held-out tail of that text:
+/// - perplexity within 1% of f32's for bf16 and 3% for int8;
+/// - the top byte equal to f32's at ≥ 99% of the held-out positions for bf16 and ≥ 97%
+///   for int8 (given the same text: teacher-forced).
+///
+/// Free-running greedy agreement is printed, not held: one near-tie that flips sends the
+/// rest of the text elsewhere, so its count moves with the CPU's form of the f32 kernels
+/// (on this model 128, 121 and 100 of 128 for bf16, int8 and int8-row with AVX-512, 109,
+/// 109 and 98 with AVX2), while the positions' agreement does not.
+#[test]
+fn a_trained_model_keeps_its_perplexity_and_its_predictions() {
+    use qkv::rng::Rng;
+    use qkv::train::run::{run, RunRequest, Style};
+    use qkv::train::text_data::{Split, TextData};
+    use qkv::train::trainable::TrainableModel;
+    use qkv::train::trainer::evaluate;
+
+    let corpus: std::path::PathBuf = [
+        env!("CARGO_MANIFEST_DIR"),
+        "tests",
+        "fixtures",
+        "text",
+        "corpus.md",
+    ]
+    .iter()
+    .collect();
+    let out = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dtype-trained");
+    let _ = std::fs::remove_dir_all(&out);
+    let (seq_len, val_fraction) = (64, 0.1);
+    let request = RunRequest {
+        text: Some(corpus.clone()),
+        style: Some(Style::Llama),
+        d_model: Some(64),
+        layers: Some(2),
+        heads: Some(4),
+        kv_heads: Some(2),
+        seq_len: Some(seq_len),
+        val_fraction: Some(val_fraction),
+        batch_size: Some(16),
+        steps: Some(400),
+        lr: Some(6e-3),
+        warmup: Some(30),
+        seed: Some(0),
+        out: Some(out.clone()),
+        ..Default::default()
+    };
+    run(&request, &mut ()).unwrap();
+    let mut model = qkv::models::load(&out).unwrap().model;
+
+    let data = TextData::open(&corpus, seq_len, val_fraction).unwrap();
+    let mut rng = Rng::new(7);
+    let batches: Vec<_> = (0..8)
+        .map(|_| data.batch(Split::Validation, 16, &mut rng).unwrap())
+        .collect();
+    let top = |model: &dyn TrainableModel| -> Vec<usize> {
+        let argmax =
+            |row: &[f32]| (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+        batches
+            .iter()
+            .flat_map(|b| {
+                let logits = model.logits(b).unwrap();
+                let v = logits.last_dim();
+                logits
+                    .data()
+                    .chunks_exact(v)
+                    .map(argmax)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let held_out = data.bytes(Split::Validation);
+    let prompt_ids: Vec<usize> = held_out[..32].iter().map(|&b| usize::from(b)).collect();
+    let prompt = qkv::models::TokenBatch::single(prompt_ids).unwrap();
+    let opts = GenerateOptions::new(128, Sampling::Greedy, Vec::new());
+
+    let f32_ppl = (evaluate(&model, &batches).unwrap().loss as f64).exp();
+    let f32_top = top(&model);
+    let f32_text = generate_causal(&model, &prompt, &opts).unwrap().remove(0);
+    assert!(
+        f32_ppl < 16.0,
+        "the model did not learn the text: perplexity {f32_ppl}"
+    );
+    for (dtype, most_ppl, least_top) in [
+        (DType::Bf16, 0.01, 0.99),
+        (DType::Int8, 0.03, 0.97),
+        (DType::Int8Row, 0.03, 0.97),
+    ] {
+        model.set_dtype(dtype);
+        let ppl = (evaluate(&model, &batches).unwrap().loss as f64).exp();
+        let same = top(&model)
+            .iter()
+            .zip(&f32_top)
+            .filter(|(a, b)| a == b)
+            .count();
+        let share = same as f64 / f32_top.len() as f64;
+        let text = generate_causal(&model, &prompt, &opts).unwrap().remove(0);
+        let equal = text.iter().zip(&f32_text).filter(|(a, b)| a == b).count();
+        println!(
+            "{dtype}: perplexity {ppl:.4} against f32's {f32_ppl:.4} ({:+.3}%); top byte as f32's \
+             at {same} of {} positions; greedy {equal} of 128 as f32",
+            100.0 * (ppl / f32_ppl - 1.0),
+            f32_top.len()
+        );
+        assert!(
+            (ppl / f32_ppl - 1.0).abs() <= most_ppl,
+            "{dtype}: perplexity {ppl} against {f32_ppl}"
+        );
+        assert!(share >= least_top, "{dtype}: top byte as f32's at {share}");
+    }
+}

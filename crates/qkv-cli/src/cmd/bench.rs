@@ -610,8 +610,14 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
             let acc = low_precision_accuracy(&reference, &model, &prompt, &decode_prompt, &opts)?;
             // on stderr, so that `--json` prints JSON lines alone
             eprintln!(
-                "{dtype}: prefill logits max abs {} from f32; greedy decode {} of {} tokens as f32",
-                acc["logits_max_abs"], acc["greedy_equal"], a.decode
+                "{dtype}: prefill logits max abs {} from f32, top-1 as f32 at {} of {} positions; \
+                 greedy decode {} of {} tokens as f32 (first difference at {})",
+                acc["logits_max_abs"],
+                acc["prefill_top1_equal"],
+                a.prefill,
+                acc["greedy_equal"],
+                a.decode,
+                acc["greedy_first_difference"]
             );
             acc
         }
@@ -670,7 +676,8 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
 }
 
 /// A reduced-precision model against the f32 one: the largest logit difference over the
-/// prefill prompt's positions, and how many greedy tokens match from the start.
+/// prefill prompt's positions and at how many of them the top token is f32's; how many
+/// greedy tokens equal f32's, and where the first difference is.
 fn low_precision_accuracy(
     reference: &Transformer,
     model: &Transformer,
@@ -682,12 +689,25 @@ fn low_precision_accuracy(
     let got = model.forward_cached(prompt, &mut model.new_cache(1))?;
     let want_tokens = &generate_causal(reference, decode_prompt, opts)?[0];
     let got_tokens = &generate_causal(model, decode_prompt, opts)?[0];
-    let equal = want_tokens
-        .iter()
-        .zip(got_tokens)
-        .take_while(|(w, g)| w == g)
+    let pairs = || want_tokens.iter().zip(got_tokens);
+    // counted position by position, as the issue's anchors count them: a random model's
+    // greedy run falls into loops, so the two runs can meet again after a difference
+    let equal = pairs().filter(|(w, g)| w == g).count();
+    let first_difference = pairs().position(|(w, g)| w != g);
+    let argmax = |row: &[f32]| (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+    let v = want.last_dim();
+    let top1 = want
+        .data()
+        .chunks_exact(v)
+        .zip(got.data().chunks_exact(v))
+        .filter(|(w, g)| argmax(w) == argmax(g))
         .count();
-    Ok(json!({"logits_max_abs": want.max_abs_diff(&got), "greedy_equal": equal}))
+    Ok(json!({
+        "logits_max_abs": want.max_abs_diff(&got),
+        "greedy_equal": equal,
+        "greedy_first_difference": first_difference,
+        "prefill_top1_equal": top1,
+    }))
 }
 
 /// cos(u, v), in f64.

@@ -4,16 +4,21 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Result;
+use qkv::ops::DType;
 
 #[derive(clap::Args)]
 pub struct InspectArgs {
     /// Hugging Face model folder
     #[arg(long)]
     model: PathBuf,
+    /// Also print the weights' memory with the linear layers in this type (f32, bf16,
+    /// int8, int8-row), as `--dtype` on the other commands would hold them
+    #[arg(long, value_parser = super::parse_dtype)]
+    dtype: Option<DType>,
 }
 
 pub fn run(args: &InspectArgs, out: &mut impl Write) -> Result<()> {
-    let loaded = super::load_model(&args.model)?;
+    let mut loaded = super::load_model(&args.model)?;
     let i = loaded.model.info();
     let dtypes: Vec<String> = loaded
         .dtypes
@@ -47,6 +52,26 @@ pub fn run(args: &InspectArgs, out: &mut impl Write) -> Result<()> {
     ];
     for (k, v) in rows {
         writeln!(out, "{k:<18} {v}")?;
+    }
+    if let Some(dtype) = args.dtype {
+        let model = &mut loaded.model;
+        let (linear_f32, rest) = model.weight_bytes();
+        model.set_dtype(dtype);
+        let (linear, _) = model.weight_bytes();
+        let mb = |b: usize| match b as f64 {
+            b if b >= 1e9 => format!("{:.2} GB", b / 1e9),
+            b if b >= 1e6 => format!("{:.1} MB", b / 1e6),
+            b => format!("{:.1} kB", b / 1e3),
+        };
+        writeln!(
+            out,
+            "{:<18} {} (linear layers {} in {dtype}, {} in f32; the rest {} in f32)",
+            format!("weights in {dtype}"),
+            mb(linear + rest),
+            mb(linear),
+            mb(linear_f32),
+            mb(rest)
+        )?;
     }
     Ok(())
 }

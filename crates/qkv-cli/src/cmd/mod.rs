@@ -39,7 +39,7 @@ pub struct DTypeFlag {
     pub dtype: DType,
 }
 
-fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
+pub fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
     s.parse::<DType>().map_err(|e| e.to_string())
 }
 

@@ -22,7 +22,6 @@ use crate::attention::{
 };
 use crate::error::{Error, Result};
 use crate::layers::Linear;
-use crate::ops::DType;
 use crate::position::Rope;
 use crate::tensor::Tensor;
 
@@ -45,11 +44,9 @@ pub struct MultiHeadAttention {
 crate::module!(MultiHeadAttention { q, k, v, o });
 
 impl MultiHeadAttention {
-    /// Packs the four projections for inference, in `dtype` ([`Linear::pack_as`]).
-    pub fn pack_weights(&mut self, dtype: DType) {
-        for p in [&mut self.q, &mut self.k, &mut self.v, &mut self.o] {
-            p.pack_as(dtype);
-        }
+    /// The four projections, for what is done to every linear layer (packing them).
+    pub fn linears_mut(&mut self) -> impl Iterator<Item = &mut Linear> {
+        [&mut self.q, &mut self.k, &mut self.v, &mut self.o].into_iter()
     }
 }
 

@@ -11,7 +11,6 @@ use super::attention::{Attend, AttnGrads, AttnTape, CrossKv, Keys, MultiHeadAtte
 use crate::attention::LayerKv;
 use crate::error::Result;
 use crate::layers::{FeedForward, FeedForwardCache, Norm, NormCache};
-use crate::ops::DType;
 use crate::tensor::Tensor;
 
 /// Where each sub-layer's norm sits relative to its branch f and the residual.
@@ -41,12 +40,12 @@ crate::module! {
 }
 
 impl Block {
-    /// Packs every projection of the layer for inference, in `dtype`
-    /// ([`crate::layers::Linear::pack_as`]).
-    pub fn pack_weights(&mut self, dtype: DType) {
+    /// Every projection of the layer: attention, cross-attention, FFN.
+    pub fn linears_mut(&mut self) -> impl Iterator<Item = &mut crate::layers::Linear> {
         let attentions = std::iter::once(&mut self.attn).chain(&mut self.cross);
-        attentions.for_each(|a| a.pack_weights(dtype));
-        self.ffn.pack_weights(dtype);
+        attentions
+            .flat_map(|a| a.linears_mut())
+            .chain(self.ffn.linears_mut())
     }
 }
 

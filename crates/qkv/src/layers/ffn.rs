@@ -9,7 +9,7 @@
 use crate::error::{Error, Result};
 use crate::layers::Linear;
 use crate::module::Module;
-use crate::ops::{Activation, DType};
+use crate::ops::Activation;
 use crate::tensor::Tensor;
 
 #[derive(Clone, Debug)]
@@ -26,13 +26,10 @@ pub struct FeedForward {
 crate::module!(FeedForward { up, gate_up, down });
 
 impl FeedForward {
-    /// Packs the projections for inference, in `dtype` ([`Linear::pack_as`]).
-    pub fn pack_weights(&mut self, dtype: DType) {
+    /// The projections, for what is done to every linear layer (packing them).
+    pub fn linears_mut(&mut self) -> impl Iterator<Item = &mut Linear> {
         let gate = self.gate_up.as_mut();
-        [&mut self.up, &mut self.down]
-            .into_iter()
-            .chain(gate)
-            .for_each(|l| l.pack_as(dtype));
+        [&mut self.up, &mut self.down].into_iter().chain(gate)
     }
 }
 

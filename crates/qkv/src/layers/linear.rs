@@ -116,6 +116,16 @@ impl Linear {
         }
     }
 
+    /// Bytes of the weight as the forward reads it: its copy in bf16 or int8 (scales
+    /// included), else the f32 weight's.
+    pub fn weight_bytes(&self) -> usize {
+        match self.current_packed() {
+            Some(Packed::Bf16(w)) => w.bytes(),
+            Some(Packed::Int8(w)) => w.bytes(),
+            _ => 4 * self.weight.numel(),
+        }
+    }
+
     /// The packed copy, when one was made from the current weight.
     fn current_packed(&self) -> Option<&Packed> {
         match &self.packed {

@@ -347,6 +347,18 @@ impl Transformer {
         self.dtype = dtype;
     }
 
+    /// Bytes the weights take as the forward reads them: `(linear, rest)`, the linear
+    /// layers' weights in their type ([`Transformer::set_dtype`]) and everything else
+    /// (embeddings, norms, biases, a tied head) in f32.
+    pub fn weight_bytes(&mut self) -> (usize, usize) {
+        let (mut linear, mut linear_params) = (0, 0);
+        for l in self.weights.linears_mut() {
+            linear += l.weight_bytes();
+            linear_params += l.weight.numel();
+        }
+        (linear, 4 * (self.num_params() - linear_params))
+    }
+
     /// The number type the linear layers compute in ([`Transformer::set_dtype`]).
     pub fn dtype(&self) -> DType {
         self.dtype

@@ -64,17 +64,18 @@ impl Weights {
     /// stacks and the head's own layers. A tied head reads the token table in place,
     /// in f32.
     pub fn pack_weights(&mut self, dtype: DType) {
-        for stack in [&mut self.encoder, &mut self.decoder].into_iter().flatten() {
-            for layer in &mut stack.layers {
-                layer.pack_weights(dtype);
-            }
-        }
-        for linear in [&mut self.head.lm_head, &mut self.head.dense]
+        self.linears_mut().for_each(|l| l.pack_as(dtype));
+    }
+
+    /// Every linear layer: the attention and FFN projections of both stacks and the
+    /// head's own layers (a tied head is the token table, not a linear layer).
+    pub fn linears_mut(&mut self) -> impl Iterator<Item = &mut crate::layers::Linear> {
+        let stacks = [&mut self.encoder, &mut self.decoder].into_iter().flatten();
+        let layers = stacks.flat_map(|s| s.layers.iter_mut().flat_map(|l| l.linears_mut()));
+        let head = [&mut self.head.lm_head, &mut self.head.dense]
             .into_iter()
-            .flatten()
-        {
-            linear.pack_as(dtype);
-        }
+            .flatten();
+        layers.chain(head)
     }
 }
 
