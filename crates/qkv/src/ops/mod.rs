@@ -12,6 +12,7 @@ pub mod matmul;
 pub mod pool;
 pub mod simd;
 pub mod softmax;
+pub mod stored;
 pub mod vector;
 
 pub use activation::Activation;

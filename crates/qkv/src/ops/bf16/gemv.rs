@@ -42,13 +42,7 @@ pub(super) fn product(ops: Operands<'_>, parallel: bool) {
     let group = if rows == 1 { 4 } else { 1 };
     let most_rows = if isa == Isa::Avx2 { 2 } else { ROWS };
     let panels = w.panels();
-    let chunk = if parallel {
-        panels
-            .div_ceil(4 * rayon::current_num_threads())
-            .next_multiple_of(group)
-    } else {
-        panels
-    };
+    let chunk = crate::ops::stored::panels_per_task(panels, group, parallel);
     let out = Disjoint::new(y);
     let run = |j0: usize| {
         let j1 = panels.min(j0 + chunk);

@@ -5,8 +5,9 @@ use super::convert::round_to_bf16;
 use super::operands::Operands;
 use super::weight::Bf16Weight;
 use super::{gemm, gemv};
-use crate::error::{Error, Result};
-use crate::ops::{MatMut, MatRef, Par};
+use crate::error::Result;
+use crate::ops::stored::{check_operands, widened_product};
+use crate::ops::Par;
 
 /// Which form a product of `rows` rows takes. Each computes bf16(x)·Wᵀ with products
 /// and sums in f32; they differ in the order of the sums.
@@ -42,14 +43,7 @@ pub fn product(
     accumulate: bool,
     par: Par,
 ) -> Result<()> {
-    let (n, k) = (w.n(), w.k());
-    if rows.checked_mul(k) != Some(x.len()) || rows.checked_mul(n) != Some(y.len()) {
-        return Err(Error::shape(
-            "bf16 product operands",
-            format!("x [rows, {k}] and y [rows, {n}] for the weight [{n}, {k}], rows = {rows}"),
-            &[x.len(), y.len()],
-        ));
-    }
+    check_operands("bf16 product operands", y, x, rows, w)?;
     if rows == 0 {
         return Ok(());
     }
@@ -95,23 +89,15 @@ fn widened(ops: Operands<'_>, par: Par) -> Result<()> {
         w,
         accumulate,
     } = ops;
-    let (n, k) = (w.n(), w.k());
     let xr: Vec<f32> = x.iter().map(|&v| round_to_bf16(v)).collect();
-    crate::ops::matmul::gemm_source(
-        MatMut::row_major(y, rows, n),
-        MatRef::row_major(&xr, rows, k),
-        (w, k, n),
-        1.0,
-        accumulate,
-        par,
-    )
+    widened_product(y, &xr, rows, w, accumulate, par)
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::reference;
     use super::*;
-    use crate::rng::Rng;
+    use crate::ops::stored::checks;
 
     /// Each form this CPU runs equals the twin within f32 rounding of the sums (their
     /// order differs):
@@ -119,20 +105,8 @@ mod tests {
     /// panel of fewer than 16 columns, accumulation.
     #[test]
     fn every_row_count_equals_the_twin() {
-        let mut rng = Rng::new(7);
-        for &(rows, k, n) in &[
-            (1, 7, 3),
-            (1, 512, 100),
-            (3, 130, 40),
-            (4, 64, 17),
-            (5, 33, 70),
-            (13, 301, 45),
-            (64, 96, 129),
-        ] {
-            let x = rng.normals(rows * k, 1.0);
-            let wf = rng.normals(n * k, 1.0);
+        for ((rows, k, n), [x, wf, y0]) in checks::cases(7) {
             let w = Bf16Weight::new(&wf, n, k).unwrap();
-            let y0 = rng.normals(rows * n, 1.0);
             let forms = forms_here()
                 .into_iter()
                 .filter(|&f| f != Form::FewRows || rows <= 4);
@@ -148,11 +122,8 @@ mod tests {
                 run(form, ops, Par::Auto).unwrap();
                 let mut want = y0.clone();
                 reference::product(&mut want, &x, rows, &w, accumulate);
-                for (i, (g, t)) in got.iter().zip(&want).enumerate() {
-                    let tol = 1e-5 * (k as f32).sqrt() * (1.0 + t.abs());
-                    let what = format!("{form:?} {rows}x{k}x{n} acc {accumulate} [{i}]");
-                    assert!((g - t).abs() < tol, "{what}: {g} vs {t}");
-                }
+                let what = format!("{form:?} {rows}x{k}x{n} acc {accumulate}");
+                checks::assert_near(&what, &got, &want, k);
             }
         }
     }

@@ -105,25 +105,8 @@ mod tests {
         let (n, k) = (37, 23);
         let wf: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.71).cos()).collect();
         let w = Bf16Weight::new(&wf, n, k).unwrap();
-        for (k0, kc, c0, cols) in [
-            (0usize, 23usize, 0usize, 37usize),
-            (2, 9, 16, 21),
-            (3, 8, 32, 5),
-            (4, 1, 0, 16),
-        ] {
-            let panels = cols.div_ceil(PANEL);
-            let mut out = vec![f32::NAN; panels * kc * PANEL];
-            w.pack_slab(k0, kc, c0, cols, &mut out);
-            for (i, &v) in out.iter().enumerate() {
-                let (c, p) = ((i / (kc * PANEL)) * PANEL + i % PANEL, (i / PANEL) % kc);
-                let want = if c0 + c < n {
-                    w.get(c0 + c, k0 + p)
-                } else {
-                    0.0
-                };
-                assert_eq!(v, want, "slab {k0}+{kc} × {c0}+{cols}: ({p}, {c})");
-            }
-        }
+        let slabs = [(0, 23, 0, 37), (2, 9, 16, 21), (3, 8, 32, 5), (4, 1, 0, 16)];
+        crate::ops::stored::checks::assert_slabs(&w, &slabs);
         for isa in Isa::available() {
             let words = w.panel(1);
             let mut got = vec![0.0; 2 * words.len()];

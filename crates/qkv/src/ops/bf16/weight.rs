@@ -10,6 +10,7 @@
 use super::convert::{bf16_to_f32, pair};
 use crate::error::Result;
 use crate::ops::matmul::check_weight;
+use crate::ops::stored::StoredWeight;
 
 /// Output columns of a panel.
 pub const PANEL: usize = 16;
@@ -80,16 +81,6 @@ impl Bf16Weight {
         &self.words[j * len..][..len]
     }
 
-    /// W[r, c] as f32.
-    pub fn get(&self, r: usize, c: usize) -> f32 {
-        let word = self.panel(r / PANEL)[(c / 2) * PANEL + r % PANEL];
-        bf16_to_f32(if c.is_multiple_of(2) {
-            word as u16
-        } else {
-            (word >> 16) as u16
-        })
-    }
-
     /// Rows `r0..r0 + count` widened to f32 into `out`, row-major `[count, k]`.
     pub fn widen_rows(&self, r0: usize, count: usize, out: &mut [f32]) {
         assert!(r0 + count <= self.n && out.len() == count * self.k);
@@ -105,12 +96,20 @@ impl Bf16Weight {
             }
         }
     }
+}
 
-    /// The weight widened to f32, row-major `[n, k]`.
-    pub fn to_f32(&self) -> Vec<f32> {
-        (0..self.n * self.k)
-            .map(|i| self.get(i / self.k, i % self.k))
-            .collect()
+impl StoredWeight for Bf16Weight {
+    fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    fn element(&self, r: usize, c: usize) -> f32 {
+        let word = self.panel(r / PANEL)[(c / 2) * PANEL + r % PANEL];
+        bf16_to_f32(if c.is_multiple_of(2) {
+            word as u16
+        } else {
+            (word >> 16) as u16
+        })
     }
 }
 
@@ -127,7 +126,7 @@ mod tests {
         let b = Bf16Weight::new(&w, n, k).unwrap();
         assert_eq!((b.panels(), b.pairs(), b.bytes()), (2, 4, 2 * 4 * 16 * 4));
         let want: Vec<f32> = w.iter().map(|&x| round_to_bf16(x)).collect();
-        assert_eq!(b.to_f32(), want);
+        assert_eq!(b.widened(), want);
         // the padding is zeros
         assert_eq!(b.panel(1)[3 * PANEL + 2] >> 16, 0);
         assert_eq!(b.panel(1)[4], 0);

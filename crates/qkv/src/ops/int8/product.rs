@@ -3,9 +3,10 @@
 use super::kernel::{self, Kernel, Tile};
 use super::rows::QuantizedRows;
 use super::weight::{Int8Weight, PANEL};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::disjoint::Disjoint;
-use crate::ops::{MatMut, MatRef, Par};
+use crate::ops::stored::{check_operands, panels_per_task, widened_product};
+use crate::ops::Par;
 use rayon::prelude::*;
 
 /// Which form a product takes. Both compute deq(q(x))·deq(W)ᵀ; they differ in the
@@ -50,14 +51,7 @@ pub fn product(
     accumulate: bool,
     par: Par,
 ) -> Result<()> {
-    let (n, k) = (w.n(), w.k());
-    if rows.checked_mul(k) != Some(x.len()) || rows.checked_mul(n) != Some(y.len()) {
-        return Err(Error::shape(
-            "int8 product operands",
-            format!("x [rows, {k}] and y [rows, {n}] for the weight [{n}, {k}], rows = {rows}"),
-            &[x.len(), y.len()],
-        ));
-    }
+    check_operands("int8 product operands", y, x, rows, w)?;
     if rows == 0 {
         return Ok(());
     }
@@ -86,13 +80,7 @@ fn tiles(
     let group = if rows == 1 { 4 } else { 2 };
     let panels = w.panels();
     let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
-    let chunk = if parallel {
-        panels
-            .div_ceil(4 * rayon::current_num_threads())
-            .next_multiple_of(group)
-    } else {
-        panels
-    };
+    let chunk = panels_per_task(panels, group, parallel);
     let out = Disjoint::new(y);
     let run = |j0: usize| {
         let j1 = panels.min(j0 + chunk);
@@ -173,16 +161,7 @@ fn widened(
     accumulate: bool,
     par: Par,
 ) -> Result<()> {
-    let (n, k) = (w.n(), w.k());
-    let xd = xq.dequantized(k);
-    crate::ops::matmul::gemm_source(
-        MatMut::row_major(y, rows, n),
-        MatRef::row_major(&xd, rows, k),
-        (w, k, n),
-        1.0,
-        accumulate,
-        par,
-    )
+    widened_product(y, &xq.dequantized(w.k()), rows, w, accumulate, par)
 }
 
 #[cfg(test)]
@@ -190,7 +169,7 @@ mod tests {
     use super::super::reference;
     use super::super::weight::ScaleLayout;
     use super::*;
-    use crate::rng::Rng;
+    use crate::ops::stored::checks;
 
     /// Every form, and the tiles with the plain kernel on any CPU, equal the twin within
     /// f32 rounding of the sums over groups: row counts around a tile, one row, odd K, a
@@ -198,19 +177,7 @@ mod tests {
     /// accumulation.
     #[test]
     fn every_form_equals_the_twin() {
-        let mut rng = Rng::new(11);
-        for &(rows, k, n) in &[
-            (1, 7, 3),
-            (1, 512, 100),
-            (3, 130, 40),
-            (4, 64, 17),
-            (5, 33, 70),
-            (13, 301, 45),
-            (64, 96, 129),
-        ] {
-            let x = rng.normals(rows * k, 1.0);
-            let wf = rng.normals(n * k, 1.0);
-            let y0 = rng.normals(rows * n, 1.0);
+        for ((rows, k, n), [x, wf, y0]) in checks::cases(11) {
             for layout in [ScaleLayout::Blocks, ScaleLayout::Rows] {
                 let w = Int8Weight::new(&wf, n, k, layout).unwrap();
                 let xq = QuantizedRows::new(&x, rows, &w);
@@ -230,12 +197,8 @@ mod tests {
                     product(&mut got, &x, rows, &w, accumulate, Par::Auto).unwrap();
                     runs.push((format!("product ({:?})", form()), got));
                     for (name, got) in runs {
-                        for (i, (g, t)) in got.iter().zip(&want).enumerate() {
-                            let tol = 1e-5 * (k as f32).sqrt() * (1.0 + t.abs());
-                            let what =
-                                format!("{name} {layout:?} {rows}x{k}x{n} acc {accumulate} [{i}]");
-                            assert!((g - t).abs() < tol, "{what}: {g} vs {t}");
-                        }
+                        let what = format!("{name} {layout:?} {rows}x{k}x{n} acc {accumulate}");
+                        checks::assert_near(&what, &got, &want, k);
                     }
                 }
             }

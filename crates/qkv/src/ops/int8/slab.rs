@@ -44,23 +44,7 @@ mod tests {
         let (n, k) = (37, 45);
         let wf: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.71).cos()).collect();
         let w = Int8Weight::new(&wf, n, k, ScaleLayout::Blocks).unwrap();
-        for (k0, kc, c0, cols) in [
-            (0usize, 45usize, 0usize, 37usize),
-            (3, 33, 16, 21),
-            (31, 2, 32, 5),
-        ] {
-            let panels = cols.div_ceil(PANEL);
-            let mut out = vec![f32::NAN; panels * kc * PANEL];
-            w.pack_slab(k0, kc, c0, cols, &mut out);
-            for (i, &v) in out.iter().enumerate() {
-                let (c, p) = ((i / (kc * PANEL)) * PANEL + i % PANEL, (i / PANEL) % kc);
-                let want = if c0 + c < n {
-                    w.get(c0 + c, k0 + p)
-                } else {
-                    0.0
-                };
-                assert_eq!(v, want, "slab {k0}+{kc} × {c0}+{cols}: ({p}, {c})");
-            }
-        }
+        let slabs = [(0, 45, 0, 37), (3, 33, 16, 21), (31, 2, 32, 5)];
+        crate::ops::stored::checks::assert_slabs(&w, &slabs);
     }
 }

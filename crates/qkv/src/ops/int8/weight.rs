@@ -14,6 +14,7 @@
 use super::quant::{quantize, BLOCK};
 use crate::error::Result;
 use crate::ops::matmul::check_weight;
+use crate::ops::stored::StoredWeight;
 
 /// Output columns of a panel.
 pub const PANEL: usize = 16;
@@ -155,17 +156,15 @@ impl Int8Weight {
     pub(super) fn scale(&self, r: usize, c: usize) -> f32 {
         self.panel_scales(r / PANEL)[(c / self.group) * PANEL + r % PANEL]
     }
+}
 
-    /// W[r, c] as the product reads it: q·d.
-    pub fn get(&self, r: usize, c: usize) -> f32 {
-        f32::from(self.code(r, c)) * self.scale(r, c)
+impl StoredWeight for Int8Weight {
+    fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
     }
 
-    /// The weight as the product reads it, row-major `[n, k]` f32.
-    pub fn to_f32(&self) -> Vec<f32> {
-        (0..self.n * self.k)
-            .map(|i| self.get(i / self.k, i % self.k))
-            .collect()
+    fn element(&self, r: usize, c: usize) -> f32 {
+        f32::from(self.code(r, c)) * self.scale(r, c)
     }
 }
 
@@ -180,7 +179,7 @@ mod tests {
         let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
         for layout in [ScaleLayout::Blocks, ScaleLayout::Rows] {
             let q = Int8Weight::new(&w, n, k, layout).unwrap();
-            let got = q.to_f32();
+            let got = q.widened();
             for r in 0..n {
                 for (g, cols) in w[r * k..][..k].chunks(q.group()).enumerate() {
                     let mut codes = vec![0i8; cols.len()];
