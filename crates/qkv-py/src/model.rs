@@ -80,7 +80,7 @@ fn read(dir: &Path, dtype: DType) -> qkv::Result<Model> {
     let (net, parameters, dtypes, rows) = match dir.join("modules.json").is_file() {
         true => {
             let mut encoder = SentenceEncoder::load(dir)?;
-            encoder.set_dtype(dtype);
+            encoder.set_dtype(dtype)?;
             let parameters = encoder.encoder().num_params();
             let rows = encoder.encoder().arch.token_rows();
             (
@@ -94,7 +94,7 @@ fn read(dir: &Path, dtype: DType) -> qkv::Result<Model> {
             let loaded = qkv::models::load(dir)?;
             let mut model = loaded.model;
             // Python calls only run forward: the projections are packed once here
-            model.set_dtype(dtype);
+            model.set_dtype(dtype)?;
             let rows = model.arch.token_rows();
             (
                 Net::Plain(Box::new(model)),

@@ -72,7 +72,7 @@ fn decoders_match_pytorch_with_reduced_linear_layers() {
         let want = fixture(dir, model);
         let f32_ref = reference(model);
         let mut m = load(model);
-        m.set_dtype(dtype);
+        m.set_dtype(dtype).unwrap();
         assert_eq!(m.dtype(), dtype);
         let tokens = batch(&f32_ref, "input_ids", Some("attention_mask"));
         let logits = want.t("logits");
@@ -133,7 +133,7 @@ fn encoders_and_encoder_decoders_match_pytorch_with_reduced_linear_layers() {
         let want = fixture(dir, "bert");
         let f32_ref = reference("bert");
         let mut m = load("bert");
-        m.set_dtype(dtype);
+        m.set_dtype(dtype).unwrap();
         let tokens = batch(&f32_ref, "input_ids", Some("attention_mask"));
         let types = batch(&f32_ref, "token_type_ids", None).ids;
         let got = m.hidden_states(&tokens, Some(&types)).unwrap();
@@ -150,7 +150,7 @@ fn encoders_and_encoder_decoders_match_pytorch_with_reduced_linear_layers() {
         let want = fixture(dir, "t5");
         let f32_ref = reference("t5");
         let mut m = load("t5");
-        m.set_dtype(dtype);
+        m.set_dtype(dtype).unwrap();
         let src = batch(&f32_ref, "input_ids", Some("attention_mask"));
         let tgt = batch(&f32_ref, "decoder_input_ids", None);
         let enc = m.encode(&src).unwrap();
@@ -259,7 +259,7 @@ fn a_trained_model_keeps_its_perplexity_and_its_predictions() {
         (DType::Int8, 0.03, 0.97),
         (DType::Int8Row, 0.03, 0.97),
     ] {
-        model.set_dtype(dtype);
+        model.set_dtype(dtype).unwrap();
         let ppl = (evaluate(&model, &batches).unwrap().loss as f64).exp();
         let same = top(&model)
             .iter()

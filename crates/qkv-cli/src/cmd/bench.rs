@@ -484,7 +484,7 @@ fn bench_minilm(a: &MinilmArgs, p: &mut Printer<impl Write>) -> Result<()> {
         json!({})
     } else {
         let want = encoder.embed_batched(&all, a.batch)?;
-        encoder.set_dtype(dtype);
+        encoder.set_dtype(dtype)?;
         let got = encoder.embed_batched(&all, a.batch)?;
         let least = want
             .iter()
@@ -585,7 +585,7 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
     let dtype = a.dtype.dtype;
     if dtype != DType::F32 {
         // the f32 model of the same seed is the reference
-        model.set_dtype(dtype);
+        model.set_dtype(dtype)?;
     }
     if let Some(dir) = &a.save {
         model

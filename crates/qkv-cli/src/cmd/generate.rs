@@ -89,7 +89,7 @@ impl GenerateArgs {
 
 pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
     let mut loaded = super::load_model(&args.model)?;
-    args.dtype.apply(&mut loaded.model);
+    args.dtype.apply(&mut loaded.model)?;
     let tokenizer = super::tokenizer(&args.model, &loaded.model, args.prompt.is_some())?;
     let ids = match (&args.prompt, &args.input_ids, &tokenizer) {
         (Some(text), _, Some(tok)) => tok.encode(text, true)?,

@@ -56,7 +56,7 @@ pub fn run(args: &InspectArgs, out: &mut impl Write) -> Result<()> {
     if let Some(dtype) = args.dtype {
         let model = &mut loaded.model;
         let (linear_f32, rest) = model.weight_bytes();
-        model.set_dtype(dtype);
+        model.set_dtype(dtype)?;
         let (linear, _) = model.weight_bytes();
         let mb = |b: usize| match b as f64 {
             b if b >= 1e9 => format!("{:.2} GB", b / 1e9),

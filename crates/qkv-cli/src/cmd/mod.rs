@@ -45,10 +45,11 @@ pub fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
 
 impl DTypeFlag {
     /// Sets the model's type; f32 leaves it exactly as loaded.
-    pub fn apply(self, model: &mut Transformer) {
+    pub fn apply(self, model: &mut Transformer) -> Result<()> {
         if self.dtype != DType::F32 {
-            model.set_dtype(self.dtype);
+            model.set_dtype(self.dtype)?;
         }
+        Ok(())
     }
 }
 

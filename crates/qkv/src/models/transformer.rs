@@ -341,10 +341,17 @@ impl Transformer {
     /// Computes with the weights of every linear layer in `dtype` from now on
     /// ([`crate::layers::Linear::pack_as`]); [`DType::F32`] packs them as
     /// [`Transformer::pack_weights`] does. Norms, embeddings, attention and a tied head
-    /// stay f32. [`Transformer::dtype`] says which type the layers compute in.
-    pub fn set_dtype(&mut self, dtype: DType) {
+    /// stay f32. [`Transformer::dtype`] says which type the layers compute in. The copy
+    /// sits beside the f32 weights: one the machine's free memory cannot hold is refused
+    /// before it is made.
+    pub fn set_dtype(&mut self, dtype: DType) -> Result<()> {
+        let weights: usize = self.weights.linears_mut().map(|l| l.weight.numel()).sum();
+        let bytes = (weights as f64 * dtype.bytes_per_weight()).ceil() as usize;
+        let what = format!("a {dtype} copy of the linear layers' weights");
+        crate::io::memory::check(Some(bytes), &what)?;
         self.weights.pack_weights(dtype);
         self.dtype = dtype;
+        Ok(())
     }
 
     /// Bytes the weights take as the forward reads them: `(linear, rest)`, the linear

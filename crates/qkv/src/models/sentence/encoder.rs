@@ -44,10 +44,11 @@ pub struct SentenceEncoder {
 impl SentenceEncoder {
     /// Computes with the transformer's linear layers in `dtype` from now on
     /// ([`Transformer::set_dtype`]).
-    pub fn set_dtype(&mut self, dtype: crate::ops::DType) {
+    pub fn set_dtype(&mut self, dtype: crate::ops::DType) -> Result<()> {
         if self.model.dtype() != dtype {
-            self.model.set_dtype(dtype);
+            self.model.set_dtype(dtype)?;
         }
+        Ok(())
     }
 
     /// Loads the sentence-transformers folder `dir` (see the module docs).
