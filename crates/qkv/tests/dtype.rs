@@ -227,8 +227,6 @@ fn a_trained_model_keeps_its_perplexity_and_its_predictions() {
         .map(|_| data.batch(Split::Validation, 16, &mut rng).unwrap())
         .collect();
     let top = |model: &dyn TrainableModel| -> Vec<usize> {
-        let argmax =
-            |row: &[f32]| (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
         batches
             .iter()
             .flat_map(|b| {
@@ -237,7 +235,7 @@ fn a_trained_model_keeps_its_perplexity_and_its_predictions() {
                 logits
                     .data()
                     .chunks_exact(v)
-                    .map(argmax)
+                    .map(qkv::ops::argmax)
                     .collect::<Vec<_>>()
             })
             .collect()

@@ -694,13 +694,12 @@ fn low_precision_accuracy(
     // greedy run falls into loops, so the two runs can meet again after a difference
     let equal = pairs().filter(|(w, g)| w == g).count();
     let first_difference = pairs().position(|(w, g)| w != g);
-    let argmax = |row: &[f32]| (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
     let v = want.last_dim();
     let top1 = want
         .data()
         .chunks_exact(v)
         .zip(got.data().chunks_exact(v))
-        .filter(|(w, g)| argmax(w) == argmax(g))
+        .filter(|(w, g)| qkv::ops::argmax(w) == qkv::ops::argmax(g))
         .count();
     Ok(json!({
         "logits_max_abs": want.max_abs_diff(&got),

@@ -19,4 +19,4 @@ pub use activation::Activation;
 pub use dtype::DType;
 pub use matmul::{gemm, gemm_packed, matmul, MatMut, MatRef, PackedWeight, Par};
 pub use pool::on_pool;
-pub use softmax::{softmax, softmax_backward, softmax_rows};
+pub use softmax::{argmax, softmax, softmax_backward, softmax_rows};

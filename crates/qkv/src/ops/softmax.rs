@@ -3,6 +3,17 @@
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
+/// Index of the largest value of a row (logits): the first of ties; NaN never wins.
+pub fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in row.iter().enumerate() {
+        if x > row[best] || row[best].is_nan() {
+            best = i;
+        }
+    }
+    best
+}
+
 /// Softmax of each `n`-wide row of `x`, in place. The row maximum is subtracted
 /// first so `exp` never overflows. A row whose entries are all −∞ (every key masked)
 /// becomes zeros, not NaN.
@@ -85,6 +96,12 @@ pub fn softmax_backward(y: &[f32], dy: &[f32], n: usize, dx: &mut [f32]) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn argmax_takes_first_of_ties_and_skips_nan() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 0.5, 0.2]), 1);
+    }
 
     #[test]
     fn backward_of_masked_row_is_zero_and_accumulates() {

@@ -766,17 +766,6 @@ pub fn evaluate(model: &dyn TrainableModel, batches: &[Batch]) -> Result<Eval> {
     })
 }
 
-/// Index of the largest value (the first of ties; NaN never wins).
-fn argmax(row: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in row.iter().enumerate() {
-        if x > row[best] || row[best].is_nan() {
-            best = i;
-        }
-    }
-    best
-}
-
 fn checkpoint_error(dir: &Path, field: &str, reason: impl Into<String>) -> Error {
     Error::Config {
         path: dir.join(checkpoint::STATE_FILE).display().to_string(),
@@ -797,19 +786,17 @@ fn split_config(
 /// Token accuracy of argmax predictions, as [`tasks::accuracy`] counts it.
 pub fn token_accuracy(logits: &Tensor, targets: &[i64]) -> Result<Accuracy> {
     let v = logits.last_dim().max(1);
-    let predictions: Vec<usize> = logits.data().chunks_exact(v).map(argmax).collect();
+    let predictions: Vec<usize> = logits
+        .data()
+        .chunks_exact(v)
+        .map(crate::ops::argmax)
+        .collect();
     tasks::accuracy(&predictions, targets)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn argmax_takes_first_of_ties_and_skips_nan() {
-        assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1);
-        assert_eq!(argmax(&[f32::NAN, 0.5, 0.2]), 1);
-    }
 
     #[test]
     fn config_round_trips_through_json_and_validates() {

@@ -6,18 +6,6 @@ use crate::rng::Rng;
 
 /// Picks one token from a row of logits.
 pub(super) fn choose(logits: &[f32], sampling: Sampling, rng: &mut Rng) -> usize {
-    let argmax = |xs: &[f32]| {
-        xs.iter()
-            .enumerate()
-            .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
-                if x > best.1 {
-                    (i, x)
-                } else {
-                    best
-                }
-            })
-            .0
-    };
     let Sampling::Sample {
         temperature,
         top_k,
@@ -25,7 +13,7 @@ pub(super) fn choose(logits: &[f32], sampling: Sampling, rng: &mut Rng) -> usize
         ..
     } = sampling
     else {
-        return argmax(logits);
+        return crate::ops::argmax(logits);
     };
     // Candidates sorted by logit, best first; keep the top k.
     let mut order: Vec<usize> = (0..logits.len()).collect();
