@@ -22,7 +22,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 /// The names `--json` keys its experiments by, exactly.
-const EXPERIMENTS: [&str; 8] = [
+const EXPERIMENTS: [&str; 9] = [
     "long_range",
     "parallel",
     "scaling",
@@ -31,6 +31,7 @@ const EXPERIMENTS: [&str; 8] = [
     "mask",
     "cross",
     "heads",
+    "precision",
 ];
 
 /// `qkv demo --json --out DIR`, run once and shared by the tests.

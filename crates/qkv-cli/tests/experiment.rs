@@ -261,6 +261,111 @@ fn heads_several_heads_learn_five_relations_one_head_does_not() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `qkv experiment precision`'s per-type rows of model `m`, by type name.
+fn precision_types(report: &Value, m: usize) -> Vec<(String, Value)> {
+    let model = &report["metrics"]["models"][m];
+    let types = model["types"].as_array().unwrap();
+    let names: Vec<&str> = types.iter().map(|t| t["dtype"].as_str().unwrap()).collect();
+    assert_eq!(names, ["bf16", "int8", "int8-row"], "{model:#}");
+    let heads = model["layers"].as_u64().unwrap() * model["heads"].as_u64().unwrap();
+    for t in types {
+        let per_head: usize = t["head_js_bits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|layer| layer.as_array().unwrap().len())
+            .sum();
+        assert_eq!(per_head as u64, heads, "one divergence per head: {t:#}");
+    }
+    names
+        .iter()
+        .map(|n| n.to_string())
+        .zip(types.iter().cloned())
+        .collect()
+}
+
+#[test]
+fn precision_reduced_types_attend_where_f32_does_on_the_trained_decoder() {
+    let (report, dir) = quick("precision");
+    check_contract(&report, "precision", &dir);
+    assert_eq!(report["verdict"], "supported", "{report:#}");
+    assert!(report["metrics"]["held_out_accuracy"].as_f64().unwrap() >= 0.99);
+    let types = precision_types(&report, 0);
+    let worst = |i: usize| types[i].1["worst_head_js_bits"].as_f64().unwrap();
+    // bf16 keeps 8 significant bits of every weight; int8 about 7 of a block's largest
+    assert!(worst(0) < worst(1), "{types:#?}");
+    for (name, t) in &types {
+        assert!(t["clear_rows"].as_u64().unwrap() > 0, "{name}");
+        assert!(
+            t["clear_top_key_agreement"].as_f64().unwrap() >= 0.99,
+            "{name}: {t:#}"
+        );
+        assert!(
+            t["output_min_cosine"].as_f64().unwrap() > 0.999,
+            "{name}: {t:#}"
+        );
+    }
+    // the figures: one line plot per model, then one heatmap row of the four types
+    assert_eq!(report["figures"].as_array().unwrap().len(), 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[ignore = "needs all-MiniLM-L6-v2: set QKV_MINILM_DIR (tools/fetch_minilm.sh DIR), as .ci/run does"]
+fn precision_compares_minilm_given_with_model() {
+    let minilm = std::env::var("QKV_MINILM_DIR")
+        .expect("QKV_MINILM_DIR is not set (.ci/run fetches all-MiniLM-L6-v2 and sets it)");
+    let dir = scratch("precision-minilm");
+    let out = qkv(&[
+        "experiment",
+        "precision",
+        "--quick",
+        "--json",
+        "--threads",
+        "2",
+        "--model",
+        &minilm,
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    check_contract(&report, "precision", &dir);
+    assert_eq!(report["metrics"]["sentences"].as_array().unwrap().len(), 6);
+    let types = precision_types(&report, 1);
+    let t = |name: &str| &types.iter().find(|(n, _)| n == name).unwrap().1;
+    // the contract, on these sentences' token vectors: 0.999 bf16, 0.99 int8
+    assert!(t("bf16")["output_min_cosine"].as_f64().unwrap() >= 0.999);
+    assert!(t("int8")["output_min_cosine"].as_f64().unwrap() >= 0.99);
+    for (name, t) in &types {
+        let js = t["worst_head_js_bits"].as_f64().unwrap();
+        assert!(js > 0.0 && js < 0.01, "{name}: {js}");
+    }
+    assert_eq!(report["figures"].as_array().unwrap().len(), 4);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn model_folders_go_to_precision_only() {
+    let out = qkv(&[
+        "experiment",
+        "heads",
+        "--model",
+        "x",
+        "--out",
+        scratch("m").to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--model") && err.contains("precision"),
+        "{err}"
+    );
+}
+
 #[test]
 fn an_unknown_experiment_is_named() {
     let out = qkv(&[

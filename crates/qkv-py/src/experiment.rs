@@ -15,23 +15,32 @@ use crate::ints::Int;
 ///     quick: the small version (at most about two minutes on two cores).
 ///     seed: seed of the data and of every model's initial weights.
 ///     progress: print a line to stderr per finished unit of work.
+///     models: model folders the ``precision`` experiment compares as well (as
+///         ``qkv experiment precision --model DIR``); other experiments refuse them.
 ///
 /// Experiments that measure memory leave that metric out here: only the ``qkv``
 /// command counts its allocations.
 #[pyfunction]
-#[pyo3(signature = (name, *, quick=false, seed=Int::of(0), progress=false))]
-#[pyo3(text_signature = "(name, *, quick=False, seed=0, progress=False)")]
+#[pyo3(signature = (name, *, quick=false, seed=Int::of(0), progress=false, models=Vec::new()))]
+#[pyo3(text_signature = "(name, *, quick=False, seed=0, progress=False, models=())")]
 pub fn experiment<'py>(
     py: Python<'py>,
     name: &str,
     quick: bool,
     seed: Int,
     progress: bool,
+    models: Vec<std::path::PathBuf>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    if !models.is_empty() && name != "precision" {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "models: read by the precision experiment only, not by `{name}`"
+        )));
+    }
     let options = qkv::experiments::Options {
         quick,
         seed: seed.seed("seed")?,
         memory: None,
+        checkpoints: &models,
     };
     let report = py
         .detach(|| {

@@ -1,4 +1,4 @@
-//! `qkv experiment NAME [--quick] [--json] [--out DIR]`: measure one of the articles'
+//! `qkv experiment NAME [--quick] [--json] [--out DIR] [--model DIR]...`: measure one of the articles'
 //! claims (`qkv::experiments`), draw its figures as SVG into DIR, and print the verdict
 //! (or, with `--json`, the document of [`crate::report::files`]).
 
@@ -13,7 +13,8 @@ use crate::report::files;
 
 #[derive(Args)]
 pub struct ExperimentArgs {
-    /// The experiment: long_range, parallel, scaling, mask, order, positions, cross, heads
+    /// The experiment: long_range, parallel, scaling, mask, order, positions, cross, heads,
+    /// precision
     name: String,
     /// The small version: at most about two minutes on two cores
     #[arg(long)]
@@ -33,6 +34,10 @@ pub struct ExperimentArgs {
     /// No progress lines on stderr
     #[arg(long)]
     quiet: bool,
+    /// `precision` only: a model folder to compare as well (repeatable), e.g.
+    /// all-MiniLM-L6-v2, read over the experiment's own sentences
+    #[arg(long = "model")]
+    models: Vec<PathBuf>,
 }
 
 pub fn run(args: &ExperimentArgs, out: &mut impl Write) -> Result<()> {
@@ -43,6 +48,12 @@ pub fn run(args: &ExperimentArgs, out: &mut impl Write) -> Result<()> {
             experiments::NAMES.join(", ")
         );
     }
+    if !args.models.is_empty() && args.name != "precision" {
+        bail!(
+            "--model is read by the precision experiment only, not by `{}`",
+            args.name
+        );
+    }
     super::set_threads(args.threads)?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating --out {}", args.out.display()))?;
@@ -50,6 +61,7 @@ pub fn run(args: &ExperimentArgs, out: &mut impl Write) -> Result<()> {
         quick: args.quick,
         seed: args.seed,
         memory: Some(crate::counting::probe()),
+        checkpoints: &args.models,
     };
     let quiet = args.quiet;
     let report = experiments::run(&args.name, &options, &mut |line| {

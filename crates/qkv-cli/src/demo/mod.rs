@@ -145,6 +145,7 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> Result<()> {
         quick: true,
         seed: 0,
         memory: Some(crate::counting::probe()),
+        checkpoints: &[],
     };
     let progress = Progress::new(args.quiet);
     let mut docs = Map::new();

@@ -309,10 +309,15 @@ def train(
     line (``step``, ``loss``, ``lr``, ``grad_norm``, ``eval_loss``, ``eval_accuracy``)."""
 
 def experiment(
-    name: str, *, quick: bool = False, seed: int = 0, progress: bool = False
+    name: str,
+    *,
+    quick: bool = False,
+    seed: int = 0,
+    progress: bool = False,
+    models: Sequence[Union[str, "PathLike[str]"]] = (),
 ) -> Dict[str, Any]:
     """Runs one of :data:`EXPERIMENTS`; returns its report (claim, verdict, rule,
-    metrics, figures)."""
+    metrics, figures). ``models``: folders ``precision`` compares as well."""
 
 def set_num_threads(n: int) -> None:
     """Threads of qkv's kernels; call before the first computation."""

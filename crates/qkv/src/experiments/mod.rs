@@ -10,6 +10,7 @@ pub mod mask;
 pub mod order;
 pub mod parallel;
 pub mod positions;
+pub mod precision;
 mod report;
 pub mod scaling;
 mod training;
@@ -21,7 +22,7 @@ pub use report::{
 use crate::error::{Error, Result};
 
 /// Every experiment, by the name `qkv experiment NAME` takes.
-pub const NAMES: [&str; 8] = [
+pub const NAMES: [&str; 9] = [
     "long_range",
     "parallel",
     "scaling",
@@ -30,6 +31,7 @@ pub const NAMES: [&str; 8] = [
     "positions",
     "cross",
     "heads",
+    "precision",
 ];
 
 /// Runs the experiment called `name`; `progress` receives a line per finished unit of
@@ -44,6 +46,7 @@ pub fn run(name: &str, options: &Options, progress: &mut dyn FnMut(&str)) -> Res
         "positions" => positions::run(options, progress),
         "cross" => cross::run(options, progress),
         "heads" => heads::run(options, progress),
+        "precision" => precision::run(options, progress),
         _ => Err(Error::invalid(
             "experiment",
             format!("unknown experiment `{name}`; known: {}", NAMES.join(", ")),

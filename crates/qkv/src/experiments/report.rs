@@ -13,6 +13,8 @@ pub struct Options<'a> {
     /// The process's allocation counter, for experiments that measure memory; the
     /// library cannot count allocations itself (the global allocator is the program's).
     pub memory: Option<&'a dyn MemoryProbe>,
+    /// Model folders an experiment also probes, where it says so (`precision`).
+    pub checkpoints: &'a [std::path::PathBuf],
 }
 
 /// A program's count of the bytes it has allocated.
