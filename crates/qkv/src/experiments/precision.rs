@@ -8,7 +8,7 @@
 //! divergence (in bits, 0 to 1) between each query row's f32 weights and the same
 //! row's weights in each reduced type, averaged over the rows, and how often the row's
 //! most-weighted key stays the same where f32 picks it clearly (by at least
-//! [`CLEAR_LEAD`] over the runner-up); beside them, the outputs' error.
+//! 0.1 over the runner-up); beside them, the outputs' error.
 //!
 //! The models: a two-layer Llama-style decoder trained here to copy (each answer
 //! position must find the source symbol it repeats: a lookup by position), and every
