@@ -143,6 +143,41 @@ fn generate_dtype_prints_the_reduced_reference_tokens() {
     );
 }
 
+/// `--kv-dtype bf16` decodes through a bf16 cache (its accuracy is held in the library's
+/// tests: `attention::cache`, `tests/dtype.rs`); a type the cache has not is refused
+/// naming the flag.
+#[test]
+fn generate_kv_dtype_bf16_decodes_and_others_are_refused() {
+    let dir = fixture("llama_gqa");
+    let model = dir.to_str().unwrap();
+    let run = |kv: &str| {
+        qkv(&[
+            "generate",
+            "--model",
+            model,
+            "--max-new-tokens",
+            "8",
+            "--greedy",
+            "--json",
+            "--input-ids",
+            "1,2,3,4",
+            "--kv-dtype",
+            kv,
+        ])
+    };
+    let out = run("bf16");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got: Vec<i64> = serde_json::from_slice(&out.stdout).expect("a JSON list of ids");
+    assert_eq!(got.len(), 8);
+    let out = run("int8");
+    let err = stderr(&out);
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(
+        err.contains("--kv-dtype") && err.contains("f32 or bf16"),
+        "{err}"
+    );
+}
+
 #[test]
 fn sampling_is_reproducible_for_a_seed() {
     let dir = fixture("gpt2");

@@ -19,6 +19,7 @@ mod common;
 use common::fixture;
 use common::models::{batch, load, reference};
 use qkv::models::generate::{generate_causal, GenerateOptions, Sampling};
+use qkv::models::KvDType;
 use qkv::ops::DType;
 use qkv::Tensor;
 
@@ -252,6 +253,36 @@ fn a_trained_model_keeps_its_perplexity_and_its_predictions() {
         f32_ppl < 16.0,
         "the model did not learn the text: perplexity {f32_ppl}"
     );
+    // the KV cache in bf16 (`--kv-dtype bf16`), the weights f32: every held-out row
+    // through a cache, one forward on an empty cache each, held to bf16's contract
+    let (mut nll, mut same, mut positions) = (0.0f64, 0, 0);
+    model.kv_dtype = KvDType::Bf16;
+    for b in &batches {
+        let tokens = qkv::models::TokenBatch::new(b.inputs.clone(), None, b.batch, b.len).unwrap();
+        let logits = model
+            .forward_cached(&tokens, &mut model.new_cache(b.batch))
+            .unwrap();
+        let v = logits.last_dim();
+        for (row, &target) in logits.data().chunks_exact(v).zip(&b.targets) {
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
+            let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+            nll += max + sum.ln() - row[target as usize] as f64;
+            same += usize::from(qkv::ops::argmax(row) == f32_top[positions]);
+            positions += 1;
+        }
+    }
+    model.kv_dtype = KvDType::F32;
+    let ppl = (nll / positions as f64).exp();
+    println!("KV cache bf16: perplexity {ppl:.4} against f32's {f32_ppl:.4}; top byte as f32's at {same} of {positions}");
+    assert!(
+        (ppl / f32_ppl - 1.0).abs() <= 0.01,
+        "KV cache bf16: perplexity {ppl} against {f32_ppl}"
+    );
+    assert!(
+        same as f64 >= 0.99 * positions as f64,
+        "KV cache bf16: top byte as f32's at {same}"
+    );
+
     for (dtype, most_ppl, least_top) in [
         (DType::Bf16, 0.01, 0.99),
         (DType::Int8, 0.03, 0.97),

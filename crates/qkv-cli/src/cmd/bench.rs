@@ -18,7 +18,7 @@ use std::time::Instant;
 use super::machine::{fma_probe, MemoryProbe};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use qkv::attention::{attention, attention_backward, HeadsView, LayerKv};
+use qkv::attention::{attention, attention_backward, HeadsView, KvDType, LayerKv};
 use qkv::layers::linear::product_into;
 use qkv::models::generate::{generate_causal, GenerateOptions, Sampling};
 use qkv::models::sentence::SentenceEncoder;
@@ -130,6 +130,8 @@ struct DecodeArgs {
     #[arg(long, value_enum, default_value_t = KernelArg::Tiled)]
     kernel: KernelArg,
     #[command(flatten)]
+    kv_dtype: super::KvDTypeFlag,
+    #[command(flatten)]
     common: Common,
 }
 
@@ -190,6 +192,9 @@ struct LlamaArgs {
     /// logits, and the greedy tokens
     #[command(flatten)]
     dtype: super::DTypeFlag,
+    /// The KV cache's type, for both workloads (the accuracy reference stays f32)
+    #[command(flatten)]
+    kv_dtype: super::KvDTypeFlag,
     #[command(flatten)]
     common: Common,
 }
@@ -440,14 +445,19 @@ fn bench_decode(a: &DecodeArgs, p: &mut Printer<impl Write>) -> Result<()> {
         let v = rng.tensor(&[b, s, g, d], 1.0);
         // through a KV cache, as a decoder reads it: the cache checked its rows when
         // they were appended, so a step does not scan all S of them again
-        let mut cache = LayerKv::new(b, g, d, d);
+        let kv_dtype = a.kv_dtype.kv_dtype;
+        let mut cache = LayerKv::new_as(kv_dtype, b, g, d, d);
         cache.append(&k, &v)?;
         let q_view = HeadsView::of(&q, "q")?;
         let timing = measure(&a.common, || {
             black_box(cache.attend(&q_view, &spec)?);
             Ok(())
         })?;
-        let kv_bytes = (2 * b * s * g * d * std::mem::size_of::<f32>()) as f64;
+        let element = match kv_dtype {
+            KvDType::F32 => 4,
+            KvDType::Bf16 => 2,
+        };
+        let kv_bytes = (2 * b * s * g * d * element) as f64;
         p.row(Row {
             label: format!("decode T=1 S={s}"),
             timing,
@@ -455,6 +465,7 @@ fn bench_decode(a: &DecodeArgs, p: &mut Printer<impl Write>) -> Result<()> {
             fields: json!({
                 "bench": "decode", "cache": s, "batch": b, "heads": h, "kv_heads": g,
                 "dim": d, "kernel": a.kernel.name(), "kv_bytes": kv_bytes,
+                "kv_dtype": kv_dtype.name(),
                 "gflop": 4.0 * (b * h * s * d) as f64 / 1e9,
                 "flop_convention": FLOP_CONVENTION,
             }),
@@ -582,11 +593,12 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
     }
     let arch = Arch::llama(a.vocab, a.d_model, a.layers, a.heads, a.kv_heads, a.max_len);
     let mut model = Transformer::new(&arch, a.common.seed)?;
-    let dtype = a.dtype.dtype;
+    let (dtype, kv_dtype) = (a.dtype.dtype, a.kv_dtype.kv_dtype);
     if dtype != DType::F32 {
         // the f32 model of the same seed is the reference
         model.set_dtype(dtype)?;
     }
+    model.kv_dtype = kv_dtype;
     if let Some(dir) = &a.save {
         model
             .save(dir)
@@ -595,7 +607,7 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
     let arch_fields = json!({
         "bench": "llama", "d_model": a.d_model, "layers": a.layers, "heads": a.heads,
         "kv_heads": a.kv_heads, "vocab": a.vocab, "params": model.num_params(),
-        "dtype": dtype.name(),
+        "dtype": dtype.name(), "kv_dtype": kv_dtype.name(),
     });
     let mut rng = Rng::new(a.common.seed.wrapping_add(1));
     let mut ids = |n: usize| -> Vec<usize> { (0..n).map(|_| rng.below(a.vocab)).collect() };
@@ -603,14 +615,14 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
     let prompt = TokenBatch::single(ids(a.prefill))?;
     let decode_prompt = TokenBatch::single(ids(a.decode_prompt))?;
     let opts = GenerateOptions::new(a.decode, Sampling::Greedy, Vec::new());
-    let accuracy = match dtype {
-        DType::F32 => json!({}),
+    let accuracy = match (dtype, kv_dtype) {
+        (DType::F32, KvDType::F32) => json!({}),
         _ => {
             let reference = Transformer::new(&arch, a.common.seed)?;
             let acc = low_precision_accuracy(&reference, &model, &prompt, &decode_prompt, &opts)?;
             // on stderr, so that `--json` prints JSON lines alone
             eprintln!(
-                "{dtype}: prefill logits max abs {} from f32, top-1 as f32 at {} of {} positions; \
+                "{dtype}, KV cache {kv_dtype}: prefill logits max abs {} from f32, top-1 as f32 at {} of {} positions; \
                  greedy decode {} of {} tokens as f32 (first difference at {})",
                 acc["logits_max_abs"],
                 acc["prefill_top1_equal"],

@@ -64,6 +64,8 @@ pub struct GenerateArgs {
     json: bool,
     #[command(flatten)]
     dtype: super::DTypeFlag,
+    #[command(flatten)]
+    kv_dtype: super::KvDTypeFlag,
 }
 
 impl GenerateArgs {
@@ -90,6 +92,7 @@ impl GenerateArgs {
 pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
     let mut loaded = super::load_model(&args.model)?;
     args.dtype.apply(&mut loaded.model)?;
+    loaded.model.kv_dtype = args.kv_dtype.kv_dtype;
     let tokenizer = super::tokenizer(&args.model, &loaded.model, args.prompt.is_some())?;
     let ids = match (&args.prompt, &args.input_ids, &tokenizer) {
         (Some(text), _, Some(tok)) => tok.encode(text, true)?,

@@ -16,7 +16,7 @@ mod writable;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use qkv::models::{self, Loaded, Transformer};
+use qkv::models::{self, KvDType, Loaded, Transformer};
 use qkv::ops::DType;
 use qkv::text::Tokenizer;
 
@@ -51,6 +51,19 @@ impl DTypeFlag {
         }
         Ok(())
     }
+}
+
+/// `--kv-dtype`, for the commands that decode through a KV cache.
+#[derive(clap::Args, Clone, Copy)]
+pub struct KvDTypeFlag {
+    /// Number type the KV cache stores keys and values in: f32, or bf16 (half the bytes
+    /// a decoding step reads from the cache; attention still computes in f32)
+    #[arg(long, default_value = "f32", value_parser = parse_kv_dtype)]
+    pub kv_dtype: KvDType,
+}
+
+fn parse_kv_dtype(s: &str) -> std::result::Result<KvDType, String> {
+    s.parse::<KvDType>().map_err(|e| e.to_string())
 }
 
 /// The one flag every command that sizes the pool has.

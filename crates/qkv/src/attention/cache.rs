@@ -2,19 +2,122 @@
 //! `[B, cap, G, Dv]` with `len ≤ cap` positions in use. Capacity doubles when full, so
 //! a step copies only its own new rows (the whole cache moves only on the rare growth).
 //! Attention reads the first `len` positions in place through [`HeadsView`].
+//!
+//! The rows are stored in f32 or, with [`KvDType::Bf16`], rounded to bf16: half the
+//! bytes that each decode step reads from the cache, which is what a step over a long
+//! context spends its time on. A decode step widens bf16 rows block by block inside the
+//! kernel; any other call (a prompt over the cache, weights asked for) widens the cache
+//! to f32 first. Either way attention sees the rounded keys and values, so the result
+//! does not depend on which path ran.
 
 use super::call::run;
+use super::decode::{self, KvRows};
 use super::output::AttentionOutput;
-use super::spec::AttentionSpec;
+use super::spec::{validate_inner, AttentionSpec, Kernel, Scorer};
 use super::view::HeadsView;
 use crate::batch::{limit_positions, real_positions};
 use crate::error::{Error, Result};
+use crate::ops::bf16::{bf16_to_f32, f32_to_bf16};
 use crate::tensor::Tensor;
+
+/// The number type a KV cache stores its rows in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvDType {
+    #[default]
+    F32,
+    /// Round to nearest even, as `Tensor.to(torch.bfloat16)`.
+    Bf16,
+}
+
+impl KvDType {
+    /// `f32`, `bf16`: the name `--kv-dtype` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDType::F32 => "f32",
+            KvDType::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::fmt::Display for KvDType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for KvDType {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "f32" => Ok(KvDType::F32),
+            "bf16" => Ok(KvDType::Bf16),
+            _ => Err(Error::invalid(
+                "kv dtype",
+                format!("`{s}`: a KV cache stores f32 or bf16"),
+            )),
+        }
+    }
+}
+
+/// One tensor's rows: f32, or bf16 bit patterns.
+#[derive(Clone, Debug)]
+enum Rows {
+    F32(Vec<f32>),
+    Bf16(Vec<u16>),
+}
+
+impl Rows {
+    fn empty(dtype: KvDType) -> Self {
+        match dtype {
+            KvDType::F32 => Rows::F32(Vec::new()),
+            KvDType::Bf16 => Rows::Bf16(Vec::new()),
+        }
+    }
+
+    /// Zeros of the same type, `n` elements.
+    fn zeros_like(&self, n: usize) -> Self {
+        match self {
+            Rows::F32(_) => Rows::F32(vec![0.0; n]),
+            Rows::Bf16(_) => Rows::Bf16(vec![0; n]),
+        }
+    }
+
+    /// Copies `n` elements of `src` from `at` to `dst` here (both of one type).
+    fn copy_from(&mut self, dst: usize, src: &Rows, at: usize, n: usize) {
+        match (self, src) {
+            (Rows::F32(d), Rows::F32(s)) => d[dst..dst + n].copy_from_slice(&s[at..at + n]),
+            (Rows::Bf16(d), Rows::Bf16(s)) => d[dst..dst + n].copy_from_slice(&s[at..at + n]),
+            _ => unreachable!("a layer's rows keep one type"),
+        }
+    }
+
+    /// Writes f32 `src` at `dst`, rounded for a bf16 store. `src` was checked finite;
+    /// a value beyond bf16's range (|x| > 3.39e38) would round to infinity, so it is
+    /// refused as `name`.
+    fn write(&mut self, dst: usize, src: &[f32], name: &str) -> Result<()> {
+        match self {
+            Rows::F32(d) => d[dst..dst + src.len()].copy_from_slice(src),
+            Rows::Bf16(d) => {
+                for (i, (out, &x)) in d[dst..dst + src.len()].iter_mut().zip(src).enumerate() {
+                    *out = f32_to_bf16(x);
+                    if !bf16_to_f32(*out).is_finite() {
+                        return Err(Error::invalid(
+                            name,
+                            format!("element {i} of the new rows, {x}, is beyond bf16's range"),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
 
 #[derive(Clone, Debug)]
 pub struct LayerKv {
-    k: Vec<f32>,
-    v: Vec<f32>,
+    k: Rows,
+    v: Rows,
     batch: usize,
     heads: usize,
     dk: usize,
@@ -25,15 +128,27 @@ pub struct LayerKv {
 
 impl LayerKv {
     pub fn new(batch: usize, heads: usize, dk: usize, dv: usize) -> Self {
+        LayerKv::new_as(KvDType::F32, batch, heads, dk, dv)
+    }
+
+    /// An empty cache storing its rows in `dtype`.
+    pub fn new_as(dtype: KvDType, batch: usize, heads: usize, dk: usize, dv: usize) -> Self {
         LayerKv {
-            k: Vec::new(),
-            v: Vec::new(),
+            k: Rows::empty(dtype),
+            v: Rows::empty(dtype),
             batch,
             heads,
             dk,
             dv,
             len: 0,
             cap: 0,
+        }
+    }
+
+    pub fn dtype(&self) -> KvDType {
+        match self.k {
+            Rows::F32(_) => KvDType::F32,
+            Rows::Bf16(_) => KvDType::Bf16,
         }
     }
 
@@ -46,6 +161,7 @@ impl LayerKv {
     }
 
     /// Appends k: `[B, T, G, Dk]` and v: `[B, T, G, Dv]` after the cached positions.
+    /// A rejected append (bad shape, a non-finite value) leaves the cache unchanged.
     pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
         let (b, g) = (self.batch, self.heads);
         k.expect_shape("cached k", &[Some(b), None, Some(g), Some(self.dk)])?;
@@ -61,9 +177,11 @@ impl LayerKv {
         let (rk, rv) = (g * self.dk, g * self.dv);
         for bi in 0..b {
             let dst = (bi * self.cap + self.len) * rk;
-            self.k[dst..dst + t * rk].copy_from_slice(&k.data()[bi * t * rk..(bi + 1) * t * rk]);
+            let src = &k.data()[bi * t * rk..(bi + 1) * t * rk];
+            self.k.write(dst, src, "cached k")?;
             let dst = (bi * self.cap + self.len) * rv;
-            self.v[dst..dst + t * rv].copy_from_slice(&v.data()[bi * t * rv..(bi + 1) * t * rv]);
+            let src = &v.data()[bi * t * rv..(bi + 1) * t * rv];
+            self.v.write(dst, src, "cached v")?;
         }
         self.len += t;
         Ok(())
@@ -72,13 +190,11 @@ impl LayerKv {
     /// This layer with row i holding this layer's row `rows[i]` (every index < B).
     fn select_rows(&self, rows: &[usize]) -> LayerKv {
         let (rk, rv) = (self.heads * self.dk, self.heads * self.dv);
-        let mut k = vec![0.0; rows.len() * self.cap * rk];
-        let mut v = vec![0.0; rows.len() * self.cap * rv];
+        let mut k = self.k.zeros_like(rows.len() * self.cap * rk);
+        let mut v = self.v.zeros_like(rows.len() * self.cap * rv);
         for (i, &r) in rows.iter().enumerate() {
-            k[i * self.cap * rk..][..self.len * rk]
-                .copy_from_slice(&self.k[r * self.cap * rk..][..self.len * rk]);
-            v[i * self.cap * rv..][..self.len * rv]
-                .copy_from_slice(&self.v[r * self.cap * rv..][..self.len * rv]);
+            k.copy_from(i * self.cap * rk, &self.k, r * self.cap * rk, self.len * rk);
+            v.copy_from(i * self.cap * rv, &self.v, r * self.cap * rv, self.len * rv);
         }
         LayerKv {
             k,
@@ -90,13 +206,11 @@ impl LayerKv {
 
     fn grow(&mut self, cap: usize) {
         let (rk, rv) = (self.heads * self.dk, self.heads * self.dv);
-        let mut k = vec![0.0; self.batch * cap * rk];
-        let mut v = vec![0.0; self.batch * cap * rv];
+        let mut k = self.k.zeros_like(self.batch * cap * rk);
+        let mut v = self.v.zeros_like(self.batch * cap * rv);
         for b in 0..self.batch {
-            k[b * cap * rk..][..self.len * rk]
-                .copy_from_slice(&self.k[b * self.cap * rk..][..self.len * rk]);
-            v[b * cap * rv..][..self.len * rv]
-                .copy_from_slice(&self.v[b * self.cap * rv..][..self.len * rv]);
+            k.copy_from(b * cap * rk, &self.k, b * self.cap * rk, self.len * rk);
+            v.copy_from(b * cap * rv, &self.v, b * self.cap * rv, self.len * rv);
         }
         self.k = k;
         self.v = v;
@@ -107,31 +221,82 @@ impl LayerKv {
     /// row was checked finite when appended, so unlike [`super::attention_views`]
     /// this does not read the whole cache for that check.
     pub fn attend(&self, q: &HeadsView, spec: &AttentionSpec) -> Result<AttentionOutput> {
-        run(q, &self.keys(), &self.values(), spec, false)
-    }
-
-    /// Cached keys `[B, len, G, Dk]`.
-    pub fn keys(&self) -> HeadsView<'_> {
-        self.view(&self.k, self.dk)
-    }
-
-    /// Cached values `[B, len, G, Dv]`.
-    pub fn values(&self) -> HeadsView<'_> {
-        self.view(&self.v, self.dv)
-    }
-
-    fn view<'a>(&self, data: &'a [f32], dim: usize) -> HeadsView<'a> {
-        HeadsView {
-            data,
-            batch: self.batch,
-            len: self.len,
-            heads: self.heads,
-            dim,
-            batch_stride: self.cap * self.heads * dim,
-            pos_stride: self.heads * dim,
-            head_stride: dim,
+        match (&self.k, &self.v) {
+            (Rows::F32(k), Rows::F32(v)) => run(
+                q,
+                &self.view(k, self.dk),
+                &self.view(v, self.dv),
+                spec,
+                false,
+            ),
+            (Rows::Bf16(k), Rows::Bf16(v)) => {
+                let (k, v) = (self.view(k, self.dk), self.view(v, self.dv));
+                let dims = validate_inner(q, &k, &v, spec)?;
+                let decoding = spec.kernel == Kernel::Tiled && !spec.want_weights;
+                if decoding && dims.t <= decode::MAX_ROWS {
+                    let scorer = Scorer::new(dims, spec);
+                    let (out, lse) =
+                        decode::attention(q, KvRows::Bf16(&k), KvRows::Bf16(&v), &scorer);
+                    return Ok(AttentionOutput {
+                        out,
+                        lse,
+                        weights: None,
+                    });
+                }
+                let (k, v) = (widen(&k), widen(&v));
+                run(
+                    q,
+                    &HeadsView::of(&k, "k")?,
+                    &HeadsView::of(&v, "v")?,
+                    spec,
+                    false,
+                )
+            }
+            _ => unreachable!("a layer's keys and values keep one type"),
         }
     }
+
+    /// The cached keys `[B, len, G, Dk]` and values `[B, len, G, Dv]` as f32 (a bf16
+    /// cache's rows widened).
+    pub fn to_tensors(&self) -> Result<(Tensor, Tensor)> {
+        let tensor = |rows: &Rows, dim: usize| match rows {
+            Rows::F32(data) => {
+                let view = self.view(data, dim);
+                let mut out = Vec::with_capacity(self.batch * self.len * self.heads * dim);
+                for b in 0..self.batch {
+                    let start = view.offset(b, 0, 0);
+                    out.extend_from_slice(&data[start..start + self.len * self.heads * dim]);
+                }
+                Tensor::new(&[self.batch, self.len, self.heads, dim], out)
+            }
+            Rows::Bf16(data) => Ok(widen(&self.view(data, dim))),
+        };
+        Ok((tensor(&self.k, self.dk)?, tensor(&self.v, self.dv)?))
+    }
+
+    fn view<'a, T>(&self, data: &'a [T], dim: usize) -> HeadsView<'a, T> {
+        HeadsView::strided(
+            data,
+            [self.batch, self.len, self.heads, dim],
+            [self.cap * self.heads * dim, self.heads * dim, dim],
+        )
+    }
+}
+
+/// A bf16 view's elements widened into a contiguous f32 `[B, L, N, E]` tensor.
+fn widen(view: &HeadsView<u16>) -> Tensor {
+    let [b_n, len, heads, dim] = view.shape();
+    let row = len * heads * dim;
+    let mut out = Vec::with_capacity(b_n * row);
+    for b in 0..b_n {
+        let start = view.offset(b, 0, 0);
+        out.extend(
+            view.data[start..start + row]
+                .iter()
+                .map(|&x| bf16_to_f32(x)),
+        );
+    }
+    Tensor::new(&[b_n, len, heads, dim], out).expect("the view's own shape")
 }
 
 /// A whole decoder's cache: one [`LayerKv`] per layer plus which cached positions are
@@ -157,9 +322,21 @@ pub struct Step {
 
 impl KvCache {
     pub fn new(n_layers: usize, batch: usize, kv_heads: usize, dk: usize, dv: usize) -> Self {
+        KvCache::new_as(KvDType::F32, n_layers, batch, kv_heads, dk, dv)
+    }
+
+    /// An empty cache whose layers store their rows in `dtype`.
+    pub fn new_as(
+        dtype: KvDType,
+        n_layers: usize,
+        batch: usize,
+        kv_heads: usize,
+        dk: usize,
+        dv: usize,
+    ) -> Self {
         KvCache {
             layers: (0..n_layers)
-                .map(|_| LayerKv::new(batch, kv_heads, dk, dv))
+                .map(|_| LayerKv::new_as(dtype, batch, kv_heads, dk, dv))
                 .collect(),
             batch,
             real: vec![Vec::new(); batch],
@@ -305,6 +482,103 @@ mod tests {
         cache.begin_step(&[true; 5], 5, None).unwrap();
         let step = cache.begin_step(&[true], 1, None).unwrap();
         assert_eq!(step.positions, [5]);
+    }
+
+    use crate::attention::{attention, CausalAlign};
+    use crate::ops::bf16::convert::round_to_bf16;
+    use crate::rng::Rng;
+
+    /// Positions `start..start + len` of a `[B, S, G, D]` tensor.
+    fn positions(t: &Tensor, start: usize, len: usize) -> Tensor {
+        let [b, s, g, d] = t.shape()[..] else {
+            unreachable!()
+        };
+        let mut out = Vec::new();
+        for bi in 0..b {
+            out.extend_from_slice(&t.data()[(bi * s + start) * g * d..][..len * g * d]);
+        }
+        Tensor::new(&[b, len, g, d], out).unwrap()
+    }
+
+    fn rounded(t: &Tensor) -> Tensor {
+        Tensor::new(
+            t.shape(),
+            t.data().iter().map(|&x| round_to_bf16(x)).collect(),
+        )
+        .unwrap()
+    }
+
+    /// A bf16 cache attends as f32 attention over its keys and values rounded to bf16,
+    /// by the reference kernel: a decode step through the kernel that widens blocks, a
+    /// longer query (and a request for weights) through the widened cache; with
+    /// grouped heads, two batch rows, padding, a causal mask and more than one split of
+    /// keys (the decode kernel's 512).
+    #[test]
+    fn a_bf16_cache_attends_as_f32_over_rounded_rows() {
+        let (b, s, h, g, d) = (2, 700, 4, 2, 24);
+        let mut rng = Rng::new(7);
+        let (k, v) = (
+            rng.tensor(&[b, s, g, d], 1.0),
+            rng.tensor(&[b, s, g, d], 1.0),
+        );
+        let mut cache = LayerKv::new_as(KvDType::Bf16, b, g, d, d);
+        // appended in two steps, so that the store grows and moves once
+        cache
+            .append(&positions(&k, 0, 300), &positions(&v, 0, 300))
+            .unwrap();
+        cache
+            .append(&positions(&k, 300, 400), &positions(&v, 300, 400))
+            .unwrap();
+        assert_eq!((cache.len(), cache.dtype()), (s, KvDType::Bf16));
+        let (kr, vr) = (rounded(&k), rounded(&v));
+        let (ck, cv) = cache.to_tensors().unwrap();
+        assert_eq!((ck.data(), cv.data()), (kr.data(), vr.data()));
+        let mut padding = vec![true; b * s];
+        padding[s..s + 5].fill(false); // row 1 left-padded
+        for t in [1, 3, 9] {
+            let q = rng.tensor(&[b, t, h, d], 1.0);
+            for want_weights in [false, true] {
+                let spec = AttentionSpec {
+                    causal: Some(CausalAlign::BottomRight),
+                    key_padding: Some(&padding),
+                    want_weights,
+                    ..Default::default()
+                };
+                let got = cache
+                    .attend(&HeadsView::of(&q, "q").unwrap(), &spec)
+                    .unwrap();
+                let reference = AttentionSpec {
+                    kernel: Kernel::Reference,
+                    ..spec
+                };
+                let want = attention(&q, &kr, &vr, &reference).unwrap();
+                let err = got.out.max_abs_diff(&want.out);
+                assert!(err < 2e-6, "T = {t}, weights {want_weights}: {err}");
+                assert!(got.lse.max_abs_diff(&want.lse) < 2e-5, "T = {t}");
+                assert_eq!(got.weights.is_some(), want_weights);
+            }
+        }
+        // beam search's row selection keeps the type and the rows
+        let picked = cache.select_rows(&[1, 1, 0]);
+        assert_eq!(picked.dtype(), KvDType::Bf16);
+        let (pk, _) = picked.to_tensors().unwrap();
+        let row = s * g * d;
+        assert_eq!(&pk.data()[2 * row..], &kr.data()[..row]);
+        assert_eq!(&pk.data()[..row], &kr.data()[row..]);
+    }
+
+    #[test]
+    fn a_value_beyond_bf16_is_refused_and_the_cache_kept() {
+        let mut cache = LayerKv::new_as(KvDType::Bf16, 1, 1, 2, 2);
+        let ok = Tensor::new(&[1, 1, 1, 2], vec![1.0, 2.0]).unwrap();
+        cache.append(&ok, &ok).unwrap();
+        let huge = Tensor::new(&[1, 1, 1, 2], vec![1.0, f32::MAX]).unwrap();
+        let msg = cache.append(&huge, &ok).unwrap_err().to_string();
+        assert!(msg.contains("cached k") && msg.contains("bf16"), "{msg}");
+        assert_eq!(cache.len(), 1);
+        assert_eq!("bf16".parse::<KvDType>().unwrap(), KvDType::Bf16);
+        let msg = "int8".parse::<KvDType>().unwrap_err().to_string();
+        assert!(msg.contains("kv dtype") && msg.contains("int8"), "{msg}");
     }
 
     #[test]

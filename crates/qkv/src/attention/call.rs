@@ -34,7 +34,7 @@ pub fn attention_views(
 }
 
 /// [`attention_views`], scanning K and V for non-finite values only when `check_kv`
-/// (see [`validate_inner`]).
+/// (a cache checks its rows as they are appended).
 pub(super) fn run(
     q: &HeadsView,
     k: &HeadsView,
@@ -42,7 +42,11 @@ pub(super) fn run(
     spec: &AttentionSpec,
     check_kv: bool,
 ) -> Result<AttentionOutput> {
-    let dims = validate_inner(q, k, v, spec, check_kv)?;
+    let dims = validate_inner(q, k, v, spec)?;
+    if check_kv {
+        k.check_finite("k")?;
+        v.check_finite("v")?;
+    }
     let scorer = Scorer::new(dims, spec);
     Ok(match spec.kernel {
         Kernel::Reference => reference::attention([q, k, v], &scorer, spec.want_weights),

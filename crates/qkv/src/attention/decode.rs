@@ -21,6 +21,7 @@ use rayon::prelude::*;
 use super::micro::{self, MulAcc, SoftmaxRows, Strided};
 use super::spec::Scorer;
 use super::HeadsView;
+use crate::ops::bf16::convert::widen_rows;
 use crate::ops::matmul::gemm_views;
 use crate::ops::{MatMut, MatRef};
 use crate::tensor::Tensor;
@@ -41,6 +42,53 @@ struct Scratch {
     scores: Vec<f32>,
     /// [H/G] rescale factors of the accumulated output
     corr: Vec<f32>,
+    /// [KEY_BLOCK, D] and [KEY_BLOCK, Dv]: a bf16 cache's key and value rows, widened
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
+/// Keys or values as a decode step reads them: f32 in place, or a bf16 cache's bit
+/// patterns widened to f32 a block of keys at a time (a shift each, so exact). The
+/// cache's traffic is what halves; the arithmetic is the f32 kernel's.
+#[derive(Clone, Copy)]
+pub(super) enum KvRows<'a> {
+    F32(&'a HeadsView<'a>),
+    Bf16(&'a HeadsView<'a, u16>),
+}
+
+impl KvRows<'_> {
+    /// Rows `j0..j0 + n` of head g in batch row b as f32: the data and the distance
+    /// between rows. f32 rows are read in place; bf16 ones are widened into `scratch`.
+    fn block<'s>(
+        &'s self,
+        (b, g): (usize, usize),
+        j0: usize,
+        n: usize,
+        scratch: &'s mut Vec<f32>,
+    ) -> (&'s [f32], usize) {
+        match self {
+            KvRows::F32(v) => (&v.data[v.offset(b, j0, g)..], v.pos_stride),
+            KvRows::Bf16(v) => {
+                scratch.resize(n * v.dim, 0.0);
+                widen_rows(&v.data[v.offset(b, j0, g)..], v.pos_stride, v.dim, scratch);
+                (scratch, v.dim)
+            }
+        }
+    }
+
+    /// Asks for rows `keys` of head g in batch row b ahead of their use.
+    fn prefetch(&self, (b, g): (usize, usize), keys: std::ops::Range<usize>) {
+        match self {
+            KvRows::F32(v) => {
+                let start = v.offset(b, keys.start, g);
+                prefetch_rows(v.data, start, keys.len(), v.pos_stride, v.dim)
+            }
+            KvRows::Bf16(v) => {
+                let start = v.offset(b, keys.start, g);
+                prefetch_rows(v.data, start, keys.len(), v.pos_stride, v.dim)
+            }
+        }
+    }
 }
 
 /// One split's softmax state for one (query row, head): running max and sum.
@@ -52,12 +100,7 @@ struct State {
 
 /// q: [B,T,H,D], k: [B,S,G,D], v: [B,S,G,Dv] (validated, T ≤ [`MAX_ROWS`]) →
 /// out [B,T,H,Dv], lse [B,H,T].
-pub(super) fn attention(
-    q: &HeadsView,
-    k: &HeadsView,
-    v: &HeadsView,
-    scorer: &Scorer,
-) -> (Tensor, Tensor) {
+pub(super) fn attention(q: &HeadsView, k: KvRows, v: KvRows, scorer: &Scorer) -> (Tensor, Tensor) {
     let dims = scorer.dims;
     let (b_n, t, s, h_n, g_n, dv) = (dims.b, dims.t, dims.s, dims.h, dims.g, dims.dv);
     let hg = h_n / g_n;
@@ -80,7 +123,7 @@ pub(super) fn attention(
         .for_each_init(Scratch::default, |scratch, (task, (state, acc))| {
             let (b, split, g) = (task / (splits * g_n), task / g_n % splits, task % g_n);
             let keys = split * SPLIT..s.min((split + 1) * SPLIT);
-            one_split(q, k, v, scorer, (b, g), keys, scratch, state, acc);
+            one_split(q, [k, v], scorer, (b, g), keys, scratch, state, acc);
         });
 
     let mut out = Tensor::zeros(&[b_n, t, h_n, dv]);
@@ -131,8 +174,7 @@ pub(super) fn attention(
 #[allow(clippy::too_many_arguments)]
 fn one_split(
     q: &HeadsView,
-    k: &HeadsView,
-    v: &HeadsView,
+    [k, v]: [KvRows; 2],
     scorer: &Scorer,
     (b, g): (usize, usize),
     keys: std::ops::Range<usize>,
@@ -152,20 +194,10 @@ fn one_split(
         for j0 in (lo..hi).step_by(KEY_BLOCK) {
             let n = KEY_BLOCK.min(hi - j0);
             let next = j0 + n..hi.min(j0 + n + KEY_BLOCK);
-            prefetch_rows(
-                k.data,
-                k.offset(b, next.start, g),
-                next.len(),
-                k.pos_stride,
-                d,
-            );
-            prefetch_rows(
-                v.data,
-                v.offset(b, next.start, g),
-                next.len(),
-                v.pos_stride,
-                dv,
-            );
+            k.prefetch((b, g), next.clone());
+            v.prefetch((b, g), next);
+            let (keys, key_stride) = k.block((b, g), j0, n, &mut scratch.keys);
+            let (values, value_stride) = v.block((b, g), j0, n, &mut scratch.values);
             let scores = &mut scratch.scores[..hg * n];
             // the group's H/G query vectors, a head stride apart in q: [H/G, D] against
             // keys j0.. read in place as Kᵀ ([D, n], a key every position stride)
@@ -179,11 +211,11 @@ fn one_split(
                     col_stride: 1,
                 },
                 MatRef {
-                    data: &k.data[k.offset(b, j0, g)..],
+                    data: keys,
                     rows: d,
                     cols: n,
                     row_stride: 1,
-                    col_stride: k.pos_stride,
+                    col_stride: key_stride,
                 },
                 scorer.scale,
             );
@@ -216,8 +248,8 @@ fn one_split(
                 },
                 m: hg,
                 k: n,
-                b: &v.data[v.offset(b, j0, g)..],
-                b_stride: v.pos_stride,
+                b: values,
+                b_stride: value_stride,
                 n: dv,
                 corr: Some(&scratch.corr),
                 acc: &mut acc[i * hg * dv..],
@@ -227,10 +259,10 @@ fn one_split(
     }
 }
 
-/// Asks the CPU to start loading `rows` runs of `len` floats, `stride` apart from
+/// Asks the CPU to start loading `rows` runs of `len` elements, `stride` apart from
 /// `start` in `data`: a hint with no effect on any result; runs past the end of
 /// `data` are left out.
-fn prefetch_rows(data: &[f32], start: usize, rows: usize, stride: usize, len: usize) {
+fn prefetch_rows<T>(data: &[T], start: usize, rows: usize, stride: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]
     for r in 0..rows {
         let Some(run) = data.get(start + r * stride..start + r * stride + len) else {
@@ -239,7 +271,7 @@ fn prefetch_rows(data: &[f32], start: usize, rows: usize, stride: usize, len: us
         // into L2, not L1: a block's K and V rows are hundreds of lines, more than L1's
         // fill buffers hold, and a T0 request that finds them full stalls the loop (on
         // the AVX-512 Xeon: S = 512 1.20×, S = 4096 1.05× over T0; T2 was no better)
-        for line in run.chunks(16) {
+        for line in run.chunks(64 / std::mem::size_of::<T>()) {
             // SAFETY: a prefetch reads nothing architecturally and cannot fault; the
             // address is inside `data` anyway.
             unsafe {

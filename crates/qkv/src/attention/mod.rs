@@ -18,7 +18,7 @@ mod tiled;
 mod view;
 
 pub use backward::{attention_backward, attention_backward_views, AttentionGrads};
-pub use cache::{KvCache, LayerKv, Step};
+pub use cache::{KvCache, KvDType, LayerKv, Step};
 pub use call::{attention, attention_views};
 pub use output::AttentionOutput;
 pub use spec::{validate, AttentionSpec, Bias, Broadcast, CausalAlign, Dims, Kernel};

@@ -120,18 +120,20 @@ impl Dims {
 
 /// Checks Q, K, V and the spec against each other; returns the sizes.
 pub fn validate(q: &HeadsView, k: &HeadsView, v: &HeadsView, spec: &AttentionSpec) -> Result<Dims> {
-    validate_inner(q, k, v, spec, true)
+    let dims = validate_inner(q, k, v, spec)?;
+    k.check_finite("k")?;
+    v.check_finite("v")?;
+    Ok(dims)
 }
 
-/// As [`validate`]; without `check_kv` the O(S) finiteness scan of K and V is left
-/// out, for a KV cache whose every row was checked when it was appended (the scan
-/// would read the whole cache again at every decode step).
-pub(crate) fn validate_inner(
+/// As [`validate`] without the O(S) finiteness scan of K and V: for a KV cache whose
+/// every row was checked when it was appended (the scan would read the whole cache
+/// again at every decode step), whose elements may be f32 or bf16 (`E`).
+pub(crate) fn validate_inner<E>(
     q: &HeadsView,
-    k: &HeadsView,
-    v: &HeadsView,
+    k: &HeadsView<E>,
+    v: &HeadsView<E>,
     spec: &AttentionSpec,
-    check_kv: bool,
 ) -> Result<Dims> {
     q.check_bounds("q")?;
     k.check_bounds("k")?;
@@ -171,10 +173,6 @@ pub(crate) fn validate_inner(
         ));
     }
     q.check_finite("q")?;
-    if check_kv {
-        k.check_finite("k")?;
-        v.check_finite("v")?;
-    }
     if let Some(scale) = spec.scale {
         if !scale.is_finite() {
             return Err(Error::invalid(

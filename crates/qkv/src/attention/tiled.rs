@@ -11,7 +11,7 @@ use crate::ops::aligned::AlignedBuf;
 use crate::ops::disjoint::Disjoint;
 use rayon::prelude::*;
 
-use super::decode;
+use super::decode::{self, KvRows};
 use super::micro::{self, MulAcc, Scores, SoftmaxRows, Strided, PANEL};
 use super::output::AttentionOutput;
 use super::packed::{Panels, Rows};
@@ -49,7 +49,7 @@ pub(crate) fn attention(
 ) -> AttentionOutput {
     let dims = scorer.dims;
     if dims.t <= decode::MAX_ROWS {
-        let (out, lse) = decode::attention(q, k, v, scorer);
+        let (out, lse) = decode::attention(q, KvRows::F32(k), KvRows::F32(v), scorer);
         let weights = want_weights.then(|| weights_from_lse(q, k, scorer, &lse));
         return AttentionOutput { out, lse, weights };
     }

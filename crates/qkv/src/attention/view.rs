@@ -7,9 +7,10 @@
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
+/// The elements are f32, or (`T = u16`) bf16 bit patterns in a bf16 KV cache.
 #[derive(Clone, Copy, Debug)]
-pub struct HeadsView<'a> {
-    pub data: &'a [f32],
+pub struct HeadsView<'a, T = f32> {
+    pub data: &'a [T],
     /// B
     pub batch: usize,
     /// L: sequence positions in use
@@ -59,8 +60,35 @@ impl<'a> HeadsView<'a> {
         HeadsView::strided(data, [batch, len, heads, dim], strides)
     }
 
+    /// The E-wide vector of head `n` at position `l` of batch row `b`.
+    pub fn vector(&self, b: usize, l: usize, n: usize) -> &'a [f32] {
+        &self.data[self.offset(b, l, n)..][..self.dim]
+    }
+
+    /// Errors on the first NaN or infinity among the viewed elements.
+    pub fn check_finite(&self, name: &str) -> Result<()> {
+        let row = self.len * self.heads * self.dim;
+        for b in 0..self.batch {
+            let start = b * self.batch_stride;
+            if let Some(i) = crate::tensor::first_non_finite(&self.data[start..start + row]) {
+                return Err(Error::NonFinite {
+                    tensor: name.into(),
+                    index: start + i,
+                    value: self.data[start + i],
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<'a, T> HeadsView<'a, T> {
     /// `[B, L, N, E]` over `data` with the batch, position and head strides given.
-    fn strided(data: &'a [f32], [batch, len, heads, dim]: [usize; 4], strides: [usize; 3]) -> Self {
+    pub(super) fn strided(
+        data: &'a [T],
+        [batch, len, heads, dim]: [usize; 4],
+        strides: [usize; 3],
+    ) -> Self {
         let [batch_stride, pos_stride, head_stride] = strides;
         HeadsView {
             data,
@@ -126,26 +154,5 @@ impl<'a> HeadsView<'a> {
     /// Flat index of element 0 of head `n` at position `l` of batch row `b`.
     pub fn offset(&self, b: usize, l: usize, n: usize) -> usize {
         b * self.batch_stride + l * self.pos_stride + n * self.head_stride
-    }
-
-    /// The E-wide vector of head `n` at position `l` of batch row `b`.
-    pub fn vector(&self, b: usize, l: usize, n: usize) -> &'a [f32] {
-        &self.data[self.offset(b, l, n)..][..self.dim]
-    }
-
-    /// Errors on the first NaN or infinity among the viewed elements.
-    pub fn check_finite(&self, name: &str) -> Result<()> {
-        let row = self.len * self.heads * self.dim;
-        for b in 0..self.batch {
-            let start = b * self.batch_stride;
-            if let Some(i) = crate::tensor::first_non_finite(&self.data[start..start + row]) {
-                return Err(Error::NonFinite {
-                    tensor: name.into(),
-                    index: start + i,
-                    value: self.data[start + i],
-                });
-            }
-        }
-        Ok(())
     }
 }

@@ -39,5 +39,5 @@ pub use net::weights::{HeadWeights, Stack, Weights};
 pub use net::{arch, weights};
 pub use transformer::{Attentions, Input, Output, Transformer};
 
-pub use crate::attention::{KvCache, LayerKv, Step};
+pub use crate::attention::{KvCache, KvDType, LayerKv, Step};
 pub use crate::batch::TokenBatch;

@@ -13,7 +13,7 @@ use super::net::backward::Tape;
 use super::net::footprint;
 use super::net::forward::{Encoded, Net, Side, StackInput};
 use super::net::weights::Weights;
-use crate::attention::{Kernel, KvCache};
+use crate::attention::{Kernel, KvCache, KvDType};
 use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
 use crate::module::Module;
@@ -36,6 +36,8 @@ pub struct Transformer {
     pub logits_bias: Option<Tensor>,
     /// What the linear layers compute in ([`Transformer::set_dtype`]).
     dtype: DType,
+    /// What [`Transformer::new_cache`]'s caches store their rows in.
+    pub kv_dtype: KvDType,
     info: ModelInfo,
     /// The `config.json` the model was read from (Hugging Face families), written back
     /// on save so the folder stays what transformers expects.
@@ -96,6 +98,7 @@ impl Transformer {
             kernel: Kernel::Tiled,
             logits_bias,
             dtype: DType::F32,
+            kv_dtype: KvDType::F32,
             info,
             source_config,
         })
@@ -201,10 +204,18 @@ impl Transformer {
         })
     }
 
-    /// An empty KV cache for `batch` rows of the decoder.
+    /// An empty KV cache for `batch` rows of the decoder, storing its rows in
+    /// [`Transformer::kv_dtype`].
     pub fn new_cache(&self, batch: usize) -> KvCache {
         let d = self.arch.stack();
-        KvCache::new(d.layers, batch, d.kv_heads, d.head_dim, d.head_dim)
+        KvCache::new_as(
+            self.kv_dtype,
+            d.layers,
+            batch,
+            d.kv_heads,
+            d.head_dim,
+            d.head_dim,
+        )
     }
 
     /// Decoder-only: tokens `[B, T]` placed after everything in `cache` (which grows by
