@@ -14,6 +14,7 @@
   FMA peak and the memory read bandwidth on --threads threads)
   common options: --threads 2 --rounds 4 --reps 5 --warmup 1 --min-time 0.05 --seed 0
                   --json --qkv PATH (default: cargo build --release -p qkv-cli, target/release/qkv)
+                  --dtype f32|bf16 --qkv-dtype f32|bf16|int8|int8-row (see "Number types" below)
 
 Training throughput has its own script: bench/train_tokens_per_sec.sh.
 
@@ -43,6 +44,20 @@ What is compared:
              logits of both are checked equal first (`qkv forward` on a short prompt).
   matmul     y = x·Wᵀ with W stored [N, K], as a linear layer: qkv::layers::linear::product_into
              against torch.nn.functional.linear, on MxKxN shapes (--shapes). GFLOP/s: 2·M·K·N.
+
+Number types. --dtype (default f32) is the type both sides run in: PyTorch's model (or
+matmul operands) cast with .to(torch.bfloat16), qkv's `--dtype` of the same name (its linear
+layers' weights; norms, softmax and the residual stream stay f32). --qkv-dtype gives qkv another
+type than PyTorch's, e.g. `--dtype bf16 --qkv-dtype int8`. Only minilm, llama and matmul take a
+type below f32 (qkv bench attention and decode have none); `all` runs just those three then.
+With either side below f32, the equality check gives way to accuracy against PyTorch f32,
+measured first and printed for each side:
+  minilm     the least cosine to the f32 embeddings of the --sentences sentences (qkv embed
+             --dtype; sentence-transformers' bf16 output, cast to f32);
+  llama      over the --prefill prompt, the largest |logit - f32's| and the positions whose top
+             token is f32's (qkv forward --dtype); the --decode greedy tokens equal to f32's,
+             position by position, and the first difference (qkv generate --greedy --dtype).
+  matmul     no check here: qkv bench matmul prints its own error against f32 (relative_error).
 
 Measurement. Each side gets --threads threads (qkv --threads; torch.set_num_threads and
 OMP/MKL_NUM_THREADS). For each workload, --rounds rounds alternate `qkv bench ... --json` as a
@@ -268,8 +283,8 @@ def torch_matmul(opts, case, qkv_rows):
     for shape in case["shapes"]:
         m, k, n = map(int, shape.split("x"))
         gen = torch.Generator().manual_seed(opts.seed)
-        x = torch.randn(m, k, generator=gen)
-        w = torch.randn(n, k, generator=gen)
+        x = torch.randn(m, k, generator=gen).to(torch_dtype(opts))
+        w = torch.randn(n, k, generator=gen).to(torch_dtype(opts))
 
         def call():
             with torch.inference_mode():
@@ -283,14 +298,38 @@ class MiniLM:
     def __init__(self, opts, case, qkv):
         from sentence_transformers import SentenceTransformer
 
+        self.opts = opts
         self.dir = minilm_dir(opts.model)
         self.sentences = json.loads(
             run_qkv(qkv, ["bench", "minilm", "--print-sentences", "--sentences", str(case["sentences"]),
                           "--seed", str(opts.seed)])
         )
-        self.model = SentenceTransformer(str(self.dir), device="cpu")
+        # The f32 model is the reference below f32; the timed one is cast from it.
+        self.reference = SentenceTransformer(str(self.dir), device="cpu")
+        self.model = self.reference
+        if opts.dtype != "f32":
+            self.model = SentenceTransformer(str(self.dir), device="cpu").to(torch_dtype(opts))
 
     def check(self, qkv) -> dict:
+        if below_f32(self.opts):
+            return self.accuracy(qkv)
+        return self.equality(qkv)
+
+    def accuracy(self, qkv) -> dict:
+        """Each side's least cosine to PyTorch f32's embeddings of the benchmark's sentences."""
+        import numpy as np
+
+        want = self.reference.encode(self.sentences, batch_size=32)
+        # sentence-transformers casts bf16 output to f32 for numpy; it was normalised in bf16,
+        # so the cosine divides by the norms rather than trusting them to be 1
+        theirs = self.model.encode(self.sentences, batch_size=32)
+        ours = np.array(json.loads(run_qkv(qkv, ["embed", "--model", str(self.dir), "--json",
+                                                 "--dtype", qkv_dtype(self.opts), *self.sentences])))
+        return {"what": f"least cosine to PyTorch f32 over {len(self.sentences)} sentences",
+                "sides": {f"qkv {qkv_dtype(self.opts)}": {"min_cosine": least_cosine(ours, want)},
+                          f"torch {self.opts.dtype}": {"min_cosine": least_cosine(theirs, want)}}}
+
+    def equality(self, qkv) -> dict:
         """qkv embed and sentence-transformers give the same unit vectors."""
         import numpy as np
 
@@ -315,17 +354,67 @@ class Llama:
         import torch
         from transformers import LlamaForCausalLM
 
-        self.folder = folder
+        self.opts, self.folder, self.decode = opts, folder, case["decode"]
         run_qkv(qkv, ["bench", "llama", *llama_args(case), "--seed", str(opts.seed), "--save", str(folder),
                       "--prefill", "1", "--decode", "1", "--decode-prompt", "1",
                       "--rounds", "1", "--warmup", "0", "--min-time", "0", "--json"])
-        self.model = LlamaForCausalLM.from_pretrained(str(folder), attn_implementation="sdpa", dtype=torch.float32)
-        self.model.eval()
+        load = lambda dtype: LlamaForCausalLM.from_pretrained(  # noqa: E731
+            str(folder), attn_implementation="sdpa", dtype=dtype).eval()
+        # The f32 model is the reference below f32; the timed one is loaded in the type.
+        self.reference = load(torch.float32)
+        self.model = self.reference if opts.dtype == "f32" else load(torch_dtype(opts))
         gen = torch.Generator().manual_seed(opts.seed + 1)
         self.prompt = torch.randint(0, case["vocab"], (1, case["prefill"]), generator=gen)
         self.decode_prompt = torch.randint(0, case["vocab"], (1, self.DECODE_PROMPT), generator=gen)
 
     def check(self, qkv) -> dict:
+        if below_f32(self.opts):
+            return self.accuracy(qkv)
+        return self.equality(qkv)
+
+    def greedy(self, model):
+        import torch
+
+        with torch.inference_mode():
+            out = model.generate(self.decode_prompt, attention_mask=torch.ones_like(self.decode_prompt),
+                                 max_new_tokens=self.decode, min_new_tokens=self.decode, do_sample=False,
+                                 pad_token_id=0)
+        return out[0, self.DECODE_PROMPT:].tolist()
+
+    def accuracy(self, qkv) -> dict:
+        """Each side against PyTorch f32: the prefill prompt's logits, and the greedy tokens."""
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        dtype = qkv_dtype(self.opts)
+        with torch.inference_mode():
+            want = self.reference(input_ids=self.prompt).logits[0]
+            theirs = self.model(input_ids=self.prompt).logits[0].float()
+        with tempfile.TemporaryDirectory() as tmp:
+            save_file({"input_ids": self.prompt}, f"{tmp}/in.safetensors")
+            run_qkv(qkv, ["forward", "--model", str(self.folder), "--input", f"{tmp}/in.safetensors",
+                          "--output", f"{tmp}/out.safetensors", "--dtype", dtype])
+            ours = load_file(f"{tmp}/out.safetensors")["logits"][0]
+        want_tokens = self.greedy(self.reference)
+        ours_tokens = json.loads(run_qkv(qkv, ["generate", "--model", str(self.folder), "--greedy", "--json",
+                                               "--dtype", dtype, "--max-new-tokens", str(self.decode),
+                                               "--input-ids", ",".join(map(str, self.decode_prompt[0].tolist()))]))
+        ours_tokens = ours_tokens[0] if ours_tokens and isinstance(ours_tokens[0], list) else ours_tokens
+
+        def side(logits, tokens) -> dict:
+            pairs = list(zip(want_tokens, tokens))
+            return {"logits_max_abs": float((logits - want).abs().max()),
+                    "prefill_top1_equal": int((logits.argmax(-1) == want.argmax(-1)).sum()),
+                    "greedy_equal": sum(a == b for a, b in pairs),
+                    "greedy_first_difference": next((i for i, (a, b) in enumerate(pairs) if a != b), None)}
+
+        return {"what": f"against PyTorch f32: logits over {self.prompt.shape[1]} prompt tokens, "
+                        f"{self.decode} greedy tokens",
+                "positions": self.prompt.shape[1], "tokens": self.decode,
+                "sides": {f"qkv {dtype}": side(ours, ours_tokens),
+                          f"torch {self.opts.dtype}": side(theirs, self.greedy(self.model))}}
+
+    def equality(self, qkv) -> dict:
         """`qkv forward` and transformers give the same logits on a 12-token prompt."""
         import torch
         from safetensors.torch import load_file, save_file
@@ -382,6 +471,45 @@ def llama_args(case) -> list[str]:
     return [f"--{k.replace('_', '-')}={case[k]}" for k in ("d_model", "layers", "heads", "kv_heads", "vocab")]
 
 
+# ---- number types ------------------------------------------------------------------
+
+# The workloads whose both sides take a number type below f32.
+TYPED = ("minilm", "llama", "matmul")
+
+
+def qkv_dtype(opts) -> str:
+    return opts.qkv_dtype or opts.dtype
+
+
+def below_f32(opts) -> bool:
+    return opts.dtype != "f32" or qkv_dtype(opts) != "f32"
+
+
+def torch_dtype(opts):
+    import torch
+
+    return {"f32": torch.float32, "bf16": torch.bfloat16}[opts.dtype]
+
+
+def dtype_args(opts) -> list[str]:
+    """qkv's --dtype, left out at f32 so that f32 runs pass exactly today's flags."""
+    return ["--dtype", qkv_dtype(opts)] if qkv_dtype(opts) != "f32" else []
+
+
+def dtype_title(opts, title: str) -> str:
+    return f"{title}, qkv {qkv_dtype(opts)} / PyTorch {opts.dtype}" if below_f32(opts) else title
+
+
+def least_cosine(got, want) -> float:
+    """The least cosine between matching rows, in f64 (norms divided out: bf16 output is only
+    nearly unit length)."""
+    import numpy as np
+
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    cos = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+    return float(cos.min())
+
+
 # ---- one workload: alternate rounds, summarise ---------------------------------------
 
 
@@ -414,17 +542,17 @@ def decode_workload(opts, case) -> Workload:
 
 
 def matmul_workload(opts, case) -> Workload:
-    args = ["bench", "matmul", "--shapes", ",".join(case["shapes"])]
-    return Workload("matmul y = x·Wᵀ (M x K x N)", args, lambda rows: torch_matmul(opts, case, rows),
+    args = ["bench", "matmul", "--shapes", ",".join(case["shapes"]), *dtype_args(opts)]
+    return Workload(dtype_title(opts, "matmul y = x·Wᵀ (M x K x N)"), args, lambda rows: torch_matmul(opts, case, rows),
                     case["shapes"], lambda r: (r["gflop"], "GFLOP/s"))
 
 
 def minilm_workload(opts, case, qkv) -> Workload:
     m = MiniLM(opts, case, qkv)
     args = ["bench", "minilm", "--model", str(m.dir), "--sentences", str(case["sentences"]),
-            "--batch", str(case["batch"])]
+            "--batch", str(case["batch"]), *dtype_args(opts)]
     rate = lambda r: (r["sentences"], "sentences/s") if r["mode"] == "batch" else None  # noqa: E731
-    return Workload("all-MiniLM-L6-v2", args, lambda rows: m.run(opts, case, rows),
+    return Workload(dtype_title(opts, "all-MiniLM-L6-v2"), args, lambda rows: m.run(opts, case, rows),
                     [f"{case['sentences']} sentences, batch {case['batch']}", "one sentence"], rate,
                     check=lambda: m.check(qkv))
 
@@ -432,9 +560,9 @@ def minilm_workload(opts, case, qkv) -> Workload:
 def llama_workload(opts, case, qkv, folder) -> Workload:
     m = Llama(opts, case, qkv, folder)
     args = ["bench", "llama", *llama_args(case), "--prefill", str(case["prefill"]), "--decode", str(case["decode"]),
-            "--decode-prompt", str(Llama.DECODE_PROMPT)]
-    title = (f"Llama d{case['d_model']} L{case['layers']} H{case['heads']} G{case['kv_heads']} "
-             f"V{case['vocab']} (random weights)")
+            "--decode-prompt", str(Llama.DECODE_PROMPT), *dtype_args(opts)]
+    title = dtype_title(opts, f"Llama d{case['d_model']} L{case['layers']} H{case['heads']} G{case['kv_heads']} "
+                              f"V{case['vocab']} (random weights)")
     rate = lambda r: ((r["tokens"] if r["mode"] == "prefill" else r["new_tokens"]), "tokens/s")  # noqa: E731
     labels = [f"prefill {case['prefill']} tokens", f"greedy decode {case['decode']} tokens"]
     return Workload(title, args, lambda rows: m.run(opts, case, rows), labels, rate, check=lambda: m.check(qkv))
@@ -444,9 +572,13 @@ def compare(opts, qkv: Path, w: Workload) -> list[dict]:
     """Runs the alternating rounds of one workload; returns one summary per row."""
     if w.check:
         c = w.check()
-        status = "ok" if c["ok"] else "MISMATCH"
-        print(f"check {w.title}: {c['what']}: max |qkv - torch| = {c['max_abs_diff']:.3g} -> {status}",
-              file=sys.stderr)
+        if "sides" in c:
+            for line in accuracy_lines(c):
+                print(f"check {w.title}: {line}", file=sys.stderr)
+        else:
+            status = "ok" if c["ok"] else "MISMATCH"
+            print(f"check {w.title}: {c['what']}: max |qkv - torch| = {c['max_abs_diff']:.3g} -> {status}",
+                  file=sys.stderr)
     else:
         c = None
     per_round = {"qkv": [], "torch": []}
@@ -502,6 +634,19 @@ def compare(opts, qkv: Path, w: Workload) -> list[dict]:
     return out
 
 
+def accuracy_lines(c: dict) -> list[str]:
+    """A check below f32 in words: each side's accuracy against PyTorch f32."""
+    lines = [c["what"]]
+    for side, a in c["sides"].items():
+        if "min_cosine" in a:
+            lines.append(f"  {side:<12} least cosine {a['min_cosine']:.6f}")
+        else:
+            lines.append(f"  {side:<12} logits max abs {a['logits_max_abs']:.3g}, top-1 "
+                         f"{a['prefill_top1_equal']}/{c['positions']}, greedy {a['greedy_equal']}/{c['tokens']} "
+                         f"(first difference at {a['greedy_first_difference']})")
+    return lines
+
+
 def number(x: float) -> str:
     """Four significant digits, without an exponent below a million."""
     return f"{x:.0f}" if x >= 1000 else f"{x:.4g}"
@@ -510,7 +655,10 @@ def number(x: float) -> str:
 def print_table(title: str, rows: list[dict]) -> None:
     print(f"\n{title}")
     check = rows[0].get("check")
-    if check:
+    if check and "sides" in check:
+        for line in accuracy_lines(check):
+            print(f"  check: {line}")
+    elif check:
         verdict = "ok" if check["ok"] else "MISMATCH"
         print(f"  check: {check['what']}, max |qkv - torch| = {check['max_abs_diff']:.2g}: {verdict}")
     print(f"  {'':<30} {'unit':<12} {'qkv best':>9} {'median':>9} {'torch best':>10} {'median':>9}"
@@ -535,6 +683,10 @@ def parse(argv):
     common.add_argument("--seed", type=int, default=0)
     common.add_argument("--json", action="store_true", help="one JSON object per result line, no table")
     common.add_argument("--qkv", help="qkv binary to use (default: build target/release/qkv)")
+    common.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
+                        help="number type of both sides (default f32); minilm, llama and matmul only")
+    common.add_argument("--qkv-dtype", choices=["f32", "bf16", "int8", "int8-row"],
+                        help="qkv's number type when it differs from PyTorch's --dtype")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     sub = p.add_subparsers(dest="workload", required=True)
@@ -573,6 +725,9 @@ def parse(argv):
     for k in ("threads", "rounds", "reps"):
         if getattr(opts, k) < 1:
             p.error(f"--{k} must be at least 1")
+    if below_f32(opts) and opts.workload not in (*TYPED, "all"):
+        p.error(f"--dtype/--qkv-dtype below f32: qkv bench {opts.workload} has no number type "
+                f"(only {', '.join(TYPED)} do)")
     return opts
 
 
@@ -601,6 +756,8 @@ def main() -> None:
         "min_time": opts.min_time,
         "load_average_1min": os.getloadavg()[0],
     }
+    if below_f32(opts):  # f32 runs keep today's header
+        header.update(dtype=opts.dtype, qkv_dtype=qkv_dtype(opts))
     if opts.json:
         print(json.dumps({"header": header}), flush=True)
     else:
@@ -612,6 +769,8 @@ def main() -> None:
               f"{h['reps']} timed samples of at least {h['min_time']} s\n"
               f"best: the fastest sample; median: the median of the rounds' medians; "
               f"qkv/torch: PyTorch's time / qkv's (above 1: qkv is faster)", flush=True)
+        if below_f32(opts):
+            print(f"number types: qkv {qkv_dtype(opts)}, PyTorch {opts.dtype}", flush=True)
     if header["load_average_1min"] > 0.5:
         print(f"warning: the load average is {header['load_average_1min']:.1f}: other processes are running. "
               f"Under contention PyTorch's OpenMP threads spin and slow down many times over "
@@ -656,11 +815,16 @@ def workloads(opts, qkv, llama_folder):
     """The workloads to run, built lazily (loading a model happens when its turn comes)."""
     if opts.workload == "all":
         sizes = SMOKE if opts.smoke else ALL
-        # The issue's head shapes per workload.
-        for case in sizes["attention"]:
-            yield attention_workload(argparse.Namespace(**vars(opts), heads=12, kv_heads=12, dim=64, batch=1), case)
-        yield decode_workload(argparse.Namespace(**vars(opts), heads=32, kv_heads=8, dim=128, batch=1),
-                              sizes["decode"])
+        if below_f32(opts):
+            print(f"--dtype/--qkv-dtype below f32: attention and decode are left out (qkv bench has no number "
+                  f"type for them); running {', '.join(TYPED)}", file=sys.stderr, flush=True)
+        else:
+            # The issue's head shapes per workload.
+            for case in sizes["attention"]:
+                yield attention_workload(argparse.Namespace(**vars(opts), heads=12, kv_heads=12, dim=64, batch=1),
+                                         case)
+            yield decode_workload(argparse.Namespace(**vars(opts), heads=32, kv_heads=8, dim=128, batch=1),
+                                  sizes["decode"])
         yield minilm_workload(opts, sizes["minilm"], qkv)
         yield llama_workload(opts, sizes["llama"], qkv, llama_folder)
         yield matmul_workload(opts, sizes["matmul"])
