@@ -330,7 +330,7 @@ fn bench_matmul(a: &MatmulArgs, p: &mut Printer<impl Write>) -> Result<()> {
                     bf16::product(y.data_mut(), x.data(), m, w, false, Par::Auto)?
                 }
                 MatmulWeight::Int8(w) => {
-                    int8::product(y.data_mut(), x.data(), m, w, false, Par::Auto)?
+                    int8::product(y.data_mut(), x.data(), m, w, int8::Start::Zero, Par::Auto)?
                 }
             }
             Ok(())

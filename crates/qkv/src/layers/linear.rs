@@ -157,12 +157,18 @@ impl Linear {
         *shape.last_mut().expect("rank checked") = n_out;
         let mut y = Tensor::zeros(&shape);
         let bias = self.bias.as_ref().filter(|_| with_bias);
+        let rows = x.numel() / self.in_features();
+        if let Some(Packed::Int8(w)) = self.current_packed() {
+            // the bias is added as each tile of y is written: no pass over y before
+            let start = bias.map_or(int8::Start::Zero, |b| int8::Start::Bias(b.data()));
+            int8::product(y.data_mut(), x.data(), rows, w, start, Par::Auto)?;
+            return Ok(y);
+        }
         if let Some(b) = bias {
             for row in y.data_mut().chunks_exact_mut(n_out) {
                 row.copy_from_slice(b.data());
             }
         }
-        let rows = x.numel() / self.in_features();
         let accumulate = bias.is_some();
         match self.current_packed() {
             // one row (a decoding step) reads the weight once in place, at memory speed,
@@ -177,9 +183,6 @@ impl Linear {
             )?,
             Some(Packed::Bf16(w)) => {
                 bf16::product(y.data_mut(), x.data(), rows, w, accumulate, Par::Auto)?
-            }
-            Some(Packed::Int8(w)) => {
-                int8::product(y.data_mut(), x.data(), rows, w, accumulate, Par::Auto)?
             }
             _ => product_into(&mut y, x, &self.weight, 1.0, accumulate)?,
         }

@@ -168,7 +168,7 @@ mod tests {
         let wf = rng.normals(n * k, 1.0);
         for layout in [ScaleLayout::Blocks, ScaleLayout::Rows] {
             let w = Int8Weight::new(&wf, n, k, layout).unwrap();
-            let xq = QuantizedRows::new(&x, rows, &w);
+            let xq = QuantizedRows::new(&x, rows, &w, false);
             let t = Tile::<3, 2> {
                 x: std::array::from_fn(|r| xq.row(r)),
                 codes: std::array::from_fn(|j| w.panel_codes(j)),

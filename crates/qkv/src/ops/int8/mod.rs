@@ -21,5 +21,5 @@ mod rows;
 mod slab;
 pub mod weight;
 
-pub use product::product;
+pub use product::{product, Start};
 pub use weight::{Int8Weight, ScaleLayout};

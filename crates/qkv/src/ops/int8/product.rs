@@ -3,7 +3,7 @@
 use super::kernel::{self, Kernel, Tile};
 use super::rows::QuantizedRows;
 use super::weight::{Int8Weight, PANEL};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ops::disjoint::Disjoint;
 use crate::ops::stored::{check_operands, panels_per_task, widened_product};
 use crate::ops::Par;
@@ -40,25 +40,43 @@ pub fn forms_here() -> Vec<Form> {
 /// Rows of a tile.
 const MR: usize = 4;
 
-/// y `[rows, N]` ← (accumulate ? y : 0) + deq(q(x))·deq(W)ᵀ, row-major: x `[rows, K]`
-/// quantized in the weight's groups ([`super::quant`]), each group's sum exact in
-/// integers. Errors when the lengths do not match the weight's shape.
+/// What a row of y starts from, before the product is added to it.
+#[derive(Clone, Copy, Debug)]
+pub enum Start<'a> {
+    /// Zero: y is overwritten.
+    Zero,
+    /// y's own values.
+    Accumulate,
+    /// A bias `[N]` (y's values are not read): a linear layer's, added as each tile is
+    /// written rather than copied into y first and read back.
+    Bias(&'a [f32]),
+}
+
+/// y `[rows, N]` ← start + deq(q(x))·deq(W)ᵀ, row-major: x `[rows, K]` quantized in the
+/// weight's groups ([`super::quant`]), each group's sum exact in integers. Errors when
+/// the lengths do not match the weight's shape.
 pub fn product(
     y: &mut [f32],
     x: &[f32],
     rows: usize,
     w: &Int8Weight,
-    accumulate: bool,
+    start: Start,
     par: Par,
 ) -> Result<()> {
     check_operands("int8 product operands", y, x, rows, w)?;
+    if let Start::Bias(b) = start {
+        if b.len() != w.n() {
+            return Err(Error::shape("int8 product bias", format!("[{}]", w.n()), &[b.len()]));
+        }
+    }
     if rows == 0 {
         return Ok(());
     }
-    let xq = QuantizedRows::new(x, rows, w);
+    let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
+    let xq = QuantizedRows::new(x, rows, w, parallel);
     match form() {
-        Form::Dot => tiles(y, &xq, rows, w, accumulate, Kernel::Vnni, par),
-        Form::Widened => widened(y, &xq, rows, w, accumulate, par)?,
+        Form::Dot => tiles(y, &xq, rows, w, start, Kernel::Vnni, par),
+        Form::Widened => widened(y, &xq, rows, w, start, par)?,
     }
     Ok(())
 }
@@ -72,7 +90,7 @@ fn tiles(
     xq: &QuantizedRows,
     rows: usize,
     w: &Int8Weight,
-    accumulate: bool,
+    start: Start,
     kernel: Kernel,
     par: Par,
 ) {
@@ -94,8 +112,13 @@ fn tiles(
                 for (r, row) in sums.iter().enumerate().take(r_live) {
                     // SAFETY: columns j·PANEL.. of this task's panels belong to it alone.
                     let dst = unsafe { out.range((r0 + r) * n + j * PANEL, cols) };
-                    for (d, &s) in dst.iter_mut().zip(row) {
-                        *d = if accumulate { *d + s } else { s };
+                    match start {
+                        Start::Zero => dst.copy_from_slice(&row[..cols]),
+                        Start::Accumulate => dst.iter_mut().zip(row).for_each(|(d, &s)| *d += s),
+                        Start::Bias(b) => {
+                            let b = &b[j * PANEL..][..cols];
+                            dst.iter_mut().zip(row.iter().zip(b)).for_each(|(d, (&s, &b))| *d = s + b)
+                        }
                     }
                 }
             }
@@ -152,15 +175,19 @@ fn tile(
 
 /// The widened form: x dequantized once, then the f32 product with the weight
 /// dequantized slab by slab as the product packs it
-/// ([`crate::ops::matmul::SlabSource`]).
+/// ([`crate::ops::matmul::SlabSource`]); a bias is copied into y's rows first.
 fn widened(
     y: &mut [f32],
     xq: &QuantizedRows,
     rows: usize,
     w: &Int8Weight,
-    accumulate: bool,
+    start: Start,
     par: Par,
 ) -> Result<()> {
+    if let Start::Bias(b) = start {
+        y.chunks_exact_mut(w.n()).for_each(|row| row.copy_from_slice(b));
+    }
+    let accumulate = !matches!(start, Start::Zero);
     widened_product(y, &xq.dequantized(w.k()), rows, w, accumulate, par)
 }
 
@@ -174,30 +201,34 @@ mod tests {
     /// Every form, and the tiles with the plain kernel on any CPU, equal the twin within
     /// f32 rounding of the sums over groups: row counts around a tile, one row, odd K, a
     /// last block shorter than 32, a last panel of fewer than 16 columns, both layouts,
-    /// accumulation.
+    /// each start (zero, y's values, a bias), x quantized serially and over the pool.
     #[test]
     fn every_form_equals_the_twin() {
         for ((rows, k, n), [x, wf, y0]) in checks::cases(11) {
+            let bias: Vec<f32> = (0..n).map(|c| c as f32 * 0.25 - 3.0).collect();
             for layout in [ScaleLayout::Blocks, ScaleLayout::Rows] {
                 let w = Int8Weight::new(&wf, n, k, layout).unwrap();
-                let xq = QuantizedRows::new(&x, rows, &w);
-                for accumulate in [false, true] {
+                let xq = QuantizedRows::new(&x, rows, &w, true);
+                for start in [Start::Zero, Start::Accumulate, Start::Bias(&bias)] {
                     let mut want = y0.clone();
-                    reference::product(&mut want, &x, rows, &w, accumulate);
+                    if let Start::Bias(b) = start {
+                        want.chunks_exact_mut(n).for_each(|row| row.copy_from_slice(b));
+                    }
+                    reference::product(&mut want, &x, rows, &w, !matches!(start, Start::Zero));
                     let mut runs: Vec<(String, Vec<f32>)> = Vec::new();
                     for kernel in kernel::kernels_here() {
                         let mut got = y0.clone();
-                        tiles(&mut got, &xq, rows, &w, accumulate, kernel, Par::Auto);
+                        tiles(&mut got, &xq, rows, &w, start, kernel, Par::Auto);
                         runs.push((format!("tiles {kernel:?}"), got));
                     }
                     let mut got = y0.clone();
-                    widened(&mut got, &xq, rows, &w, accumulate, Par::Auto).unwrap();
+                    widened(&mut got, &xq, rows, &w, start, Par::Auto).unwrap();
                     runs.push(("widened".into(), got));
                     let mut got = y0.clone();
-                    product(&mut got, &x, rows, &w, accumulate, Par::Auto).unwrap();
+                    product(&mut got, &x, rows, &w, start, Par::Auto).unwrap();
                     runs.push((format!("product ({:?})", form()), got));
                     for (name, got) in runs {
-                        let what = format!("{name} {layout:?} {rows}x{k}x{n} acc {accumulate}");
+                        let what = format!("{name} {layout:?} {rows}x{k}x{n} {start:?}");
                         checks::assert_near(&what, &got, &want, k);
                     }
                 }
@@ -205,12 +236,24 @@ mod tests {
         }
     }
 
+    /// Quantizing over the pool gives the serial pass's codes, scales and offsets.
+    #[test]
+    fn parallel_quantization_is_the_serial_one() {
+        let ((rows, k, n), [x, wf, _]) = checks::cases(3).last().unwrap();
+        assert!(rows >= 64, "a case large enough to be spread over the pool");
+        let w = Int8Weight::new(&wf, n, k, ScaleLayout::Blocks).unwrap();
+        let (a, b) = (QuantizedRows::new(&x, rows, &w, true), QuantizedRows::new(&x, rows, &w, false));
+        assert_eq!((a.codes, a.scales, a.offsets), (b.codes, b.scales, b.offsets));
+    }
+
     #[test]
     fn mismatched_lengths_are_errors() {
         let w = Int8Weight::new(&[1.0; 6], 2, 3, ScaleLayout::Blocks).unwrap();
         let mut y = vec![0.0; 2];
-        assert!(product(&mut y, &[1.0; 4], 1, &w, false, Par::Auto).is_err());
-        assert!(product(&mut y, &[1.0; 3], 2, &w, false, Par::Auto).is_err());
+        assert!(product(&mut y, &[1.0; 4], 1, &w, Start::Zero, Par::Auto).is_err());
+        assert!(product(&mut y, &[1.0; 3], 2, &w, Start::Zero, Par::Auto).is_err());
+        let err = product(&mut y, &[1.0; 3], 1, &w, Start::Bias(&[0.0; 3]), Par::Auto);
+        assert!(err.unwrap_err().to_string().contains("bias"));
     }
 
     /// A NaN in x reaches y, as in f32, rather than vanishing into a code of 0.
@@ -221,10 +264,10 @@ mod tests {
         x[40] = f32::NAN;
         for f in forms_here() {
             let mut y = vec![0.0; 1];
-            let xq = QuantizedRows::new(&x, 1, &w);
+            let xq = QuantizedRows::new(&x, 1, &w, false);
             match f {
-                Form::Dot => tiles(&mut y, &xq, 1, &w, false, Kernel::Vnni, Par::Auto),
-                Form::Widened => widened(&mut y, &xq, 1, &w, false, Par::Auto).unwrap(),
+                Form::Dot => tiles(&mut y, &xq, 1, &w, Start::Zero, Kernel::Vnni, Par::Auto),
+                Form::Widened => widened(&mut y, &xq, 1, &w, Start::Zero, Par::Auto).unwrap(),
             }
             assert!(y[0].is_nan(), "{f:?}: {}", y[0]);
         }

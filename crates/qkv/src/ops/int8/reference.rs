@@ -8,6 +8,6 @@ use crate::ops::stored::reference_product;
 
 /// y `[rows, N]` ← (accumulate ? y : 0) + deq(q(x))·deq(W)ᵀ.
 pub fn product(y: &mut [f32], x: &[f32], rows: usize, w: &Int8Weight, accumulate: bool) {
-    let x = QuantizedRows::new(x, rows, w).dequantized(w.k());
+    let x = QuantizedRows::new(x, rows, w, false).dequantized(w.k());
     reference_product(y, &x, rows, w, accumulate);
 }

@@ -3,6 +3,14 @@
 
 use super::quant::quantize_groups;
 use super::weight::Int8Weight;
+use rayon::prelude::*;
+
+/// Rows from which quantizing x is worth spreading over the pool.
+const PARALLEL_ROWS: usize = 64;
+
+/// One row's input and codes, and its scales and offsets, as the quantizing pass zips them.
+type RowIn<'a> = (&'a [f32], &'a mut [i8]);
+type RowOut<'a> = (&'a mut [f32], &'a mut [i32]);
 
 /// x `[rows, K]` in codes, for one weight's groups.
 pub(super) struct QuantizedRows {
@@ -19,8 +27,10 @@ pub(super) struct QuantizedRows {
 }
 
 impl QuantizedRows {
-    /// Quantizes x `[rows, w.k()]` in `w`'s groups.
-    pub fn new(x: &[f32], rows: usize, w: &Int8Weight) -> Self {
+    /// Quantizes x `[rows, w.k()]` in `w`'s groups, the rows spread over the pool when
+    /// `parallel` (a batch of prompts is a few thousand rows: a pass over x that would
+    /// otherwise leave the other threads waiting).
+    pub fn new(x: &[f32], rows: usize, w: &Int8Weight, parallel: bool) -> Self {
         let (k, group) = (w.k(), w.group());
         assert_eq!(x.len(), rows * k);
         let width = w.quads() * 4;
@@ -28,11 +38,21 @@ impl QuantizedRows {
         let mut codes = vec![0i8; rows * width];
         let mut scales = vec![0.0f32; rows * groups];
         let mut offsets = vec![0i32; rows * groups];
-        for (r, src) in x.chunks_exact(k).enumerate() {
-            let g = r * groups..(r + 1) * groups;
-            let (s, o) = (&mut scales[g.clone()], &mut offsets[g]);
-            quantize_groups(src, group, &mut codes[r * width..][..k], s, o);
+        let one_row = |((src, q), (s, o)): (RowIn, RowOut)| {
+            quantize_groups(src, group, &mut q[..k], s, o);
             o.iter_mut().for_each(|sum| *sum *= 128);
+        };
+        if parallel && rows >= PARALLEL_ROWS {
+            x.par_chunks_exact(k)
+                .zip(codes.par_chunks_exact_mut(width))
+                .zip(scales.par_chunks_exact_mut(groups).zip(offsets.par_chunks_exact_mut(groups)))
+                .with_min_len(PARALLEL_ROWS / 2)
+                .for_each(one_row);
+        } else {
+            x.chunks_exact(k)
+                .zip(codes.chunks_exact_mut(width))
+                .zip(scales.chunks_exact_mut(groups).zip(offsets.chunks_exact_mut(groups)))
+                .for_each(one_row);
         }
         QuantizedRows {
             width,
