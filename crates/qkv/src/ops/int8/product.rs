@@ -66,7 +66,11 @@ pub fn product(
     check_operands("int8 product operands", y, x, rows, w)?;
     if let Start::Bias(b) = start {
         if b.len() != w.n() {
-            return Err(Error::shape("int8 product bias", format!("[{}]", w.n()), &[b.len()]));
+            return Err(Error::shape(
+                "int8 product bias",
+                format!("[{}]", w.n()),
+                &[b.len()],
+            ));
         }
     }
     if rows == 0 {
@@ -117,7 +121,9 @@ fn tiles(
                         Start::Accumulate => dst.iter_mut().zip(row).for_each(|(d, &s)| *d += s),
                         Start::Bias(b) => {
                             let b = &b[j * PANEL..][..cols];
-                            dst.iter_mut().zip(row.iter().zip(b)).for_each(|(d, (&s, &b))| *d = s + b)
+                            dst.iter_mut()
+                                .zip(row.iter().zip(b))
+                                .for_each(|(d, (&s, &b))| *d = s + b)
                         }
                     }
                 }
@@ -185,7 +191,8 @@ fn widened(
     par: Par,
 ) -> Result<()> {
     if let Start::Bias(b) = start {
-        y.chunks_exact_mut(w.n()).for_each(|row| row.copy_from_slice(b));
+        y.chunks_exact_mut(w.n())
+            .for_each(|row| row.copy_from_slice(b));
     }
     let accumulate = !matches!(start, Start::Zero);
     widened_product(y, &xq.dequantized(w.k()), rows, w, accumulate, par)
@@ -212,7 +219,8 @@ mod tests {
                 for start in [Start::Zero, Start::Accumulate, Start::Bias(&bias)] {
                     let mut want = y0.clone();
                     if let Start::Bias(b) = start {
-                        want.chunks_exact_mut(n).for_each(|row| row.copy_from_slice(b));
+                        want.chunks_exact_mut(n)
+                            .for_each(|row| row.copy_from_slice(b));
                     }
                     reference::product(&mut want, &x, rows, &w, !matches!(start, Start::Zero));
                     let mut runs: Vec<(String, Vec<f32>)> = Vec::new();
@@ -242,8 +250,14 @@ mod tests {
         let ((rows, k, n), [x, wf, _]) = checks::cases(3).last().unwrap();
         assert!(rows >= 64, "a case large enough to be spread over the pool");
         let w = Int8Weight::new(&wf, n, k, ScaleLayout::Blocks).unwrap();
-        let (a, b) = (QuantizedRows::new(&x, rows, &w, true), QuantizedRows::new(&x, rows, &w, false));
-        assert_eq!((a.codes, a.scales, a.offsets), (b.codes, b.scales, b.offsets));
+        let (a, b) = (
+            QuantizedRows::new(&x, rows, &w, true),
+            QuantizedRows::new(&x, rows, &w, false),
+        );
+        assert_eq!(
+            (a.codes, a.scales, a.offsets),
+            (b.codes, b.scales, b.offsets)
+        );
     }
 
     #[test]

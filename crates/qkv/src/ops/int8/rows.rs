@@ -45,13 +45,21 @@ impl QuantizedRows {
         if parallel && rows >= PARALLEL_ROWS {
             x.par_chunks_exact(k)
                 .zip(codes.par_chunks_exact_mut(width))
-                .zip(scales.par_chunks_exact_mut(groups).zip(offsets.par_chunks_exact_mut(groups)))
+                .zip(
+                    scales
+                        .par_chunks_exact_mut(groups)
+                        .zip(offsets.par_chunks_exact_mut(groups)),
+                )
                 .with_min_len(PARALLEL_ROWS / 2)
                 .for_each(one_row);
         } else {
             x.chunks_exact(k)
                 .zip(codes.chunks_exact_mut(width))
-                .zip(scales.chunks_exact_mut(groups).zip(offsets.chunks_exact_mut(groups)))
+                .zip(
+                    scales
+                        .chunks_exact_mut(groups)
+                        .zip(offsets.chunks_exact_mut(groups)),
+                )
                 .for_each(one_row);
         }
         QuantizedRows {
