@@ -2,6 +2,7 @@
 
 pub mod activation;
 pub(crate) mod aligned;
+pub mod amx;
 pub mod bf16;
 pub(crate) mod disjoint;
 pub mod dtype;

@@ -106,13 +106,14 @@ pub(crate) mod checks {
 
     /// Products' shapes (rows, K, N): one row and a few, both sides of a tile, odd K, a
     /// last panel of fewer than 16 columns.
-    pub const SHAPES: [(usize, usize, usize); 7] = [
+    pub const SHAPES: [(usize, usize, usize); 8] = [
         (1, 7, 3),
         (1, 512, 100),
         (3, 130, 40),
         (4, 64, 17),
         (5, 33, 70),
         (13, 301, 45),
+        (40, 80, 33),
         (64, 96, 129),
     ];
 

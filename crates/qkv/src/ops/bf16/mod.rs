@@ -9,14 +9,17 @@
 //!   sums in f32, whichever form runs (so a result does not depend on the row count or
 //!   the CPU beyond the order of the sums). A few rows (a decoding step) stream the
 //!   weight once, widening each weight to f32 in registers: that path is bound by
-//!   memory and reads half the bytes of f32. More rows go through AVX512-BF16's
-//!   `vdpbf16ps` (pairs of products summed in f32) on AMD's Zen 4 and 5, where it does
-//!   twice the multiply-adds of an f32 FMA, and elsewhere through the f32 product of the
-//!   operands widened 256 weight rows at a time (on Intel's Xeons `vdpbf16ps` ran at
-//!   half the f32 product's rate: `gemm::preferred`);
+//!   memory and reads half the bytes of f32. More rows go through AMX's `tdpbf16ps`
+//!   where the CPU and the kernel give it (Intel's Xeons from Sapphire Rapids on:
+//!   16×16×32 multiply-adds an instruction, 2–3× the f32 product on 2 threads), else
+//!   through AVX512-BF16's `vdpbf16ps` (pairs of products summed in f32) on AMD's Zen 4
+//!   and 5, where it does twice the multiply-adds of an f32 FMA, and elsewhere through
+//!   the f32 product of the operands widened 256 weight rows at a time (on Intel's
+//!   Xeons `vdpbf16ps` ran at half the f32 product's rate: `gemm::preferred`);
 //! - [`reference`](mod@reference): the readable twin the tests hold every form to: both operands
 //!   rounded and widened to f32, then the f32 product.
 
+mod amx;
 pub mod convert;
 mod gemm;
 mod gemv;

@@ -4,7 +4,7 @@
 use super::convert::round_to_bf16;
 use super::operands::Operands;
 use super::weight::Bf16Weight;
-use super::{gemm, gemv};
+use super::{amx, gemm, gemv};
 use crate::error::Result;
 use crate::ops::stored::{check_operands, widened_product};
 use crate::ops::Par;
@@ -17,6 +17,8 @@ pub enum Form {
     FewRows,
     /// `vdpbf16ps`: many rows on AVX512-BF16.
     DotBf16,
+    /// `tdpbf16ps`: many rows on AMX.
+    Amx,
     /// x and the weight widened to f32 once, then the f32 product: many rows elsewhere.
     Widened,
 }
@@ -25,6 +27,8 @@ pub enum Form {
 pub fn form(rows: usize) -> Form {
     if rows <= gemv::ROWS {
         Form::FewRows
+    } else if amx::available() {
+        Form::Amx
     } else if gemm::preferred() {
         Form::DotBf16
     } else {
@@ -58,11 +62,14 @@ pub fn product(
 }
 
 /// The forms this CPU can run (what the tests compare): the few-rows and widened forms
-/// everywhere, `vdpbf16ps` where the CPU has AVX512-BF16.
+/// everywhere, `vdpbf16ps` where the CPU has AVX512-BF16, `tdpbf16ps` where it has AMX.
 pub fn forms_here() -> Vec<Form> {
     let mut forms = vec![Form::FewRows, Form::Widened];
     if gemm::available() {
         forms.push(Form::DotBf16);
+    }
+    if amx::available() {
+        forms.push(Form::Amx);
     }
     forms
 }
@@ -74,6 +81,7 @@ fn run(form: Form, ops: Operands<'_>, par: Par) -> Result<()> {
     match form {
         Form::FewRows => gemv::product(ops, parallel),
         Form::DotBf16 => gemm::product(ops, parallel),
+        Form::Amx => amx::product(ops, parallel),
         Form::Widened => widened(ops, par)?,
     }
     Ok(())

@@ -1,0 +1,352 @@
+//! The many-rows product on AMX ([`crate::ops::amx`]): y `[M, N]` (+)= bf16(x)·Wᵀ by
+//! `tdpbf16ps`, 16 × 16 × 32 multiply-adds an instruction, each pair of products summed
+//! into f32.
+//!
+//! The weight's panels are already the right operand's tiles: at pair p0, a panel's 16
+//! pair rows of 64 bytes lie one after another ([`super::weight`]), which is a tile of
+//! K = 32 steps × 16 columns in the pair order `tdpbf16ps` wants. The last group of fewer
+//! than 16 pairs (K not a multiple of 32) is copied into a zeroed tile per task.
+//!
+//! x is rounded once into a tile-ready copy: `[⌈M/16⌉·16, ⌈K/32⌉·16]` pair words, zero
+//! beyond x's rows and K. A task takes a block of two panels (32 columns of y) and runs
+//! every pair of row tiles over it: four 16×16 sums in tiles 0–3, the row tiles in 4–5,
+//! the panels' tiles in 6–7.
+
+use super::convert::pair;
+use super::operands::Operands;
+use super::weight::PANEL;
+use crate::ops::amx::{self, Tiles};
+use crate::ops::disjoint::Disjoint;
+use rayon::prelude::*;
+
+/// Pairs in a tile's row (64 bytes).
+const TILE_PAIRS: usize = Tiles::ROW_BYTES / 4;
+/// Rows in a tile.
+const TILE_ROWS: usize = Tiles::ROWS;
+/// Words of one panel tile: 16 pair rows of 16 columns.
+const PANEL_TILE: usize = TILE_PAIRS * PANEL;
+
+/// Whether this process can take this form.
+pub(super) fn available() -> bool {
+    amx::bf16()
+}
+
+/// y `[rows, N]` ← (accumulate ? y : 0) + bf16(x)`[rows, K]`·Wᵀ, all row-major. Only
+/// where [`available`] says yes.
+pub(super) fn product(ops: Operands<'_>, parallel: bool) {
+    let Operands {
+        y,
+        x,
+        rows,
+        w,
+        accumulate,
+    } = ops;
+    assert!(available(), "tdpbf16ps needs AMX-BF16");
+    let (n, k, pairs) = (w.n(), w.k(), w.pairs());
+    assert!(x.len() == rows * k && y.len() == rows * n);
+    let stride = pairs.next_multiple_of(TILE_PAIRS);
+    let row_tiles = rows.div_ceil(TILE_ROWS);
+    let xt = x_tiles(x, k, stride, row_tiles * TILE_ROWS, parallel);
+    let full = pairs / TILE_PAIRS;
+    let k_tiles = stride / TILE_PAIRS;
+    let out = Disjoint::new(y);
+    let blocks = w.panels().div_ceil(2);
+    let run = |block: usize| {
+        let j = 2 * block;
+        let live = (w.panels() - j).min(2);
+        let cols = (n - j * PANEL).min(live * PANEL);
+        let panels: [&[u32]; 2] = std::array::from_fn(|c| w.panel(j + c.min(live - 1)));
+        let mut tails = [[0u32; PANEL_TILE]; 2];
+        for (tail, panel) in tails.iter_mut().zip(&panels) {
+            let rest = &panel[full * PANEL_TILE..];
+            tail[..rest.len()].copy_from_slice(rest);
+        }
+        // the right operand's tile kt of each panel: in place, or the zero-padded tail
+        let right = |kt: usize| -> [*const u32; 2] {
+            std::array::from_fn(|c| {
+                if kt < full {
+                    panels[c][kt * PANEL_TILE..].as_ptr()
+                } else {
+                    tails[c].as_ptr()
+                }
+            })
+        };
+        let mut staging = [[[0.0f32; TILE_ROWS * PANEL]; 2]; 2];
+        // SAFETY: available() said this process has AMX-BF16.
+        let _tiles = unsafe { Tiles::configure() };
+        for rt in (0..row_tiles).step_by(2) {
+            let both = rt + 1 < row_tiles;
+            let left = &xt[rt * TILE_ROWS * stride..];
+            let r0 = rt * TILE_ROWS;
+            let live_rows = (rows - r0).min(2 * TILE_ROWS);
+            let (block_rows, block_cols) = ((r0, live_rows), (j * PANEL, cols));
+            let mut sums = Sums::new(&out, n, block_rows, block_cols, &mut staging, accumulate);
+            // SAFETY: the tiles are configured; `left` holds 16 (32 when `both`) rows of
+            // `stride` words, each right tile 16 rows of 16 words, and `sums` has a
+            // place of 16 rows for each of the four sums.
+            unsafe {
+                x86::block(
+                    left,
+                    stride,
+                    both,
+                    k_tiles,
+                    &right,
+                    &sums.places(),
+                    accumulate,
+                )
+            };
+            sums.finish();
+        }
+    };
+    if parallel {
+        (0..blocks).into_par_iter().for_each(run);
+    } else {
+        (0..blocks).for_each(run);
+    }
+}
+
+/// One 16×16 tile of f32 sums.
+type SumTile = [f32; TILE_ROWS * PANEL];
+
+/// Where the four 16×16 sums of a block (row tiles t = 0, 1 × panels c = 0, 1) start
+/// from and go: straight into y for a whole tile, or through a staging tile for one cut
+/// by y's last rows or columns (copied in first when accumulating, copied out after).
+struct Sums<'a> {
+    out: &'a Disjoint,
+    n: usize,
+    r0: usize,
+    rows: usize,
+    c0: usize,
+    cols: usize,
+    /// The task's staging tiles, [t][c].
+    staging: &'a mut [[SumTile; 2]; 2],
+}
+
+impl<'a> Sums<'a> {
+    /// The block of y at rows `r0..r0 + rows` (≤ 32) and columns `c0..c0 + cols` (≤ 32)
+    /// of a row-major y with `n` columns; a task's own.
+    fn new(
+        out: &'a Disjoint,
+        n: usize,
+        (r0, rows): (usize, usize),
+        (c0, cols): (usize, usize),
+        staging: &'a mut [[SumTile; 2]; 2],
+        accumulate: bool,
+    ) -> Self {
+        let sums = Sums {
+            out,
+            n,
+            r0,
+            rows,
+            c0,
+            cols,
+            staging,
+        };
+        for (t, c) in sums.staged() {
+            let (tr, tc) = sums.live(t, c);
+            let rows: Vec<usize> = (0..tr).map(|r| sums.at(t, c, r)).collect();
+            let tile = &mut sums.staging[t][c];
+            tile.fill(0.0);
+            if accumulate {
+                for (r, at) in rows.into_iter().enumerate() {
+                    // SAFETY: the block belongs to this task alone.
+                    let src = unsafe { sums.out.range(at, tc) };
+                    tile[r * PANEL..][..tc].copy_from_slice(src);
+                }
+            }
+        }
+        sums
+    }
+
+    /// The sums that go through a staging tile: those not wholly inside y.
+    fn staged(&self) -> Vec<(usize, usize)> {
+        (0..2)
+            .flat_map(|t| (0..2).map(move |c| (t, c)))
+            .filter(|&(t, c)| self.live(t, c) != (TILE_ROWS, PANEL))
+            .collect()
+    }
+
+    /// Live (rows, columns) of sum tile (t, c): (0, 0) for one wholly outside y.
+    fn live(&self, t: usize, c: usize) -> (usize, usize) {
+        let tr = self.rows.saturating_sub(t * TILE_ROWS).min(TILE_ROWS);
+        let tc = self.cols.saturating_sub(c * PANEL).min(PANEL);
+        if tr == 0 || tc == 0 {
+            (0, 0)
+        } else {
+            (tr, tc)
+        }
+    }
+
+    /// The index in y of row r of sum tile (t, c).
+    fn at(&self, t: usize, c: usize, r: usize) -> usize {
+        (self.r0 + t * TILE_ROWS + r) * self.n + self.c0 + c * PANEL
+    }
+
+    /// Each sum's first element and row stride in bytes. A tile wholly outside y (an odd
+    /// last row tile or panel) points at a staging tile whose sums are dropped.
+    fn places(&mut self) -> [[(*mut f32, usize); 2]; 2] {
+        std::array::from_fn(|t| {
+            std::array::from_fn(|c| {
+                if self.live(t, c) == (TILE_ROWS, PANEL) {
+                    let end = self.at(t, c, TILE_ROWS - 1) + PANEL;
+                    // SAFETY: the whole tile lies in this task's block of y.
+                    (unsafe { self.out.ptr(self.at(t, c, 0), end) }, 4 * self.n)
+                } else {
+                    (self.staging[t][c].as_mut_ptr(), 4 * PANEL)
+                }
+            })
+        })
+    }
+
+    /// Copies the staged tiles' live parts into y.
+    fn finish(self) {
+        for (t, c) in self.staged() {
+            let (tr, tc) = self.live(t, c);
+            for r in 0..tr {
+                // SAFETY: the block belongs to this task alone.
+                let dst = unsafe { self.out.range(self.at(t, c, r), tc) };
+                dst.copy_from_slice(&self.staging[t][c][r * PANEL..][..tc]);
+            }
+        }
+    }
+}
+
+/// x `[rows, K]` rounded to bf16 pairs into `[rows_out, stride]` words (rows_out ≥ rows,
+/// stride ≥ ⌈K/2⌉), zero beyond x.
+fn x_tiles(x: &[f32], k: usize, stride: usize, rows_out: usize, parallel: bool) -> Vec<u32> {
+    let mut out = vec![0u32; rows_out * stride];
+    let round = |(dst, src): (&mut [u32], &[f32])| {
+        // SAFETY: AMX-BF16 CPUs have AVX-512 F and BF16 (checked by `amx::bf16`).
+        unsafe { x86::round_row(src, &mut dst[..k.div_ceil(2)]) }
+    };
+    let rows = x.len() / k.max(1);
+    if parallel && rows >= 64 {
+        out.par_chunks_mut(stride)
+            .zip(x.par_chunks_exact(k))
+            .for_each(round);
+    } else {
+        out.chunks_mut(stride)
+            .zip(x.chunks_exact(k))
+            .for_each(round);
+    }
+    out
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{pair, PANEL, TILE_PAIRS, TILE_ROWS};
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+
+    /// `src`'s values rounded to bf16 (to nearest, ties to even) in pairs into `dst`
+    /// (`⌈src.len()/2⌉` words), 32 at a time by `vcvtne2ps2bf16`.
+    ///
+    /// # Safety
+    /// AVX-512 F and BF16.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn round_row(src: &[f32], dst: &mut [u32]) {
+        let body = src.len() / 32;
+        for i in 0..body {
+            let lo = _mm512_loadu_ps(src.as_ptr().add(32 * i));
+            let hi = _mm512_loadu_ps(src.as_ptr().add(32 * i + 16));
+            // the low 16 values (from `lo`) fill the low half of the result
+            let words: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+            _mm512_storeu_si512(dst.as_mut_ptr().add(16 * i).cast(), words);
+        }
+        let rest = &src[32 * body..];
+        for (p, word) in dst[16 * body..].iter_mut().enumerate() {
+            let at = |c: usize| rest.get(c).copied().unwrap_or(0.0);
+            *word = pair(at(2 * p), at(2 * p + 1));
+        }
+    }
+
+    /// sum (t, c) (+)= (row tile t of `left`)·(panel c's tiles) over `k_tiles` tiles of
+    /// K, for t = 0 and, when `both`, 1: each sum starts from its place when
+    /// `accumulate`, else from zero, and is stored back to its place.
+    ///
+    /// # Safety
+    /// Tiles configured by [`crate::ops::amx::Tiles`]; `left` holds 16 (32 when `both`)
+    /// rows of `stride ≥ k_tiles · 16` words; `right(kt)` points at two tiles of 16 rows
+    /// of 16 words; each place is 16 rows of 16 f32 at its stride, the task's own.
+    pub(super) unsafe fn block(
+        left: &[u32],
+        stride: usize,
+        both: bool,
+        k_tiles: usize,
+        right: &impl Fn(usize) -> [*const u32; 2],
+        places: &[[(*mut f32, usize); 2]; 2],
+        accumulate: bool,
+    ) {
+        assert!(left.len() >= (1 + both as usize) * TILE_ROWS * stride);
+        assert!(k_tiles * TILE_PAIRS <= stride);
+        let [[(p00, s00), (p01, s01)], [(p10, s10), (p11, s11)]] = *places;
+        if accumulate {
+            asm!(
+                "tileloadd tmm0, [{p00} + {s00}]",
+                "tileloadd tmm1, [{p01} + {s01}]",
+                "tileloadd tmm2, [{p10} + {s10}]",
+                "tileloadd tmm3, [{p11} + {s11}]",
+                p00 = in(reg) p00, s00 = in(reg) s00,
+                p01 = in(reg) p01, s01 = in(reg) s01,
+                p10 = in(reg) p10, s10 = in(reg) s10,
+                p11 = in(reg) p11, s11 = in(reg) s11,
+                options(nostack, readonly)
+            );
+        } else {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem)
+            );
+        }
+        let a_stride = 4 * stride;
+        let b_stride = 4 * PANEL;
+        let a0 = left.as_ptr();
+        let a1 = left.as_ptr().wrapping_add(TILE_ROWS * stride);
+        for kt in 0..k_tiles {
+            let [b0, b1] = right(kt);
+            let at = kt * TILE_PAIRS;
+            asm!(
+                "tileloadd tmm6, [{b0} + {bs}]",
+                "tileloadd tmm7, [{b1} + {bs}]",
+                "tileloadd tmm4, [{a0} + {as_}]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                b0 = in(reg) b0,
+                b1 = in(reg) b1,
+                a0 = in(reg) a0.add(at),
+                bs = in(reg) b_stride,
+                as_ = in(reg) a_stride,
+                options(nostack, readonly)
+            );
+            if both {
+                asm!(
+                    "tileloadd tmm5, [{a1} + {as_}]",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    a1 = in(reg) a1.add(at),
+                    as_ = in(reg) a_stride,
+                    options(nostack, readonly)
+                );
+            }
+        }
+        asm!(
+            "tilestored [{p00} + {s00}], tmm0",
+            "tilestored [{p01} + {s01}], tmm1",
+            p00 = in(reg) p00, s00 = in(reg) s00,
+            p01 = in(reg) p01, s01 = in(reg) s01,
+            options(nostack)
+        );
+        if both {
+            asm!(
+                "tilestored [{p10} + {s10}], tmm2",
+                "tilestored [{p11} + {s11}], tmm3",
+                p10 = in(reg) p10, s10 = in(reg) s10,
+                p11 = in(reg) p11, s11 = in(reg) s11,
+                options(nostack)
+            );
+        }
+    }
+}
