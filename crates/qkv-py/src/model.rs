@@ -9,7 +9,7 @@ use pyo3::types::{PyDict, PyList};
 use qkv::models::generation_config::EarlyStopping;
 use qkv::models::request::Request;
 use qkv::models::sentence::SentenceEncoder;
-use qkv::models::{Head, Input, ModelKind, TokenBatch, Transformer};
+use qkv::models::{Head, Input, KvDType, ModelKind, TokenBatch, Transformer};
 use qkv::ops::DType;
 use qkv::text::Tokenizer;
 use qkv::Tensor;
@@ -64,19 +64,34 @@ impl Model {
 /// each layer's input quantized the same way on the fly) or ``"int8-row"`` (a scale per
 /// row). Norms, softmax, embeddings and a tied head stay f32.
 ///
+/// ``kv_dtype`` is the type :meth:`Model.generate` keeps its KV cache in: ``"f32"``, or
+/// ``"bf16"`` (half the bytes a step reads on long contexts; keys and values rounded
+/// to bfloat16, the attention computed in f32). Only a model that decodes has a cache.
+///
 /// Raises:
 ///     FileNotFoundError: ``path`` is not a folder, or lacks a file it needs.
 ///     ValueError: the config or weights are invalid or of an unsupported
-///         architecture (the message names the file and field), or ``dtype`` is
-///         not one of the names.
+///         architecture (the message names the file and field), ``dtype`` or
+///         ``kv_dtype`` is not one of the names, or ``kv_dtype`` is not ``"f32"`` for a
+///         model without a decoder.
 #[pyfunction]
-#[pyo3(signature = (path, *, dtype = "f32"))]
-pub fn load(py: Python<'_>, path: PathBuf, dtype: &str) -> PyResult<Model> {
+#[pyo3(signature = (path, *, dtype = "f32", kv_dtype = "f32"))]
+pub fn load(py: Python<'_>, path: PathBuf, dtype: &str, kv_dtype: &str) -> PyResult<Model> {
     let dtype: DType = dtype.parse().or_py()?;
-    py.detach(|| read(&path, dtype)).or_py()
+    let kv_dtype: KvDType = kv_dtype.parse().or_py()?;
+    let model = py.detach(|| read(&path, dtype, kv_dtype)).or_py()?;
+    if model.transformer().kv_dtype != kv_dtype {
+        return Err(PyValueError::new_err(format!(
+            "invalid kv_dtype: `{kv_dtype}`: {} has no decoder, so no KV cache to store",
+            path.display()
+        )));
+    }
+    Ok(model)
 }
 
-fn read(dir: &Path, dtype: DType) -> qkv::Result<Model> {
+/// The folder `dir` with its linear layers in `dtype` and, if it decodes, its KV cache
+/// in `kv_dtype`.
+fn read(dir: &Path, dtype: DType, kv_dtype: KvDType) -> qkv::Result<Model> {
     let (net, parameters, dtypes, rows) = match dir.join("modules.json").is_file() {
         true => {
             let mut encoder = SentenceEncoder::load(dir)?;
@@ -95,6 +110,9 @@ fn read(dir: &Path, dtype: DType) -> qkv::Result<Model> {
             let mut model = loaded.model;
             // Python calls only run forward: the projections are packed once here
             model.set_dtype(dtype)?;
+            if model.arch.decoder.is_some() {
+                model.kv_dtype = kv_dtype;
+            }
             let rows = model.arch.token_rows();
             (
                 Net::Plain(Box::new(model)),
@@ -231,6 +249,7 @@ impl Model {
         }
         d.set_item("dtypes", dtypes)?;
         d.set_item("dtype", self.transformer().dtype().name())?;
+        d.set_item("kv_dtype", self.transformer().kv_dtype.name())?;
         Ok(d)
     }
 

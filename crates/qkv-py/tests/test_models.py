@@ -63,6 +63,18 @@ def test_reduced_logits_equal_pytorch_with_such_linear_layers(name, dtype):
         qkv.load(model_dir(name), dtype="int4")
 
 
+def test_a_bf16_kv_cache_generates_and_is_refused_where_nothing_decodes():
+    # the cache's accuracy is held in the library's tests (attention::cache, tests/dtype.rs)
+    m = qkv.load(model_dir("llama_gqa"), kv_dtype="bf16")
+    assert m.info["kv_dtype"] == "bf16" and qkv.load(model_dir("llama_gqa")).info["kv_dtype"] == "f32"
+    f32 = qkv.load(model_dir("llama_gqa")).generate([1, 2, 3, 4], greedy=True, max_new_tokens=8)
+    assert m.generate([1, 2, 3, 4], greedy=True, max_new_tokens=8) == f32
+    with pytest.raises(ValueError, match="`int8`: a KV cache stores f32 or bf16"):
+        qkv.load(model_dir("llama_gqa"), kv_dtype="int8")
+    with pytest.raises(ValueError, match="kv_dtype.*`bf16`.*has no decoder"):
+        qkv.load(model_dir("bert"), kv_dtype="bf16")
+
+
 def new_tokens(output, prompt_len, eos):
     row = [int(t) for t in output[prompt_len:]]
     for i, t in enumerate(row):

@@ -92,7 +92,7 @@ class Model:
         ``hidden``, ``heads``, ``kv_heads``, ``head_dim``, ``ffn_dim``, ``vocab``,
         ``max_positions``, ``position``, ``norm``, ``ffn``, ``bos_token_id``,
         ``eos_token_id``, ``pad_token_id``, ``decoder_start_token_id``, ``parameters``,
-        ``dtypes``."""
+        ``dtypes``, ``dtype``, ``kv_dtype``."""
 
     def forward(
         self,
@@ -214,9 +214,14 @@ class Stream:
     def __iter__(self) -> "Stream": ...
     def __next__(self) -> Union[str, int]: ...
 
-def load(path: Union[str, "PathLike[str]"], *, dtype: Literal["f32", "bf16", "int8", "int8-row"] = "f32") -> Model:
+def load(
+    path: Union[str, "PathLike[str]"],
+    *,
+    dtype: Literal["f32", "bf16", "int8", "int8-row"] = "f32",
+    kv_dtype: Literal["f32", "bf16"] = "f32",
+) -> Model:
     """Loads a Hugging Face, sentence-transformers or qkv model folder; its linear layers
-    compute in ``dtype``."""
+    compute in ``dtype``, and ``generate`` keeps its KV cache in ``kv_dtype``."""
 
 def sinusoidal_table(
     n_positions: int, dim: int, *, layout: Literal["interleaved", "split"] = "interleaved"
