@@ -10,11 +10,11 @@
 //! kernel enabled it, the permission was given, and `QKV_ISA` does not cap the vector
 //! width below AVX-512 (the cap turns off AMX as it turns off the other wide forms).
 //!
-//! Every kernel uses one tile layout ([`Tiles`]): tiles 0–3 are four 16×16 sums (two row
+//! Every kernel uses one tile layout (`Tiles`): tiles 0–3 are four 16×16 sums (two row
 //! tiles × two column tiles), 4–5 two row tiles of the left operand, 6–7 two column
 //! tiles of the right one, all 16 rows of 64 bytes. A kernel configures the tiles at the
 //! start of each task (the configuration belongs to the thread) and releases them at its
-//! end, through [`Tiles`].
+//! end, through `Tiles`.
 
 /// Whether this process can run `tdpbf16ps` (and AVX512-BF16, which every AMX CPU has).
 pub fn bf16() -> bool {

@@ -108,6 +108,9 @@ pub(super) fn product(ops: Operands<'_>, parallel: bool) {
 /// One 16×16 tile of f32 sums.
 type SumTile = [f32; TILE_ROWS * PANEL];
 
+/// The four sums of a block: (row tile, panel).
+const SUMS: [(usize, usize); 4] = [(0, 0), (0, 1), (1, 0), (1, 1)];
+
 /// Where the four 16×16 sums of a block (row tiles t = 0, 1 × panels c = 0, 1) start
 /// from and go: straight into y for a whole tile, or through a staging tile for one cut
 /// by y's last rows or columns (copied in first when accumulating, copied out after).
@@ -142,15 +145,18 @@ impl<'a> Sums<'a> {
             cols,
             staging,
         };
-        for (t, c) in sums.staged() {
+        for (t, c) in SUMS {
+            if !sums.staged(t, c) {
+                continue;
+            }
             let (tr, tc) = sums.live(t, c);
-            let rows: Vec<usize> = (0..tr).map(|r| sums.at(t, c, r)).collect();
+            let (first, n) = (sums.at(t, c, 0), sums.n);
             let tile = &mut sums.staging[t][c];
             tile.fill(0.0);
             if accumulate {
-                for (r, at) in rows.into_iter().enumerate() {
+                for r in 0..tr {
                     // SAFETY: the block belongs to this task alone.
-                    let src = unsafe { sums.out.range(at, tc) };
+                    let src = unsafe { sums.out.range(first + r * n, tc) };
                     tile[r * PANEL..][..tc].copy_from_slice(src);
                 }
             }
@@ -158,12 +164,9 @@ impl<'a> Sums<'a> {
         sums
     }
 
-    /// The sums that go through a staging tile: those not wholly inside y.
-    fn staged(&self) -> Vec<(usize, usize)> {
-        (0..2)
-            .flat_map(|t| (0..2).map(move |c| (t, c)))
-            .filter(|&(t, c)| self.live(t, c) != (TILE_ROWS, PANEL))
-            .collect()
+    /// Whether sum (t, c) goes through a staging tile: it is not wholly inside y.
+    fn staged(&self, t: usize, c: usize) -> bool {
+        self.live(t, c) != (TILE_ROWS, PANEL)
     }
 
     /// Live (rows, columns) of sum tile (t, c): (0, 0) for one wholly outside y.
@@ -187,7 +190,7 @@ impl<'a> Sums<'a> {
     fn places(&mut self) -> [[(*mut f32, usize); 2]; 2] {
         std::array::from_fn(|t| {
             std::array::from_fn(|c| {
-                if self.live(t, c) == (TILE_ROWS, PANEL) {
+                if !self.staged(t, c) {
                     let end = self.at(t, c, TILE_ROWS - 1) + PANEL;
                     // SAFETY: the whole tile lies in this task's block of y.
                     (unsafe { self.out.ptr(self.at(t, c, 0), end) }, 4 * self.n)
@@ -200,7 +203,7 @@ impl<'a> Sums<'a> {
 
     /// Copies the staged tiles' live parts into y.
     fn finish(self) {
-        for (t, c) in self.staged() {
+        for (t, c) in SUMS.into_iter().filter(|&(t, c)| self.staged(t, c)) {
             let (tr, tc) = self.live(t, c);
             for r in 0..tr {
                 // SAFETY: the block belongs to this task alone.
