@@ -7,6 +7,7 @@ use std::str::FromStr;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use qkv::ops::DType;
 use qkv::train::run::{RunInfo, RunRequest, Watch};
 use qkv::train::trainer::StepLog;
 
@@ -62,6 +63,14 @@ impl Setting for bool {
     }
 }
 
+impl Setting for DType {
+    fn read(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Self> {
+        let s = String::read(value, name)?;
+        s.parse()
+            .map_err(|e: qkv::Error| PyValueError::new_err(format!("invalid `{name}`: {e}")))
+    }
+}
+
 /// A choice by its name (`arch="rnn"`, `style="llama"`).
 fn choice<T: FromStr<Err = String>>(value: &Bound<'_, PyAny>, name: &str) -> PyResult<T> {
     let s: String = value
@@ -102,7 +111,7 @@ fn request(settings: Option<&Bound<'_, PyDict>>) -> PyResult<(RunRequest, bool)>
         read!(
             init, data, task, text, resume, task_length, symbols, queries, distance, seq_len,
             val_fraction, batch_size, d_model, layers, heads, kv_heads, ffn, steps, lr,
-            warmup, min_lr, weight_decay, beta1, beta2, eps, clip, seed, threads, eval_every,
+            warmup, min_lr, weight_decay, beta1, beta2, eps, clip, dtype, seed, threads, eval_every,
             eval_batches, save_every, stop_after, out, log_json;
             arch, style, position, norm, ffn_kind, decay;
             post_norm, constant_lr, overwrite
@@ -156,7 +165,7 @@ impl Watch for Lines {
 #[pyfunction]
 #[pyo3(signature = (**settings))]
 #[pyo3(
-    text_signature = "(*, init=None, data=None, task=None, text=None, resume=None, task_length=None, symbols=None, queries=None, distance=None, seq_len=None, val_fraction=None, batch_size=None, arch=None, style=None, d_model=None, layers=None, heads=None, kv_heads=None, ffn=None, position=None, norm=None, post_norm=False, ffn_kind=None, steps=None, lr=None, constant_lr=False, warmup=None, min_lr=None, weight_decay=None, beta1=None, beta2=None, eps=None, decay=None, clip=None, seed=None, threads=None, eval_every=None, eval_batches=None, save_every=None, stop_after=None, out=None, overwrite=False, log_json=None, progress=False)"
+    text_signature = "(*, init=None, data=None, task=None, text=None, resume=None, task_length=None, symbols=None, queries=None, distance=None, seq_len=None, val_fraction=None, batch_size=None, arch=None, style=None, d_model=None, layers=None, heads=None, kv_heads=None, ffn=None, position=None, norm=None, post_norm=False, ffn_kind=None, steps=None, lr=None, constant_lr=False, warmup=None, min_lr=None, weight_decay=None, beta1=None, beta2=None, eps=None, decay=None, clip=None, dtype=None, seed=None, threads=None, eval_every=None, eval_batches=None, save_every=None, stop_after=None, out=None, overwrite=False, log_json=None, progress=False)"
 )]
 pub fn train<'py>(
     py: Python<'py>,

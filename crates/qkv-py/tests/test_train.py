@@ -31,6 +31,14 @@ def test_recurrent_and_llama_style_models_train(tmp_path):
     assert qkv.load(tmp_path / "l").info["family"] == "llama"
 
 
+def test_bf16_mixed_precision_follows_f32(tmp_path):
+    f32 = qkv.train(**SMALL, steps=4, out=tmp_path / "f")
+    bf16 = qkv.train(**SMALL, steps=4, dtype="bf16", out=tmp_path / "b")
+    pairs = [(b["loss"], f["loss"]) for b, f in zip(bf16, f32)]
+    assert len(pairs) == 4 and all(abs(b / f - 1) <= 0.01 for b, f in pairs)
+    assert [b for b, _ in pairs] != [f for _, f in pairs]
+
+
 def test_a_run_from_a_folder_keeps_its_family(tmp_path):
     import numpy as np
     from safetensors.numpy import save_file
@@ -51,6 +59,8 @@ def test_a_run_from_a_folder_keeps_its_family(tmp_path):
     ({"task": "copyy", "out": "o"}, ValueError, "unknown task"),
     ({"task": "copy", "out": "o", "layers": -1}, ValueError, "`layers`"),
     ({"task": "copy", "out": "o", "lr": "fast"}, TypeError, "`lr`"),
+    ({"task": "copy", "out": "o", "dtype": "fp8"}, ValueError, "invalid `dtype`"),
+    ({"task": "copy", "out": "o", "dtype": "int8"}, ValueError, "trains in f32 or bf16"),
     ({"task": "copy", "out": "o", "speed": 3}, TypeError, "unexpected keyword argument 'speed'"),
     ({"resume": "nowhere", "lr": 0.1}, ValueError, "`lr` cannot be used with `resume`"),
     ({"task": "copy", "out": "o", "d_model": 2**20, "layers": 64}, MemoryError, "training a model"),

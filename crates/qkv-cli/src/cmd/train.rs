@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use qkv::ops::DType;
 use qkv::train::run::{
     DecayChoice, FfnChoice, Network, NormChoice, PositionChoice, RunInfo, RunRequest, Style, Watch,
 };
@@ -132,6 +133,11 @@ pub struct TrainArgs {
     /// Clip the global gradient norm to this value (no clipping without it)
     #[arg(long, help_heading = "Optimisation")]
     clip: Option<f64>,
+    /// What the products compute in: f32, or bf16 (mixed precision: every linear
+    /// layer's products forward and backward in bf16, summed in f32, with f32 master
+    /// weights, gradients and AdamW) [default: f32]
+    #[arg(long, help_heading = "Optimisation", value_parser = super::parse_dtype)]
+    dtype: Option<DType>,
     /// Seed of the initial weights and of the data [default: 0]
     #[arg(long, help_heading = "Optimisation")]
     seed: Option<u64>,
@@ -183,7 +189,7 @@ impl TrainArgs {
             init, data, task, text, resume, task_length, symbols, queries, distance,
             seq_len, val_fraction, batch_size, arch, style, d_model, layers, heads,
             kv_heads, ffn, position, norm, post_norm, ffn_kind, steps, lr, constant_lr,
-            warmup, min_lr, weight_decay, beta1, beta2, eps, decay, clip, seed, threads,
+            warmup, min_lr, weight_decay, beta1, beta2, eps, decay, clip, dtype, seed, threads,
             eval_every, eval_batches, save_every, stop_after, out, overwrite, log_json,
         }
     }

@@ -299,6 +299,7 @@ def train(
     eps: Optional[float] = None,
     decay: Optional[Literal["standard", "all", "none"]] = None,
     clip: Optional[float] = None,
+    dtype: Optional[Literal["f32", "bf16"]] = None,
     seed: Optional[int] = None,
     threads: Optional[int] = None,
     eval_every: Optional[int] = None,

@@ -2,14 +2,17 @@
 //!
 //! Backward (x: `[N, in]` with the leading axes flattened into N rows):
 //! dW += dyᵀ·x, db += Σ_rows dy, dx = dy·W. The forward saves nothing: its input `x`
-//! is all the backward needs, and the caller holds it anyway.
+//! is all the backward needs, and the caller holds it anyway. A layer that computes in
+//! bf16 ([`Linear::pack_as`]) runs both backward products in bf16 too
+//! ([`crate::ops::bf16::grad`]): mixed-precision training, the f32 weight its master
+//! copy.
 
 use crate::error::{Error, Result};
 use crate::ops::bf16::{self, Bf16Weight};
 use crate::ops::int8::{self, Int8Weight, ScaleLayout};
 use crate::ops::{gemm, gemm_packed, DType, MatMut, MatRef, PackedWeight, Par};
 use crate::tensor::Tensor;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 #[derive(Clone, Debug)]
 pub struct Linear {
@@ -29,9 +32,17 @@ enum Packed {
     /// f32 in the matrix-product kernel's panels.
     F32(PackedWeight),
     /// bf16, which every product of the layer then reads instead of the f32 weight.
-    Bf16(Bf16Weight),
+    Bf16(Bf16Copy),
     /// int8 codes and scales, likewise.
     Int8(Int8Weight),
+}
+
+/// A weight's bf16 copy `[out, in]`, and its transpose `[in, out]` for the backward's
+/// dx = dy·W, made the first time a backward runs (inference never needs it).
+#[derive(Debug)]
+struct Bf16Copy {
+    w: Bf16Weight,
+    t: OnceLock<Bf16Weight>,
 }
 
 impl Linear {
@@ -90,7 +101,12 @@ impl Linear {
         // an empty weight (no inputs or outputs) has no product to speed up: left unpacked
         let packed = match dtype {
             DType::F32 => PackedWeight::new(w, n_out, n_in).ok().map(Packed::F32),
-            DType::Bf16 => Bf16Weight::new(w, n_out, n_in).ok().map(Packed::Bf16),
+            DType::Bf16 => Bf16Weight::new(w, n_out, n_in).ok().map(|w| {
+                Packed::Bf16(Bf16Copy {
+                    w,
+                    t: OnceLock::new(),
+                })
+            }),
             DType::Int8 | DType::Int8Row => {
                 let layout = match dtype {
                     DType::Int8 => ScaleLayout::Blocks,
@@ -116,11 +132,24 @@ impl Linear {
         }
     }
 
+    /// Packs the weight in `dtype` again when its copy is missing or stale: a training
+    /// step in bf16 computes with a copy of the weights the last update left.
+    pub fn repack(&mut self, dtype: DType) {
+        if self.current_packed().is_none() {
+            self.pack_as(dtype);
+        }
+    }
+
+    /// Drops the packed copy: the layer computes with its f32 weight.
+    pub fn unpack(&mut self) {
+        self.packed = None;
+    }
+
     /// Bytes of the weight as the forward reads it: its copy in bf16 or int8 (scales
     /// included), else the f32 weight's.
     pub fn weight_bytes(&self) -> usize {
         match self.current_packed() {
-            Some(Packed::Bf16(w)) => w.bytes(),
+            Some(Packed::Bf16(c)) => c.w.bytes(),
             Some(Packed::Int8(w)) => w.bytes(),
             _ => 4 * self.weight.numel(),
         }
@@ -181,8 +210,8 @@ impl Linear {
                 accumulate,
                 Par::Auto,
             )?,
-            Some(Packed::Bf16(w)) => {
-                bf16::product(y.data_mut(), x.data(), rows, w, accumulate, Par::Auto)?
+            Some(Packed::Bf16(c)) => {
+                bf16::product(y.data_mut(), x.data(), rows, &c.w, accumulate, Par::Auto)?
             }
             _ => product_into(&mut y, x, &self.weight, 1.0, accumulate)?,
         }
@@ -349,8 +378,63 @@ impl Linear {
                 }
             }
         }
-        product_backward(x, &self.weight, 1.0, dy, &mut grads.weight, dx)?;
-        Ok(())
+        self.products_backward(x, 1.0, dy, &mut grads.weight, dx)
+    }
+
+    /// Backward of [`Linear::project`] (`y = s·x·Wᵀ`, no bias): dy `[.., out]` → dx
+    /// `[.., in]`; **accumulates** s·dyᵀ·x into `dw` `[out, in]`. An untied LM head's.
+    pub fn project_backward(
+        &self,
+        x: &Tensor,
+        s: f32,
+        dy: &Tensor,
+        dw: &mut Tensor,
+    ) -> Result<Tensor> {
+        self.check_input(x)?;
+        if dw.shape() != self.weight.shape() {
+            return Err(Error::shape(
+                "linear weight gradient",
+                format!("{:?} like the weight", self.weight.shape()),
+                dw.shape(),
+            ));
+        }
+        let mut dx = Tensor::zeros(x.shape());
+        self.products_backward(x, s, dy, dw, (&mut dx, false))?;
+        Ok(dx)
+    }
+
+    /// [`product_backward`] with this layer's weight, in bf16 when the layer computes in
+    /// bf16 (its transposed copy made on first use). dy's length is checked by either.
+    fn products_backward(
+        &self,
+        x: &Tensor,
+        alpha: f32,
+        dy: &Tensor,
+        dw: &mut Tensor,
+        (dx, accumulate): (&mut Tensor, bool),
+    ) -> Result<()> {
+        let Some(Packed::Bf16(copy)) = self.current_packed() else {
+            return product_backward(x, &self.weight, alpha, dy, dw, (dx, accumulate));
+        };
+        let (n_out, n_in, rows) = product_dims(x, &self.weight)?;
+        let wt = match copy.t.get() {
+            Some(t) => t,
+            None => {
+                let t = Bf16Weight::transposed(self.weight.data(), n_out, n_in)?;
+                copy.t.get_or_init(|| t)
+            }
+        };
+        let sizes = (rows, n_out, n_in);
+        bf16::grad::weight_grad(dw.data_mut(), dy.data(), x.data(), sizes, alpha, Par::Auto)?;
+        bf16::grad::input_grad(
+            dx.data_mut(),
+            dy.data(),
+            rows,
+            wt,
+            alpha,
+            accumulate,
+            Par::Auto,
+        )
     }
 }
 
@@ -396,5 +480,64 @@ mod tests {
         changed.weight.data_mut()[0] += 1.0;
         let x = random(&mut rng, &[13, n_in]);
         assert_eq!(packed.forward(&x).unwrap(), changed.forward(&x).unwrap());
+    }
+
+    /// ‖a − b‖ / ‖b‖.
+    fn relative(a: &Tensor, b: &Tensor) -> f32 {
+        let d: f32 = a
+            .data()
+            .iter()
+            .zip(b.data())
+            .map(|(x, y)| (x - y).powi(2))
+            .sum();
+        let n: f32 = b.data().iter().map(|y| y * y).sum();
+        (d / n).sqrt()
+    }
+
+    /// A layer that computes in bf16 runs its backward (and an LM head's) in bf16 too:
+    /// dx, dW and db within bf16's rounding of f32's, dx and dW not equal to them. Once
+    /// the weight changes the stale copy is not used: the backward is f32's exactly.
+    #[test]
+    fn a_bf16_layer_backward_is_bf16_until_its_weight_changes() {
+        let mut rng = Rng::new(9);
+        let (rows, n_in, n_out) = (24, 40, 30);
+        let plain = Linear::new(
+            random(&mut rng, &[n_out, n_in]),
+            Some(random(&mut rng, &[n_out])),
+        )
+        .unwrap();
+        let (x, dy) = (
+            random(&mut rng, &[rows, n_in]),
+            random(&mut rng, &[rows, n_out]),
+        );
+        let backward = |layer: &Linear| {
+            let mut g =
+                Linear::new(Tensor::zeros(&[n_out, n_in]), Some(Tensor::zeros(&[n_out]))).unwrap();
+            let dx = layer.backward(&x, &dy, &mut g).unwrap();
+            let mut dw = Tensor::zeros(&[n_out, n_in]);
+            let dh = layer.project_backward(&x, 0.5, &dy, &mut dw).unwrap();
+            (dx, g, dh, dw)
+        };
+        let (dx, g, dh, dw) = backward(&plain);
+        let mut bf16 = plain.clone();
+        bf16.pack_as(DType::Bf16);
+        let (dx16, g16, dh16, dw16) = backward(&bf16);
+        for (what, got, want) in [
+            ("dx", &dx16, &dx),
+            ("dW", &g16.weight, &g.weight),
+            ("head dx", &dh16, &dh),
+            ("head dW", &dw16, &dw),
+        ] {
+            let r = relative(got, want);
+            assert!(r > 0.0 && r < 1e-2, "{what}: relative difference {r}");
+        }
+        assert_eq!(g16.bias, g.bias, "db is an f32 sum either way");
+
+        let mut changed = plain.clone();
+        changed.weight.data_mut()[0] += 1.0;
+        bf16.weight.data_mut()[0] += 1.0;
+        let (dx, g, ..) = backward(&changed);
+        let (dx16, g16, ..) = backward(&bf16);
+        assert_eq!((dx16, g16.weight), (dx, g.weight));
     }
 }

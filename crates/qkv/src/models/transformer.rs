@@ -365,6 +365,21 @@ impl Transformer {
         Ok(())
     }
 
+    /// Drops the linear layers' packed copies: they compute with their f32 weights
+    /// again, unpacked (as a model trains in f32).
+    pub fn unpack_weights(&mut self) {
+        self.weights.linears_mut().for_each(|l| l.unpack());
+        self.dtype = DType::F32;
+    }
+
+    /// Packs again, in the model's type, each linear layer's copy that its weight's
+    /// update left stale: a training step in bf16 computes with copies of the weights
+    /// the last update left (the f32 weights are the master copies).
+    pub fn repack_weights(&mut self) {
+        let dtype = self.dtype;
+        self.weights.linears_mut().for_each(|l| l.repack(dtype));
+    }
+
     /// Bytes the weights take as the forward reads them: `(linear, rest)`, the linear
     /// layers' weights in their type ([`Transformer::set_dtype`]) and everything else
     /// (embeddings, norms, biases, a tied head) in f32.

@@ -3,8 +3,10 @@
 
 use crate::error::{Error, Result};
 
-/// How a layer's weight is stored for its products.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How a layer's weight is stored for its products. Stored (in a training checkpoint's
+/// settings) by its [`DType::name`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum DType {
     /// 4 bytes a weight: the reference.
     #[default]

@@ -8,6 +8,7 @@ use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
 use crate::models::{Input, ModelKind, Transformer};
 use crate::module::{self, Module};
+use crate::ops::DType;
 use crate::tensor::Tensor;
 use crate::train::loss::cross_entropy_in_place;
 
@@ -71,6 +72,19 @@ pub trait TrainableModel: Send {
 
     /// Writes the model as a folder (`config.json` + `model.safetensors`, atomically).
     fn save(&self, dir: &Path) -> Result<()>;
+
+    /// Makes the coming steps' products compute in `dtype`: f32, or (where the model
+    /// offers it) bf16 with its f32 weights as master copies. A model that trains in
+    /// f32 only refuses anything else, naming the setting.
+    fn set_train_dtype(&mut self, dtype: DType) -> Result<()> {
+        match dtype {
+            DType::F32 => Ok(()),
+            other => Err(Error::invalid(
+                "dtype",
+                format!("this model trains in f32 only, not {other}"),
+            )),
+        }
+    }
 }
 
 /// The batch's token batches: (source, inputs), checked against the model's kind.
@@ -138,6 +152,11 @@ impl TrainableModel for Transformer {
     /// A non-finite loss is returned as it is, without a backward (the trainer reports
     /// it); the gradients are then unchanged.
     fn loss_and_backward(&mut self, batch: &Batch) -> Result<f32> {
+        match self.dtype() {
+            DType::F32 => {}
+            DType::Bf16 => self.repack_weights(),
+            other => return Err(train_dtype_error(other)),
+        }
         let (source, inputs) = tokens(self, batch)?;
         let (mut logits, tape) = self.forward_train(&input(self, source.as_ref(), &inputs))?;
         // the logits become d loss / d logits in place
@@ -172,4 +191,27 @@ impl TrainableModel for Transformer {
     fn save(&self, dir: &Path) -> Result<()> {
         Transformer::save(self, dir)
     }
+
+    /// bf16: every linear layer's products, forward and backward, read a bf16 copy of
+    /// its weight made again after each update; activations, norms, attention, a tied
+    /// head, the gradients and AdamW stay f32. Evaluation between steps reads the f32
+    /// weights.
+    fn set_train_dtype(&mut self, dtype: DType) -> Result<()> {
+        match dtype {
+            DType::F32 => {
+                self.unpack_weights();
+                Ok(())
+            }
+            DType::Bf16 => self.set_dtype(dtype),
+            other => Err(train_dtype_error(other)),
+        }
+    }
+}
+
+/// The error for a number type a Transformer does not train in.
+fn train_dtype_error(dtype: DType) -> Error {
+    Error::invalid(
+        "dtype",
+        format!("a model trains in f32 or bf16 (mixed precision), not {dtype}"),
+    )
 }

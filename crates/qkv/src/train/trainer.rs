@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::io::TensorFile;
+use crate::ops::DType;
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 use crate::train::checkpoint::{self, TrainerState};
@@ -104,6 +105,10 @@ pub struct TrainConfig {
     pub save_every: u64,
     /// Seed of the data RNG (and, by convention, of the model's initialisation).
     pub seed: u64,
+    /// What the products compute in: f32, or bf16 with f32 master weights
+    /// ([`TrainableModel::set_train_dtype`]). Runs saved before it existed were f32.
+    #[serde(default)]
+    pub dtype: DType,
 }
 
 impl Default for TrainConfig {
@@ -125,6 +130,7 @@ impl Default for TrainConfig {
             eval_batches: 8,
             save_every: 0,
             seed: 0,
+            dtype: DType::F32,
         }
     }
 }
@@ -528,6 +534,7 @@ impl<'m> Trainer<'m> {
         run_config: serde_json::Value,
     ) -> Result<Self> {
         config.validate()?;
+        model.set_train_dtype(config.dtype)?;
         Ok(Trainer {
             model,
             optimizer: AdamW::new(config.adamw()),

@@ -99,7 +99,7 @@ impl Net<'_> {
                 // logits = s·h·Wᵀ (+ a fixed bias)
                 match (&hw.lm_head, g.head.lm_head.as_mut(), tied) {
                     (Some(lin), Some(gl), false) => {
-                        project_backward(&tape.h, &lin.weight, s, dl, &mut gl.weight)
+                        lin.project_backward(&tape.h, s, dl, &mut gl.weight)
                     }
                     _ => project_backward(&tape.h, table, s, dl, &mut g.embed_tokens.weight),
                 }

@@ -16,6 +16,8 @@
 //!   and 5, where it does twice the multiply-adds of an f32 FMA, and elsewhere through
 //!   the f32 product of the operands widened 256 weight rows at a time (on Intel's
 //!   Xeons `vdpbf16ps` ran at half the f32 product's rate: `gemm::preferred`);
+//! - [`grad`]: the two products of a linear layer's backward (dx and dW) through the
+//!   same forms, for mixed-precision training;
 //! - [`reference`](mod@reference): the readable twin the tests hold every form to: both operands
 //!   rounded and widened to f32, then the f32 product.
 
@@ -23,6 +25,7 @@ mod amx;
 pub mod convert;
 mod gemm;
 mod gemv;
+pub mod grad;
 mod operands;
 pub mod product;
 pub mod reference;

@@ -33,10 +33,24 @@ impl Bf16Weight {
     /// Rounds `w`, a row-major `[n, k]` f32 weight (n, k ≥ 1), to bf16.
     pub fn new(w: &[f32], n: usize, k: usize) -> Result<Self> {
         check_weight("bf16 weight", w.len(), n, k)?;
+        Ok(Self::build(n, k, |r, c| w[r * k + c]))
+    }
+
+    /// The bf16 weight of aᵀ, for a row-major `[rows, cols]` f32 matrix a (rows, cols
+    /// ≥ 1): `[cols, rows]`, read from a in place. A layer's backward reads its weight
+    /// `[out, in]` this way (dx = dy·W is a product with the weight Wᵀ), and its input
+    /// x `[N, in]` (dW = dyᵀ·x is one with the weight xᵀ).
+    pub fn transposed(a: &[f32], rows: usize, cols: usize) -> Result<Self> {
+        check_weight("bf16 transposed weight", a.len(), cols, rows)?;
+        Ok(Self::build(cols, rows, |r, c| a[c * cols + r]))
+    }
+
+    /// The `[n, k]` weight whose element (r, c) is `at(r, c)`, rounded.
+    fn build(n: usize, k: usize, at: impl Fn(usize, usize) -> f32) -> Self {
         let pairs = k.div_ceil(2);
         let panels = n.div_ceil(PANEL);
         let mut words = vec![0u32; panels * pairs * PANEL];
-        let at = |r: usize, c: usize| if c < k { w[r * k + c] } else { 0.0 };
+        let at = |r: usize, c: usize| if c < k { at(r, c) } else { 0.0 };
         for (j, panel) in words.chunks_exact_mut(pairs * PANEL).enumerate() {
             for (p, line) in panel.chunks_exact_mut(PANEL).enumerate() {
                 for (c, word) in line.iter_mut().enumerate() {
@@ -47,7 +61,7 @@ impl Bf16Weight {
                 }
             }
         }
-        Ok(Bf16Weight { n, k, words })
+        Bf16Weight { n, k, words }
     }
 
     /// Rows of the weight: columns of the product.
@@ -132,5 +146,25 @@ mod tests {
         assert_eq!(b.panel(1)[4], 0);
         assert!(Bf16Weight::new(&w, n, k + 1).is_err());
         assert!(Bf16Weight::new(&[], 0, 3).is_err());
+    }
+
+    #[test]
+    fn a_transposed_weight_holds_the_transpose_rounded() {
+        // a [5, 19]: its transpose [19, 5] has a second panel of 3 and an odd K
+        let (rows, cols) = (5, 19);
+        let a: Vec<f32> = (0..rows * cols)
+            .map(|i| (i as f32 * 0.61).cos() * 2.0)
+            .collect();
+        let t = Bf16Weight::transposed(&a, rows, cols).unwrap();
+        assert_eq!((t.n(), t.k()), (cols, rows));
+        let mut at = vec![0.0; cols * rows];
+        for (r, row) in a.chunks_exact(cols).enumerate() {
+            for (c, &v) in row.iter().enumerate() {
+                at[c * rows + r] = round_to_bf16(v);
+            }
+        }
+        assert_eq!(t.widened(), at);
+        assert!(Bf16Weight::transposed(&a, rows, cols + 1).is_err());
+        assert!(Bf16Weight::transposed(&[], 0, 4).is_err());
     }
 }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
+use crate::ops::DType;
 
 /// A new Transformer's preset; the model settings override parts of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -186,6 +187,9 @@ pub struct RunRequest {
     pub decay: Option<DecayChoice>,
     /// Clip the global gradient norm to this value.
     pub clip: Option<f64>,
+    /// What the products compute in: f32, or bf16 with f32 master weights (mixed
+    /// precision) [default: f32].
+    pub dtype: Option<DType>,
     /// Seed of the initial weights and of the data [default: 0].
     pub seed: Option<u64>,
     /// Threads; results repeat for a given seed and thread count [default: all cores].
@@ -260,6 +264,7 @@ impl RunRequest {
             ("eps", self.eps.is_some()),
             ("decay", self.decay.is_some()),
             ("clip", self.clip.is_some()),
+            ("dtype", self.dtype.is_some()),
             ("eval_every", self.eval_every.is_some()),
             ("eval_batches", self.eval_batches.is_some()),
             ("save_every", self.save_every.is_some()),

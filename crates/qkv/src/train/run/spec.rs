@@ -190,5 +190,6 @@ pub fn train_config(request: &RunRequest) -> TrainConfig {
         eval_batches: r.eval_batches.unwrap_or(d.eval_batches),
         save_every: r.save_every.unwrap_or(0),
         seed: r.seed.unwrap_or(d.seed),
+        dtype: r.dtype.unwrap_or(d.dtype),
     }
 }

@@ -1,0 +1,151 @@
+//! The two products of a linear layer's backward in bf16, for mixed-precision training
+//! (`y = α·x·Wᵀ`, x `[N, in]`, W `[out, in]`, dy `[N, out]`):
+//!
+//! - dx = α·dy·W: the product of dy's rows with the weight Wᵀ `[in, out]`;
+//! - dW += α·dyᵀ·x: the product of dyᵀ's rows `[out, N]` with the weight xᵀ `[in, N]`.
+//!
+//! Both run through [`product`], so every form the forward takes (AMX, `vdpbf16ps`, the
+//! widened f32 product) serves the backward too, and its twin holds both: each operand
+//! rounded to bf16, products and sums in f32. α is applied to dy before it is rounded.
+//! The transposed copies cost O(N·(in + out)) and O(in·out) moves against the product's
+//! O(N·in·out) multiply-adds.
+
+use super::product::product;
+use super::weight::Bf16Weight;
+use crate::error::{Error, Result};
+use crate::ops::Par;
+
+/// dx `[rows, in]` ← (accumulate ? dx : 0) + bf16(α·dy)·W for dy `[rows, out]`, where
+/// `wt` is Wᵀ in bf16 ([`Bf16Weight::transposed`] of W `[out, in]`): `[in, out]`.
+pub fn input_grad(
+    dx: &mut [f32],
+    dy: &[f32],
+    rows: usize,
+    wt: &Bf16Weight,
+    alpha: f32,
+    accumulate: bool,
+    par: Par,
+) -> Result<()> {
+    if alpha == 1.0 {
+        return product(dx, dy, rows, wt, accumulate, par);
+    }
+    let scaled: Vec<f32> = dy.iter().map(|&v| alpha * v).collect();
+    product(dx, &scaled, rows, wt, accumulate, par)
+}
+
+/// dW `[out, in]` += bf16(α·dy)ᵀ·bf16(x) for x `[rows, in]` and dy `[rows, out]`, sums
+/// in f32. No rows add nothing.
+pub fn weight_grad(
+    dw: &mut [f32],
+    dy: &[f32],
+    x: &[f32],
+    (rows, n_out, n_in): (usize, usize, usize),
+    alpha: f32,
+    par: Par,
+) -> Result<()> {
+    let sizes = [
+        ("dW", dw.len(), n_out.checked_mul(n_in)),
+        ("dy", dy.len(), rows.checked_mul(n_out)),
+        ("x", x.len(), rows.checked_mul(n_in)),
+    ];
+    for (what, len, want) in sizes {
+        if want != Some(len) {
+            return Err(Error::shape(
+                format!("bf16 weight gradient {what}"),
+                format!("{rows} rows, {n_out} outputs and {n_in} inputs"),
+                &[len],
+            ));
+        }
+    }
+    if rows == 0 || n_out == 0 || n_in == 0 {
+        return Ok(());
+    }
+    // dyᵀ `[out, rows]`, scaled: the product's rows
+    let mut dyt = vec![0.0f32; n_out * rows];
+    for (r, line) in dy.chunks_exact(n_out).enumerate() {
+        for (o, &v) in line.iter().enumerate() {
+            dyt[o * rows + r] = alpha * v;
+        }
+    }
+    let xt = Bf16Weight::transposed(x, rows, n_in)?;
+    product(dw, &dyt, n_out, &xt, true, par)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::convert::round_to_bf16;
+    use super::*;
+    use crate::rng::Rng;
+
+    /// The sum of products of rounded operands, in f64: what both functions compute up
+    /// to the order of their f32 sums.
+    fn dot(a: impl Iterator<Item = f32>, b: impl Iterator<Item = f32>) -> f64 {
+        a.zip(b)
+            .map(|(p, q)| round_to_bf16(p) as f64 * round_to_bf16(q) as f64)
+            .sum()
+    }
+
+    fn assert_close(what: &str, got: &[f32], want: &[f64], k: usize) {
+        let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+            // f32 sums of k terms, in any order
+            let tol = 4.0 * k as f64 * f32::EPSILON as f64 * scale;
+            assert!((g as f64 - w).abs() <= tol, "{what}[{i}]: {g} against {w}");
+        }
+    }
+
+    /// Both gradients equal the products of the rounded operands, for row counts on
+    /// both sides of the few-rows form, odd sizes and a scale α.
+    #[test]
+    fn gradients_are_the_rounded_operands_products() {
+        let mut rng = Rng::new(11);
+        for (rows, n_out, n_in) in [(1, 5, 3), (3, 17, 9), (37, 33, 20), (70, 16, 41)] {
+            let alpha = 0.5f32;
+            let x = rng.normals(rows * n_in, 1.0);
+            let w = rng.normals(n_out * n_in, 1.0);
+            let dy = rng.normals(rows * n_out, 1.0);
+            let what = format!("{rows}x{n_out}x{n_in}");
+
+            let wt = Bf16Weight::transposed(&w, n_out, n_in).unwrap();
+            let start = rng.normals(rows * n_in, 1.0);
+            let mut dx = start.clone();
+            input_grad(&mut dx, &dy, rows, &wt, alpha, true, Par::Auto).unwrap();
+            let want: Vec<f64> = (0..rows * n_in)
+                .map(|i| {
+                    let (r, c) = (i / n_in, i % n_in);
+                    let col = (0..n_out).map(|o| w[o * n_in + c]);
+                    let row = dy[r * n_out..][..n_out].iter().map(|&v| alpha * v);
+                    start[i] as f64 + dot(row, col)
+                })
+                .collect();
+            assert_close(&format!("dx {what}"), &dx, &want, n_out);
+
+            let start = rng.normals(n_out * n_in, 1.0);
+            let mut dw = start.clone();
+            weight_grad(&mut dw, &dy, &x, (rows, n_out, n_in), alpha, Par::Auto).unwrap();
+            let want: Vec<f64> = (0..n_out * n_in)
+                .map(|i| {
+                    let (o, c) = (i / n_in, i % n_in);
+                    let dys = (0..rows).map(|r| alpha * dy[r * n_out + o]);
+                    let xs = (0..rows).map(|r| x[r * n_in + c]);
+                    start[i] as f64 + dot(dys, xs)
+                })
+                .collect();
+            assert_close(&format!("dW {what}"), &dw, &want, rows);
+        }
+    }
+
+    #[test]
+    fn mismatched_lengths_are_errors_naming_the_operand() {
+        let mut dw = vec![0.0; 5];
+        let err = weight_grad(&mut dw, &[0.0; 4], &[0.0; 6], (2, 2, 3), 1.0, Par::Auto)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("dW"), "{err}");
+        let mut dw = vec![0.0; 6];
+        let err = weight_grad(&mut dw, &[0.0; 6], &[0.0; 5], (2, 3, 2), 1.0, Par::Auto)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(" x"), "{err}");
+    }
+}
