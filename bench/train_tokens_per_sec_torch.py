@@ -5,7 +5,12 @@ vocabulary 256, 256 positions, no dropout) trained on random byte batches of
 B=8, T=256 with AdamW: one step = forward + loss + backward + optimizer step.
 Warm-up steps are excluded from the timing. Prints one JSON line.
 
+With --dtype bf16 the forward and the loss run under torch.autocast("cpu",
+dtype=torch.bfloat16): PyTorch's mixed precision, the matrix products (and so their
+backward) in bf16, with f32 master weights and AdamW in f32, as qkv's --dtype bf16.
+
 Usage: python train_tokens_per_sec_torch.py [--threads 2] [--warmup 2] [--steps 5]
+       [--dtype f32|bf16]
 """
 
 import argparse
@@ -27,7 +32,9 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--heads", type=int, default=6)
     p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     args = p.parse_args()
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -50,10 +57,11 @@ def main() -> None:
 
     def step(s: int) -> float:
         ids, targets = data[s, :, :-1], data[s, :, 1:]
-        logits = model(input_ids=ids).logits
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, args.vocab), targets.reshape(-1)
-        )
+        with autocast:
+            logits = model(input_ids=ids).logits
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, args.vocab), targets.reshape(-1)
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -73,6 +81,7 @@ def main() -> None:
                 "torch": torch.__version__,
                 "attn_implementation": model.config._attn_implementation,
                 "threads": args.threads,
+                "dtype": args.dtype,
                 "timed_steps": args.steps,
                 "seconds": elapsed,
                 "tokens_per_sec": tokens / elapsed,
