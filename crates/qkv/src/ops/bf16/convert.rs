@@ -4,15 +4,20 @@
 
 use crate::ops::isa::Isa;
 
-/// The bf16 nearest to `x` (ties to the even one); NaN stays NaN.
+/// The bf16 nearest to `x` (ties to the even one); NaN stays NaN. Both results are
+/// computed and one chosen, without a branch, so that loops over it vectorize.
+#[inline(always)]
 pub fn f32_to_bf16(x: f32) -> u16 {
     let bits = x.to_bits();
-    if x.is_nan() {
-        // the sign and a quiet-NaN payload, as PyTorch writes it
-        return ((bits >> 16) as u16) | 0x0040;
-    }
+    // the sign and a quiet-NaN payload, as PyTorch writes it
+    let nan = ((bits >> 16) as u16) | 0x0040;
     let rounding = 0x7fff + ((bits >> 16) & 1);
-    (bits.wrapping_add(rounding) >> 16) as u16
+    let rounded = (bits.wrapping_add(rounding) >> 16) as u16;
+    if x.is_nan() {
+        nan
+    } else {
+        rounded
+    }
 }
 
 /// The f32 that `b` is the top half of.
@@ -27,6 +32,7 @@ pub fn round_to_bf16(x: f32) -> f32 {
 
 /// Two bf16 in one 32-bit word, `low` in the low half: the pair layout of
 /// [`super::Bf16Weight`] and of `vdpbf16ps`'s operands.
+#[inline(always)]
 pub(crate) fn pair(low: f32, high: f32) -> u32 {
     u32::from(f32_to_bf16(low)) | (u32::from(f32_to_bf16(high)) << 16)
 }
