@@ -12,7 +12,7 @@
 //! every pair of row tiles over it: four 16×16 sums in tiles 0–3, the row tiles in 4–5,
 //! the panels' tiles in 6–7.
 
-use super::convert::pair;
+use super::convert::round_pairs;
 use super::operands::Operands;
 use super::weight::PANEL;
 use crate::ops::amx::{self, Tiles};
@@ -218,10 +218,7 @@ impl<'a> Sums<'a> {
 /// stride ≥ ⌈K/2⌉), zero beyond x.
 fn x_tiles(x: &[f32], k: usize, stride: usize, rows_out: usize, parallel: bool) -> Vec<u32> {
     let mut out = vec![0u32; rows_out * stride];
-    let round = |(dst, src): (&mut [u32], &[f32])| {
-        // SAFETY: AMX-BF16 CPUs have AVX-512 F and BF16 (checked by `amx::bf16`).
-        unsafe { x86::round_row(src, &mut dst[..k.div_ceil(2)]) }
-    };
+    let round = |(dst, src): (&mut [u32], &[f32])| round_pairs(src, &mut dst[..k.div_ceil(2)]);
     let rows = x.len() / k.max(1);
     if parallel && rows >= 64 {
         out.par_chunks_mut(stride)
@@ -237,31 +234,8 @@ fn x_tiles(x: &[f32], k: usize, stride: usize, rows_out: usize, parallel: bool) 
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{pair, PANEL, TILE_PAIRS, TILE_ROWS};
+    use super::{PANEL, TILE_PAIRS, TILE_ROWS};
     use std::arch::asm;
-    use std::arch::x86_64::*;
-
-    /// `src`'s values rounded to bf16 (to nearest, ties to even) in pairs into `dst`
-    /// (`⌈src.len()/2⌉` words), 32 at a time by `vcvtne2ps2bf16`.
-    ///
-    /// # Safety
-    /// AVX-512 F and BF16.
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    pub(super) unsafe fn round_row(src: &[f32], dst: &mut [u32]) {
-        let body = src.len() / 32;
-        for i in 0..body {
-            let lo = _mm512_loadu_ps(src.as_ptr().add(32 * i));
-            let hi = _mm512_loadu_ps(src.as_ptr().add(32 * i + 16));
-            // the low 16 values (from `lo`) fill the low half of the result
-            let words: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
-            _mm512_storeu_si512(dst.as_mut_ptr().add(16 * i).cast(), words);
-        }
-        let rest = &src[32 * body..];
-        for (p, word) in dst[16 * body..].iter_mut().enumerate() {
-            let at = |c: usize| rest.get(c).copied().unwrap_or(0.0);
-            *word = pair(at(2 * p), at(2 * p + 1));
-        }
-    }
 
     /// sum (t, c) (+)= (row tile t of `left`)·(panel c's tiles) over `k_tiles` tiles of
     /// K, for t = 0 and, when `both`, 1: each sum starts from its place when

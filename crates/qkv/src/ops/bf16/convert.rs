@@ -37,6 +37,54 @@ pub(crate) fn pair(low: f32, high: f32) -> u32 {
     u32::from(f32_to_bf16(low)) | (u32::from(f32_to_bf16(high)) << 16)
 }
 
+/// `src` rounded to bf16 in pairs into `dst` (`⌈src.len()/2⌉` words; an odd length's
+/// last word has a zero high half), exactly as [`f32_to_bf16`] rounds: the operand
+/// rows of every bf16 product, one rounding for all of its forms. Compiled per ISA so
+/// that it runs a vector wide.
+pub fn round_pairs(src: &[f32], dst: &mut [u32]) {
+    assert_eq!(dst.len(), src.len().div_ceil(2));
+    match Isa::detect() {
+        // SAFETY: the CPU has the instructions the entry points are compiled for.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { pairs_avx512(src, dst) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { pairs_avx2(src, dst) },
+        _ => pairs_body(src, dst),
+    }
+}
+
+/// [`round_pairs`] compiled for AVX-512.
+///
+/// # Safety
+/// AVX-512 F and BW.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx2")]
+unsafe fn pairs_avx512(src: &[f32], dst: &mut [u32]) {
+    pairs_body(src, dst)
+}
+
+/// [`round_pairs`] compiled for AVX2.
+///
+/// # Safety
+/// AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn pairs_avx2(src: &[f32], dst: &mut [u32]) {
+    pairs_body(src, dst)
+}
+
+#[inline(always)]
+fn pairs_body(src: &[f32], dst: &mut [u32]) {
+    let two = src.chunks_exact(2);
+    if let [last] = two.remainder() {
+        dst[src.len() / 2] = pair(*last, 0.0);
+    }
+    for (word, two) in dst.iter_mut().zip(two) {
+        *word = pair(two[0], two[1]);
+    }
+}
+
 /// Widens rows of bf16 into f32: row r of `dst` (`dst.len() / dim` rows of `dim`) is
 /// `src[r·stride..][..dim]`. A KV cache's block of key rows, each `dim` wide inside a
 /// `[S, G, D]` store, read once per decode step: compiled per ISA so that the shifts
@@ -115,6 +163,36 @@ mod tests {
                 Isa::Portable => widen_body(&src, 23, 20, &mut got),
             }
             assert_eq!(bits(&got), bits(&want), "{isa:?}");
+        }
+    }
+
+    /// Every form pairs as `pair` does: subnormals kept, NaN quiet, an odd length
+    /// padded with zero.
+    #[test]
+    fn round_pairs_equals_the_scalar_rounding_on_every_form() {
+        let mut src: Vec<f32> = (0..37).map(|i| (i as f32 * 0.73).sin() * 1e3).collect();
+        src[3] = 1e-40;
+        src[4] = -3e-39;
+        src[5] = f32::NAN;
+        src[6] = f32::from_bits(0x3f80_8000);
+        let want: Vec<u32> = (0..19)
+            .map(|p| pair(src[2 * p], src.get(2 * p + 1).copied().unwrap_or(0.0)))
+            .collect();
+        assert_ne!(want[1] >> 16, 0, "1e-40 rounds to a subnormal bf16");
+        let mut got = vec![u32::MAX; 19];
+        round_pairs(&src, &mut got);
+        assert_eq!(got, want);
+        #[cfg(target_arch = "x86_64")]
+        for isa in Isa::available() {
+            got.fill(u32::MAX);
+            match isa {
+                // SAFETY: `available` lists only forms this CPU runs.
+                Isa::Avx512 => unsafe { pairs_avx512(&src, &mut got) },
+                // SAFETY: as above.
+                Isa::Avx2 => unsafe { pairs_avx2(&src, &mut got) },
+                Isa::Portable => pairs_body(&src, &mut got),
+            }
+            assert_eq!(got, want, "{isa:?}");
         }
     }
 

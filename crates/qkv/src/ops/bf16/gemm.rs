@@ -7,7 +7,7 @@
 //! it: 6 rows × 2 panels are 12 sums in flight, and the block's panels (64 bytes a
 //! pair each) stay in L1/L2 while the row tiles stream past.
 
-use super::convert::pair;
+use super::convert::round_pairs;
 use super::operands::Operands;
 use super::weight::PANEL;
 use crate::ops::disjoint::Disjoint;
@@ -65,10 +65,7 @@ pub(super) fn x_pairs(x: &[f32], rows: usize, k: usize) -> Vec<u32> {
     let pairs = k.div_ceil(2);
     let mut out = vec![0u32; rows * pairs];
     for (dst, src) in out.chunks_exact_mut(pairs).zip(x.chunks_exact(k)) {
-        for (p, word) in dst.iter_mut().enumerate() {
-            let at = |c: usize| if c < k { src[c] } else { 0.0 };
-            *word = pair(at(2 * p), at(2 * p + 1));
-        }
+        round_pairs(src, dst);
     }
     out
 }

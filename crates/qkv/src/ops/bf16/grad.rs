@@ -81,11 +81,12 @@ fn transposed_scaled(a: &[f32], rows: usize, cols: usize, alpha: f32) -> Vec<f32
             for r0 in (0..rows).step_by(PANEL) {
                 let height = PANEL.min(rows - r0);
                 for (i, line) in tile.iter_mut().enumerate().take(height) {
-                    line[..width].copy_from_slice(&a[(r0 + i) * cols + c0..][..width]);
+                    let src = &a[(r0 + i) * cols + c0..][..width];
+                    line.iter_mut().zip(src).for_each(|(t, &v)| *t = alpha * v);
                 }
                 for (c, run) in out.chunks_exact_mut(rows).enumerate() {
                     for (i, v) in run[r0..][..height].iter_mut().enumerate() {
-                        *v = alpha * tile[i][c];
+                        *v = tile[i][c];
                     }
                 }
             }

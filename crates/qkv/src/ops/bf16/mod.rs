@@ -7,7 +7,8 @@
 //!   output columns, K in pairs);
 //! - [`product`](mod@product): y (+)= bf16(x)·Wᵀ: x rounded to bf16 as the weight is, products and
 //!   sums in f32, whichever form runs (so a result does not depend on the row count or
-//!   the CPU beyond the order of the sums). A few rows (a decoding step) stream the
+//!   the CPU beyond the order of the sums, and beyond subnormal operands, below 2⁻¹²⁶,
+//!   which `vdpbf16ps` and `tdpbf16ps` take as zero). A few rows (a decoding step) stream the
 //!   weight once, widening each weight to f32 in registers: that path is bound by
 //!   memory and reads half the bytes of f32. More rows go through AMX's `tdpbf16ps`
 //!   where the CPU and the kernel give it (Intel's Xeons from Sapphire Rapids on:

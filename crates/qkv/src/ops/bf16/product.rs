@@ -136,6 +136,49 @@ mod tests {
         }
     }
 
+    /// Subnormal activations (below 2⁻¹²⁶ ≈ 1.2e-38) are rounded to bf16 alike by every
+    /// form, but only the f32 products count them: `vdpbf16ps` and `tdpbf16ps` take
+    /// subnormal inputs as zero (as oneDNN's bf16 products do on the same
+    /// instructions). Against a weight of 2¹⁰⁰ they make sums of about 6e-9, which the
+    /// twin, the widened and the few-rows forms give and the bf16 instructions drop.
+    /// Such a term is below 2⁻²⁶ of the largest f32 the weight can meet it with, so
+    /// it never shows beside a normal one.
+    #[test]
+    fn subnormal_inputs_count_in_the_f32_forms_only() {
+        let (k, n) = (3, 17);
+        for rows in [2, 40] {
+            let x = vec![1.5e-39f32; rows * k];
+            let w = Bf16Weight::new(&vec![2f32.powi(100); n * k], n, k).unwrap();
+            let mut want = vec![0.0; rows * n];
+            reference::product(&mut want, &x, rows, &w, false);
+            assert!(want.iter().all(|&v| v > 5e-9), "{}", want[0]);
+            let forms = forms_here()
+                .into_iter()
+                .filter(|&f| f != Form::FewRows || rows <= 4);
+            for form in forms {
+                let mut got = vec![0.0; rows * n];
+                let ops = Operands {
+                    y: &mut got,
+                    x: &x,
+                    rows,
+                    w: &w,
+                    accumulate: false,
+                };
+                run(form, ops, Par::Auto).unwrap();
+                let flushed = matches!(form, Form::DotBf16 | Form::Amx);
+                for (i, (&g, &t)) in got.iter().zip(&want).enumerate() {
+                    // relative: the sums lie far below the other tests' absolute tolerance
+                    let ok = if flushed {
+                        g == 0.0
+                    } else {
+                        (g - t).abs() <= 1e-6 * t
+                    };
+                    assert!(ok, "{form:?} {rows} rows [{i}]: {g} vs {t}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn mismatched_lengths_are_errors() {
         let w = Bf16Weight::new(&[1.0; 6], 2, 3).unwrap();
