@@ -616,9 +616,13 @@ pub fn grad_norm<P: Params + ?Sized>(params: &mut P) -> Result<f32> {
     }
 }
 
-/// ‖g‖₂ in f32 (torch: `vector_norm` of each gradient), accumulated in f64.
+/// ‖g‖₂ in f32 (torch: `vector_norm` of each gradient), accumulated in f64: over the
+/// pool in chunks of [`PAR_CHUNK`], whose sums are added in order, so that the result
+/// does not depend on how the threads took them.
 fn tensor_norm(name: &str, g: &Tensor) -> Result<f32> {
-    let s: f64 = g.data().iter().map(|&x| x as f64 * x as f64).sum();
+    let sum_sq = |c: &[f32]| c.iter().map(|&x| x as f64 * x as f64).sum::<f64>();
+    let chunks: Vec<f64> = g.data().par_chunks(PAR_CHUNK).map(sum_sq).collect();
+    let s: f64 = chunks.iter().sum();
     if !s.is_finite() {
         g.check_finite(&format!("{name} (gradient)"))?;
     }
