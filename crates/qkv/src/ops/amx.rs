@@ -2,7 +2,7 @@
 //! registers of up to 16 rows × 64 bytes, and a unit that multiplies two of them into a
 //! third. `tdpbf16ps` adds a 16×32 bf16 tile times a 32×16 bf16 tile (K in pairs) into a
 //! 16×16 f32 tile: 8192 multiply-adds an instruction, about 16 times an AVX-512 FMA's
-//! work in the same cycles. `tdpbusd` does the same with bytes into i32 (64 steps of K).
+//! work in the same cycles. `tdpbsud` does the same with bytes into i32 (64 steps of K).
 //!
 //! Linux hands the tile registers to a process only when it asks (`arch_prctl`), because
 //! they enlarge every saved thread state by 8 KiB. [`bf16`] and [`int8`] ask once, for
@@ -21,7 +21,7 @@ pub fn bf16() -> bool {
     state().bf16
 }
 
-/// Whether this process can run `tdpbusd`.
+/// Whether this process can run `tdpbsud` (AMX-INT8).
 pub fn int8() -> bool {
     state().int8
 }
@@ -159,5 +159,136 @@ impl Drop for Tiles {
     fn drop(&mut self) {
         // SAFETY: the tiles were configured by `configure`, which needs AMX.
         unsafe { std::arch::asm!("tilerelease", options(nostack, nomem, preserves_flags)) };
+    }
+}
+
+/// The multiply-add a block runs, which sets what its tiles hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dot {
+    /// `tdpbf16ps`: rows of 32 bf16 (K in pairs), f32 sums.
+    Bf16,
+    /// `tdpbsud`: rows of 64 signed bytes on the left, quads of 64 unsigned bytes on
+    /// the right (K in quads), i32 sums, exact.
+    Int8,
+}
+
+/// The operands of one block of four 16×16 sums: two row tiles of the left operand
+/// times two column tiles of the right one, over `k_tiles` tiles of K.
+pub(crate) struct Block<'a> {
+    /// The first row tile's first row; the second tile starts 16 rows later.
+    pub left: *const u8,
+    /// Bytes from one left row to the next, at least `k_tiles · 64`.
+    pub left_stride: usize,
+    /// Whether the second row tile takes part (else its sums are neither read nor
+    /// written).
+    pub both: bool,
+    pub k_tiles: usize,
+    /// The two column tiles of K tile kt: 16 rows of 64 bytes each, contiguous.
+    pub right: &'a dyn Fn(usize) -> [*const u8; 2],
+    /// Where sum (t, c) starts from and is stored to, and its row stride in bytes:
+    /// 16 rows of 16 four-byte elements.
+    pub places: [[(*mut u8, usize); 2]; 2],
+    /// Whether the sums start from their places (else from zero).
+    pub accumulate: bool,
+}
+
+/// Runs a block ([`Block`]) with `dot`: sum (t, c) (+)= (row tile t)·(column tile c)
+/// for t = 0 and, when `both`, 1; each sum is stored back to its place.
+///
+/// # Safety
+/// Tiles configured by [`Tiles::configure`] on this thread, for a CPU with `dot`
+/// ([`bf16`] or [`int8`]); every pointer valid for the rows and strides above, the
+/// places the caller's own.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn block(dot: Dot, b: &Block<'_>) {
+    use std::arch::asm;
+    let [[(p00, s00), (p01, s01)], [(p10, s10), (p11, s11)]] = b.places;
+    assert!(b.k_tiles * Tiles::ROW_BYTES <= b.left_stride);
+    if b.accumulate {
+        asm!(
+            "tileloadd tmm0, [{p00} + {s00}]",
+            "tileloadd tmm1, [{p01} + {s01}]",
+            "tileloadd tmm2, [{p10} + {s10}]",
+            "tileloadd tmm3, [{p11} + {s11}]",
+            p00 = in(reg) p00, s00 = in(reg) s00,
+            p01 = in(reg) p01, s01 = in(reg) s01,
+            p10 = in(reg) p10, s10 = in(reg) s10,
+            p11 = in(reg) p11, s11 = in(reg) s11,
+            options(nostack, readonly)
+        );
+    } else {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            options(nostack, nomem)
+        );
+    }
+    let (a_stride, b_stride) = (b.left_stride, Tiles::ROW_BYTES);
+    let a0 = b.left;
+    let a1 = b.left.wrapping_add(Tiles::ROWS * a_stride);
+    for kt in 0..b.k_tiles {
+        let [b0, b1] = (b.right)(kt);
+        let at = kt * Tiles::ROW_BYTES;
+        asm!(
+            "tileloadd tmm6, [{b0} + {bs}]",
+            "tileloadd tmm7, [{b1} + {bs}]",
+            "tileloadd tmm4, [{a0} + {as_}]",
+            b0 = in(reg) b0,
+            b1 = in(reg) b1,
+            a0 = in(reg) a0.add(at),
+            bs = in(reg) b_stride,
+            as_ = in(reg) a_stride,
+            options(nostack, readonly)
+        );
+        match dot {
+            Dot::Bf16 => asm!(
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                options(nostack, nomem)
+            ),
+            Dot::Int8 => asm!(
+                "tdpbsud tmm0, tmm4, tmm6",
+                "tdpbsud tmm1, tmm4, tmm7",
+                options(nostack, nomem)
+            ),
+        }
+        if b.both {
+            asm!(
+                "tileloadd tmm5, [{a1} + {as_}]",
+                a1 = in(reg) a1.add(at),
+                as_ = in(reg) a_stride,
+                options(nostack, readonly)
+            );
+            match dot {
+                Dot::Bf16 => asm!(
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    options(nostack, nomem)
+                ),
+                Dot::Int8 => asm!(
+                    "tdpbsud tmm2, tmm5, tmm6",
+                    "tdpbsud tmm3, tmm5, tmm7",
+                    options(nostack, nomem)
+                ),
+            }
+        }
+    }
+    asm!(
+        "tilestored [{p00} + {s00}], tmm0",
+        "tilestored [{p01} + {s01}], tmm1",
+        p00 = in(reg) p00, s00 = in(reg) s00,
+        p01 = in(reg) p01, s01 = in(reg) s01,
+        options(nostack)
+    );
+    if b.both {
+        asm!(
+            "tilestored [{p10} + {s10}], tmm2",
+            "tilestored [{p11} + {s11}], tmm3",
+            p10 = in(reg) p10, s10 = in(reg) s10,
+            p11 = in(reg) p11, s11 = in(reg) s11,
+            options(nostack)
+        );
     }
 }

@@ -15,7 +15,7 @@
 use super::convert::round_pairs;
 use super::operands::Operands;
 use super::weight::PANEL;
-use crate::ops::amx::{self, Tiles};
+use crate::ops::amx::{self, Block, Dot, Tiles};
 use crate::ops::disjoint::Disjoint;
 use rayon::prelude::*;
 
@@ -81,20 +81,19 @@ pub(super) fn product(ops: Operands<'_>, parallel: bool) {
             let live_rows = (rows - r0).min(2 * TILE_ROWS);
             let (block_rows, block_cols) = ((r0, live_rows), (j * PANEL, cols));
             let mut sums = Sums::new(&out, n, block_rows, block_cols, &mut staging, accumulate);
+            let block = Block {
+                left: left.as_ptr().cast(),
+                left_stride: 4 * stride,
+                both,
+                k_tiles,
+                right: &|kt| right(kt).map(|p| p.cast()),
+                places: sums.places(),
+                accumulate,
+            };
             // SAFETY: the tiles are configured; `left` holds 16 (32 when `both`) rows of
             // `stride` words, each right tile 16 rows of 16 words, and `sums` has a
             // place of 16 rows for each of the four sums.
-            unsafe {
-                x86::block(
-                    left,
-                    stride,
-                    both,
-                    k_tiles,
-                    &right,
-                    &sums.places(),
-                    accumulate,
-                )
-            };
+            unsafe { amx::block(Dot::Bf16, &block) };
             sums.finish();
         }
     };
@@ -187,15 +186,18 @@ impl<'a> Sums<'a> {
 
     /// Each sum's first element and row stride in bytes. A tile wholly outside y (an odd
     /// last row tile or panel) points at a staging tile whose sums are dropped.
-    fn places(&mut self) -> [[(*mut f32, usize); 2]; 2] {
+    fn places(&mut self) -> [[(*mut u8, usize); 2]; 2] {
         std::array::from_fn(|t| {
             std::array::from_fn(|c| {
                 if !self.staged(t, c) {
                     let end = self.at(t, c, TILE_ROWS - 1) + PANEL;
                     // SAFETY: the whole tile lies in this task's block of y.
-                    (unsafe { self.out.ptr(self.at(t, c, 0), end) }, 4 * self.n)
+                    (
+                        unsafe { self.out.ptr(self.at(t, c, 0), end) }.cast(),
+                        4 * self.n,
+                    )
                 } else {
-                    (self.staging[t][c].as_mut_ptr(), 4 * PANEL)
+                    (self.staging[t][c].as_mut_ptr().cast(), 4 * PANEL)
                 }
             })
         })
@@ -230,100 +232,4 @@ fn x_tiles(x: &[f32], k: usize, stride: usize, rows_out: usize, parallel: bool) 
             .for_each(round);
     }
     out
-}
-
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use super::{PANEL, TILE_PAIRS, TILE_ROWS};
-    use std::arch::asm;
-
-    /// sum (t, c) (+)= (row tile t of `left`)·(panel c's tiles) over `k_tiles` tiles of
-    /// K, for t = 0 and, when `both`, 1: each sum starts from its place when
-    /// `accumulate`, else from zero, and is stored back to its place.
-    ///
-    /// # Safety
-    /// Tiles configured by [`crate::ops::amx::Tiles`]; `left` holds 16 (32 when `both`)
-    /// rows of `stride ≥ k_tiles · 16` words; `right(kt)` points at two tiles of 16 rows
-    /// of 16 words; each place is 16 rows of 16 f32 at its stride, the task's own.
-    pub(super) unsafe fn block(
-        left: &[u32],
-        stride: usize,
-        both: bool,
-        k_tiles: usize,
-        right: &impl Fn(usize) -> [*const u32; 2],
-        places: &[[(*mut f32, usize); 2]; 2],
-        accumulate: bool,
-    ) {
-        assert!(left.len() >= (1 + both as usize) * TILE_ROWS * stride);
-        assert!(k_tiles * TILE_PAIRS <= stride);
-        let [[(p00, s00), (p01, s01)], [(p10, s10), (p11, s11)]] = *places;
-        if accumulate {
-            asm!(
-                "tileloadd tmm0, [{p00} + {s00}]",
-                "tileloadd tmm1, [{p01} + {s01}]",
-                "tileloadd tmm2, [{p10} + {s10}]",
-                "tileloadd tmm3, [{p11} + {s11}]",
-                p00 = in(reg) p00, s00 = in(reg) s00,
-                p01 = in(reg) p01, s01 = in(reg) s01,
-                p10 = in(reg) p10, s10 = in(reg) s10,
-                p11 = in(reg) p11, s11 = in(reg) s11,
-                options(nostack, readonly)
-            );
-        } else {
-            asm!(
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tilezero tmm2",
-                "tilezero tmm3",
-                options(nostack, nomem)
-            );
-        }
-        let a_stride = 4 * stride;
-        let b_stride = 4 * PANEL;
-        let a0 = left.as_ptr();
-        let a1 = left.as_ptr().wrapping_add(TILE_ROWS * stride);
-        for kt in 0..k_tiles {
-            let [b0, b1] = right(kt);
-            let at = kt * TILE_PAIRS;
-            asm!(
-                "tileloadd tmm6, [{b0} + {bs}]",
-                "tileloadd tmm7, [{b1} + {bs}]",
-                "tileloadd tmm4, [{a0} + {as_}]",
-                "tdpbf16ps tmm0, tmm4, tmm6",
-                "tdpbf16ps tmm1, tmm4, tmm7",
-                b0 = in(reg) b0,
-                b1 = in(reg) b1,
-                a0 = in(reg) a0.add(at),
-                bs = in(reg) b_stride,
-                as_ = in(reg) a_stride,
-                options(nostack, readonly)
-            );
-            if both {
-                asm!(
-                    "tileloadd tmm5, [{a1} + {as_}]",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
-                    a1 = in(reg) a1.add(at),
-                    as_ = in(reg) a_stride,
-                    options(nostack, readonly)
-                );
-            }
-        }
-        asm!(
-            "tilestored [{p00} + {s00}], tmm0",
-            "tilestored [{p01} + {s01}], tmm1",
-            p00 = in(reg) p00, s00 = in(reg) s00,
-            p01 = in(reg) p01, s01 = in(reg) s01,
-            options(nostack)
-        );
-        if both {
-            asm!(
-                "tilestored [{p10} + {s10}], tmm2",
-                "tilestored [{p11} + {s11}], tmm3",
-                p10 = in(reg) p10, s10 = in(reg) s10,
-                p11 = in(reg) p11, s11 = in(reg) s11,
-                options(nostack)
-            );
-        }
-    }
 }

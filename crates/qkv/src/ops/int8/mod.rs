@@ -9,10 +9,13 @@
 //!   weight's groups. On AVX-512 VNNI every row count runs `vpdpbusd` tiles, each
 //!   group's sum exact in i32, so a result does not depend on the row count; elsewhere
 //!   both operands are dequantized and the f32 product runs, having read the weight at
-//!   a quarter of the bytes;
+//!   a quarter of the bytes. Where the process has AMX-INT8, more than four rows times
+//!   a weight with a scale per row run AMX's `tdpbsud` (the `amx` module), with the VNNI
+//!   tiles' bits;
 //! - [`reference`](mod@reference): the twin the tests hold every form to: both operands
 //!   dequantized, then the f32 product.
 
+mod amx;
 mod kernel;
 pub mod product;
 pub mod quant;

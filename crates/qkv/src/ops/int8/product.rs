@@ -1,5 +1,6 @@
 //! y (+)= x·Wᵀ for an int8 weight: the form by the CPU (module docs of [`super`]).
 
+use super::amx;
 use super::kernel::{self, Kernel, Tile};
 use super::rows::QuantizedRows;
 use super::weight::{Int8Weight, PANEL};
@@ -17,11 +18,20 @@ pub enum Form {
     Dot,
     /// Both operands dequantized, then the f32 product: elsewhere.
     Widened,
+    /// AMX's `tdpbsud`, exact in i32 over all of K: more than [`FEW_ROWS`] rows times
+    /// a weight with a scale per row, where the process has AMX-INT8.
+    Amx,
 }
 
-/// The form [`product`] takes on this CPU.
-pub fn form() -> Form {
-    if kernel::vnni() {
+/// Most rows that take the VNNI tiles even where AMX is there: a decoding step's few
+/// rows would fill a sixteenth of a tile.
+const FEW_ROWS: usize = 4;
+
+/// The form [`product`] takes on this CPU for `rows` rows times `w`.
+pub fn form(rows: usize, w: &Int8Weight) -> Form {
+    if rows > FEW_ROWS && amx::available(w) {
+        Form::Amx
+    } else if kernel::vnni() {
         Form::Dot
     } else {
         Form::Widened
@@ -33,6 +43,9 @@ pub fn forms_here() -> Vec<Form> {
     let mut forms = vec![Form::Widened];
     if kernel::vnni() {
         forms.push(Form::Dot);
+    }
+    if crate::ops::amx::int8() {
+        forms.push(Form::Amx);
     }
     forms
 }
@@ -78,9 +91,10 @@ pub fn product(
     }
     let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
     let xq = QuantizedRows::new(x, rows, w, parallel);
-    match form() {
+    match form(rows, w) {
         Form::Dot => tiles(y, &xq, rows, w, start, Kernel::Vnni, par),
         Form::Widened => widened(y, &xq, rows, w, start, par)?,
+        Form::Amx => amx::product(y, &xq, rows, w, start, parallel),
     }
     Ok(())
 }
@@ -211,6 +225,7 @@ mod tests {
     /// each start (zero, y's values, a bias), x quantized serially and over the pool.
     #[test]
     fn every_form_equals_the_twin() {
+        let mut amx_runs = 0;
         for ((rows, k, n), [x, wf, y0]) in checks::cases(11) {
             let bias: Vec<f32> = (0..n).map(|c| c as f32 * 0.25 - 3.0).collect();
             for layout in [ScaleLayout::Blocks, ScaleLayout::Rows] {
@@ -232,9 +247,19 @@ mod tests {
                     let mut got = y0.clone();
                     widened(&mut got, &xq, rows, &w, start, Par::Auto).unwrap();
                     runs.push(("widened".into(), got));
+                    if amx::available(&w) {
+                        let mut got = y0.clone();
+                        amx::product(&mut got, &xq, rows, &w, start, true);
+                        // the same operations as the VNNI tiles, in the same order
+                        if let Some((_, vnni)) = runs.iter().find(|(n, _)| n == "tiles Vnni") {
+                            assert_eq!(&got, vnni, "amx {layout:?} {rows}x{k}x{n} {start:?}");
+                        }
+                        runs.push(("amx".into(), got));
+                        amx_runs += 1;
+                    }
                     let mut got = y0.clone();
                     product(&mut got, &x, rows, &w, start, Par::Auto).unwrap();
-                    runs.push((format!("product ({:?})", form()), got));
+                    runs.push((format!("product ({:?})", form(rows, &w)), got));
                     for (name, got) in runs {
                         let what = format!("{name} {layout:?} {rows}x{k}x{n} {start:?}");
                         checks::assert_near(&what, &got, &want, k);
@@ -242,6 +267,7 @@ mod tests {
                 }
             }
         }
+        assert_eq!(amx_runs > 0, crate::ops::amx::int8(), "AMX ran where it is");
     }
 
     /// Quantizing over the pool gives the serial pass's codes, scales and offsets.
@@ -273,17 +299,21 @@ mod tests {
     /// A NaN in x reaches y, as in f32, rather than vanishing into a code of 0.
     #[test]
     fn a_nan_in_x_reaches_y() {
-        let w = Int8Weight::new(&[1.0; 64], 1, 64, ScaleLayout::Blocks).unwrap();
         let mut x = vec![0.5; 64];
         x[40] = f32::NAN;
-        for f in forms_here() {
-            let mut y = vec![0.0; 1];
-            let xq = QuantizedRows::new(&x, 1, &w, false);
-            match f {
-                Form::Dot => tiles(&mut y, &xq, 1, &w, Start::Zero, Kernel::Vnni, Par::Auto),
-                Form::Widened => widened(&mut y, &xq, 1, &w, Start::Zero, Par::Auto).unwrap(),
+        for layout in [ScaleLayout::Blocks, ScaleLayout::Rows] {
+            let w = Int8Weight::new(&[1.0; 64], 1, 64, layout).unwrap();
+            let forms = forms_here().into_iter();
+            for f in forms.filter(|&f| f != Form::Amx || amx::available(&w)) {
+                let mut y = vec![0.0; 1];
+                let xq = QuantizedRows::new(&x, 1, &w, false);
+                match f {
+                    Form::Dot => tiles(&mut y, &xq, 1, &w, Start::Zero, Kernel::Vnni, Par::Auto),
+                    Form::Widened => widened(&mut y, &xq, 1, &w, Start::Zero, Par::Auto).unwrap(),
+                    Form::Amx => amx::product(&mut y, &xq, 1, &w, Start::Zero, false),
+                }
+                assert!(y[0].is_nan(), "{f:?} {layout:?}: {}", y[0]);
             }
-            assert!(y[0].is_nan(), "{f:?}: {}", y[0]);
         }
     }
 }
