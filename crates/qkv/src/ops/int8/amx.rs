@@ -164,15 +164,15 @@ mod x86 {
         let offset = _mm512_set1_epi32(*e.offsets.get_unchecked(r));
         let x_scale = _mm512_set1_ps(*e.x_scales.get_unchecked(r));
         let tiles = &e.sums[r / TILE_ROWS];
-        for c in 0..2 {
+        for (c, (tile, scales)) in tiles.iter().zip(e.scales).enumerate() {
             let c0 = c * PANEL;
             if c0 >= dst.len() {
                 break;
             }
             let mask = (u32::MAX >> (32 - (dst.len() - c0).min(PANEL))) as __mmask16;
-            let sums = _mm512_loadu_si512(tiles[c].as_ptr().add((r % TILE_ROWS) * PANEL).cast());
+            let sums = _mm512_loadu_si512(tile.as_ptr().add((r % TILE_ROWS) * PANEL).cast());
             let exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums, offset));
-            let scale = _mm512_mul_ps(_mm512_loadu_ps(e.scales[c].as_ptr()), x_scale);
+            let scale = _mm512_mul_ps(_mm512_loadu_ps(scales.as_ptr()), x_scale);
             let total = _mm512_fmadd_ps(exact, scale, _mm512_setzero_ps());
             let at = dst.as_mut_ptr().add(c0);
             let value = match e.start {

@@ -18,7 +18,7 @@ pub enum Form {
     Dot,
     /// Both operands dequantized, then the f32 product: elsewhere.
     Widened,
-    /// AMX's `tdpbsud`, exact in i32 over all of K: more than [`FEW_ROWS`] rows times
+    /// AMX's `tdpbsud`, exact in i32 over all of K: more than four rows times
     /// a weight with a scale per row, where the process has AMX-INT8.
     Amx,
 }
