@@ -80,8 +80,7 @@ impl Activation {
     fn apply_chunk(self, xs: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if self != Activation::Relu && super::simd::avx2_fma() {
-            // SAFETY: the CPU has AVX2 and FMA.
-            unsafe { x86::apply(self, xs) };
+            x86::apply(super::isa::Isa::detect(), self, xs);
             return;
         }
         // One loop per variant: with the variant fixed, `apply` inlines to branch-free
@@ -170,9 +169,7 @@ impl Activation {
     fn backward_chunk(self, x: &[f32], dy: &[f32], dx: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if matches!(self, Activation::GeluTanh | Activation::Silu) && super::simd::avx2_fma() {
-            // SAFETY: the CPU has AVX2 and FMA; the three slices have one length
-            // (checked by `backward_slice`).
-            unsafe { x86::backward(self, x, dy, dx) };
+            x86::backward(super::isa::Isa::detect(), self, x, dy, dx);
             return;
         }
         // One loop per variant, as in `apply_chunk`.
@@ -203,125 +200,137 @@ impl std::fmt::Display for Activation {
     }
 }
 
-/// Exact GELU, GELU-tanh and SiLU 8 lanes at a time on AVX2 + FMA, with the vector
-/// `erf` and `exp` of `ops::simd`; [`Activation::apply`] and [`Activation::derivative`]
-/// are their readable twins, and the tests hold them together. Without these, the
+/// Exact GELU, GELU-tanh and SiLU a vector at a time, 8 lanes on AVX2 + FMA and 16 on
+/// AVX-512, one generic body with the vector `erf`, `tanh` and σ of `ops::vmath` (both
+/// widths give the same bits); [`Activation::apply`] and [`Activation::derivative`] are
+/// their readable twins, and the tests hold them together. Without these, the
 /// compiler's baseline (SSE2, no FMA) left the scalar loops at about 3.6 ns a value: 5%
-/// of a GPT-2 training step went to GELU-tanh.
+/// of a GPT-2 training step went to GELU-tanh; at 8 lanes exact GELU was still an
+/// eighth of a MiniLM batch in int8.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::Activation;
-    use crate::ops::simd::x86::{erf8, exp8};
+    use crate::ops::isa::Isa;
+    use crate::ops::vector::Vector;
+    use crate::ops::vmath::{erf, sigmoid, tanh};
     use std::arch::x86_64::*;
 
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     const KAPPA: f32 = 0.044_715;
 
-    /// tanh on 8 lanes as `fastmath::tanh` computes it: 1 − 2 / (e^{2x} + 1).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn tanh8(x: __m256) -> __m256 {
-        let one = _mm256_set1_ps(1.0);
-        let e = exp8(_mm256_add_ps(x, x));
-        _mm256_sub_ps(
-            one,
-            _mm256_div_ps(_mm256_set1_ps(2.0), _mm256_add_ps(e, one)),
-        )
+    /// f(x) in place for every activation, on `isa`'s vectors (not `Portable`).
+    pub(super) fn apply(isa: Isa, act: Activation, xs: &mut [f32]) {
+        match isa {
+            // SAFETY: `isa` is this CPU's (Isa::detect) or one of Isa::available.
+            Isa::Avx512 => unsafe { apply_avx512(act, xs) },
+            // SAFETY: as above.
+            Isa::Avx2 => unsafe { apply_avx2(act, xs) },
+            Isa::Portable => unreachable!("the portable form is the scalar loop"),
+        }
     }
 
-    /// σ(x) = 1 / (1 + e^−x) on 8 lanes.
-    #[inline]
+    /// dx += dy ∘ f′(x) for GELU-tanh and SiLU (the formulas of
+    /// [`Activation::derivative`]), on `isa`'s vectors (not `Portable`); the three
+    /// slices have one length.
+    pub(super) fn backward(isa: Isa, act: Activation, x: &[f32], dy: &[f32], dx: &mut [f32]) {
+        assert!(x.len() == dy.len() && x.len() == dx.len());
+        match isa {
+            // SAFETY: as in `apply`; the lengths were checked above.
+            Isa::Avx512 => unsafe { backward_avx512(act, x, dy, dx) },
+            // SAFETY: as above.
+            Isa::Avx2 => unsafe { backward_avx2(act, x, dy, dx) },
+            Isa::Portable => unreachable!("the portable form is the scalar loop"),
+        }
+    }
+
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn sigmoid8(x: __m256) -> __m256 {
-        let one = _mm256_set1_ps(1.0);
-        let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
-        _mm256_div_ps(one, _mm256_add_ps(one, e))
+    unsafe fn apply_avx2(act: Activation, xs: &mut [f32]) {
+        apply_body::<__m256>(act, xs)
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn apply_avx512(act: Activation, xs: &mut [f32]) {
+        apply_body::<__m512>(act, xs)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn backward_avx2(act: Activation, x: &[f32], dy: &[f32], dx: &mut [f32]) {
+        backward_body::<__m256>(act, x, dy, dx)
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn backward_avx512(act: Activation, x: &[f32], dy: &[f32], dx: &mut [f32]) {
+        backward_body::<__m512>(act, x, dy, dx)
     }
 
     /// (t, u′) for GELU-tanh: t = tanh(u) with u = √(2/π)·(x + κx³), and
     /// u′ = √(2/π)·(1 + 3κx²).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn gelu_tanh_parts(x: __m256) -> (__m256, __m256) {
-        let c = _mm256_set1_ps(SQRT_2_OVER_PI);
-        let x2 = _mm256_mul_ps(x, x);
-        let inner = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(KAPPA), x2), x, x);
-        let t = tanh8(_mm256_mul_ps(c, inner));
-        let du = _mm256_mul_ps(
-            c,
-            _mm256_fmadd_ps(_mm256_set1_ps(3.0 * KAPPA), x2, _mm256_set1_ps(1.0)),
-        );
+    #[inline(always)]
+    unsafe fn gelu_tanh_parts<V: Vector>(x: V) -> (V, V) {
+        let c = V::splat(SQRT_2_OVER_PI);
+        let x2 = x.times(x);
+        let inner = V::splat(KAPPA).times(x2).mul_add(x, x);
+        let t = tanh(c.times(inner));
+        let du = c.times(V::splat(3.0 * KAPPA).mul_add(x2, V::splat(1.0)));
         (t, du)
     }
 
-    /// f(x) in place for every activation but ReLU.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn apply(act: Activation, xs: &mut [f32]) {
-        let half = _mm256_set1_ps(0.5);
-        let mut lanes = xs.chunks_exact_mut(8);
+    #[inline(always)]
+    unsafe fn apply_body<V: Vector>(act: Activation, xs: &mut [f32]) {
+        let half = V::splat(0.5);
+        let mut lanes = xs.chunks_exact_mut(V::LANES);
         for v in &mut lanes {
-            let x = _mm256_loadu_ps(v.as_ptr());
+            let x = V::load(v.as_ptr());
             let y = match act {
                 Activation::Gelu => {
                     // 0.5·x·(1 + erf(x/√2))
-                    let e = erf8(_mm256_mul_ps(
-                        x,
-                        _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2),
-                    ));
-                    let half_x = _mm256_mul_ps(x, half);
-                    _mm256_fmadd_ps(half_x, e, half_x)
+                    let e = erf(x.times(V::splat(std::f32::consts::FRAC_1_SQRT_2)));
+                    let half_x = x.times(half);
+                    half_x.mul_add(e, half_x)
                 }
                 Activation::GeluTanh => {
                     // 0.5·x·(1 + tanh(u))
                     let (t, _) = gelu_tanh_parts(x);
-                    let half_x = _mm256_mul_ps(x, half);
-                    _mm256_fmadd_ps(half_x, t, half_x)
+                    let half_x = x.times(half);
+                    half_x.mul_add(t, half_x)
                 }
-                Activation::Silu => _mm256_mul_ps(x, sigmoid8(x)),
-                Activation::Relu => _mm256_max_ps(x, _mm256_setzero_ps()),
+                Activation::Silu => x.times(sigmoid(x)),
+                Activation::Relu => x.max(V::zero()),
             };
-            _mm256_storeu_ps(v.as_mut_ptr(), y);
+            y.store(v.as_mut_ptr());
         }
         for x in lanes.into_remainder() {
             *x = act.apply(*x);
         }
     }
 
-    /// dx += dy ∘ f′(x) for GELU-tanh and SiLU (the formulas of
-    /// [`Activation::derivative`]).
-    ///
-    /// # Safety
-    /// The CPU must have AVX2 and FMA; the three slices have the same length.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn backward(act: Activation, x: &[f32], dy: &[f32], dx: &mut [f32]) {
-        let (one, half) = (_mm256_set1_ps(1.0), _mm256_set1_ps(0.5));
-        let whole = x.len() / 8 * 8;
-        for i in (0..whole).step_by(8) {
-            let xv = _mm256_loadu_ps(x.as_ptr().add(i));
+    #[inline(always)]
+    unsafe fn backward_body<V: Vector>(act: Activation, x: &[f32], dy: &[f32], dx: &mut [f32]) {
+        let (one, half) = (V::splat(1.0), V::splat(0.5));
+        let whole = x.len() / V::LANES * V::LANES;
+        for i in (0..whole).step_by(V::LANES) {
+            let xv = V::load(x.as_ptr().add(i));
             let d = match act {
                 Activation::GeluTanh => {
                     // ½(1 + t) + ½x·(1 − t²)·u′
                     let (t, du) = gelu_tanh_parts(xv);
-                    let sech2 = _mm256_fnmadd_ps(t, t, one);
-                    let left = _mm256_mul_ps(half, _mm256_add_ps(one, t));
-                    let right = _mm256_mul_ps(_mm256_mul_ps(half, xv), _mm256_mul_ps(sech2, du));
-                    _mm256_add_ps(left, right)
+                    let sech2 = V::zero().minus(t).mul_add(t, one);
+                    let left = half.times(one.plus(t));
+                    let right = half.times(xv).times(sech2.times(du));
+                    left.plus(right)
                 }
                 Activation::Silu => {
                     // σ(x)·(1 + x·(1 − σ(x)))
-                    let s = sigmoid8(xv);
-                    _mm256_mul_ps(s, _mm256_fmadd_ps(xv, _mm256_sub_ps(one, s), one))
+                    let s = sigmoid(xv);
+                    s.times(xv.mul_add(one.minus(s), one))
                 }
                 Activation::Relu | Activation::Gelu => {
                     unreachable!("only GELU-tanh and SiLU take the vector backward")
                 }
             };
             let out = dx.as_mut_ptr().add(i);
-            let g = _mm256_loadu_ps(dy.as_ptr().add(i));
-            _mm256_storeu_ps(out, _mm256_fmadd_ps(g, d, _mm256_loadu_ps(out)));
+            let g = V::load(dy.as_ptr().add(i));
+            g.mul_add(d, V::load(out)).store(out);
         }
         for i in whole..x.len() {
             dx[i] += dy[i] * act.derivative(x[i]);
@@ -376,6 +385,45 @@ mod tests {
             for ((&x, &g), &got) in xs.iter().zip(&dy).zip(&dx) {
                 let want = 0.25 + g * act.derivative(x);
                 assert!(close(got, want), "{act:?}′({x}): {got} vs {want}");
+            }
+        }
+    }
+
+    /// Every vector width this CPU runs gives the same bits, forward and backward, on a
+    /// slice with a tail shorter than either vector.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn every_vector_width_gives_the_same_bits() {
+        use super::super::isa::Isa;
+        let xs: Vec<f32> = (0..4099)
+            .map(|i| (i as f32 - 2049.0) * 7e-3 * (1.0 + (i % 3) as f32 * 3.0))
+            .collect();
+        let dy: Vec<f32> = (0..xs.len()).map(|i| 1.0 - (i % 11) as f32 * 0.2).collect();
+        let widths: Vec<Isa> = Isa::available()
+            .into_iter()
+            .filter(|&isa| isa != Isa::Portable)
+            .collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for act in [Activation::Gelu, Activation::GeluTanh, Activation::Silu] {
+            let mut runs = widths.iter().map(|&isa| {
+                let mut y = xs.clone();
+                x86::apply(isa, act, &mut y);
+                let mut dx = vec![0.5f32; xs.len()];
+                if act != Activation::Gelu {
+                    x86::backward(isa, act, &xs, &dy, &mut dx);
+                }
+                (isa, bits(&y), bits(&dx))
+            });
+            if let Some(first) = runs.next() {
+                for run in runs {
+                    assert_eq!(
+                        (&first.1, &first.2),
+                        (&run.1, &run.2),
+                        "{act:?}: {:?} against {:?}",
+                        run.0,
+                        first.0
+                    );
+                }
             }
         }
     }

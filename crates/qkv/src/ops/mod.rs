@@ -15,6 +15,7 @@ pub mod simd;
 pub mod softmax;
 pub mod stored;
 pub mod vector;
+pub mod vmath;
 
 pub use activation::Activation;
 pub use dtype::DType;

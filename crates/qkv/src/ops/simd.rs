@@ -1,6 +1,7 @@
 //! Explicit SIMD for the hot loops, chosen at run time: AVX2 with FMA on x86-64 where
 //! the CPU has both, otherwise the portable code beside each use. Only what several
-//! kernels share lives here: the feature test, a vectorised `exp` and `erf`.
+//! kernels share lives here: the feature test and a vectorised `exp` (`erf` on any
+//! vector width is in [`super::vmath`]).
 //!
 //! `exp8` evaluates e^x on 8 lanes the way [`super::fastmath::exp`] does on one, with
 //! fused multiply-adds: x = n·ln 2 + r (|r| ≤ ln2/2, ln 2 in two parts so n·ln 2 is
@@ -60,69 +61,6 @@ pub mod x86 {
         _mm256_andnot_ps(under, e)
     }
 
-    /// erf x on 8 lanes, within 2 ulp of the correctly rounded value over the whole
-    /// f32 range (the tests walk it). The coefficients are least-squares fits made for
-    /// qkv (f64, Chebyshev nodes), checked in f32 with fused multiply-adds:
-    /// - |x| < 0.65: erf x = c₀·x + x·u·A(u), u = x², A of degree 5 (the Taylor
-    ///   series' shape, c₀ = 2/√π kept apart so its rounding is applied once);
-    /// - 0.65 ≤ |x| < 4: erf x = 1 − e^(B(|x|) − x²), B of degree 9 fitting
-    ///   ln erfc x + x², which is smooth and small;
-    /// - |x| ≥ 4: ±1 (erfc 4 ≈ 1.5e-8 is below half an ulp of 1).
-    ///
-    /// NaN stays NaN; the sign is copied from x, so erf(−0) = −0.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2 and FMA.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn erf8(x: __m256) -> __m256 {
-        const C0: f32 = std::f32::consts::FRAC_2_SQRT_PI;
-        const A: [f32; 6] = [
-            -0.376_126_38,
-            0.112_837_89,
-            -0.026_865_756,
-            0.005_221_002_3,
-            -0.000_843_991_3,
-            0.000_100_833_095,
-        ];
-        const B: [f32; 10] = [
-            0.000_182_465_87,
-            -1.129_595,
-            0.366_908_16,
-            -0.108_670_115,
-            0.025_446_873,
-            -0.004_325_574_3,
-            0.000_471_853_07,
-            -2.358_770_7e-5,
-            -6.584_465_4e-7,
-            1.017_258_4e-7,
-        ];
-        let sign = _mm256_set1_ps(-0.0);
-        let a = _mm256_andnot_ps(sign, x);
-        let u = _mm256_mul_ps(a, a);
-        let mut q = _mm256_set1_ps(A[5]);
-        for &c in A[..5].iter().rev() {
-            q = _mm256_fmadd_ps(q, u, _mm256_set1_ps(c));
-        }
-        let small = _mm256_fmadd_ps(a, _mm256_set1_ps(C0), _mm256_mul_ps(a, _mm256_mul_ps(u, q)));
-        // the large branch on |x| clamped to 4, so every lane's e^ argument is tame
-        let ac = _mm256_min_ps(a, _mm256_set1_ps(4.0));
-        let mut g = _mm256_set1_ps(B[9]);
-        for &c in B[..9].iter().rev() {
-            g = _mm256_fmadd_ps(g, ac, _mm256_set1_ps(c));
-        }
-        let erfc = exp8(_mm256_fnmadd_ps(ac, ac, g));
-        let large = _mm256_sub_ps(_mm256_set1_ps(1.0), erfc);
-        let one = _mm256_set1_ps(1.0);
-        let below_4 = _mm256_cmp_ps::<_CMP_LT_OQ>(a, _mm256_set1_ps(4.0));
-        let below_split = _mm256_cmp_ps::<_CMP_LT_OQ>(a, _mm256_set1_ps(0.65));
-        let r = _mm256_blendv_ps(one, large, below_4);
-        let r = _mm256_blendv_ps(r, small, below_split);
-        let r = _mm256_or_ps(r, _mm256_and_ps(sign, x));
-        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
-        _mm256_blendv_ps(r, x, nan)
-    }
-
     /// Folds 8 lanes to one: the two halves with `$wide` (4 lanes), then pairs, then the
     /// last two with `$last` (the lowest lane).
     macro_rules! fold8 {
@@ -166,60 +104,6 @@ mod tests {
     fn ulps(got: f32, want: f64) -> u32 {
         let rounded = want as f32;
         (got.to_bits() as i64 - rounded.to_bits() as i64).unsigned_abs() as u32
-    }
-
-    fn erf_lanes(x: [f32; 8]) -> [f32; 8] {
-        let mut out = [0.0f32; 8];
-        // SAFETY: only called after `avx2_fma()` said yes.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), erf8(_mm256_loadu_ps(x.as_ptr()))) };
-        out
-    }
-
-    #[test]
-    fn erf8_is_within_2_ulp_over_the_whole_range() {
-        if !avx2_fma() {
-            eprintln!("no AVX2 + FMA on this CPU: the vector erf is not used here");
-            return;
-        }
-        // Every 61st f32 bit pattern, both signs, every magnitude (tiny, normal, huge, ∞).
-        let mut worst = (0u32, 0f32);
-        let xs: Vec<f32> = (0u32..u32::MAX)
-            .step_by(61)
-            .map(f32::from_bits)
-            .filter(|x| !x.is_nan())
-            .collect();
-        for batch in xs.chunks_exact(8) {
-            let batch: [f32; 8] = batch.try_into().expect("8 lanes");
-            for (x, e) in batch.iter().zip(erf_lanes(batch)) {
-                let u = ulps(e, libm::erf(*x as f64));
-                if u > worst.0 {
-                    worst = (u, *x);
-                }
-            }
-        }
-        assert!(
-            worst.0 <= 2,
-            "erf8 is {} ulp off at x = {:e}",
-            worst.0,
-            worst.1
-        );
-        let special = erf_lanes([
-            0.0,
-            -0.0,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-            4.0,
-            -3.99,
-            1e-30,
-        ]);
-        assert_eq!(special[0].to_bits(), 0.0f32.to_bits());
-        assert_eq!(special[1].to_bits(), (-0.0f32).to_bits());
-        assert_eq!((special[2], special[3]), (1.0, -1.0));
-        assert!(special[4].is_nan());
-        assert_eq!(special[5], 1.0);
-        assert_eq!(special[6], libm::erf(-3.99f64) as f32);
-        assert_eq!(special[7], 1e-30 * std::f32::consts::FRAC_2_SQRT_PI);
     }
 
     #[test]

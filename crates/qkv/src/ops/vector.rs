@@ -36,6 +36,16 @@ pub trait Vector: Copy {
     unsafe fn sum(self) -> f32;
     /// Largest lane.
     unsafe fn max_lane(self) -> f32;
+    unsafe fn div(self, b: Self) -> Self;
+    unsafe fn min(self, b: Self) -> Self;
+    /// |self| per lane (the sign bit cleared).
+    unsafe fn abs(self) -> Self;
+    /// self with x's sign bits or-ed in: a non-negative self takes x's sign.
+    unsafe fn or_sign_of(self, x: Self) -> Self;
+    /// Per lane: `then` where self < limit (ordered: a NaN lane takes `otherwise`).
+    unsafe fn select_below(self, limit: Self, then: Self, otherwise: Self) -> Self;
+    /// Per lane: x where x is NaN, else self.
+    unsafe fn nan_from(self, x: Self) -> Self;
     /// Each lane's bits read as two bf16 numbers, low half first: the low one as f32.
     unsafe fn bf16_low(self) -> Self;
     /// The high one as f32.
@@ -113,6 +123,23 @@ mod x86 {
             _mm256_and_ps(self, _mm256_castsi256_ps(_mm256_set1_epi32(BF16_HIGH)))
         }
         one_intrinsic_each! { _mm256_setzero_ps, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_fmadd_ps, _mm256_mul_ps, _mm256_add_ps, _mm256_sub_ps, _mm256_max_ps, hsum, hmax }
+        lane_wise! { div: _mm256_div_ps, min: _mm256_min_ps }
+        #[inline(always)]
+        unsafe fn abs(self) -> Self {
+            _mm256_andnot_ps(_mm256_set1_ps(-0.0), self)
+        }
+        #[inline(always)]
+        unsafe fn or_sign_of(self, x: Self) -> Self {
+            _mm256_or_ps(self, _mm256_and_ps(_mm256_set1_ps(-0.0), x))
+        }
+        #[inline(always)]
+        unsafe fn select_below(self, limit: Self, then: Self, otherwise: Self) -> Self {
+            _mm256_blendv_ps(otherwise, then, _mm256_cmp_ps::<_CMP_LT_OQ>(self, limit))
+        }
+        #[inline(always)]
+        unsafe fn nan_from(self, x: Self) -> Self {
+            _mm256_blendv_ps(self, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
+        }
         #[inline(always)]
         unsafe fn splat_from(p: *const f32) -> Self {
             _mm256_broadcast_ss(&*p)
@@ -135,6 +162,29 @@ mod x86 {
             _mm512_castsi512_ps(bits)
         }
         one_intrinsic_each! { _mm512_setzero_ps, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_fmadd_ps, _mm512_mul_ps, _mm512_add_ps, _mm512_sub_ps, _mm512_max_ps, _mm512_reduce_add_ps, _mm512_reduce_max_ps }
+        lane_wise! { div: _mm512_div_ps, min: _mm512_min_ps }
+        #[inline(always)]
+        unsafe fn abs(self) -> Self {
+            _mm512_abs_ps(self)
+        }
+        #[inline(always)]
+        unsafe fn or_sign_of(self, x: Self) -> Self {
+            // integer forms: the f32 `or` and `and` need AVX-512 DQ
+            let sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(i32::MIN));
+            _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(self), sign))
+        }
+        #[inline(always)]
+        unsafe fn select_below(self, limit: Self, then: Self, otherwise: Self) -> Self {
+            _mm512_mask_blend_ps(
+                _mm512_cmp_ps_mask::<_CMP_LT_OQ>(self, limit),
+                otherwise,
+                then,
+            )
+        }
+        #[inline(always)]
+        unsafe fn nan_from(self, x: Self) -> Self {
+            _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), self, x)
+        }
         #[inline(always)]
         unsafe fn splat_from(p: *const f32) -> Self {
             _mm512_set1_ps(*p)
