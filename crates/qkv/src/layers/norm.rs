@@ -14,6 +14,9 @@ use rayon::prelude::*;
 /// Inputs with at least this many elements are normalised on all threads.
 const PARALLEL_ELEMS: usize = 1 << 16;
 
+/// Columns of dw and db one task of the backward sums over every row.
+const PARAM_BLOCK: usize = 64;
+
 /// Which normalisation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -210,35 +213,22 @@ impl Norm {
                 grads.weight.shape(),
             ));
         }
-        let dw = grads.weight.data_mut();
-        let mut db = grads.bias.as_mut().map(Tensor::data_mut);
         let w = self.weight.data();
+        let (xs, gs) = (x.data(), dy.data());
         let mut dx = Tensor::zeros(x.shape());
-        for (i, ((xr, gr), dxr)) in x
-            .data()
-            .chunks_exact(c)
-            .zip(dy.data().chunks_exact(c))
-            .zip(dx.data_mut().chunks_exact_mut(c))
-            .enumerate()
-        {
-            let r = cache.rstd[i];
-            if let Some(db) = db.as_deref_mut() {
-                // forward: y = … + b  →  db += dy
-                for (dbi, &gi) in db.iter_mut().zip(gr) {
-                    *dbi += gi;
-                }
-            }
+        // dx row by row, then dw and db column block by column block: each row's and
+        // each column's sums run in the order of the one-pass loop this replaced, so the
+        // results are its bits, and neither pass leaves a thread waiting.
+        let row_dx = |(i, dxr): (usize, &mut [f32])| {
+            let (xr, gr, r) = (&xs[i * c..][..c], &gs[i * c..][..c], cache.rstd[i]);
             if layer {
                 let mean = cache.mean[i];
-                // forward: y = x̂·w + b  →  dw += dy·x̂, dx̂ = dy·w.
-                // First pass: x̂ into dx (reused as scratch) and the two row sums.
+                // forward: y = x̂·w + b  →  dx̂ = dy·w. First pass: x̂ into dx (reused
+                // as scratch) and the two row sums.
                 let (mut s_g, mut s_gx) = (0.0f64, 0.0f64);
-                for ((((d, &xi), &gi), &wi), dwi) in
-                    dxr.iter_mut().zip(xr).zip(gr).zip(w).zip(dw.iter_mut())
-                {
+                for (((d, &xi), &gi), &wi) in dxr.iter_mut().zip(xr).zip(gr).zip(w) {
                     let xhat = (xi - mean) * r;
                     let g = gi * wi;
-                    *dwi += gi * xhat;
                     s_g += g as f64;
                     s_gx += (g * xhat) as f64;
                     *d = xhat;
@@ -251,10 +241,9 @@ impl Norm {
                     *d = r * (gi * wi - m_g - xhat * m_gx);
                 }
             } else {
-                // forward: y = (x·r)·w  →  dw += dy·x·r, and g = dy·w flows to x·r.
+                // forward: y = (x·r)·w, and g = dy·w flows to x·r.
                 let mut s_gx = 0.0f64;
-                for (((&xi, &gi), &wi), dwi) in xr.iter().zip(gr).zip(w).zip(dw.iter_mut()) {
-                    *dwi += gi * (xi * r);
+                for ((&xi, &gi), &wi) in xr.iter().zip(gr).zip(w) {
                     s_gx += (gi * wi * xi) as f64;
                 }
                 // forward: r = 1/√(mean(x²) + eps), ∂r/∂xⱼ = −r³·xⱼ/C  →
@@ -263,6 +252,49 @@ impl Norm {
                 for (((d, &xi), &gi), &wi) in dxr.iter_mut().zip(xr).zip(gr).zip(w) {
                     *d = r * (gi * wi - xi * k);
                 }
+            }
+        };
+        // forward: y = x̂·w + b (LayerNorm; RMSNorm: x̂ = x·r)  →  dw += dy·x̂, db += dy
+        let block_dw = |(b, dwb): (usize, &mut [f32])| {
+            let c0 = b * PARAM_BLOCK;
+            for (i, &r) in cache.rstd.iter().enumerate() {
+                let (xr, gr) = (
+                    &xs[i * c + c0..][..dwb.len()],
+                    &gs[i * c + c0..][..dwb.len()],
+                );
+                let mean = if layer { cache.mean[i] } else { 0.0 };
+                for ((dwi, &xi), &gi) in dwb.iter_mut().zip(xr).zip(gr) {
+                    *dwi += match layer {
+                        true => gi * ((xi - mean) * r),
+                        false => gi * (xi * r),
+                    };
+                }
+            }
+        };
+        let block_db = |(b, dbb): (usize, &mut [f32])| {
+            for gr in gs.chunks_exact(c) {
+                for (dbi, &gi) in dbb.iter_mut().zip(&gr[b * PARAM_BLOCK..]) {
+                    *dbi += gi;
+                }
+            }
+        };
+        let dw = grads.weight.data_mut();
+        let db = grads.bias.as_mut().map(Tensor::data_mut);
+        if xs.len() >= PARALLEL_ELEMS && rayon::current_num_threads() > 1 {
+            dx.data_mut().par_chunks_mut(c).enumerate().for_each(row_dx);
+            dw.par_chunks_mut(PARAM_BLOCK)
+                .enumerate()
+                .for_each(block_dw);
+            if let Some(db) = db {
+                db.par_chunks_mut(PARAM_BLOCK)
+                    .enumerate()
+                    .for_each(block_db);
+            }
+        } else {
+            dx.data_mut().chunks_mut(c).enumerate().for_each(row_dx);
+            dw.chunks_mut(PARAM_BLOCK).enumerate().for_each(block_dw);
+            if let Some(db) = db {
+                db.chunks_mut(PARAM_BLOCK).enumerate().for_each(block_db);
             }
         }
         Ok(dx)
