@@ -14,8 +14,8 @@
 //! A weight with a scale per 32 steps (Q8_0's blocks) is not taken: a tile row spans
 //! 64 steps, two blocks with their own scales, whose sums the unit cannot keep apart.
 
-use super::product::Start;
 use super::rows::QuantizedRows;
+use super::start::Start;
 use super::weight::{Int8Weight, PANEL};
 use crate::ops::amx::{self, Block, Dot, Tiles};
 use crate::ops::disjoint::Disjoint;

@@ -22,6 +22,7 @@ pub mod quant;
 pub mod reference;
 mod rows;
 mod slab;
+mod start;
 pub mod weight;
 
 pub use product::{product, Start};

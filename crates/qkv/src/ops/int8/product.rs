@@ -3,6 +3,7 @@
 use super::amx;
 use super::kernel::{self, Kernel, Tile};
 use super::rows::QuantizedRows;
+pub use super::start::Start;
 use super::weight::{Int8Weight, PANEL};
 use crate::error::{Error, Result};
 use crate::ops::disjoint::Disjoint;
@@ -52,18 +53,6 @@ pub fn forms_here() -> Vec<Form> {
 
 /// Rows of a tile.
 const MR: usize = 4;
-
-/// What a row of y starts from, before the product is added to it.
-#[derive(Clone, Copy, Debug)]
-pub enum Start<'a> {
-    /// Zero: y is overwritten.
-    Zero,
-    /// y's own values.
-    Accumulate,
-    /// A bias `[N]` (y's values are not read): a linear layer's, added as each tile is
-    /// written rather than copied into y first and read back.
-    Bias(&'a [f32]),
-}
 
 /// y `[rows, N]` ← start + deq(q(x))·deq(W)ᵀ, row-major: x `[rows, K]` quantized in the
 /// weight's groups ([`super::quant`]), each group's sum exact in integers. Errors when
