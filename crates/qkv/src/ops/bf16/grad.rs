@@ -67,12 +67,14 @@ pub fn weight_grad(
 }
 
 /// α·aᵀ `[cols, rows]` for a row-major `[rows, cols]` a. Each task writes a block of
-/// [`PANEL`] output rows, in tiles of [`PANEL`] × [`PANEL`] moved through a local copy,
-/// so that reads and writes are both 64-byte runs: a plain loop over a's rows wrote
-/// each value to another page (a stride of `rows` floats) and took a sixth of a
-/// mixed-precision training step.
+/// [`PANEL`] output rows, in tiles of [`PANEL`] × [`PANEL`], so that reads and writes
+/// are both 64-byte runs: a plain loop over a's rows wrote each value to another page
+/// (a stride of `rows` floats) and took a sixth of a mixed-precision training step.
+/// On AVX-512 a whole tile is transposed in registers; a tile cut by a's edges (and
+/// every tile elsewhere) goes through a local copy.
 fn transposed_scaled(a: &[f32], rows: usize, cols: usize, alpha: f32) -> Vec<f32> {
     let mut t = vec![0.0f32; cols * rows];
+    let wide = crate::ops::isa::Isa::detect() == crate::ops::isa::Isa::Avx512;
     t.par_chunks_mut(PANEL * rows)
         .enumerate()
         .for_each(|(block, out)| {
@@ -80,6 +82,21 @@ fn transposed_scaled(a: &[f32], rows: usize, cols: usize, alpha: f32) -> Vec<f32
             let mut tile = [[0.0f32; PANEL]; PANEL];
             for r0 in (0..rows).step_by(PANEL) {
                 let height = PANEL.min(rows - r0);
+                #[cfg(target_arch = "x86_64")]
+                if wide && width == PANEL && height == PANEL {
+                    // SAFETY: AVX-512 (Isa::detect); 16 rows of a from (r0, c0) and 16
+                    // output rows from r0 lie inside `a` and `out`.
+                    unsafe {
+                        x86::transpose_tile(
+                            a[r0 * cols + c0..].as_ptr(),
+                            cols,
+                            out[r0..].as_mut_ptr(),
+                            rows,
+                            alpha,
+                        )
+                    };
+                    continue;
+                }
                 for (i, line) in tile.iter_mut().enumerate().take(height) {
                     let src = &a[(r0 + i) * cols + c0..][..width];
                     line.iter_mut().zip(src).for_each(|(t, &v)| *t = alpha * v);
@@ -92,6 +109,61 @@ fn transposed_scaled(a: &[f32], rows: usize, cols: usize, alpha: f32) -> Vec<f32
             }
         });
     t
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Writes α·(a 16×16 tile)ᵀ: row j of `dst` (at `dst + j·dst_stride`) gets column
+    /// j of the 16 rows at `src + i·src_stride`. Rows of pairs are interleaved
+    /// (`unpack`), then groups of four (`shuffle_ps`), then the 128-bit lanes are
+    /// transposed as a 4×4 matrix (`shuffle_f32x4`, twice).
+    ///
+    /// # Safety
+    /// AVX-512 F; 16 rows of 16 floats readable at `src` and writable at `dst` with
+    /// those strides.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn transpose_tile(
+        src: *const f32,
+        src_stride: usize,
+        dst: *mut f32,
+        dst_stride: usize,
+        alpha: f32,
+    ) {
+        let alpha = _mm512_set1_ps(alpha);
+        let r: [__m512; 16] =
+            std::array::from_fn(|i| _mm512_mul_ps(alpha, _mm512_loadu_ps(src.add(i * src_stride))));
+        // t[2k], t[2k+1], lane L: rows 2k, 2k+1 at columns 4L, 4L+1 / 4L+2, 4L+3
+        let t: [__m512; 16] = std::array::from_fn(|i| {
+            let (a, b) = (r[i & !1], r[i | 1]);
+            match i % 2 {
+                0 => _mm512_unpacklo_ps(a, b),
+                _ => _mm512_unpackhi_ps(a, b),
+            }
+        });
+        // u[4m + c], lane L: rows 4m..4m+3 of column 4L + c
+        let u: [__m512; 16] = std::array::from_fn(|i| {
+            let (m, c) = (i / 4, i % 4);
+            let (a, b) = (t[4 * m + c / 2], t[4 * m + 2 + c / 2]);
+            match c % 2 {
+                0 => _mm512_shuffle_ps::<0x44>(a, b),
+                _ => _mm512_shuffle_ps::<0xEE>(a, b),
+            }
+        });
+        // column 4L + c is lane L of u[c], u[4 + c], u[8 + c] and u[12 + c]
+        for c in 0..4 {
+            let v0 = _mm512_shuffle_f32x4::<0x88>(u[c], u[4 + c]);
+            let v1 = _mm512_shuffle_f32x4::<0xDD>(u[c], u[4 + c]);
+            let v2 = _mm512_shuffle_f32x4::<0x88>(u[8 + c], u[12 + c]);
+            let v3 = _mm512_shuffle_f32x4::<0xDD>(u[8 + c], u[12 + c]);
+            let row = |j: usize| dst.add(j * dst_stride);
+            _mm512_storeu_ps(row(c), _mm512_shuffle_f32x4::<0x88>(v0, v2));
+            _mm512_storeu_ps(row(4 + c), _mm512_shuffle_f32x4::<0x88>(v1, v3));
+            _mm512_storeu_ps(row(8 + c), _mm512_shuffle_f32x4::<0xDD>(v0, v2));
+            _mm512_storeu_ps(row(12 + c), _mm512_shuffle_f32x4::<0xDD>(v1, v3));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -159,8 +231,9 @@ mod tests {
     }
 
     #[test]
-    fn transposed_scaled_is_the_scaled_transpose_for_ragged_tiles() {
-        // 37 rows and 21 columns: a partial tile on both sides
+    fn transposed_scaled_is_the_scaled_transpose_for_whole_and_ragged_tiles() {
+        // 37 rows and 21 columns: two whole tiles (in registers on AVX-512) and partial
+        // ones on both sides
         let (rows, cols) = (37, 21);
         let a: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
         let t = transposed_scaled(&a, rows, cols, -2.0);
