@@ -183,13 +183,53 @@ pub(crate) struct Block<'a> {
     /// written).
     pub both: bool,
     pub k_tiles: usize,
-    /// The two column tiles of K tile kt: 16 rows of 64 bytes each, contiguous.
-    pub right: &'a dyn Fn(usize) -> [*const u8; 2],
+    /// The two column tiles of each K tile.
+    pub right: &'a PanelTiles<'a>,
     /// Where sum (t, c) starts from and is stored to, and its row stride in bytes:
     /// 16 rows of 16 four-byte elements.
     pub places: [[(*mut u8, usize); 2]; 2],
     /// Whether the sums start from their places (else from zero).
     pub accumulate: bool,
+}
+
+/// Words (4 bytes) of one column tile: 16 rows of 64 bytes.
+const TILE_WORDS: usize = Tiles::ROWS * Tiles::ROW_BYTES / 4;
+
+/// The right operand of a block: two weight panels laid out as column tiles, K tile
+/// after K tile (16 rows of 64 bytes each, one after another, as the bf16 and int8
+/// panels both are). Whole tiles are read in place; the last group of fewer rows (K
+/// not a multiple of the tile's) is copied into a zero-padded tile.
+pub(crate) struct PanelTiles<'a> {
+    panels: [&'a [u32]; 2],
+    /// K tiles wholly inside the panels.
+    full: usize,
+    tails: [[u32; TILE_WORDS]; 2],
+}
+
+impl<'a> PanelTiles<'a> {
+    /// Two panels of the same length.
+    pub(crate) fn new(panels: [&'a [u32]; 2]) -> Self {
+        assert_eq!(panels[0].len(), panels[1].len());
+        let full = panels[0].len() / TILE_WORDS;
+        let mut tails = [[0u32; TILE_WORDS]; 2];
+        for (tail, panel) in tails.iter_mut().zip(&panels) {
+            let rest = &panel[full * TILE_WORDS..];
+            tail[..rest.len()].copy_from_slice(rest);
+        }
+        PanelTiles {
+            panels,
+            full,
+            tails,
+        }
+    }
+
+    /// Each panel's K tile kt: in place, or the zero-padded tail.
+    fn at(&self, kt: usize) -> [*const u8; 2] {
+        std::array::from_fn(|c| match kt < self.full {
+            true => self.panels[c][kt * TILE_WORDS..].as_ptr().cast(),
+            false => self.tails[c].as_ptr().cast(),
+        })
+    }
 }
 
 /// Runs a block ([`Block`]) with `dot`: sum (t, c) (+)= (row tile t)·(column tile c)
@@ -225,11 +265,28 @@ pub(crate) unsafe fn block(dot: Dot, b: &Block<'_>) {
             options(nostack, nomem)
         );
     }
+    // sums $s0, $s1 += row tile $a times the column tiles in tmm6, tmm7, by `dot`
+    macro_rules! dot_row_tile {
+        ($a:literal, $s0:literal, $s1:literal) => {
+            match dot {
+                Dot::Bf16 => asm!(
+                    concat!("tdpbf16ps ", $s0, ", ", $a, ", tmm6"),
+                    concat!("tdpbf16ps ", $s1, ", ", $a, ", tmm7"),
+                    options(nostack, nomem)
+                ),
+                Dot::Int8 => asm!(
+                    concat!("tdpbsud ", $s0, ", ", $a, ", tmm6"),
+                    concat!("tdpbsud ", $s1, ", ", $a, ", tmm7"),
+                    options(nostack, nomem)
+                ),
+            }
+        };
+    }
     let (a_stride, b_stride) = (b.left_stride, Tiles::ROW_BYTES);
     let a0 = b.left;
     let a1 = b.left.wrapping_add(Tiles::ROWS * a_stride);
     for kt in 0..b.k_tiles {
-        let [b0, b1] = (b.right)(kt);
+        let [b0, b1] = b.right.at(kt);
         let at = kt * Tiles::ROW_BYTES;
         asm!(
             "tileloadd tmm6, [{b0} + {bs}]",
@@ -242,18 +299,7 @@ pub(crate) unsafe fn block(dot: Dot, b: &Block<'_>) {
             as_ = in(reg) a_stride,
             options(nostack, readonly)
         );
-        match dot {
-            Dot::Bf16 => asm!(
-                "tdpbf16ps tmm0, tmm4, tmm6",
-                "tdpbf16ps tmm1, tmm4, tmm7",
-                options(nostack, nomem)
-            ),
-            Dot::Int8 => asm!(
-                "tdpbsud tmm0, tmm4, tmm6",
-                "tdpbsud tmm1, tmm4, tmm7",
-                options(nostack, nomem)
-            ),
-        }
+        dot_row_tile!("tmm4", "tmm0", "tmm1");
         if b.both {
             asm!(
                 "tileloadd tmm5, [{a1} + {as_}]",
@@ -261,18 +307,7 @@ pub(crate) unsafe fn block(dot: Dot, b: &Block<'_>) {
                 as_ = in(reg) a_stride,
                 options(nostack, readonly)
             );
-            match dot {
-                Dot::Bf16 => asm!(
-                    "tdpbf16ps tmm2, tmm5, tmm6",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
-                    options(nostack, nomem)
-                ),
-                Dot::Int8 => asm!(
-                    "tdpbsud tmm2, tmm5, tmm6",
-                    "tdpbsud tmm3, tmm5, tmm7",
-                    options(nostack, nomem)
-                ),
-            }
+            dot_row_tile!("tmm5", "tmm2", "tmm3");
         }
     }
     asm!(

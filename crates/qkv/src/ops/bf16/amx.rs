@@ -15,7 +15,7 @@
 use super::convert::round_pairs;
 use super::operands::Operands;
 use super::weight::PANEL;
-use crate::ops::amx::{self, Block, Dot, Tiles};
+use crate::ops::amx::{self, Block, Dot, PanelTiles, Tiles};
 use crate::ops::disjoint::Disjoint;
 use rayon::prelude::*;
 
@@ -23,8 +23,6 @@ use rayon::prelude::*;
 const TILE_PAIRS: usize = Tiles::ROW_BYTES / 4;
 /// Rows in a tile.
 const TILE_ROWS: usize = Tiles::ROWS;
-/// Words of one panel tile: 16 pair rows of 16 columns.
-const PANEL_TILE: usize = TILE_PAIRS * PANEL;
 
 /// Whether this process can take this form.
 pub(super) fn available() -> bool {
@@ -47,7 +45,6 @@ pub(super) fn product(ops: Operands<'_>, parallel: bool) {
     let stride = pairs.next_multiple_of(TILE_PAIRS);
     let row_tiles = rows.div_ceil(TILE_ROWS);
     let xt = x_tiles(x, k, stride, row_tiles * TILE_ROWS, parallel);
-    let full = pairs / TILE_PAIRS;
     let k_tiles = stride / TILE_PAIRS;
     let out = Disjoint::new(y);
     let blocks = w.panels().div_ceil(2);
@@ -55,22 +52,7 @@ pub(super) fn product(ops: Operands<'_>, parallel: bool) {
         let j = 2 * block;
         let live = (w.panels() - j).min(2);
         let cols = (n - j * PANEL).min(live * PANEL);
-        let panels: [&[u32]; 2] = std::array::from_fn(|c| w.panel(j + c.min(live - 1)));
-        let mut tails = [[0u32; PANEL_TILE]; 2];
-        for (tail, panel) in tails.iter_mut().zip(&panels) {
-            let rest = &panel[full * PANEL_TILE..];
-            tail[..rest.len()].copy_from_slice(rest);
-        }
-        // the right operand's tile kt of each panel: in place, or the zero-padded tail
-        let right = |kt: usize| -> [*const u32; 2] {
-            std::array::from_fn(|c| {
-                if kt < full {
-                    panels[c][kt * PANEL_TILE..].as_ptr()
-                } else {
-                    tails[c].as_ptr()
-                }
-            })
-        };
+        let right = PanelTiles::new(std::array::from_fn(|c| w.panel(j + c.min(live - 1))));
         let mut staging = [[[0.0f32; TILE_ROWS * PANEL]; 2]; 2];
         // SAFETY: available() said this process has AMX-BF16.
         let _tiles = unsafe { Tiles::configure() };
@@ -86,7 +68,7 @@ pub(super) fn product(ops: Operands<'_>, parallel: bool) {
                 left_stride: 4 * stride,
                 both,
                 k_tiles,
-                right: &|kt| right(kt).map(|p| p.cast()),
+                right: &right,
                 places: sums.places(),
                 accumulate,
             };

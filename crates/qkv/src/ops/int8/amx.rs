@@ -17,18 +17,14 @@
 use super::rows::QuantizedRows;
 use super::start::Start;
 use super::weight::{Int8Weight, PANEL};
-use crate::ops::amx::{self, Block, Dot, Tiles};
+use crate::ops::amx::{self, Block, Dot, PanelTiles, Tiles};
 use crate::ops::disjoint::Disjoint;
 use rayon::prelude::*;
 
 /// K steps (bytes) in a tile's row.
 const TILE_K: usize = Tiles::ROW_BYTES;
-/// Quads of K in a tile: the right operand's rows.
-const TILE_QUADS: usize = TILE_K / 4;
 /// Rows in a tile.
 const TILE_ROWS: usize = Tiles::ROWS;
-/// Words of one panel tile: 16 quad rows of 16 columns.
-const PANEL_TILE: usize = TILE_QUADS * PANEL;
 
 /// Whether this process can take this form for `w`: AMX-INT8, and one scale a row.
 pub(super) fn available(w: &Int8Weight) -> bool {
@@ -51,26 +47,13 @@ pub(super) fn product(
     let stride = xq.width.next_multiple_of(TILE_K);
     let row_tiles = rows.div_ceil(TILE_ROWS);
     let left = left_tiles(xq, rows, stride, row_tiles * TILE_ROWS, parallel);
-    let full = w.quads() / TILE_QUADS;
     let k_tiles = stride / TILE_K;
     let out = Disjoint::new(y);
     let run = |block: usize| {
         let j = 2 * block;
         let live = (w.panels() - j).min(2);
         let cols = (n - j * PANEL).min(live * PANEL);
-        let panels: [&[u32]; 2] = std::array::from_fn(|c| w.panel_codes(j + c.min(live - 1)));
-        let mut tails = [[0u32; PANEL_TILE]; 2];
-        for (tail, panel) in tails.iter_mut().zip(&panels) {
-            let rest = &panel[full * PANEL_TILE..];
-            tail[..rest.len()].copy_from_slice(rest);
-        }
-        // the right operand's tile kt of each panel: in place, or the zero-padded tail
-        let right = |kt: usize| -> [*const u8; 2] {
-            std::array::from_fn(|c| match kt < full {
-                true => panels[c][kt * PANEL_TILE..].as_ptr().cast(),
-                false => tails[c].as_ptr().cast(),
-            })
-        };
+        let right = PanelTiles::new(std::array::from_fn(|c| w.panel_codes(j + c.min(live - 1))));
         let scales: [&[f32]; 2] = std::array::from_fn(|c| w.panel_scales(j + c.min(live - 1)));
         let mut sums = [[[0i32; TILE_ROWS * PANEL]; 2]; 2];
         // SAFETY: available() said this process has AMX-INT8.
