@@ -94,8 +94,7 @@ pub fn load(py: Python<'_>, path: PathBuf, dtype: &str, kv_dtype: &str) -> PyRes
 fn read(dir: &Path, dtype: DType, kv_dtype: KvDType) -> qkv::Result<Model> {
     let (net, parameters, dtypes, rows) = match dir.join("modules.json").is_file() {
         true => {
-            let mut encoder = SentenceEncoder::load(dir)?;
-            encoder.set_dtype(dtype)?;
+            let encoder = SentenceEncoder::load_in(dir, dtype)?;
             let parameters = encoder.encoder().num_params();
             let rows = encoder.encoder().arch.token_rows();
             (
@@ -106,10 +105,13 @@ fn read(dir: &Path, dtype: DType, kv_dtype: KvDType) -> qkv::Result<Model> {
             )
         }
         false => {
-            let loaded = qkv::models::load(dir)?;
+            // Python calls only run forward: the projections are packed once here, in
+            // bf16 or int8 with no f32 copy of them
+            let loaded = qkv::models::load_in(dir, dtype)?;
             let mut model = loaded.model;
-            // Python calls only run forward: the projections are packed once here
-            model.set_dtype(dtype)?;
+            if dtype == DType::F32 {
+                model.pack_weights();
+            }
             if model.arch.decoder.is_some() {
                 model.kv_dtype = kv_dtype;
             }

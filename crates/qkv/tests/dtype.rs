@@ -17,9 +17,10 @@
 mod common;
 
 use common::fixture;
-use common::models::{batch, load, reference};
+use common::models::{batch, load, model_dir, reference};
 use qkv::models::generate::{generate_causal, GenerateOptions, Sampling};
 use qkv::models::KvDType;
+use qkv::module::Module;
 use qkv::ops::DType;
 use qkv::Tensor;
 
@@ -125,6 +126,56 @@ fn decoders_match_pytorch_with_reduced_linear_layers() {
         .unwrap();
         let expected: Vec<usize> = out[prompt.len..].iter().map(|&t| t as usize).collect();
         assert_eq!(new, vec![expected], "{name} greedy generation");
+    }
+}
+
+/// Loaded in a reduced type, a model keeps no f32 copy of its linear layers (a folder
+/// stored in bf16 included, a fused GPT-2 `c_attn` split as it is read) and computes
+/// exactly what the f32 load packed afterwards computes. It refuses to train or save
+/// until it holds f32 weights again.
+#[test]
+fn loaded_in_a_reduced_type_a_model_holds_no_f32_weights() {
+    for (dtype, _) in TYPES {
+        for name in ["llama_bf16", "gpt2", "llama_gqa"] {
+            let what = format!("{name} loaded in {dtype}");
+            let dir = model_dir(name);
+            let mut lean = qkv::models::load_in(&dir, dtype).unwrap().model;
+            let mut full = load(name);
+            full.set_dtype(dtype).unwrap();
+            assert!(!lean.has_f32_weights() && full.has_f32_weights(), "{what}");
+            assert_eq!(lean.dtype(), dtype, "{what}");
+            assert_eq!(lean.num_params(), full.num_params(), "{what}: parameters");
+            assert_eq!(lean.weight_bytes(), full.weight_bytes(), "{what}: bytes");
+            // the tree's f32 tensors: embeddings, norms, biases
+            let held = lean.weights.num_params();
+            let dropped = full.num_params() - held;
+            assert!(dropped > held / 2, "{what}: {dropped} linear weights dropped");
+
+            let tokens = batch(&reference(name), "input_ids", Some("attention_mask"));
+            let input = qkv::models::Input {
+                target: Some(&tokens),
+                ..Default::default()
+            };
+            let got = lean.forward(&input, false).unwrap().logits;
+            let want = full.forward(&input, false).unwrap().logits;
+            assert_eq!(got.data(), want.data(), "{what}: logits");
+
+            let out = std::env::temp_dir().join(format!("qkv-lean-{}", std::process::id()));
+            let refused = lean.save(&out).unwrap_err().to_string();
+            assert!(refused.contains(&format!("only in {dtype}")), "{what}: {refused}");
+            assert!(!out.exists(), "{what}: a refused save wrote {}", out.display());
+            let refused = match lean.forward_train(&input) {
+                Ok(_) => panic!("{what}: trains without f32 weights"),
+                Err(e) => e.to_string(),
+            };
+            assert!(refused.contains("load it in f32"), "{what}: {refused}");
+
+            // widened back: f32 weights again (the rounded values), trainable
+            lean.set_dtype(DType::F32).unwrap();
+            assert!(lean.has_f32_weights(), "{what}");
+            assert_eq!(lean.num_params(), full.num_params(), "{what}: parameters");
+            lean.forward_train(&input).unwrap();
+        }
     }
 }
 

@@ -290,8 +290,7 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
         since: Instant::now(),
     };
     steps.step(&format!("loading {}", args.model.display()));
-    let mut loaded = super::load_model(&args.model)?;
-    args.dtype.apply(&mut loaded.model)?;
+    let loaded = super::load_model(&args.model, args.dtype.dtype)?;
     let model = &loaded.model;
     steps.step("loaded");
     let tok = super::tokenizer(&args.model, model, args.text.is_some())?;

@@ -22,8 +22,7 @@ pub struct EmbedArgs {
 }
 
 pub fn run(args: &EmbedArgs, out: &mut impl Write) -> Result<()> {
-    let mut encoder = SentenceEncoder::load(&args.model)?;
-    encoder.set_dtype(args.dtype.dtype)?;
+    let encoder = SentenceEncoder::load_in(&args.model, args.dtype.dtype)?;
     let texts: Vec<&str> = args.texts.iter().map(String::as_str).collect();
     let vectors = encoder.embed(&texts)?;
     if args.json {

@@ -24,8 +24,7 @@ pub struct ForwardArgs {
 
 pub fn run(args: &ForwardArgs) -> Result<()> {
     super::check_writable("--output", &args.output)?;
-    let mut model = super::load_model(&args.model)?.model;
-    args.dtype.apply(&mut model)?;
+    let model = super::load_model(&args.model, args.dtype.dtype)?.model;
     let input = TensorFile::open(&args.input)?;
     let tokens = input.token_batch("input_ids", Some("attention_mask"))?;
     // the encoder's own table where it has one (Marian may), else the one table

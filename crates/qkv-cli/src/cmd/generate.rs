@@ -90,8 +90,7 @@ impl GenerateArgs {
 }
 
 pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
-    let mut loaded = super::load_model(&args.model)?;
-    args.dtype.apply(&mut loaded.model)?;
+    let mut loaded = super::load_model(&args.model, args.dtype.dtype)?;
     loaded.model.kv_dtype = args.kv_dtype.kv_dtype;
     let tokenizer = super::tokenizer(&args.model, &loaded.model, args.prompt.is_some())?;
     let ids = match (&args.prompt, &args.input_ids, &tokenizer) {

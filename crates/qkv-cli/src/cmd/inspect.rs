@@ -18,7 +18,7 @@ pub struct InspectArgs {
 }
 
 pub fn run(args: &InspectArgs, out: &mut impl Write) -> Result<()> {
-    let mut loaded = super::load_model(&args.model)?;
+    let mut loaded = super::load_model(&args.model, DType::F32)?;
     let i = loaded.model.info();
     let dtypes: Vec<String> = loaded
         .dtypes

@@ -43,16 +43,6 @@ pub fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
     s.parse::<DType>().map_err(|e| e.to_string())
 }
 
-impl DTypeFlag {
-    /// Sets the model's type; f32 leaves it exactly as loaded.
-    pub fn apply(self, model: &mut Transformer) -> Result<()> {
-        if self.dtype != DType::F32 {
-            model.set_dtype(self.dtype)?;
-        }
-        Ok(())
-    }
-}
-
 /// `--kv-dtype`, for the commands that decode through a KV cache.
 #[derive(clap::Args, Clone, Copy)]
 pub struct KvDTypeFlag {
@@ -85,10 +75,11 @@ pub fn tokenizer(dir: &Path, model: &Transformer, required: bool) -> Result<Opti
         .transpose()?)
 }
 
-/// Loads a model folder, with the folder named in any error.
+/// Loads a model folder with its linear layers in `dtype` (in bf16 or int8 with no f32
+/// copy of them: [`models::load_in`]), with the folder named in any error.
 /// Tensors the model does not read are named in a warning (the first few of them).
-pub fn load_model(dir: &Path) -> Result<Loaded> {
-    let loaded = models::load(dir).with_context(|| format!("loading model {}", dir.display()))?;
+pub fn load_model(dir: &Path, dtype: DType) -> Result<Loaded> {
+    let loaded = models::load_in(dir, dtype).with_context(|| format!("loading model {}", dir.display()))?;
     if !loaded.unused.is_empty() {
         let shown: Vec<&str> = loaded.unused.iter().take(5).map(String::as_str).collect();
         let more = match loaded.unused.len() - shown.len() {

@@ -10,6 +10,7 @@
 use crate::error::{Error, Result};
 use crate::ops::bf16::{self, Bf16Weight};
 use crate::ops::int8::{self, Int8Weight, ScaleLayout};
+use crate::ops::stored::StoredWeight;
 use crate::ops::{gemm, gemm_packed, DType, MatMut, MatRef, PackedWeight, Par};
 use crate::tensor::Tensor;
 use std::sync::{Arc, OnceLock};
@@ -24,6 +25,10 @@ pub struct Linear {
     /// the [`Tensor::generation`] it was packed from: once the weight changes, the copy
     /// no longer matches and is not used.
     packed: Option<(u64, Arc<Packed>)>,
+    /// `Some((out, in))` when the layer keeps its weight only as its bf16 or int8 copy
+    /// ([`Linear::keep_packed_only`]): `weight` is then an empty `[0, 0]` placeholder,
+    /// and the copy is used whatever the placeholder's generation.
+    packed_only: Option<(usize, usize)>,
 }
 
 /// A weight's copy in the layout (and number type) its products read.
@@ -56,15 +61,94 @@ impl Linear {
             weight,
             bias,
             packed: None,
+            packed_only: None,
         })
     }
 
     pub fn in_features(&self) -> usize {
-        self.weight.shape()[1]
+        self.packed_only.map_or_else(|| self.weight.shape()[1], |(_, i)| i)
     }
 
     pub fn out_features(&self) -> usize {
-        self.weight.shape()[0]
+        self.packed_only.map_or_else(|| self.weight.shape()[0], |(o, _)| o)
+    }
+
+    /// Whether the layer holds its f32 weight (see [`Linear::keep_packed_only`]).
+    pub fn has_f32_weight(&self) -> bool {
+        self.packed_only.is_none()
+    }
+
+    /// Drops the f32 weight and keeps only the bf16 or int8 copy [`Linear::pack_as`]
+    /// made, which every forward reads anyway: an inference model then holds its
+    /// weights once, in their reduced type. The layer can no longer be trained (its
+    /// backward is refused); [`Linear::unpack`] or packing in another type widens the
+    /// copy back into an f32 weight (the rounded values, not the original ones).
+    pub fn keep_packed_only(&mut self) -> Result<()> {
+        if self.packed_only.is_some() {
+            return Ok(());
+        }
+        if !matches!(
+            self.current_packed(),
+            Some(Packed::Bf16(_) | Packed::Int8(_))
+        ) {
+            return Err(Error::invalid(
+                "linear weight",
+                "only a current bf16 or int8 copy can stand in for the f32 weight",
+            ));
+        }
+        self.packed_only = Some((self.out_features(), self.in_features()));
+        self.weight = Tensor::zeros(&[0, 0]);
+        Ok(())
+    }
+
+    /// Takes the weight of `other` (a layer of the same shape, its bias ignored) with
+    /// its packed copy: a loader packs each weight as it reads it, so that a whole
+    /// model's f32 weights are never held at once.
+    #[cfg(feature = "models")]
+    pub(crate) fn adopt_weight(&mut self, other: Linear) -> Result<()> {
+        let (want, got) = (
+            (self.out_features(), self.in_features()),
+            (other.out_features(), other.in_features()),
+        );
+        if want != got {
+            return Err(Error::shape(
+                "linear.weight",
+                format!("{:?}", [want.0, want.1]),
+                &[got.0, got.1],
+            ));
+        }
+        self.weight = other.weight;
+        self.packed = other.packed;
+        self.packed_only = other.packed_only;
+        Ok(())
+    }
+
+    /// Makes a layer kept as [`Linear::keep_packed_only`] hold an f32 weight again: its
+    /// copy widened, the copy still current.
+    fn restore_f32_weight(&mut self) {
+        let Some((n_out, n_in)) = self.packed_only.take() else {
+            return;
+        };
+        let widened = match self.packed.as_ref().map(|(_, p)| &**p) {
+            Some(Packed::Bf16(c)) => c.w.widened(),
+            Some(Packed::Int8(w)) => w.widened(),
+            _ => unreachable!("a layer kept packed only has a bf16 or int8 copy"),
+        };
+        self.weight = Tensor::new(&[n_out, n_in], widened).expect("the copy's shape");
+        if let Some((generation, _)) = &mut self.packed {
+            *generation = self.weight.generation();
+        }
+    }
+
+    /// Errors when the layer has no f32 weight to train: `what` names the pass.
+    fn expect_f32_weight(&self, what: &str) -> Result<()> {
+        match self.packed_only {
+            None => Ok(()),
+            Some(_) => Err(Error::Unsupported(format!(
+                "{what}: the linear layer keeps its weight only in {} (loaded for inference); load the model in f32 to train it",
+                self.dtype()
+            ))),
+        }
     }
 
     /// Checks that `x` is `[.., in]`.
@@ -95,7 +179,20 @@ impl Linear {
     /// ([`crate::ops::bf16`]). With [`DType::Int8`] or [`DType::Int8Row`], 8-bit codes
     /// and scales, and x quantized on the fly ([`crate::ops::int8`]). As with `pack`, a
     /// weight changed afterwards is used as it is, in f32.
+    /// A layer kept as [`Linear::keep_packed_only`] is packed from its widened copy and
+    /// stays so in bf16 and int8; packed in f32 it holds an f32 weight again.
     pub fn pack_as(&mut self, dtype: DType) {
+        if self.packed_only.is_some() {
+            if dtype == self.dtype() {
+                return;
+            }
+            self.restore_f32_weight();
+            self.pack_as(dtype);
+            if dtype != DType::F32 {
+                self.keep_packed_only().expect("just packed in a reduced type");
+            }
+            return;
+        }
         let (n_out, n_in) = (self.out_features(), self.in_features());
         let w = self.weight.data();
         // an empty weight (no inputs or outputs) has no product to speed up: left unpacked
@@ -140,8 +237,10 @@ impl Linear {
         }
     }
 
-    /// Drops the packed copy: the layer computes with its f32 weight.
+    /// Drops the packed copy: the layer computes with its f32 weight (a layer kept as
+    /// [`Linear::keep_packed_only`] with its copy widened).
     pub fn unpack(&mut self) {
+        self.restore_f32_weight();
         self.packed = None;
     }
 
@@ -155,9 +254,10 @@ impl Linear {
         }
     }
 
-    /// The packed copy, when one was made from the current weight.
+    /// The packed copy, when one was made from the current weight (or stands in for it).
     fn current_packed(&self) -> Option<&Packed> {
         match &self.packed {
+            Some((_, w)) if self.packed_only.is_some() => Some(w),
             Some((generation, w)) if *generation == self.weight.generation() => Some(w),
             _ => None,
         }
@@ -357,6 +457,7 @@ impl Linear {
         grads: &mut Linear,
         dx: (&mut Tensor, bool),
     ) -> Result<()> {
+        self.expect_f32_weight("linear backward")?;
         let n_out = self.out_features();
         self.check_input(x)?;
         let mut dy_shape = x.shape().to_vec();
@@ -390,6 +491,7 @@ impl Linear {
         dy: &Tensor,
         dw: &mut Tensor,
     ) -> Result<Tensor> {
+        self.expect_f32_weight("LM head backward")?;
         self.check_input(x)?;
         if dw.shape() != self.weight.shape() {
             return Err(Error::shape(
@@ -492,6 +594,54 @@ mod tests {
             .sum();
         let n: f32 = b.data().iter().map(|y| y * y).sum();
         (d / n).sqrt()
+    }
+
+    /// Kept packed only, a layer computes what it computed with its f32 weight beside
+    /// the copy, in every type and for every row count; its backward is refused, and
+    /// unpacked it holds the copy widened. Packing it in f32 gives the weight back too.
+    #[test]
+    fn a_layer_kept_packed_only_computes_as_before_and_refuses_to_train() {
+        let mut rng = Rng::new(11);
+        let (n_in, n_out) = (96, 40);
+        let plain = Linear::new(
+            random(&mut rng, &[n_out, n_in]),
+            Some(random(&mut rng, &[n_out])),
+        )
+        .unwrap();
+        for dtype in [DType::Bf16, DType::Int8, DType::Int8Row] {
+            let mut full = plain.clone();
+            full.pack_as(dtype);
+            let mut lean = full.clone();
+            lean.keep_packed_only().unwrap();
+            assert!(!lean.has_f32_weight() && lean.weight.numel() == 0, "{dtype}");
+            assert_eq!((lean.out_features(), lean.in_features()), (n_out, n_in));
+            assert_eq!((lean.dtype(), lean.weight_bytes()), (dtype, full.weight_bytes()));
+            for rows in [1, 3, 17] {
+                let x = random(&mut rng, &[rows, n_in]);
+                let (want, got) = (full.forward(&x).unwrap(), lean.forward(&x).unwrap());
+                assert_eq!(got.data(), want.data(), "{dtype}, {rows} rows");
+            }
+            let x = random(&mut rng, &[2, n_in]);
+            let dy = random(&mut rng, &[2, n_out]);
+            let mut grads = crate::module::Module::zeros_like(&plain);
+            let refused = lean.backward(&x, &dy, &mut grads).unwrap_err().to_string();
+            assert!(refused.contains(&format!("only in {dtype}")), "{refused}");
+
+            let mut widened = lean.clone();
+            widened.unpack();
+            let want = match full.current_packed() {
+                Some(Packed::Bf16(c)) => c.w.widened(),
+                Some(Packed::Int8(w)) => w.widened(),
+                _ => unreachable!(),
+            };
+            assert!(widened.has_f32_weight() && widened.dtype() == DType::F32);
+            assert_eq!(widened.weight.data(), want.as_slice(), "{dtype}");
+            widened.backward(&x, &dy, &mut grads).unwrap();
+
+            lean.pack_as(DType::F32);
+            assert!(lean.has_f32_weight(), "{dtype}");
+            assert_eq!(lean.weight.data(), want.as_slice(), "{dtype}");
+        }
     }
 
     /// A layer that computes in bf16 runs its backward (and an LM head's) in bf16 too:

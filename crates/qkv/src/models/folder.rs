@@ -16,6 +16,8 @@ use super::net::weights::Weights;
 use super::transformer::Transformer;
 use crate::error::{Error, Result};
 use crate::io::{read_config, write_atomic, Checkpoint};
+use crate::layers::Linear;
+use crate::ops::DType;
 use crate::tensor::Tensor;
 
 /// A loaded model with what its checkpoint says about itself.
@@ -33,6 +35,15 @@ pub struct Loaded {
 /// Loads the model in folder `dir` (a Hugging Face folder or one qkv saved),
 /// dispatching on `architectures` (or `model_type`).
 pub fn load(dir: &Path) -> Result<Loaded> {
+    load_in(dir, DType::F32)
+}
+
+/// [`load`] for inference with the linear layers in `dtype`: each weight is packed in
+/// that type as it is read, and in bf16 or int8 only that copy is kept
+/// ([`Transformer::keep_packed_only`]), so that a folder stored in bf16 loads as bf16
+/// with no f32 copy of its projections at any time. Such a model runs every forward and
+/// refuses to train or save. In f32 this is [`load`].
+pub fn load_in(dir: &Path, dtype: DType) -> Result<Loaded> {
     if !dir.is_dir() {
         return Err(Error::io(
             dir,
@@ -62,7 +73,7 @@ pub fn load(dir: &Path) -> Result<Loaded> {
         .map_err(|e| crate::io::bad_field(dir, "(architecture)", e.to_string()))?;
     let dtypes = ckpt.dtypes()?;
     check_size(dir, &arch, dtypes.iter().map(|(_, n)| n).sum())?;
-    let (weights, logits_bias, used) = read_weights(&ckpt, &arch, family)?;
+    let (weights, logits_bias, used) = read_weights(&ckpt, &arch, family, dtype)?;
     let unused = unused_tensors(dir, &arch, &ckpt, &used)?;
     let special = (family.def().special)(special_tokens(dir, tokens, arch.vocab)?);
     let native = family.def().native;
@@ -74,7 +85,7 @@ pub fn load(dir: &Path) -> Result<Loaded> {
         true => family.architecture().to_string(),
         false => name,
     };
-    let model = Transformer::from_parts(
+    let mut model = Transformer::from_parts(
         arch,
         family,
         special,
@@ -83,6 +94,10 @@ pub fn load(dir: &Path) -> Result<Loaded> {
         source_config,
         architecture,
     )?;
+    if dtype != DType::F32 {
+        model.set_dtype(dtype)?;
+        model.keep_packed_only()?;
+    }
     Ok(Loaded {
         model,
         parameters: dtypes.iter().map(|(_, n)| n).sum(),
@@ -102,6 +117,7 @@ impl Transformer {
     /// Writes `dir/config.json` and `dir/model.safetensors` (each atomically), creating
     /// `dir`: in the family's own layout (so transformers loads it), or qkv's.
     pub fn save(&self, dir: &Path) -> Result<()> {
+        self.expect_f32_weights(&format!("save {}", dir.display()))?;
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let mut tensors = self.export(&self.weights)?;
         if let Some(b) = &self.logits_bias {
@@ -154,11 +170,40 @@ fn read_weights(
     ckpt: &Checkpoint,
     arch: &Arch,
     family: Family,
+    dtype: DType,
 ) -> Result<(Weights, Option<Tensor>, HashSet<String>)> {
+    // The tree's zero tensors are allocated zeroed and never written where a loaded
+    // tensor replaces them, so their pages never become resident.
     let mut weights = Weights::new(arch)?;
-    let mut used = names::read(ckpt, &mut weights, &family.locator(arch), &|n| {
-        family.aliases(n)
-    })?;
+    // A linear layer's weight is found by its address among the parameters, then
+    // packed at once; f32 only fills the tree.
+    let linears: Vec<*const Tensor> = match dtype {
+        DType::F32 => Vec::new(),
+        _ => weights.linears_mut().map(|l| &l.weight as *const Tensor).collect(),
+    };
+    let mut packed: Vec<Option<Linear>> = (0..linears.len()).map(|_| None).collect();
+    let mut place = |param: &mut Tensor, value: Tensor| -> Result<()> {
+        match linears.iter().position(|&p| std::ptr::eq(p, param)) {
+            Some(i) => {
+                let mut layer = Linear::new(value, None)?;
+                layer.pack_as(dtype);
+                // a layer with no inputs or outputs has no copy; it keeps its empty weight
+                if layer.dtype() == dtype {
+                    layer.keep_packed_only()?;
+                }
+                packed[i] = Some(layer);
+            }
+            None => *param = value,
+        }
+        Ok(())
+    };
+    let aliases = |n: &str| family.aliases(n);
+    let mut used = names::read(ckpt, &mut weights, &family.locator(arch), &aliases, &mut place)?;
+    for (layer, copy) in weights.linears_mut().zip(packed) {
+        if let Some(copy) = copy {
+            layer.adopt_weight(copy)?;
+        }
+    }
     let logits_bias = match arch.head {
         Head::Lm {
             logits_bias: true, ..

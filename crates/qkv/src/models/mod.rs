@@ -29,7 +29,7 @@ mod transformer;
 
 pub use families::{bert, bloom, gpt2, llama, marian, t5};
 pub use families::{supported, Family, Loc, SpecialTokens, NATIVE_ARCHITECTURE};
-pub use folder::{load, Loaded};
+pub use folder::{load, load_in, Loaded};
 pub use generate::{config as generation_config, request};
 pub use info::ModelInfo;
 pub use net::arch::{Arch, Head, ModelKind, Position, StackDims};

@@ -36,6 +36,9 @@ pub struct Transformer {
     pub logits_bias: Option<Tensor>,
     /// What the linear layers compute in ([`Transformer::set_dtype`]).
     dtype: DType,
+    /// Weights the linear layers hold only in `dtype`, not in f32
+    /// ([`Transformer::keep_packed_only`]); 0 when they hold their f32 weights.
+    packed_only: usize,
     /// What [`Transformer::new_cache`]'s caches store their rows in.
     pub kv_dtype: KvDType,
     info: ModelInfo,
@@ -98,6 +101,7 @@ impl Transformer {
             kernel: Kernel::Tiled,
             logits_bias,
             dtype: DType::F32,
+            packed_only: 0,
             kv_dtype: KvDType::F32,
             info,
             source_config,
@@ -143,9 +147,10 @@ impl Transformer {
         self.arch.kind()
     }
 
-    /// Number of parameters (a tied or shared table counts once).
+    /// Number of parameters (a tied or shared table counts once), those held only in a
+    /// reduced type included.
     pub fn num_params(&self) -> usize {
-        self.weights.num_params()
+        self.weights.num_params() + self.packed_only
     }
 
     fn net(&self) -> Net<'_> {
@@ -355,21 +360,74 @@ impl Transformer {
     /// stay f32. [`Transformer::dtype`] says which type the layers compute in. The copy
     /// sits beside the f32 weights: one the machine's free memory cannot hold is refused
     /// before it is made.
+    ///
+    /// A model kept as [`Transformer::keep_packed_only`] packs again from its widened
+    /// copies; in f32 it then holds f32 weights (the rounded values) again.
     pub fn set_dtype(&mut self, dtype: DType) -> Result<()> {
-        let weights: usize = self.weights.linears_mut().map(|l| l.weight.numel()).sum();
+        let weights: usize = self
+            .weights
+            .linears_mut()
+            .map(|l| l.out_features() * l.in_features())
+            .sum();
         let bytes = (weights as f64 * dtype.bytes_per_weight()).ceil() as usize;
         let what = format!("a {dtype} copy of the linear layers' weights");
         crate::io::memory::check(Some(bytes), &what)?;
         self.weights.pack_weights(dtype);
         self.dtype = dtype;
+        if dtype == DType::F32 {
+            self.packed_only = 0;
+        }
         Ok(())
     }
 
+    /// Drops the f32 weights of the linear layers, which then hold only their copies in
+    /// the model's reduced type ([`crate::layers::Linear::keep_packed_only`]): an
+    /// inference model in bf16 holds its projections in half the bytes, in int8 in a
+    /// quarter. It still runs every forward, and refuses [`Transformer::forward_train`]
+    /// and [`Transformer::save`]. [`crate::models::load_in`] loads a folder this way.
+    pub fn keep_packed_only(&mut self) -> Result<()> {
+        if self.dtype == DType::F32 {
+            return Err(Error::invalid(
+                "dtype",
+                "a model keeps its linear layers packed only in bf16 or int8, not f32",
+            ));
+        }
+        let mut packed_only = 0;
+        for l in self.weights.linears_mut() {
+            // an empty layer (no inputs or outputs) has no copy and nothing to drop
+            if l.out_features() * l.in_features() > 0 {
+                l.keep_packed_only()?;
+                packed_only += l.out_features() * l.in_features();
+            }
+        }
+        self.packed_only = packed_only;
+        Ok(())
+    }
+
+    /// Whether the linear layers hold their f32 weights (see
+    /// [`Transformer::keep_packed_only`]).
+    pub fn has_f32_weights(&self) -> bool {
+        self.packed_only == 0
+    }
+
+    /// Errors when the model holds no f32 weights to `what` (train, save) with.
+    pub(crate) fn expect_f32_weights(&self, what: &str) -> Result<()> {
+        match self.packed_only {
+            0 => Ok(()),
+            _ => Err(Error::Unsupported(format!(
+                "cannot {what}: the model keeps its linear layers only in {} (loaded for inference); load it in f32",
+                self.dtype
+            ))),
+        }
+    }
+
     /// Drops the linear layers' packed copies: they compute with their f32 weights
-    /// again, unpacked (as a model trains in f32).
+    /// again, unpacked (as a model trains in f32); a model kept packed only holds its
+    /// copies widened.
     pub fn unpack_weights(&mut self) {
         self.weights.linears_mut().for_each(|l| l.unpack());
         self.dtype = DType::F32;
+        self.packed_only = 0;
     }
 
     /// Packs again, in the model's type, each linear layer's copy that its weight's
@@ -387,7 +445,7 @@ impl Transformer {
         let (mut linear, mut linear_params) = (0, 0);
         for l in self.weights.linears_mut() {
             linear += l.weight_bytes();
-            linear_params += l.weight.numel();
+            linear_params += l.out_features() * l.in_features();
         }
         (linear, 4 * (self.num_params() - linear_params))
     }
@@ -434,6 +492,7 @@ impl Transformer {
 
     /// The training forward: logits and what [`Transformer::backward`] needs.
     pub fn forward_train(&self, input: &Input) -> Result<(Tensor, Tape)> {
+        self.expect_f32_weights("train")?;
         if self.arch.head == Head::None {
             return Err(Error::Unsupported(format!(
                 "{} has no head to train (a masked-LM BERT is BertForMaskedLM with its `cls.predictions` weights)",

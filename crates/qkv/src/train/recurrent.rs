@@ -66,7 +66,7 @@ pub struct RecurrentSpec {
 /// The model and its gradients.
 #[derive(Clone, Debug)]
 enum Net {
-    Lm(RnnLm),
+    Lm(Box<RnnLm>),
     Seq2Seq(Box<RnnSeq2Seq>),
 }
 
@@ -309,11 +309,11 @@ fn build(spec: &RecurrentSpec, make: &mut dyn FnMut(&[usize], Init) -> Tensor) -
             .collect(),
     )?;
     Ok(match spec.kind {
-        RecurrentKind::Lm => Net::Lm(RnnLm::new(
+        RecurrentKind::Lm => Net::Lm(Box::new(RnnLm::new(
             embed,
             stack,
             Linear::new(make(&[v, hd], Init::Matrix), Some(make(&[v], Init::Vector)))?,
-        )?),
+        )?)),
         RecurrentKind::Seq2Seq | RecurrentKind::Seq2SeqAttention => {
             let target_embed = Embedding::new(make(&[v, e], Init::Embedding))?;
             let decoder = layer(e + hd, make);

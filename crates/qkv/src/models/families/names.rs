@@ -59,12 +59,14 @@ fn row_width(t: &Tensor) -> usize {
 
 /// Fills every parameter of `weights` from `ckpt`, finding each through `locate` and
 /// trying `aliases` of a name the checkpoint lacks (a base model's names without the
-/// task prefix, old spellings). Each parameter must have exactly its shape.
+/// task prefix, old spellings). Each parameter must have exactly its shape; `place`
+/// puts the value read into it (or takes it elsewhere).
 pub(crate) fn read(
     ckpt: &Checkpoint,
     weights: &mut Weights,
     locate: &dyn Fn(&str) -> Result<Loc>,
     aliases: &dyn Fn(&str) -> Vec<String>,
+    place: &mut dyn FnMut(&mut Tensor, Tensor) -> Result<()>,
 ) -> Result<HashSet<String>> {
     let mut used = HashSet::new();
     let mut last: Option<(String, Tensor)> = None;
@@ -126,7 +128,7 @@ pub(crate) fn read(
             };
             return Err(Error::shape(name, expected, value.shape()));
         }
-        *param = value;
+        place(param, value)?;
         used.insert(name);
     }
     Ok(used)

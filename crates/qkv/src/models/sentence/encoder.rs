@@ -22,7 +22,7 @@ use super::pooling::{l2_normalize, pool, PoolingMode};
 use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
 use crate::io::{field_error, read_config, read_json_or_default};
-use crate::models::folder::load;
+use crate::models::folder::load_in;
 use crate::models::net::arch::ModelKind;
 use crate::models::transformer::Transformer;
 use crate::text::Tokenizer;
@@ -53,6 +53,12 @@ impl SentenceEncoder {
 
     /// Loads the sentence-transformers folder `dir` (see the module docs).
     pub fn load(dir: &Path) -> Result<Self> {
+        Self::load_in(dir, crate::ops::DType::F32)
+    }
+
+    /// [`SentenceEncoder::load`] with the linear layers in `dtype`, holding in bf16 or
+    /// int8 no f32 copy of them ([`crate::models::load_in`]).
+    pub fn load_in(dir: &Path, dtype: crate::ops::DType) -> Result<Self> {
         let modules_path = dir.join("modules.json");
         let (transformer_dir, pooling_dir, normalize) = if modules_path.is_file() {
             read_modules(dir, &modules_path)?
@@ -60,7 +66,7 @@ impl SentenceEncoder {
             (dir.to_path_buf(), None, false)
         };
 
-        let mut model = load(&transformer_dir)?.model;
+        let mut model = load_in(&transformer_dir, dtype)?.model;
         if model.kind() != ModelKind::Encoder {
             return Err(Error::Unsupported(format!(
                 "{}: sentence embeddings need an encoder (BERT family), not `{}`",
@@ -93,7 +99,9 @@ impl SentenceEncoder {
         }
 
         // an encoder of embeddings only ever runs forward: its weights are packed once
-        model.pack_weights();
+        if dtype == crate::ops::DType::F32 {
+            model.pack_weights();
+        }
         let hidden = model.info().hidden;
         let pooling = match &pooling_dir {
             Some(p) => read_pooling(&p.join("config.json"), hidden)?,
