@@ -268,6 +268,7 @@ impl<'py> Options<'py> {
             bias,
             want_weights,
             kernel: self.kernel,
+            ..Default::default()
         })
     }
 }

@@ -149,7 +149,10 @@ fn loaded_in_a_reduced_type_a_model_holds_no_f32_weights() {
             // the tree's f32 tensors: embeddings, norms, biases
             let held = lean.weights.num_params();
             let dropped = full.num_params() - held;
-            assert!(dropped > held / 2, "{what}: {dropped} linear weights dropped");
+            assert!(
+                dropped > held / 2,
+                "{what}: {dropped} linear weights dropped"
+            );
 
             let tokens = batch(&reference(name), "input_ids", Some("attention_mask"));
             let input = qkv::models::Input {
@@ -162,8 +165,15 @@ fn loaded_in_a_reduced_type_a_model_holds_no_f32_weights() {
 
             let out = std::env::temp_dir().join(format!("qkv-lean-{}", std::process::id()));
             let refused = lean.save(&out).unwrap_err().to_string();
-            assert!(refused.contains(&format!("only in {dtype}")), "{what}: {refused}");
-            assert!(!out.exists(), "{what}: a refused save wrote {}", out.display());
+            assert!(
+                refused.contains(&format!("only in {dtype}")),
+                "{what}: {refused}"
+            );
+            assert!(
+                !out.exists(),
+                "{what}: a refused save wrote {}",
+                out.display()
+            );
             let refused = match lean.forward_train(&input) {
                 Ok(_) => panic!("{what}: trains without f32 weights"),
                 Err(e) => e.to_string(),

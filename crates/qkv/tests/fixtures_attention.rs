@@ -77,6 +77,7 @@ impl Extras {
                 .map(|b| Bias::Dense(b.as_broadcast().unwrap())),
             want_weights: true,
             kernel,
+            bf16: false,
         }
     }
 }

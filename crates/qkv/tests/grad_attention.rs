@@ -99,6 +99,7 @@ impl Case {
             },
             want_weights: false,
             kernel,
+            bf16: false,
         }
     }
 

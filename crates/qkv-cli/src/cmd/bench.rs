@@ -104,6 +104,9 @@ struct AttentionArgs {
     backward: bool,
     #[arg(long, value_enum, default_value_t = KernelArg::Tiled)]
     kernel: KernelArg,
+    /// Q·Kᵀ and P·V from operands rounded to bf16 (the tiled kernel's forward)
+    #[arg(long, conflicts_with = "backward")]
+    bf16: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -267,6 +270,7 @@ fn bench_attention(a: &AttentionArgs, p: &mut Printer<impl Write>) -> Result<()>
     let spec = AttentionSpec {
         causal: a.causal.then_some(CausalAlign::TopLeft),
         kernel: a.kernel.into(),
+        bf16: a.bf16,
         ..Default::default()
     };
     for &n in &a.n {
@@ -290,7 +294,11 @@ fn bench_attention(a: &AttentionArgs, p: &mut Printer<impl Write>) -> Result<()>
         if a.backward {
             flop *= 2.5;
         }
-        let pass = if a.backward { "fwd+bwd" } else { "fwd" };
+        let pass = match (a.backward, a.bf16) {
+            (true, _) => "fwd+bwd",
+            (false, true) => "fwd bf16",
+            (false, false) => "fwd",
+        };
         let mask = if a.causal { "causal" } else { "full" };
         p.row(Row {
             label: format!("attention {pass} {mask} N={n}"),
@@ -299,7 +307,7 @@ fn bench_attention(a: &AttentionArgs, p: &mut Printer<impl Write>) -> Result<()>
             fields: json!({
                 "bench": "attention", "n": n, "batch": b, "heads": h, "kv_heads": g,
                 "dim": d, "causal": a.causal, "backward": a.backward,
-                "kernel": a.kernel.name(), "gflop": flop / 1e9,
+                "kernel": a.kernel.name(), "bf16": a.bf16, "gflop": flop / 1e9,
                 "flop_convention": FLOP_CONVENTION,
             }),
         })?;

@@ -79,7 +79,8 @@ pub fn tokenizer(dir: &Path, model: &Transformer, required: bool) -> Result<Opti
 /// copy of them: [`models::load_in`]), with the folder named in any error.
 /// Tensors the model does not read are named in a warning (the first few of them).
 pub fn load_model(dir: &Path, dtype: DType) -> Result<Loaded> {
-    let loaded = models::load_in(dir, dtype).with_context(|| format!("loading model {}", dir.display()))?;
+    let loaded =
+        models::load_in(dir, dtype).with_context(|| format!("loading model {}", dir.display()))?;
     if !loaded.unused.is_empty() {
         let shown: Vec<&str> = loaded.unused.iter().take(5).map(String::as_str).collect();
         let more = match loaded.unused.len() - shown.len() {

@@ -50,6 +50,11 @@ pub(super) fn run(
     let scorer = Scorer::new(dims, spec);
     Ok(match spec.kernel {
         Kernel::Reference => reference::attention([q, k, v], &scorer, spec.want_weights),
-        Kernel::Tiled => tiled::attention([q, k, v], &scorer, spec.want_weights),
+        Kernel::Tiled => tiled::attention(
+            [q, k, v],
+            &scorer,
+            spec.want_weights,
+            spec.bf16 && !spec.want_weights,
+        ),
     })
 }

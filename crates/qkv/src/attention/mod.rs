@@ -13,8 +13,10 @@ mod micro;
 mod output;
 mod packed;
 mod reference;
+mod scratch;
 mod spec;
 mod tiled;
+mod tiled_bf16;
 mod view;
 
 pub use backward::{attention_backward, attention_backward_views, AttentionGrads};

@@ -97,6 +97,11 @@ pub struct AttentionSpec<'a> {
     /// Return the `[B, H, T, S]` softmax weights too.
     pub want_weights: bool,
     pub kernel: Kernel,
+    /// Lets the tiled kernel compute Q·Kᵀ and P·V from operands rounded to bf16
+    /// (products and sums in f32; the softmax, masks and output f32): a call of more
+    /// than a few query rows that asks for no weights. A decoding step, a call that
+    /// asks for weights and the reference kernel compute in f32.
+    pub bf16: bool,
 }
 
 /// Sizes of one attention call, read from Q `[B,T,H,D]`, K `[B,S,G,D]`, V `[B,S,G,Dv]`.

@@ -15,7 +15,9 @@ use super::decode::{self, KvRows};
 use super::micro::{self, MulAcc, Scores, SoftmaxRows, Strided, PANEL};
 use super::output::AttentionOutput;
 use super::packed::{Panels, Rows};
+use super::scratch::{Scratch, BLOCK_K};
 use super::spec::Scorer;
+use super::tiled_bf16;
 use super::view::HeadsView;
 use crate::ops::matmul::gemm_views;
 use crate::ops::{MatMut, MatRef};
@@ -25,27 +27,14 @@ use crate::tensor::Tensor;
 /// accumulator (32 × Dv) and a 16-column strip of the value block stay within L1 (32
 /// KiB here); 64 rows did not, and measured slower at short lengths.
 const BLOCK_Q: usize = 32;
-/// Keys per block (a whole number of panels).
-const BLOCK_K: usize = 128;
-
-/// Per-thread working space, allocated once per rayon worker and reused across tasks.
-struct Scratch {
-    /// [BLOCK_Q, BLOCK_K] scores, then probabilities
-    tile: AlignedBuf,
-    /// [BLOCK_Q, Dv]
-    acc: AlignedBuf,
-    /// [BLOCK_Q] running max, sum, and this block's rescale factor
-    m: Vec<f32>,
-    l: Vec<f32>,
-    corr: Vec<f32>,
-}
-
 /// q: [B,T,H,D], k: [B,S,G,D], v: [B,S,G,Dv] (validated) → out [B,T,H,Dv], lse [B,H,T].
 /// A few query rows (a decode step) go to [`decode`], which splits the keys instead.
+/// With `bf16` the two products take bf16 operands ([`tiled_bf16`]).
 pub(crate) fn attention(
     [q, k, v]: [&HeadsView; 3],
     scorer: &Scorer,
     want_weights: bool,
+    bf16: bool,
 ) -> AttentionOutput {
     let dims = scorer.dims;
     if dims.t <= decode::MAX_ROWS {
@@ -54,28 +43,38 @@ pub(crate) fn attention(
         return AttentionOutput { out, lse, weights };
     }
     let (t, h_n, dv) = (dims.t, dims.h, dims.dv);
-    let n_qblocks = t.div_ceil(BLOCK_Q);
+    let block_q = if bf16 { tiled_bf16::BLOCK_Q } else { BLOCK_Q };
+    let n_qblocks = t.div_ceil(block_q);
     let mut out = Tensor::zeros(&[dims.b, t, h_n, dv]);
     let mut lse = Tensor::zeros(&[dims.b, h_n, t]);
     let out_w = Disjoint::new(out.data_mut());
     let lse_w = Disjoint::new(lse.data_mut());
+    // each packs a (batch, key head) when a task first reads it: only one is used
     let keys = Panels::new(k);
     let values = Rows::new(v);
+    let blocks = bf16.then(|| tiled_bf16::Blocks::new(k, v));
 
     (0..dims.b * h_n * n_qblocks).into_par_iter().for_each_init(
         || Scratch {
-            tile: AlignedBuf::zeros(BLOCK_Q * BLOCK_K),
-            acc: AlignedBuf::zeros(BLOCK_Q * dv),
-            m: vec![0.0; BLOCK_Q],
-            l: vec![0.0; BLOCK_Q],
-            corr: vec![0.0; BLOCK_Q],
+            tile: AlignedBuf::zeros(block_q * BLOCK_K),
+            acc: AlignedBuf::zeros(block_q * dv),
+            m: vec![0.0; block_q],
+            l: vec![0.0; block_q],
+            corr: vec![0.0; block_q],
+            q_rows: match bf16 {
+                true => vec![0.0; block_q * dims.d],
+                false => Vec::new(),
+            },
         },
         |scratch, task| {
             let (bh, qb) = (task / n_qblocks, task % n_qblocks);
             let (b, h) = (bh / h_n, bh % h_n);
-            let i0 = qb * BLOCK_Q;
-            let rows = BLOCK_Q.min(t - i0);
-            query_block(q, &keys, &values, scorer, b, h, i0, rows, scratch);
+            let i0 = qb * block_q;
+            let rows = block_q.min(t - i0);
+            match &blocks {
+                Some(blocks) => tiled_bf16::query_block(q, blocks, scorer, b, h, i0, rows, scratch),
+                None => query_block(q, &keys, &values, scorer, b, h, i0, rows, scratch),
+            }
             for r in 0..rows {
                 let i = i0 + r;
                 // SAFETY: task (b, h, qb) alone owns out[b, i0..i0+rows, h, :] and

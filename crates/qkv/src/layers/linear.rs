@@ -66,11 +66,13 @@ impl Linear {
     }
 
     pub fn in_features(&self) -> usize {
-        self.packed_only.map_or_else(|| self.weight.shape()[1], |(_, i)| i)
+        self.packed_only
+            .map_or_else(|| self.weight.shape()[1], |(_, i)| i)
     }
 
     pub fn out_features(&self) -> usize {
-        self.packed_only.map_or_else(|| self.weight.shape()[0], |(o, _)| o)
+        self.packed_only
+            .map_or_else(|| self.weight.shape()[0], |(o, _)| o)
     }
 
     /// Whether the layer holds its f32 weight (see [`Linear::keep_packed_only`]).
@@ -189,7 +191,8 @@ impl Linear {
             self.restore_f32_weight();
             self.pack_as(dtype);
             if dtype != DType::F32 {
-                self.keep_packed_only().expect("just packed in a reduced type");
+                self.keep_packed_only()
+                    .expect("just packed in a reduced type");
             }
             return;
         }
@@ -613,9 +616,15 @@ mod tests {
             full.pack_as(dtype);
             let mut lean = full.clone();
             lean.keep_packed_only().unwrap();
-            assert!(!lean.has_f32_weight() && lean.weight.numel() == 0, "{dtype}");
+            assert!(
+                !lean.has_f32_weight() && lean.weight.numel() == 0,
+                "{dtype}"
+            );
             assert_eq!((lean.out_features(), lean.in_features()), (n_out, n_in));
-            assert_eq!((lean.dtype(), lean.weight_bytes()), (dtype, full.weight_bytes()));
+            assert_eq!(
+                (lean.dtype(), lean.weight_bytes()),
+                (dtype, full.weight_bytes())
+            );
             for rows in [1, 3, 17] {
                 let x = random(&mut rng, &[rows, n_in]);
                 let (want, got) = (full.forward(&x).unwrap(), lean.forward(&x).unwrap());

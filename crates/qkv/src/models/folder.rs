@@ -179,7 +179,10 @@ fn read_weights(
     // packed at once; f32 only fills the tree.
     let linears: Vec<*const Tensor> = match dtype {
         DType::F32 => Vec::new(),
-        _ => weights.linears_mut().map(|l| &l.weight as *const Tensor).collect(),
+        _ => weights
+            .linears_mut()
+            .map(|l| &l.weight as *const Tensor)
+            .collect(),
     };
     let mut packed: Vec<Option<Linear>> = (0..linears.len()).map(|_| None).collect();
     let mut place = |param: &mut Tensor, value: Tensor| -> Result<()> {
@@ -198,7 +201,13 @@ fn read_weights(
         Ok(())
     };
     let aliases = |n: &str| family.aliases(n);
-    let mut used = names::read(ckpt, &mut weights, &family.locator(arch), &aliases, &mut place)?;
+    let mut used = names::read(
+        ckpt,
+        &mut weights,
+        &family.locator(arch),
+        &aliases,
+        &mut place,
+    )?;
     for (layer, copy) in weights.linears_mut().zip(packed) {
         if let Some(copy) = copy {
             layer.adopt_weight(copy)?;
