@@ -21,8 +21,10 @@ that lacks them too):
                   CMAKE_ARGS="-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$NOAMX' -DCMAKE_CXX_FLAGS='$NOAMX'" \\
                       .venv-peers/bin/pip install --no-binary llama-cpp-python llama-cpp-python==0.3.36 \\
                       numpy safetensors
-                (this VM's CPUID lists AMX but the tile instructions fault: a native build dies with
-                SIGILL in ggml's AMX matmul, hence -mno-amx-*)
+                (-mno-amx-*: on one VM CPUID listed AMX but the tile instructions faulted, SIGILL in
+                ggml's AMX matmul; on a Xeon where they work (2026-12-03) ggml's AMX Q8_0 matmul
+                segfaulted in ggml_backend_amx_mul_mat. Add pip's --no-cache-dir when rebuilding:
+                pip otherwise reinstalls the wheel it built before, whatever CMAKE_ARGS say)
                 and that sdist's vendor/llama.cpp/{convert_hf_to_gguf.py,conversion,gguf-py} copied to
                 .venv-peers/llama.cpp (the converter matching the library; --converter overrides).
                 onnxruntime, ctranslate2 (wheels from PyPI):
