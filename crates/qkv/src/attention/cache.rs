@@ -363,6 +363,12 @@ impl KvCache {
         self.batch
     }
 
+    /// Real tokens cached in row `r` (its padding left out): the position its next
+    /// token takes.
+    pub fn real_len(&self, r: usize) -> usize {
+        self.real[r].iter().filter(|&&real| real).count()
+    }
+
     /// Positions cached so far.
     pub fn len(&self) -> usize {
         self.real.first().map_or(0, Vec::len)

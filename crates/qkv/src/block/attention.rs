@@ -18,7 +18,7 @@
 //! `[B,T,H,D]` in row-major order, and so is the merge.
 
 use crate::attention::{
-    attention, attention_backward, AttentionOutput, AttentionSpec, HeadsView, LayerKv,
+    attention, attention_backward, AttentionOutput, AttentionSpec, Bias, HeadsView, LayerKv,
 };
 use crate::error::{Error, Result};
 use crate::layers::Linear;
@@ -75,6 +75,11 @@ pub enum Keys<'c> {
     /// Projected from the sub-layer's own input (self-attention); appended to the cache
     /// when one is given, and the queries attend over all of it.
     Own(Option<&'c mut LayerKv>),
+    /// Self-attention for sequences decoded side by side (continuous batching): row i of
+    /// x `[B,1,C]` is the next token of the sequence whose keys and values are in
+    /// `caches[i]` (one row each, any lengths). The projections run once over the B
+    /// rows; each row then attends over its own cache.
+    OwnPerRow(Vec<&'c mut LayerKv>),
     /// An encoder's keys and values (cross-attention).
     Cross(&'c CrossKv),
 }
@@ -110,6 +115,69 @@ pub struct AttnGrads {
     pub d_cross: Option<CrossKv>,
     /// The gradient of a dense bias, when asked for (T5's relative bias).
     pub dbias: Option<Tensor>,
+}
+
+/// Row i of q `[B,1,H,D]`, k `[B,1,G,D]` and v `[B,1,G,Dv]` is appended to `caches[i]`
+/// and attends over all of it: out `[B,1,H,Dv]`, lse `[B,H,1]`. The rows run in
+/// parallel, each through the kernel a one-sequence decoding step takes.
+fn attend_per_row(
+    mut caches: Vec<&mut LayerKv>,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    spec: &AttentionSpec,
+) -> Result<AttentionOutput> {
+    use rayon::prelude::*;
+    let [b, t, h, d] = q.shape()[..] else {
+        unreachable!("q is [B,T,H,D]")
+    };
+    let (g, dv) = (k.shape()[2], v.shape()[3]);
+    if t != 1 || caches.len() != b {
+        return Err(Error::invalid(
+            "kv cache",
+            format!(
+                "{} caches for {b} rows of {t} tokens: each row continues its own cache by one token",
+                caches.len()
+            ),
+        ));
+    }
+    if spec.want_weights
+        || spec.key_padding.is_some()
+        || spec
+            .bias
+            .as_ref()
+            .is_some_and(|b| !matches!(b, Bias::Alibi { .. }))
+    {
+        return Err(Error::Unsupported(
+            "attention weights, key padding or a dense score bias over per-sequence caches".into(),
+        ));
+    }
+    let mut out = vec![0.0; b * h * dv];
+    let mut lse = vec![0.0; b * h];
+    caches
+        .par_iter_mut()
+        .zip(out.par_chunks_mut(h * dv))
+        .zip(lse.par_chunks_mut(h))
+        .enumerate()
+        .try_for_each(|(i, ((cache, out), lse))| -> Result<()> {
+            let row = |x: &Tensor, heads: usize, dim: usize| {
+                Tensor::new(
+                    &[1, 1, heads, dim],
+                    x.data()[i * heads * dim..][..heads * dim].to_vec(),
+                )
+            };
+            cache.append(&row(k, g, d)?, &row(v, g, dv)?)?;
+            let qi = HeadsView::positions_major(&q.data()[i * h * d..][..h * d], [1, 1, h, d]);
+            let a = cache.attend(&qi, spec)?;
+            out.copy_from_slice(a.out.data());
+            lse.copy_from_slice(a.lse.data());
+            Ok(())
+        })?;
+    Ok(AttentionOutput {
+        out: Tensor::new(&[b, 1, h, dv], out)?,
+        lse: Tensor::new(&[b, h, 1], lse)?,
+        weights: None,
+    })
 }
 
 impl MultiHeadAttention {
@@ -238,7 +306,7 @@ impl MultiHeadAttention {
         let (h, g, d) = (self.heads, self.kv_heads, self.head_dim());
         let mut q = self.q.forward(x)?.reshape(&[b, t, h, d])?;
         let mut own = match keys {
-            Keys::Own(_) => Some((
+            Keys::Own(_) | Keys::OwnPerRow(_) => Some((
                 self.k.forward(x)?.reshape(&[b, t, g, d])?,
                 self.v.forward(x)?.reshape(&[b, t, g, self.value_dim()])?,
             )),
@@ -262,9 +330,20 @@ impl MultiHeadAttention {
                 cache.append(k, v)?;
                 cache.attend(&qv, &rule.spec)?
             }
+            (Keys::OwnPerRow(caches), Some((k, v))) => {
+                if keep {
+                    return Err(Error::invalid(
+                        "kv cache",
+                        "a training forward runs whole sequences, without a cache",
+                    ));
+                }
+                attend_per_row(caches, &q, k, v, &rule.spec)?
+            }
             (Keys::Own(_), Some((k, v))) => attention(&q, k, v, &rule.spec)?,
             (Keys::Cross(kv), _) => attention(&q, &kv.k, &kv.v, &rule.spec)?,
-            (Keys::Own(_), None) => unreachable!("own keys are projected above"),
+            (Keys::Own(_) | Keys::OwnPerRow(_), None) => {
+                unreachable!("own keys are projected above")
+            }
         };
         let merged = a.out.reshape(&[b, t, h * self.value_dim()])?;
         let y = self.o.forward(&merged)?;

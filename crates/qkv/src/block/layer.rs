@@ -8,7 +8,6 @@
 use serde::{Deserialize, Serialize};
 
 use super::attention::{Attend, AttnGrads, AttnTape, CrossKv, Keys, MultiHeadAttention};
-use crate::attention::LayerKv;
 use crate::error::Result;
 use crate::layers::{FeedForward, FeedForwardCache, Norm, NormCache};
 use crate::tensor::Tensor;
@@ -169,19 +168,20 @@ fn sublayer_backward(
 }
 
 impl Block {
-    /// x `[B,T,C]` → `[B,T,C]`. `cache`: this layer's keys and values when decoding;
+    /// x `[B,T,C]` → `[B,T,C]`. `own`: where self-attention keeps its keys and values,
+    /// [`Keys::Own`] (with this layer's cache when decoding) or [`Keys::OwnPerRow`];
     /// `cross`: the encoder's keys and values for this layer's cross-attention. With
     /// `keep`, also what [`Block::backward`] needs.
     pub fn forward(
         &self,
         rule: &LayerRule,
         x: Tensor,
-        cache: Option<&mut LayerKv>,
+        own: Keys,
         cross: Option<&CrossKv>,
         keep: bool,
     ) -> Result<LayerOut> {
         let (x, attn_res, attn) = sublayer(&self.attn_norm, rule.residual, x, keep, |a| {
-            let r = self.attn.attend(a, Keys::Own(cache), &rule.attend, keep)?;
+            let r = self.attn.attend(a, own, &rule.attend, keep)?;
             Ok((r.y, (r.tape, r.weights)))
         })?;
         let (x, cross_parts) = match (&self.cross_norm, &self.cross, cross) {

@@ -11,7 +11,7 @@ use super::info::ModelInfo;
 use super::net::arch::{Arch, Head, ModelKind};
 use super::net::backward::Tape;
 use super::net::footprint;
-use super::net::forward::{Encoded, Net, Side, StackInput};
+use super::net::forward::{Caches, Encoded, Net, Side, StackInput};
 use super::net::weights::Weights;
 use crate::attention::{Kernel, KvCache, KvDType};
 use crate::batch::TokenBatch;
@@ -153,7 +153,7 @@ impl Transformer {
         self.weights.num_params() + self.packed_only
     }
 
-    fn net(&self) -> Net<'_> {
+    pub(crate) fn net(&self) -> Net<'_> {
         Net {
             arch: &self.arch,
             w: &self.weights,
@@ -162,7 +162,7 @@ impl Transformer {
         }
     }
 
-    fn needs(&self, kind: ModelKind, what: &str) -> Result<()> {
+    pub(crate) fn needs(&self, kind: ModelKind, what: &str) -> Result<()> {
         if self.kind() != kind {
             return Err(Error::invalid(
                 what,
@@ -289,7 +289,7 @@ impl Transformer {
         let out = net.run_stack(
             Side::Decoder,
             input,
-            Some(&mut cache.layers),
+            Caches::Batch(&mut cache.layers),
             enc,
             false,
             false,
@@ -341,7 +341,7 @@ impl Transformer {
         let input = self.stack_input(Side::Encoder, tokens, token_types)?;
         let out = on_pool(|| {
             self.net()
-                .run_stack(Side::Encoder, input, None, None, false, false)
+                .run_stack(Side::Encoder, input, Caches::None, None, false, false)
         })?;
         Ok(out.h)
     }
@@ -534,7 +534,7 @@ impl Transformer {
         let (enc_tape, memory) = match (self.arch.encoder.is_some(), source) {
             (true, Some(src)) => {
                 let si = self.stack_input(Side::Encoder, src, input.token_types)?;
-                let out = net.run_stack(Side::Encoder, si, None, None, keep, weights)?;
+                let out = net.run_stack(Side::Encoder, si, Caches::None, None, keep, weights)?;
                 attn.encoder = out.weights;
                 (out.tape, Some((out.h, src.mask.clone())))
             }
@@ -545,7 +545,8 @@ impl Transformer {
             (true, Some(tgt), memory) => {
                 let enc = memory.map(|(h, mask)| net.encoded(h, mask)).transpose()?;
                 let si = self.stack_input(Side::Decoder, tgt, None)?;
-                let out = net.run_stack(Side::Decoder, si, None, enc.as_ref(), keep, weights)?;
+                let out =
+                    net.run_stack(Side::Decoder, si, Caches::None, enc.as_ref(), keep, weights)?;
                 attn.decoder = out.weights;
                 attn.cross = out.cross_weights;
                 (out.h, out.tape, enc)

@@ -9,9 +9,9 @@
 //! logits = head(h)                                                                          [B,T,V]
 //! ```
 
-use crate::attention::{AttentionSpec, Bias, CausalAlign, Kernel, LayerKv};
+use crate::attention::{AttentionSpec, Bias, CausalAlign, Kernel, KvCache, LayerKv};
 use crate::batch::limit_positions;
-use crate::block::{Attend, BlockTape, CrossKv, LayerRule};
+use crate::block::{Attend, BlockTape, CrossKv, Keys, LayerRule};
 use crate::error::Result;
 use crate::layers::linear::product_into;
 use crate::layers::{Embedding, Norm, NormCache};
@@ -37,6 +37,16 @@ pub(crate) struct Net<'m> {
     pub kernel: Kernel,
     /// `[V]` a fixed bias added to the logits (Marian's `final_logits_bias`)
     pub logits_bias: Option<&'m Tensor>,
+}
+
+/// The KV caches a stack run reads and extends.
+pub(crate) enum Caches<'c, 'r> {
+    /// Whole sequences, no cache (training, encoders, a plain forward).
+    None,
+    /// One cache for the batch: a layer's keys and values for every row.
+    Batch(&'c mut [LayerKv]),
+    /// Row i (one token) continues the sequence cached in `caches[i]`.
+    PerRow(&'c mut [&'r mut KvCache]),
 }
 
 /// One stack run's inputs.
@@ -258,13 +268,13 @@ impl<'m> Net<'m> {
         })
     }
 
-    /// Embeddings, the layers, the final norm. `caches`: one per layer when decoding;
+    /// Embeddings, the layers, the final norm. `caches`: the KV caches when decoding;
     /// `enc`: the encoder's output for a decoder that reads one.
     pub fn run_stack(
         &self,
         side: Side,
         input: StackInput,
-        mut caches: Option<&mut [LayerKv]>,
+        mut caches: Caches,
         enc: Option<&Encoded>,
         keep: bool,
         weights: bool,
@@ -285,9 +295,15 @@ impl<'m> Net<'m> {
         let mut tapes = Vec::new();
         for (l, block) in stack.layers.iter().enumerate() {
             let rule = self.rule(side, &env, &input, cross_padding, l, weights)?;
-            let cache = caches.as_deref_mut().map(|c| &mut c[l]);
+            let own = match &mut caches {
+                Caches::None => Keys::Own(None),
+                Caches::Batch(c) => Keys::Own(Some(&mut c[l])),
+                Caches::PerRow(rows) => {
+                    Keys::OwnPerRow(rows.iter_mut().map(|c| &mut c.layers[l]).collect())
+                }
+            };
             let cross = enc.map(|e| &e.cross[l]);
-            let r = block.forward(&rule, x, cache, cross, keep)?;
+            let r = block.forward(&rule, x, own, cross, keep)?;
             x = r.x;
             tapes.extend(r.tape);
             out.weights.extend(r.weights);

@@ -1,0 +1,131 @@
+//! Continuous batching's step (`Transformer::step_rows`): sequences of different
+//! lengths, each with its own one-row cache, joining and leaving between steps, give
+//! the logits each would get decoded alone (`forward_cached` on its own cache), on the
+//! fixture families of every position kind: learned (GPT-2), RoPE with GQA (Llama),
+//! a sliding window (Mistral, Qwen2) and ALiBi (BLOOM).
+
+#![cfg(feature = "models")]
+
+mod common;
+
+use common::models::{load_causal, ATOL, RTOL};
+use qkv::attention::KvCache;
+use qkv::models::{TokenBatch, Transformer};
+use qkv::{Error, Tensor};
+
+/// Sequence s's prompt: `len` ids from a pattern of its own.
+fn prompt(s: usize, len: usize, vocab: usize) -> Vec<usize> {
+    (0..len)
+        .map(|i| (7 + 13 * s + 5 * i * (s + 1)) % vocab)
+        .collect()
+}
+
+/// The token sequence s is fed at step n (teacher forcing: any fixed ids do).
+fn token(s: usize, n: usize, vocab: usize) -> usize {
+    (3 + 11 * n + 17 * s) % vocab
+}
+
+fn prefill(m: &Transformer, ids: &[usize]) -> KvCache {
+    let mut cache = m.new_cache(1);
+    m.prefill(&TokenBatch::single(ids.to_vec()).unwrap(), &mut cache)
+        .unwrap();
+    cache
+}
+
+fn close(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= ATOL + RTOL * w.abs(),
+            "{what}: logit {i} is {g}, alone {w}"
+        );
+    }
+}
+
+/// Three sequences with prompts of 5, 2 and 9 tokens; the third joins at step 2 and
+/// the first leaves after step 3. Every step's logits equal each sequence's own.
+fn check(name: &str) {
+    let m = load_causal(name);
+    let vocab = m.arch.vocab;
+    let prompts: Vec<Vec<usize>> = [5, 2, 9]
+        .iter()
+        .enumerate()
+        .map(|(s, &len)| prompt(s, len, vocab))
+        .collect();
+    let mut alone: Vec<KvCache> = prompts.iter().map(|p| prefill(&m, p)).collect();
+    let mut shared: Vec<Option<KvCache>> = vec![None; 3];
+    for n in 0..6 {
+        let live: Vec<usize> = (0..3)
+            .filter(|&s| (s != 2 || n >= 2) && (s != 0 || n <= 3))
+            .collect();
+        for &s in &live {
+            if shared[s].is_none() {
+                shared[s] = Some(prefill(&m, &prompts[s]));
+            }
+        }
+        if n == 4 {
+            shared[0] = None;
+        }
+        let tokens: Vec<usize> = live.iter().map(|&s| token(s, n, vocab)).collect();
+        let mut caches: Vec<&mut KvCache> = shared.iter_mut().flatten().collect();
+        let logits = m.step_rows(&tokens, &mut caches).unwrap();
+        assert_eq!(logits.shape(), [live.len(), 1, vocab]);
+        for (row, &s) in live.iter().enumerate() {
+            let one = TokenBatch::single(vec![token(s, n, vocab)]).unwrap();
+            let want: Tensor = m.forward_cached(&one, &mut alone[s]).unwrap();
+            let got = &logits.data()[row * vocab..][..vocab];
+            close(
+                &format!("{name}: sequence {s} at step {n}"),
+                got,
+                want.data(),
+            );
+        }
+    }
+}
+
+#[test]
+fn gpt2_sequences_stepped_together_equal_each_alone() {
+    check("gpt2");
+}
+
+#[test]
+fn llama_gqa_sequences_stepped_together_equal_each_alone() {
+    check("llama_gqa");
+}
+
+#[test]
+fn sliding_window_sequences_stepped_together_equal_each_alone() {
+    check("mistral");
+    check("qwen2_window");
+}
+
+#[test]
+fn bloom_alibi_sequences_stepped_together_equal_each_alone() {
+    check("bloom");
+}
+
+#[test]
+fn a_rejected_step_names_its_cause_and_changes_no_cache() {
+    let m = load_causal("gpt2");
+    let (vocab, max) = (m.arch.vocab, m.arch.max_positions().unwrap());
+    let mut a = prefill(&m, &prompt(0, 3, vocab));
+    let mut full = prefill(&m, &prompt(1, max, vocab));
+    let mut two = m.new_cache(2);
+    let err = m.step_rows(&[1], &mut [&mut a, &mut full]).unwrap_err();
+    assert!(err.to_string().contains("1 tokens for 2 caches"), "{err}");
+    let err = m.step_rows(&[1, 2], &mut [&mut a, &mut full]).unwrap_err();
+    assert!(matches!(err, Error::OutOfRange { .. }), "{err}");
+    let mut b = prefill(&m, &prompt(2, 2, vocab));
+    let err = m.step_rows(&[1, vocab], &mut [&mut a, &mut b]).unwrap_err();
+    assert!(err.to_string().contains(&vocab.to_string()), "{err}");
+    let err = m.step_rows(&[1], &mut [&mut two]).unwrap_err();
+    assert!(err.to_string().contains("holds 2 rows"), "{err}");
+    assert_eq!((a.len(), b.len(), full.len()), (3, 2, max));
+    // and the caches go on as if the bad steps never happened
+    let got = m.step_rows(&[4], &mut [&mut a]).unwrap();
+    let mut alone = prefill(&m, &prompt(0, 3, vocab));
+    let want = m
+        .forward_cached(&TokenBatch::single(vec![4]).unwrap(), &mut alone)
+        .unwrap();
+    close("after the rejected steps", got.data(), want.data());
+}
