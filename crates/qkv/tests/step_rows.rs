@@ -10,6 +10,7 @@ mod common;
 
 use common::models::{load_causal, ATOL, RTOL};
 use qkv::attention::KvCache;
+use qkv::models::generate::{generate_causal, Chooser, GenerateOptions, Sampling};
 use qkv::models::{TokenBatch, Transformer};
 use qkv::{Error, Tensor};
 
@@ -128,4 +129,65 @@ fn a_rejected_step_names_its_cause_and_changes_no_cache() {
         .forward_cached(&TokenBatch::single(vec![4]).unwrap(), &mut alone)
         .unwrap();
     close("after the rejected steps", got.data(), want.data());
+}
+
+/// A server's loop: sequences with their own settings and seeds prefilled one by one,
+/// then stepped together, each choosing with its own [`Chooser`] and leaving when it
+/// ends, produce what `generate` produces for each alone.
+#[test]
+fn sequences_decoded_side_by_side_equal_generate_alone() {
+    let m = load_causal("llama_gqa");
+    let vocab = m.arch.vocab;
+    let sample = |seed| Sampling::Sample {
+        temperature: 0.9,
+        top_k: Some(20),
+        top_p: Some(0.95),
+        seed,
+    };
+    let runs = [
+        (prompt(0, 4, vocab), Sampling::Greedy, 12),
+        (prompt(1, 7, vocab), sample(5), 9),
+        (prompt(2, 1, vocab), sample(6), 15),
+    ];
+    let eos = m.special_tokens().eos.clone();
+    let want: Vec<Vec<usize>> = runs
+        .iter()
+        .map(|(p, s, n)| {
+            let opts = GenerateOptions::new(*n, *s, eos.clone());
+            let batch = TokenBatch::single(p.clone()).unwrap();
+            generate_causal(&m, &batch, &opts).unwrap().remove(0)
+        })
+        .collect();
+    let mut live: Vec<(usize, Chooser, KvCache, usize)> = Vec::new();
+    let mut got = vec![Vec::new(); runs.len()];
+    for (i, (p, s, n)) in runs.iter().enumerate() {
+        let mut chooser =
+            Chooser::new(GenerateOptions::new(*n, *s, eos.clone()), p.clone()).unwrap();
+        let mut cache = m.new_cache(1);
+        let first = m
+            .prefill(&TokenBatch::single(p.clone()).unwrap(), &mut cache)
+            .unwrap();
+        let tok = chooser.choose(first.data());
+        live.push((i, chooser, cache, tok));
+    }
+    while !live.is_empty() {
+        live.retain(|(i, c, _, _)| match c.finished() {
+            Some(_) => {
+                got[*i] = c.tokens().to_vec();
+                false
+            }
+            None => true,
+        });
+        if live.is_empty() {
+            break;
+        }
+        let tokens: Vec<usize> = live.iter().map(|l| l.3).collect();
+        let mut caches: Vec<&mut KvCache> = live.iter_mut().map(|l| &mut l.2).collect();
+        let logits = m.step_rows(&tokens, &mut caches).unwrap();
+        for (row, l) in logits.data().chunks_exact(vocab).zip(live.iter_mut()) {
+            l.3 = l.1.choose(row);
+        }
+    }
+    assert_eq!(got, want);
+    assert!(want.iter().any(|w| w.len() > 5), "{want:?}");
 }

@@ -3,12 +3,14 @@
 //! gives and a caller's request overrides.
 
 mod beam;
+mod chooser;
 pub mod config;
 mod decode;
 mod options;
 pub mod request;
 mod sampling;
 
+pub use chooser::{Chooser, Finish};
 pub use decode::{
     generate_causal, generate_causal_each, generate_each, generate_seq2seq, generate_seq2seq_each,
     OnToken,
