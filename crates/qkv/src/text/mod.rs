@@ -4,11 +4,13 @@
 //! for attention maps.
 
 pub mod bytes;
+pub mod chat;
 mod guards;
 pub mod labels;
 mod marian;
 mod sentencepiece;
 pub mod tokenizer;
 
+pub use chat::ChatTemplate;
 pub use labels::TokenLabel;
 pub use tokenizer::{TextStream, Tokenizer};
