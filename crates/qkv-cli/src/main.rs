@@ -6,6 +6,8 @@ mod counting;
 mod demo;
 mod maps;
 mod report;
+#[cfg(feature = "serve")]
+mod serve;
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -44,6 +46,9 @@ enum Command {
     Train(Box<cmd::train::TrainArgs>),
     /// Measure one of the articles' claims: numbers, SVG figures and a verdict
     Experiment(cmd::experiment::ExperimentArgs),
+    /// An OpenAI-compatible HTTP server: completions, chat, embeddings, with continuous batching
+    #[cfg(feature = "serve")]
+    Serve(Box<serve::ServeArgs>),
     /// Time qkv on attention, decoding, MiniLM, Llama and matrix-product workloads (bench/compare_torch.py: against PyTorch)
     Bench(cmd::bench::BenchArgs),
 }
@@ -72,6 +77,8 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Inspect(args) => cmd::inspect::run(args, &mut out)?,
         Command::Train(args) => cmd::train::run(args)?,
         Command::Bench(args) => cmd::bench::run(args, &mut out)?,
+        #[cfg(feature = "serve")]
+        Command::Serve(args) => serve::run(args)?,
         Command::Experiment(args) => cmd::experiment::run(args, &mut out)?,
     }
     out.flush()?;

@@ -11,7 +11,8 @@ use qkv::models::generate::generate_each;
 use qkv::models::generation_config::{EarlyStopping, GenerationConfig};
 use qkv::models::request::Request;
 use qkv::models::TokenBatch;
-use qkv::text::{TextStream, Tokenizer};
+use qkv::text::{ChatTemplate, TextStream, Tokenizer};
+use serde_json::{json, Value};
 
 #[derive(clap::Args)]
 pub struct GenerateArgs {
@@ -21,10 +22,21 @@ pub struct GenerateArgs {
     /// Prompt text (needs the folder's tokenizer: tokenizer.json, or SentencePiece files)
     #[arg(
         long,
-        conflicts_with = "input_ids",
-        required_unless_present = "input_ids"
+        conflicts_with_all = ["input_ids", "chat", "user"],
+        required_unless_present_any = ["input_ids", "chat", "user"]
     )]
     prompt: Option<String>,
+    /// A conversation, a JSON file of messages ([{"role": "user", "content": "..."}]),
+    /// turned into the prompt by the folder's chat template (as transformers'
+    /// apply_chat_template with add_generation_prompt)
+    #[arg(long, value_name = "MESSAGES.json", conflicts_with_all = ["input_ids", "user", "system"])]
+    chat: Option<PathBuf>,
+    /// A one-turn conversation through the chat template: the user's message
+    #[arg(long, conflicts_with = "input_ids")]
+    user: Option<String>,
+    /// With --user: a system message before it
+    #[arg(long, requires = "user")]
+    system: Option<String>,
     /// Prompt as comma-separated token ids, e.g. 1,2,3
     #[arg(long, value_delimiter = ',')]
     input_ids: Option<Vec<usize>>,
@@ -92,11 +104,16 @@ impl GenerateArgs {
 pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
     let mut loaded = super::load_model(&args.model, args.dtype.dtype)?;
     loaded.model.kv_dtype = args.kv_dtype.kv_dtype;
-    let tokenizer = super::tokenizer(&args.model, &loaded.model, args.prompt.is_some())?;
+    let text_in = args.prompt.is_some() || args.chat.is_some() || args.user.is_some();
+    let tokenizer = super::tokenizer(&args.model, &loaded.model, text_in)?;
     let ids = match (&args.prompt, &args.input_ids, &tokenizer) {
         (Some(text), _, Some(tok)) => tok.encode(text, true)?,
         (_, Some(ids), _) => ids.clone(),
-        _ => bail!("give --prompt or --input-ids"),
+        (None, None, Some(tok)) => {
+            // the template writes the special tokens itself, as transformers tokenizes it
+            tok.encode(&chat_prompt(args)?, false)?
+        }
+        _ => bail!("give --prompt, --chat, --user or --input-ids"),
     };
     let m = &loaded.model;
     let plan = args
@@ -154,4 +171,52 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
         (None, false) => writeln!(out, "{new:?}")?,
     }
     Ok(())
+}
+
+/// The prompt text that `--chat` or `--system`/`--user` make through the folder's chat
+/// template.
+fn chat_prompt(args: &GenerateArgs) -> Result<String> {
+    let template = ChatTemplate::from_dir(&args.model)?.with_context(|| {
+        format!(
+            "{} has no chat template (chat_template.jinja, or chat_template in tokenizer_config.json): give --prompt",
+            args.model.display()
+        )
+    })?;
+    let messages: Vec<Value> = match (&args.chat, &args.user) {
+        (Some(path), _) => {
+            let bytes = std::fs::read(path)
+                .with_context(|| format!("reading --chat {}", path.display()))?;
+            let v: Value = serde_json::from_slice(&bytes)
+                .with_context(|| format!("--chat {}: not JSON", path.display()))?;
+            let Value::Array(messages) = v else {
+                bail!(
+                    "--chat {}: a list of messages, [{{\"role\": ..., \"content\": ...}}]",
+                    path.display()
+                );
+            };
+            for (i, m) in messages.iter().enumerate() {
+                if !(m["role"].is_string() && m["content"].is_string()) {
+                    bail!(
+                        "--chat {}: message {i} needs a string `role` and `content`",
+                        path.display()
+                    );
+                }
+            }
+            messages
+        }
+        (None, Some(user)) => {
+            let system = args
+                .system
+                .iter()
+                .map(|s| json!({"role": "system", "content": s}));
+            system
+                .chain([json!({"role": "user", "content": user})])
+                .collect()
+        }
+        (None, None) => bail!("give --chat or --user"),
+    };
+    if messages.is_empty() {
+        bail!("--chat: the conversation has no messages");
+    }
+    Ok(template.render(&messages, true)?)
 }

@@ -1,0 +1,302 @@
+//! `qkv serve`: an OpenAI-compatible HTTP server over one model folder. A decoder (or
+//! an encoder-decoder, which translates) answers `/v1/completions` and, with a chat
+//! template, `/v1/chat/completions`; a sentence encoder answers `/v1/embeddings`.
+//!
+//! Three parts, each its own file: the routes (HTTP, validation, OpenAI's JSON, server-
+//! sent events) on a one-thread tokio runtime; the scheduler (continuous batching) or
+//! the embedder (batches across clients) on a thread of its own; and the engine, the
+//! library calls the CLI makes, on the rayon pool.
+
+mod api;
+mod embedder;
+mod metrics;
+mod routes;
+mod scheduler;
+mod stop;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use qkv::models::generate::config::GenerationConfig;
+use qkv::models::sentence::SentenceEncoder;
+use qkv::models::{ModelKind, Transformer};
+use qkv::text::{ChatTemplate, Tokenizer};
+
+use metrics::Metrics;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Hugging Face model folder: a decoder or encoder-decoder (text generation) or a
+    /// sentence-transformers / encoder folder (embeddings, mean pooling by default)
+    #[arg(long)]
+    model: PathBuf,
+    /// Address to listen on (loopback by default: give 0.0.0.0 to serve the network)
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// The model's name in the API [default: the folder's name]
+    #[arg(long)]
+    name: Option<String>,
+    /// Sequences decoded together at most
+    #[arg(long, default_value_t = 32)]
+    max_batch: usize,
+    /// Requests waiting to join at most; more are answered 503 with Retry-After
+    #[arg(long, default_value_t = 256)]
+    max_queue: usize,
+    /// New tokens a request may ask for at most (also a chat request's length when it
+    /// gives none)
+    #[arg(long, default_value_t = 1024)]
+    max_tokens: usize,
+    /// Prompt tokens a request may have at most
+    #[arg(long, default_value_t = 8192)]
+    max_prompt: usize,
+    /// Request body bytes at most (413 beyond)
+    #[arg(long, default_value_t = 4 << 20)]
+    max_body: usize,
+    /// Prompt tokens prefilled between two decoding steps of the running batch
+    #[arg(long, default_value_t = 256)]
+    prefill_chunk: usize,
+    /// Embeddings: tokens per batched call across clients
+    #[arg(long, default_value_t = 8192)]
+    embed_budget: usize,
+    /// Seconds in-flight requests get to finish after SIGTERM or Ctrl-C
+    #[arg(long, default_value_t = 30)]
+    grace: u64,
+    #[arg(long)]
+    threads: Option<usize>,
+    #[command(flatten)]
+    dtype: crate::cmd::DTypeFlag,
+    #[command(flatten)]
+    kv_dtype: crate::cmd::KvDTypeFlag,
+}
+
+/// A text generator: the model, its folder's tokenizer, generation defaults and chat
+/// template, and the scheduler's queue.
+pub struct Generator {
+    model: Arc<Transformer>,
+    tokenizer: Option<Arc<Tokenizer>>,
+    config: GenerationConfig,
+    template: Option<ChatTemplate>,
+    queue: scheduler::Queue,
+}
+
+pub struct Embedder {
+    encoder: Arc<SentenceEncoder>,
+    queue: embedder::EmbedQueue,
+}
+
+/// Bounds on what one request may ask.
+#[derive(Clone, Copy)]
+struct RequestLimits {
+    max_tokens: usize,
+    max_prompt: usize,
+    /// texts in one embeddings request
+    max_inputs: usize,
+}
+
+pub struct AppState {
+    name: String,
+    created: u64,
+    metrics: Arc<Metrics>,
+    limits: RequestLimits,
+    generator: Option<Generator>,
+    embedder: Option<Embedder>,
+    ids: AtomicU64,
+}
+
+impl AppState {
+    fn next_id(&self) -> u64 {
+        self.ids.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+fn check_args(a: &ServeArgs) -> Result<()> {
+    for (flag, v) in [
+        ("--max-batch", a.max_batch),
+        ("--max-queue", a.max_queue),
+        ("--max-tokens", a.max_tokens),
+        ("--max-prompt", a.max_prompt),
+        ("--max-body", a.max_body),
+        ("--prefill-chunk", a.prefill_chunk),
+        ("--embed-budget", a.embed_budget),
+    ] {
+        if v == 0 {
+            anyhow::bail!("{flag} must be at least 1");
+        }
+    }
+    Ok(())
+}
+
+pub fn run(args: &ServeArgs) -> Result<()> {
+    check_args(args)?;
+    crate::cmd::set_threads(args.threads)?;
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .with_context(|| format!("--host {} --port {}: not an address", args.host, args.port))?;
+    let name = match &args.name {
+        Some(n) => n.clone(),
+        None => args
+            .model
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| args.model.display().to_string()),
+    };
+    let metrics = Arc::new(Metrics::default());
+    let limits = RequestLimits {
+        max_tokens: args.max_tokens,
+        max_prompt: args.max_prompt,
+        max_inputs: 2048,
+    };
+    let mut loaded = crate::cmd::load_model(&args.model, args.dtype.dtype)?;
+    let mut threads = Vec::new();
+    let (generator, embedder) = match loaded.model.kind() {
+        ModelKind::Encoder => {
+            drop(loaded);
+            let encoder = Arc::new(
+                SentenceEncoder::load_in(&args.model, args.dtype.dtype)
+                    .with_context(|| format!("loading {}", args.model.display()))?,
+            );
+            let (queue, t) = embedder::start(
+                encoder.clone(),
+                args.embed_budget,
+                args.max_queue,
+                metrics.clone(),
+            )?;
+            threads.push(t);
+            (None, Some(Embedder { encoder, queue }))
+        }
+        _ => {
+            loaded.model.kv_dtype = args.kv_dtype.kv_dtype;
+            let model = Arc::new(loaded.model);
+            let tokenizer = crate::cmd::tokenizer(&args.model, &model, false)?.map(Arc::new);
+            let template = ChatTemplate::from_dir(&args.model)?;
+            let config = GenerationConfig::read(&args.model)?;
+            let (queue, t) = scheduler::start(
+                model.clone(),
+                tokenizer.clone(),
+                scheduler::Limits {
+                    max_batch: args.max_batch,
+                    max_queue: args.max_queue,
+                    prefill_chunk: args.prefill_chunk,
+                },
+                metrics.clone(),
+            )?;
+            threads.push(t);
+            let g = Generator {
+                model,
+                tokenizer,
+                config,
+                template,
+                queue,
+            };
+            (Some(g), None)
+        }
+    };
+    let state = Arc::new(AppState {
+        name,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        metrics,
+        limits,
+        generator,
+        embedder,
+        ids: AtomicU64::new(0),
+    });
+    let app = Router::new()
+        .route("/health", get(routes::health))
+        .route("/v1/models", get(routes::models))
+        .route("/metrics", get(routes::metrics))
+        .route("/v1/completions", post(routes::completions))
+        .route("/v1/chat/completions", post(routes::chat))
+        .route("/v1/embeddings", post(routes::embeddings))
+        .route("/tokenize", post(routes::tokenize))
+        .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            routes::log,
+        ))
+        .layer(DefaultBodyLimit::max(args.max_body))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked))
+        .with_state(state.clone());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let grace = Duration::from_secs(args.grace);
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("listening on {addr}"))?;
+        eprintln!(
+            "qkv serve: `{}` on http://{}",
+            state.name,
+            listener.local_addr()?
+        );
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let stopping = stop.clone();
+        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+            signal().await;
+            eprintln!(
+                "qkv serve: stopping; in-flight requests have {}s",
+                grace.as_secs()
+            );
+            stopping.notify_one();
+        });
+        tokio::select! {
+            r = server => r.context("serving")?,
+            _ = async { stop.notified().await; tokio::time::sleep(grace).await } => {
+                eprintln!("qkv serve: the grace period is over; exiting");
+            }
+        }
+        anyhow::Ok(())
+    })?;
+    Ok(())
+}
+
+/// SIGTERM or Ctrl-C.
+async fn signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// A handler that panicked answers 500 alone; the server goes on.
+fn panicked(err: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {
+    let why = err
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| err.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into());
+    use axum::response::IntoResponse;
+    api::ApiError::status(
+        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+        format!("the server failed on this request: {why}"),
+    )
+    .into_response()
+}

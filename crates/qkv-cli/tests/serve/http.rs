@@ -1,0 +1,190 @@
+//! A small HTTP/1.1 client over `TcpStream` for the server tests, and the server process
+//! they start on 127.0.0.1 at a free port and always stop by its PID.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub struct Server {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Server {
+    /// `qkv serve --model dir --port 0 ARGS`, once it listens (it prints its address).
+    pub fn start(dir: &Path, args: &[&str]) -> Server {
+        Self::start_with(dir, args, &[])
+    }
+
+    /// [`Server::start`] with environment variables.
+    pub fn start_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_qkv"))
+            .envs(env.iter().copied())
+            .args([
+                "serve",
+                "--model",
+                dir.to_str().unwrap(),
+                "--port",
+                "0",
+                "--threads",
+                "2",
+            ])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("qkv serve starts");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        // read the log to its end, so that the server never blocks writing it
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line.split("on http://").nth(1) {
+                    let _ = tx.send(addr.trim().to_string());
+                }
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(a) => a.parse().unwrap(),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("qkv serve did not start listening: {:?}", child.wait());
+            }
+        };
+        Server { child, addr }
+    }
+
+    pub fn get(&self, path: &str) -> Reply {
+        self.send("GET", path, None)
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> Reply {
+        self.send("POST", path, Some(body.to_string().as_bytes()))
+    }
+
+    pub fn send(&self, method: &str, path: &str, body: Option<&[u8]>) -> Reply {
+        let mut s = self.connect();
+        let body = body.unwrap_or_default();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: qkv\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(body).unwrap();
+        read_reply(&mut s)
+    }
+
+    pub fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(self.addr).expect("the server accepts");
+        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        s
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("{e}: not JSON: {:?} ({})", self.body, self.status))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The `data:` payloads of a server-sent event stream.
+    pub fn events(&self) -> Vec<String> {
+        self.body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// Reads a whole reply (the connection is closed after it), de-chunking the body.
+pub fn read_reply(s: &mut TcpStream) -> Reply {
+    read_reply_after(Vec::new(), s)
+}
+
+/// [`read_reply`] for a reply whose first bytes, `raw`, were read already.
+pub fn read_reply_after(mut raw: Vec<u8>, s: &mut TcpStream) -> Reply {
+    s.read_to_end(&mut raw).expect("the reply");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header end in {:?}", String::from_utf8_lossy(&raw)));
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    if chunked {
+        body = dechunk(&body);
+    }
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8(body).expect("a UTF-8 body"),
+    }
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let eol = b
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("a chunk size");
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&b[..eol]).unwrap().trim(), 16).unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
+        b = &b[eol + 2 + size + 2..];
+    }
+}

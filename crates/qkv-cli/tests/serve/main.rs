@@ -1,0 +1,638 @@
+//! `qkv serve` end to end, over HTTP on 127.0.0.1: completions and chat equal `qkv
+//! generate`, streamed chunks join to the whole, concurrent requests are batched and
+//! each still equals its own run, every bad request gets OpenAI's error shape with the
+//! right status while the server keeps serving, a client that goes away frees its
+//! sequence, a full queue answers 503, SIGTERM lets a stream finish and exits 0, and
+//! embeddings equal `qkv embed`.
+//!
+//! The model: a tiny random Llama (`qkv bench llama --save`) with the Qwen2 byte-level
+//! test tokenizer and Qwen2.5's chat template.
+
+mod http;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use http::{read_reply, read_reply_after, Server};
+use serde_json::{json, Value};
+
+fn qkv(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_qkv"))
+        .args(args)
+        .output()
+        .expect("the qkv binary runs");
+    assert!(
+        out.status.success(),
+        "qkv {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The served folder, made once per test run.
+fn model() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("qkv-serve-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let d = dir.to_str().unwrap();
+        qkv(&[
+            "bench",
+            "llama",
+            "--save",
+            d,
+            "--vocab",
+            "323",
+            "--d-model",
+            "64",
+            "--layers",
+            "2",
+            "--heads",
+            "4",
+            "--kv-heads",
+            "2",
+            "--max-len",
+            "4096",
+            "--prefill",
+            "4",
+            "--decode",
+            "1",
+            "--rounds",
+            "1",
+            "--warmup",
+            "0",
+        ]);
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        std::fs::copy(
+            fixtures.join("crates/qkv/tests/fixtures/tokenizers/qwen2_bytelevel/tokenizer.json"),
+            dir.join("tokenizer.json"),
+        )
+        .unwrap();
+        std::fs::copy(
+            fixtures.join("tools/fixtures/chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja"),
+            dir.join("chat_template.jinja"),
+        )
+        .unwrap();
+        let config = json!({"eos_token": "<|im_end|>", "bos_token": null});
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+        dir
+    })
+}
+
+fn text_of(r: &Value) -> String {
+    let c = &r["choices"][0];
+    c["text"]
+        .as_str()
+        .or_else(|| c["message"]["content"].as_str())
+        .unwrap_or_else(|| panic!("no text in {r}"))
+        .to_string()
+}
+
+/// The text of a stream, its finish reason, and whether it ended with `[DONE]`.
+fn joined(events: &[String]) -> (String, String, bool) {
+    let mut text = String::new();
+    let mut finish = String::new();
+    for e in events.iter().filter(|e| *e != "[DONE]") {
+        let v: Value = serde_json::from_str(e).unwrap();
+        let c = &v["choices"][0];
+        if let Some(t) = c["text"]
+            .as_str()
+            .or_else(|| c["delta"]["content"].as_str())
+        {
+            text.push_str(t);
+        }
+        if let Some(f) = c["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+    }
+    (text, finish, events.last().is_some_and(|e| e == "[DONE]"))
+}
+
+#[test]
+fn completions_and_chat_equal_generate_and_streams_join_to_the_whole() {
+    let dir = model();
+    let m = dir.to_str().unwrap();
+    let s = Server::start(dir, &["--name", "tiny"]);
+    assert_eq!(s.get("/health").status, 200);
+    assert_eq!(s.get("/v1/models").json()["data"][0]["id"], "tiny");
+
+    let cli = qkv(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "Attention is",
+        "--max-new-tokens",
+        "24",
+        "--greedy",
+    ]);
+    let ask =
+        json!({"model": "tiny", "prompt": "Attention is", "max_tokens": 24, "temperature": 0});
+    let r = s.post("/v1/completions", &ask);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let whole = r.json();
+    assert_eq!(text_of(&whole) + "\n", cli);
+    assert_eq!(whole["choices"][0]["finish_reason"], "length");
+    assert_eq!(whole["usage"]["completion_tokens"], 24);
+    assert_eq!(whole["object"], "text_completion");
+
+    let mut streamed = ask.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let r = s.post("/v1/completions", &streamed);
+    assert_eq!(r.status, 200);
+    assert!(r
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let events = r.events();
+    let (text, finish, done) = joined(&events);
+    assert_eq!(
+        (text, finish.as_str(), done),
+        (text_of(&whole), "length", true)
+    );
+    let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(usage["usage"], whole["usage"]);
+
+    // a seeded sample equals the CLI's with the same seed
+    let cli = qkv(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "Attention is",
+        "--max-new-tokens",
+        "16",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "7",
+    ]);
+    let sampled = json!({"model": "tiny", "prompt": "Attention is", "max_tokens": 16,
+        "temperature": 0.8, "top_p": 0.9, "seed": 7});
+    assert_eq!(
+        text_of(&s.post("/v1/completions", &sampled).json()) + "\n",
+        cli
+    );
+
+    // chat: the folder's template, as `qkv generate --system --user`
+    let cli = qkv(&[
+        "generate",
+        "--model",
+        m,
+        "--system",
+        "Be brief.",
+        "--user",
+        "What is attention?",
+        "--max-new-tokens",
+        "20",
+        "--greedy",
+    ]);
+    let chat = json!({"model": "tiny", "max_tokens": 20, "temperature": 0, "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "What is attention?"}]},
+    ]});
+    let r = s.post("/v1/chat/completions", &chat).json();
+    assert_eq!(r["object"], "chat.completion");
+    assert_eq!(r["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(text_of(&r) + "\n", cli);
+    let mut streamed = chat.clone();
+    streamed["stream"] = json!(true);
+    let events = s.post("/v1/chat/completions", &streamed).events();
+    let first: Value = serde_json::from_str(&events[0]).unwrap();
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(joined(&events).0, text_of(&r));
+
+    // a stop string ends the text before it, streamed or not
+    let full = text_of(&whole);
+    let cut = full.char_indices().nth(6).map_or(full.len(), |(i, _)| i);
+    let stop: String = full[cut..].chars().take(2).collect();
+    let want = &full[..full.find(&stop).unwrap()];
+    let mut stopped = ask.clone();
+    stopped["stop"] = json!([stop]);
+    let r = s.post("/v1/completions", &stopped).json();
+    assert_eq!(
+        (
+            text_of(&r).as_str(),
+            r["choices"][0]["finish_reason"].as_str()
+        ),
+        (want, Some("stop"))
+    );
+    stopped["stream"] = json!(true);
+    let (text, finish, _) = joined(&s.post("/v1/completions", &stopped).events());
+    assert_eq!((text.as_str(), finish.as_str()), (want, "stop"));
+
+    // token ids as the prompt, and /tokenize
+    let ids = s
+        .post("/tokenize", &json!({"content": "Attention is"}))
+        .json()["tokens"]
+        .clone();
+    let mut by_ids = ask.clone();
+    by_ids["prompt"] = ids;
+    assert_eq!(text_of(&s.post("/v1/completions", &by_ids).json()), full);
+
+    let metrics = s.get("/metrics").body;
+    assert!(
+        metrics.contains("qkv_requests_total{endpoint=\"/v1/completions\",status=\"200\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("qkv_time_to_first_token_seconds_count"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn concurrent_requests_are_batched_and_each_equals_its_own_run() {
+    let s = Server::start(model(), &["--max-batch", "8"]);
+    let name = s.get("/v1/models").json()["data"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let asks: Vec<Value> = (0..8)
+        .map(|i| {
+            json!({"model": name, "prompt": format!("prompt number {i} {}", "x".repeat(i * 7)),
+                   "max_tokens": 20 + 9 * i, "temperature": 0})
+        })
+        .collect();
+    let alone: Vec<String> = asks
+        .iter()
+        .map(|a| text_of(&s.post("/v1/completions", a).json()))
+        .collect();
+    let together: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = asks
+            .iter()
+            .map(|a| scope.spawn(|| text_of(&s.post("/v1/completions", a).json())))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(together, alone);
+    // some step ran more than one sequence
+    let metrics = s.get("/metrics").body;
+    let value = |name: &str| -> f64 {
+        let line = metrics.lines().find(|l| l.starts_with(name)).unwrap();
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let (sum, count) = (value("qkv_batch_size_sum"), value("qkv_batch_size_count"));
+    assert!(sum > count, "batch sizes: sum {sum} over {count} steps");
+}
+
+#[test]
+fn bad_requests_get_openai_errors_naming_the_field_and_the_server_keeps_serving() {
+    let s = Server::start(model(), &["--max-body", "4000", "--max-tokens", "100"]);
+    let name = s.get("/v1/models").json()["data"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let check = |r: http::Reply, status: u16, param: Option<&str>, says: &str| {
+        assert_eq!(r.status, status, "{}", r.body);
+        let e = r.json();
+        let message = e["error"]["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{e}"));
+        assert!(message.contains(says), "{message}");
+        assert!(e["error"]["type"].is_string(), "{e}");
+        if let Some(p) = param {
+            assert_eq!(e["error"]["param"], p, "{e}");
+        }
+    };
+    let raw = |body: &str| s.send("POST", "/v1/completions", Some(body.as_bytes()));
+    check(raw("{bad json"), 400, None, "invalid request body");
+    check(raw("[1, 2]"), 400, None, "JSON object");
+    let ok = json!({"model": name, "prompt": "hi", "max_tokens": 3});
+    let with = |k: &str, v: Value| {
+        let mut b = ok.clone();
+        b[k] = v;
+        s.post("/v1/completions", &b)
+    };
+    check(
+        with("model", json!("gpt-4")),
+        404,
+        Some("model"),
+        "does not exist",
+    );
+    check(
+        with("max_tokens", json!(1_000_000)),
+        400,
+        Some("max_tokens"),
+        "--max-tokens",
+    );
+    check(
+        with("max_tokens", json!("many")),
+        400,
+        Some("max_tokens"),
+        "invalid type",
+    );
+    check(
+        with("max_tokens", json!(0)),
+        400,
+        Some("max_tokens"),
+        "at least 1",
+    );
+    check(
+        with("temperature", json!(-1)),
+        400,
+        Some("temperature"),
+        "outside",
+    );
+    check(with("n", json!(2)), 400, Some("n"), "n = 1");
+    check(
+        with("frobnicate", json!(true)),
+        400,
+        Some("frobnicate"),
+        "unrecognized",
+    );
+    check(
+        with("prompt", json!([5000])),
+        400,
+        Some("prompt"),
+        "outside the vocabulary",
+    );
+    check(with("prompt", json!("")), 400, Some("prompt"), "no tokens");
+    check(
+        with("stop", json!(["a", "b", "c", "d", "e"])),
+        400,
+        Some("stop"),
+        "at most 4",
+    );
+    let chat = json!({"model": name, "messages": [{"role": "user"}]});
+    check(s.post("/v1/chat/completions", &chat), 400, None, "content");
+    check(
+        s.post("/v1/embeddings", &json!({"model": name, "input": "x"})),
+        404,
+        None,
+        "/v1/completions",
+    );
+    // bodies over --max-body: with a Content-Length, and chunked without one
+    check(
+        with("prompt", json!("x".repeat(5000))),
+        413,
+        None,
+        "--max-body",
+    );
+    let mut c = s.connect();
+    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: q\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n").unwrap();
+    for _ in 0..6 {
+        let chunk = "y".repeat(1000);
+        let _ = write!(c, "{:x}\r\n{chunk}\r\n", chunk.len());
+    }
+    let _ = write!(c, "0\r\n\r\n");
+    check(read_reply(&mut c), 413, None, "--max-body");
+    // other methods and routes: never a 5xx
+    for (method, path) in [
+        ("HEAD", "/v1/completions"),
+        ("OPTIONS", "/v1/completions"),
+        ("GET", "/v1/completions"),
+        ("DELETE", "/health"),
+        ("GET", "/nowhere"),
+    ] {
+        let r = s.send(method, path, None);
+        assert!(
+            (200..500).contains(&r.status),
+            "{method} {path}: {}",
+            r.status
+        );
+    }
+    check(s.get("/nowhere"), 404, None, "no route");
+    assert_eq!(s.post("/v1/completions", &ok).status, 200);
+    assert_eq!(s.get("/health").status, 200);
+}
+
+/// Reads a stream's first event, then hangs up.
+fn hang_up_after_first_event(s: &Server, body: &Value) {
+    let mut c = s.connect();
+    let b = body.to_string();
+    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: q\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}", b.len()).unwrap();
+    let mut r = BufReader::new(c);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+    }
+}
+
+fn generated(s: &Server) -> f64 {
+    let m = s.get("/metrics").body;
+    let line = m
+        .lines()
+        .find(|l| l.starts_with("qkv_generated_tokens_total "))
+        .unwrap();
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_client_that_hangs_up_frees_its_sequence_and_a_full_queue_answers_503() {
+    let s = Server::start(
+        model(),
+        &[
+            "--max-batch",
+            "1",
+            "--max-queue",
+            "1",
+            "--max-tokens",
+            "4000",
+        ],
+    );
+    let name = s.get("/v1/models").json()["data"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let long = json!({"model": name, "prompt": "go", "max_tokens": 4000, "temperature": 0, "stream": true});
+    hang_up_after_first_event(&s, &long);
+    // the sequence stops within a few steps of the hang-up
+    std::thread::sleep(Duration::from_millis(500));
+    let a = generated(&s);
+    std::thread::sleep(Duration::from_millis(500));
+    let b = generated(&s);
+    assert!(
+        a == b && b < 4000.0,
+        "still decoding after the client left: {a} then {b} tokens"
+    );
+
+    // one long request runs, one waits, the third is refused with Retry-After
+    std::thread::scope(|scope| {
+        let running = scope.spawn(|| s.post("/v1/completions", &long));
+        let started = Instant::now();
+        while generated(&s) <= b {
+            assert!(started.elapsed() < Duration::from_secs(60));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let queued = scope.spawn(|| {
+            s.post(
+                "/v1/completions",
+                &json!({"model": name, "prompt": "wait", "max_tokens": 2}),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let r = s.post(
+            "/v1/completions",
+            &json!({"model": name, "prompt": "no room", "max_tokens": 2}),
+        );
+        assert_eq!(r.status, 503, "{}", r.body);
+        assert_eq!(r.header("retry-after"), Some("1"));
+        assert_eq!(r.json()["error"]["type"], "overloaded_error");
+        assert_eq!(running.join().unwrap().status, 200);
+        assert_eq!(queued.join().unwrap().status, 200);
+    });
+    assert_eq!(s.get("/health").status, 200);
+}
+
+#[test]
+fn sigterm_lets_a_stream_finish_then_exits_0() {
+    let mut s = Server::start(model(), &["--grace", "60", "--max-tokens", "3000"]);
+    let name = s.get("/v1/models").json()["data"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let body = json!({"model": name, "prompt": "go on", "max_tokens": 3000, "temperature": 0, "stream": true}).to_string();
+    let mut c = s.connect();
+    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: q\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut first = [0u8; 1];
+    std::io::Read::read_exact(&mut c, &mut first).unwrap();
+    s.terminate();
+    // it stops accepting at once, while the stream goes on
+    let started = Instant::now();
+    while std::net::TcpStream::connect(s.addr).is_ok() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "still accepting after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = read_reply_after(first.to_vec(), &mut c);
+    let (_, finish, done) = joined(&r.events());
+    assert_eq!((finish.as_str(), done), ("length", true), "{}", r.body);
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn a_panic_fails_its_request_alone() {
+    let s = Server::start_with(model(), &[], &[("QKV_FAULT_PROMPT", "boom")]);
+    let name = s.get("/v1/models").json()["data"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ok = json!({"model": name, "prompt": "fine", "max_tokens": 200, "temperature": 0});
+    let want = text_of(&s.post("/v1/completions", &ok).json());
+    std::thread::scope(|scope| {
+        let running = scope.spawn(|| s.post("/v1/completions", &ok));
+        let r = s.post(
+            "/v1/completions",
+            &json!({"model": name, "prompt": "boom", "max_tokens": 5}),
+        );
+        assert_eq!(r.status, 500, "{}", r.body);
+        assert!(r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("QKV_FAULT_PROMPT"));
+        assert_eq!(text_of(&running.join().unwrap().json()), want);
+    });
+    assert_eq!(text_of(&s.post("/v1/completions", &ok).json()), want);
+}
+
+#[test]
+#[ignore = "needs all-MiniLM-L6-v2: set QKV_MINILM_DIR (tools/fetch_minilm.sh DIR), as .ci/run does"]
+fn embeddings_equal_qkv_embed_for_many_clients_at_once() {
+    let dir = std::env::var_os("QKV_MINILM_DIR")
+        .expect("QKV_MINILM_DIR is not set (.ci/run fetches all-MiniLM-L6-v2 and sets it)");
+    let dir = PathBuf::from(dir);
+    let texts = [
+        "attention is all you need",
+        "注意力机制",
+        "The animal didn't cross the street because it was too tired.",
+    ];
+    let cli: Vec<Vec<f32>> = serde_json::from_str(&qkv(&[
+        "embed",
+        "--model",
+        dir.to_str().unwrap(),
+        "--json",
+        texts[0],
+        texts[1],
+        texts[2],
+    ]))
+    .unwrap();
+    let s = Server::start(&dir, &["--name", "minilm"]);
+    let close = |got: &Value, want: &[f32]| {
+        let got: Vec<f32> = serde_json::from_value(got.clone()).unwrap();
+        assert_eq!(got.len(), want.len());
+        let diff = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(diff < 1e-5, "max difference {diff}");
+    };
+    let r = s
+        .post(
+            "/v1/embeddings",
+            &json!({"model": "minilm", "input": texts}),
+        )
+        .json();
+    assert_eq!(r["object"], "list");
+    for (i, want) in cli.iter().enumerate() {
+        assert_eq!(r["data"][i]["index"], i);
+        close(&r["data"][i]["embedding"], want);
+    }
+    // base64: little-endian f32s, as OpenAI's Python client asks for them
+    let b = s
+        .post(
+            "/v1/embeddings",
+            &json!({"model": "minilm", "input": texts[1], "encoding_format": "base64"}),
+        )
+        .json();
+    let bytes = base64_decode(b["data"][0]["embedding"].as_str().unwrap());
+    let floats: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    close(&json!(floats), &cli[1]);
+    // 24 clients with one sentence each, batched across clients
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..24)
+            .map(|i| {
+                let s = &s;
+                scope.spawn(move || {
+                    s.post(
+                        "/v1/embeddings",
+                        &json!({"model": "minilm", "input": texts[i % 3]}),
+                    )
+                    .json()
+                })
+            })
+            .collect();
+        for (i, h) in handles.into_iter().enumerate() {
+            close(&h.join().unwrap()["data"][0]["embedding"], &cli[i % 3]);
+        }
+    });
+    assert_eq!(
+        s.post(
+            "/v1/completions",
+            &json!({"model": "minilm", "prompt": "x"})
+        )
+        .status,
+        404
+    );
+    let t = s.post("/tokenize", &json!({"content": "attention"})).json();
+    assert_eq!(t["tokens"], json!([101, 3086, 102]));
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    let table = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in s.bytes().filter(|&c| c != b'=') {
+        acc = (acc << 6) | table.iter().position(|&t| t == c).unwrap() as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    out
+}
