@@ -1,8 +1,8 @@
 //! Continuous batching. One thread owns the running sequences: between two decoding
 //! steps, finished or abandoned sequences leave (their caches dropped) and queued ones
-//! join. A joining prompt is prefilled in chunks of `--prefill-chunk` tokens, one chunk
-//! between two steps of the running batch, so a long prompt delays the others' next
-//! token by one chunk's time at most. Each step runs every running sequence's next
+//! join. Joining prompts are prefilled at most `--prefill-chunk` tokens between two
+//! steps of the running batch (several short prompts, or one chunk of a long one), so a
+//! long prompt delays the others' next token by one chunk's time at most. Each step runs every running sequence's next
 //! token together ([`Transformer::step_rows`]): the weights are read once per step
 //! however many sequences share it. The model runs on the rayon pool; the HTTP runtime
 //! only passes messages.
@@ -170,11 +170,20 @@ fn run(
         // a client that went away frees its sequence now
         live.retain(|l| !l.job.events.is_closed());
         joining.retain(|j| !j.job.events.is_closed());
-        if let Some(mut j) = joining.pop_front() {
-            match prefill_chunk(model, &mut j, limits.prefill_chunk) {
+        // up to a chunk's worth of prompt tokens between two steps, over as many
+        // joining prompts as it covers
+        let mut budget = limits.prefill_chunk;
+        while budget > 0 {
+            let Some(mut j) = joining.pop_front() else {
+                break;
+            };
+            let before = j.done;
+            let r = prefill_chunk(model, &mut j, budget);
+            budget -= j.done - before;
+            match r {
                 Prefilled::More => joining.push_front(j),
                 Prefilled::Ready(logits) => live.extend(join(j, logits.data(), tok, metrics)),
-                Prefilled::Failed => {}
+                Prefilled::Failed => break,
             }
         }
         if !live.is_empty() {
@@ -272,16 +281,21 @@ fn step(model: &Transformer, live: &mut Vec<Live>, metrics: &Metrics) {
         Ok(Err(e)) => return fail_all(live, format!("decoding step: {e}")),
         Err(p) => return fail_all(live, format!("decoding step panicked: {}", panic_text(&p))),
     };
-    metrics.step(live.len(), started.elapsed());
     let v = logits.shape()[2];
-    let mut ended = vec![false; live.len()];
-    for (i, (l, row)) in live
+    // each sequence's choice (a sort of the vocabulary when sampling) side by side
+    let chosen: Vec<usize> = {
+        use rayon::prelude::*;
+        live.par_iter_mut()
+            .zip(logits.data().par_chunks_exact(v))
+            .map(|(l, row)| l.chooser.choose(row))
+            .collect()
+    };
+    metrics.step(live.len(), started.elapsed());
+    let ended: Vec<bool> = live
         .iter_mut()
-        .zip(logits.data().chunks_exact(v))
-        .enumerate()
-    {
-        ended[i] = choose_and_send(l, row, metrics);
-    }
+        .zip(chosen)
+        .map(|(l, tok)| send(l, tok, metrics))
+        .collect();
     let mut i = 0;
     live.retain(|_| {
         i += 1;
@@ -299,6 +313,12 @@ fn fail_all(live: &mut Vec<Live>, why: String) {
 /// the sequence has ended (its handler has been told).
 fn choose_and_send(l: &mut Live, logits: &[f32], metrics: &Metrics) -> bool {
     let tok = l.chooser.choose(logits);
+    send(l, tok, metrics)
+}
+
+/// Sends the text that `l`'s newly chosen token `tok` releases; true when the sequence
+/// has ended.
+fn send(l: &mut Live, tok: usize, metrics: &Metrics) -> bool {
     l.next = tok;
     metrics.tokens(1);
     let piece = match l.text.as_mut().map(|s| s.push(tok)).transpose() {
