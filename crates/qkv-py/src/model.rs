@@ -11,7 +11,7 @@ use qkv::models::request::Request;
 use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{Head, Input, KvDType, ModelKind, TokenBatch, Transformer};
 use qkv::ops::DType;
-use qkv::text::Tokenizer;
+use qkv::text::{ChatTemplate, Tokenizer};
 use qkv::Tensor;
 
 use crate::arrays;
@@ -31,6 +31,7 @@ enum Net {
 pub struct Model {
     net: Net,
     pub(crate) tokenizer: Option<Tokenizer>,
+    chat_template: Option<ChatTemplate>,
     pub(crate) dir: PathBuf,
     parameters: usize,
     dtypes: Vec<(String, usize)>,
@@ -129,6 +130,7 @@ fn read(dir: &Path, dtype: DType, kv_dtype: KvDType) -> qkv::Result<Model> {
         tokenizer: Tokenizer::optional(dir)?
             .map(|t| t.fitting(rows))
             .transpose()?,
+        chat_template: ChatTemplate::from_dir(dir)?,
         dir: dir.to_path_buf(),
         parameters,
         dtypes,
@@ -480,5 +482,61 @@ impl Model {
     fn decode(&self, ids: Vec<Int>) -> PyResult<String> {
         let ids = ints::counts(ids, "ids")?;
         self.tokenizer()?.decode(&ids).or_py()
+    }
+
+    /// The prompt that the conversation ``messages`` (``[{"role": ..., "content":
+    /// ...}, ...]``) makes through the folder's chat template, as transformers'
+    /// ``tokenizer.apply_chat_template(messages, tokenize=False,
+    /// add_generation_prompt=...)``; with ``tokenize=True``, its token ids (no special
+    /// tokens added: the template writes them). Other keywords (``tools``,
+    /// ``date_string``, …) are passed to the template.
+    ///
+    /// Raises:
+    ///     ValueError: the folder has no chat template (``chat_template.jinja``, or
+    ///         ``chat_template`` in ``tokenizer_config.json``), the messages are not
+    ///         JSON, or the template refuses them (its ``raise_exception``).
+    #[pyo3(signature = (messages, *, add_generation_prompt=true, tokenize=false, **kwargs))]
+    fn apply_chat_template<'py>(
+        &self,
+        py: Python<'py>,
+        messages: &Bound<'py, PyAny>,
+        add_generation_prompt: bool,
+        tokenize: bool,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let template = self.chat_template.as_ref().ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "{} has no chat template (chat_template.jinja, or chat_template in tokenizer_config.json)",
+                self.dir.display()
+            ))
+        })?;
+        let as_json = |obj: &Bound<'py, PyAny>, name: &str| -> PyResult<serde_json::Value> {
+            let text: String = py
+                .import("json")?
+                .call_method1("dumps", (obj,))
+                .map_err(|e| PyValueError::new_err(format!("invalid {name}: not JSON: {e}")))?
+                .extract()?;
+            serde_json::from_str(&text).map_err(|e| PyValueError::new_err(format!("invalid {name}: {e}")))
+        };
+        let serde_json::Value::Array(messages) = as_json(messages, "messages")? else {
+            return Err(PyValueError::new_err("invalid messages: a list of {\"role\": ..., \"content\": ...}"));
+        };
+        let extra = match kwargs {
+            Some(k) => match as_json(k.as_any(), "keywords")? {
+                serde_json::Value::Object(map) => map,
+                _ => unreachable!("a dict is a JSON object"),
+            },
+            None => serde_json::Map::new(),
+        };
+        let text = template
+            .render_with(&messages, add_generation_prompt, &extra)
+            .or_py()?;
+        match tokenize {
+            false => Ok(text.into_pyobject(py)?.into_any()),
+            true => {
+                let ids = self.tokenizer()?.encode(&text, false).or_py()?;
+                Ok(PyList::new(py, ids)?.into_any())
+            }
+        }
     }
 }

@@ -51,6 +51,7 @@ def test_functions_and_methods_take_the_keywords_the_stub_gives():
 def check(node, obj, skip_self=False):
     args = node.args
     stub = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+    stub += [args.kwarg.arg] if args.kwarg else []
     real = list(inspect.signature(obj).parameters)
     if skip_self:
         stub = stub[1:]

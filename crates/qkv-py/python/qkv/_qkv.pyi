@@ -3,7 +3,7 @@ H query heads, G key/value heads (dividing H), D head width, Dv value width, C m
 width, V vocabulary."""
 
 from os import PathLike
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -206,6 +206,28 @@ class Model:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, without special tokens."""
+
+    @overload
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tokenize: Literal[False] = False,
+        **kwargs: Any,
+    ) -> str:
+        """The prompt a conversation makes through the folder's chat template, as
+        transformers' ``apply_chat_template``; token ids with ``tokenize=True``."""
+
+    @overload
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tokenize: Literal[True],
+        **kwargs: Any,
+    ) -> List[int]: ...
 
 class Stream:
     """What ``Model.generate(..., stream=True)`` returns: an iterator over the output
