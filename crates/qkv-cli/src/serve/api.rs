@@ -20,12 +20,17 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    /// 400 naming `param`.
+    /// 400 naming `param`, in the message too.
     pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        let (param, message) = (param.into(), message.into());
+        let message = match param.is_empty() || message.contains(&param) {
+            true => message,
+            false => format!("invalid `{param}`: {message}"),
+        };
         ApiError {
             status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-            param: Some(param.into()),
+            message,
+            param: Some(param),
             code: None,
             retry_after: None,
         }

@@ -1,0 +1,115 @@
+"""`qkv serve` through OpenAI's own Python client (pinned in requirements-test.txt):
+models, completions and chat, streamed and whole, equal to `qkv generate`; errors raised
+as the client's exception types; embeddings (the client asks for base64) equal to
+`qkv embed`. The server binds to 127.0.0.1 on a free port and is stopped by its PID."""
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import threading
+
+import openai
+import pytest
+
+from conftest import FIXTURES, required
+
+TOOLS = FIXTURES.parents[3] / "tools" / "fixtures"
+
+
+def qkv_bin():
+    return str(required("QKV_BIN", "the qkv binary to serve with (.ci/run sets target/debug/qkv)"))
+
+
+def run(*args):
+    out = subprocess.run([qkv_bin(), *args], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+class Server:
+    def __init__(self, folder, *args):
+        self.proc = subprocess.Popen([qkv_bin(), "serve", "--model", str(folder), "--port", "0", *args],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for line in self.proc.stderr:
+            m = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
+            if m:
+                self.url = m.group(1)
+                break
+        else:
+            raise AssertionError(f"qkv serve did not start: {self.proc.wait()}")
+        threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(timeout=60) == 0
+
+
+@pytest.fixture(scope="module")
+def chat_server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("served") / "tiny"
+    run("bench", "llama", "--save", str(folder), "--vocab", "323", "--d-model", "64", "--layers", "2",
+        "--heads", "4", "--kv-heads", "2", "--max-len", "512", "--prefill", "4", "--decode", "1",
+        "--rounds", "1", "--warmup", "0")
+    shutil.copy(FIXTURES / "tokenizers" / "qwen2_bytelevel" / "tokenizer.json", folder)
+    shutil.copy(TOOLS / "chat_templates" / "Qwen-Qwen2.5-7B-Instruct.jinja", folder / "chat_template.jinja")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "bos_token": None}))
+    server = Server(folder, "--name", "tiny")
+    yield folder, server
+    server.stop()
+
+
+def test_completions_and_chat_through_the_openai_client_equal_qkv_generate(chat_server):
+    folder, s = chat_server
+    assert [m.id for m in s.client.models.list()] == ["tiny"]
+
+    want = run("generate", "--model", str(folder), "--prompt", "Attention is", "--max-new-tokens", "12",
+               "--greedy").removesuffix("\n")
+    r = s.client.completions.create(model="tiny", prompt="Attention is", max_tokens=12, temperature=0)
+    assert r.choices[0].text == want
+    assert (r.choices[0].finish_reason, r.usage.completion_tokens) == ("length", 12)
+    pieces = s.client.completions.create(model="tiny", prompt="Attention is", max_tokens=12,
+                                         temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in pieces) == want
+
+    want = run("generate", "--model", str(folder), "--user", "What is attention?", "--max-new-tokens", "10",
+               "--greedy").removesuffix("\n")
+    messages = [{"role": "user", "content": "What is attention?"}]
+    r = s.client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, temperature=0)
+    assert (r.choices[0].message.role, r.choices[0].message.content) == ("assistant", want)
+    chunks = list(s.client.chat.completions.create(model="tiny", messages=messages, max_tokens=10,
+                                                   temperature=0, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_errors_reach_the_client_as_its_exception_types(chat_server):
+    _, s = chat_server
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        s.client.completions.create(model="gpt-4", prompt="hi", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="over the server.s limit") as e:
+        s.client.completions.create(model="tiny", prompt="hi", max_tokens=10**6)
+    assert e.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        s.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                         temperature=5)
+    assert s.client.completions.create(model="tiny", prompt="hi", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_embeddings_through_the_openai_client_equal_qkv_embed():
+    minilm = required("QKV_MINILM_DIR", "all-MiniLM-L6-v2 (tools/fetch_minilm.sh DIR)")
+    texts = ["attention is all you need", "注意力机制"]
+    want = json.loads(run("embed", "--model", str(minilm), "--json", *texts))
+    s = Server(minilm, "--name", "minilm")
+    try:
+        got = s.client.embeddings.create(model="minilm", input=texts)
+        floats = s.client.embeddings.create(model="minilm", input=texts[1], encoding_format="float")
+    finally:
+        s.stop()
+    assert [d.index for d in got.data] == [0, 1]
+    for d, w in zip(got.data, want):
+        assert max(abs(a - b) for a, b in zip(d.embedding, w)) < 1e-5
+    assert max(abs(a - b) for a, b in zip(floats.data[0].embedding, want[1])) < 1e-5
+    assert got.usage.prompt_tokens > 0
