@@ -10,13 +10,10 @@ use qkv::models::generate::generate_seq2seq;
 use qkv::models::generation_config::GenerationConfig;
 use qkv::models::request::Request;
 use qkv::models::{Input, ModelKind, TokenBatch, Transformer};
-use qkv::text::{TokenLabel, Tokenizer};
+use qkv::text::Tokenizer;
 
-use crate::maps::{viewer, Heads, Kind, Maps, Selection, Shape};
+use crate::maps::{check_count, expected_shapes, labels, viewer, Heads, Kind, Maps, Selection};
 use crate::report::{heatmap, raster};
-
-/// Most weights one output may hold: about 160 MB of JSON, a page a browser still opens.
-const MAX_WEIGHTS: usize = 16 << 20;
 
 /// Most tokens a side of one heatmap may have: at the smallest cells (6 px, drawn at
 /// twice that in a PNG) a 512-token map is a 6 700-pixel square of 180 MB; longer texts
@@ -215,58 +212,6 @@ fn decoder_input(
         }
     };
     Ok(std::iter::once(start).chain(rest).collect())
-}
-
-/// Labels of `ids`, from the tokenizer when there is one.
-fn labels(tok: Option<&Tokenizer>, ids: &[usize], model: &Transformer) -> Result<Vec<TokenLabel>> {
-    let sp = model.special_tokens();
-    let special: Vec<usize> = sp
-        .eos
-        .iter()
-        .copied()
-        .chain(sp.bos)
-        .chain(sp.pad)
-        .chain(sp.decoder_start)
-        .collect();
-    Ok(match tok {
-        Some(t) => t.labels(ids, &special)?,
-        None => TokenLabel::from_ids(ids, |id| special.contains(&id)),
-    })
-}
-
-/// The maps a forward over `s` source and `t` target tokens makes, by kind (known
-/// from the model's sizes before it runs).
-fn expected_shapes(model: &Transformer, s: usize, t: usize) -> Vec<(Kind, Shape)> {
-    let info = model.info();
-    let shape = |layers, queries, keys| Shape {
-        layers,
-        heads: info.heads,
-        queries,
-        keys,
-    };
-    match model.kind() {
-        ModelKind::Encoder => vec![(Kind::Encoder, shape(info.layers, s, s))],
-        ModelKind::Decoder => vec![(Kind::Decoder, shape(info.layers, t, t))],
-        ModelKind::EncoderDecoder => {
-            let dec = info.decoder_layers.unwrap_or(info.layers);
-            vec![
-                (Kind::Encoder, shape(info.layers, s, s)),
-                (Kind::Decoder, shape(dec, t, t)),
-                (Kind::Cross, shape(dec, t, s)),
-            ]
-        }
-    }
-}
-
-/// Refuses a selection whose output would hold more than [`MAX_WEIGHTS`] weights.
-fn check_count(sel: &Selection, shapes: &[(Kind, Shape)]) -> Result<()> {
-    let count = sel.count(shapes)?;
-    if count > MAX_WEIGHTS {
-        bail!(
-            "the output would hold {count} weights (at most {MAX_WEIGHTS}); pick --kind, --layer or --head, or a shorter text"
-        );
-    }
-    Ok(())
 }
 
 pub fn run(args: &AttentionArgs) -> Result<()> {

@@ -19,11 +19,70 @@ pub mod viewer;
 
 use anyhow::{bail, Result};
 use qkv::experiments::{Heatmaps, Panel};
-use qkv::models::Attentions;
-use qkv::text::TokenLabel;
+use qkv::models::{Attentions, ModelKind, Transformer};
+use qkv::text::{TokenLabel, Tokenizer};
 use qkv::Tensor;
 use serde::ser::{SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
+
+/// Most weights one output may hold: about 160 MB of JSON, a page a browser still opens.
+pub const MAX_WEIGHTS: usize = 16 << 20;
+
+/// Labels of `ids`, from the tokenizer when there is one.
+pub fn labels(
+    tok: Option<&Tokenizer>,
+    ids: &[usize],
+    model: &Transformer,
+) -> Result<Vec<TokenLabel>> {
+    let sp = model.special_tokens();
+    let special: Vec<usize> = sp
+        .eos
+        .iter()
+        .copied()
+        .chain(sp.bos)
+        .chain(sp.pad)
+        .chain(sp.decoder_start)
+        .collect();
+    Ok(match tok {
+        Some(t) => t.labels(ids, &special)?,
+        None => TokenLabel::from_ids(ids, |id| special.contains(&id)),
+    })
+}
+
+/// The maps a forward over `s` source and `t` target tokens makes, by kind (known
+/// from the model's sizes before it runs).
+pub fn expected_shapes(model: &Transformer, s: usize, t: usize) -> Vec<(Kind, Shape)> {
+    let info = model.info();
+    let shape = |layers, queries, keys| Shape {
+        layers,
+        heads: info.heads,
+        queries,
+        keys,
+    };
+    match model.kind() {
+        ModelKind::Encoder => vec![(Kind::Encoder, shape(info.layers, s, s))],
+        ModelKind::Decoder => vec![(Kind::Decoder, shape(info.layers, t, t))],
+        ModelKind::EncoderDecoder => {
+            let dec = info.decoder_layers.unwrap_or(info.layers);
+            vec![
+                (Kind::Encoder, shape(info.layers, s, s)),
+                (Kind::Decoder, shape(dec, t, t)),
+                (Kind::Cross, shape(dec, t, s)),
+            ]
+        }
+    }
+}
+
+/// Refuses a selection whose output would hold more than [`MAX_WEIGHTS`] weights.
+pub fn check_count(sel: &Selection, shapes: &[(Kind, Shape)]) -> Result<()> {
+    let count = sel.count(shapes)?;
+    if count > MAX_WEIGHTS {
+        bail!(
+            "the output would hold {count} weights (at most {MAX_WEIGHTS}); pick --kind, --layer or --head, or a shorter text"
+        );
+    }
+    Ok(())
+}
 
 /// Which attention of the model a map shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]

@@ -164,6 +164,7 @@ pub const SETTINGS: &[&str] = &[
     "logprobs",
     // who asked, for the caller's own logs: accepted and not used
     "user",
+    "qkv",
 ];
 
 /// The sampling settings both completion endpoints take.
@@ -186,6 +187,20 @@ pub struct Settings {
     pub presence_penalty: Option<f32>,
     /// Accepted as false or null only.
     pub logprobs: Option<Value>,
+    /// qkv's own: attention maps on request.
+    pub qkv: Option<QkvOptions>,
+}
+
+/// The `qkv` field of a completion request.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QkvOptions {
+    /// The maps of the prompt and the generated text, every layer and head.
+    #[serde(default)]
+    pub attentions: bool,
+    /// Also the viewer page (HTML, offline) that shows them.
+    #[serde(default)]
+    pub viewer: bool,
 }
 
 /// A completion request's own fields; its [`Settings`] are read from the same body.

@@ -8,6 +8,7 @@
 //! library calls the CLI makes, on the rayon pool.
 
 mod api;
+mod attentions;
 mod embedder;
 mod metrics;
 mod routes;

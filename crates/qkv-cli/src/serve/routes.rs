@@ -242,6 +242,15 @@ impl AppState {
                 ),
             ));
         }
+        let maps = st.qkv.take().unwrap_or_default();
+        super::attentions::check(&g.model, &maps, ids.len() + max)?;
+        if maps.attentions && st.stream {
+            return Err(ApiError::invalid(
+                "qkv.attentions",
+                "the maps come with a whole answer: give `stream` false",
+            ));
+        }
+        st.qkv = Some(maps);
         let stops = st.stop.take().map(|s| s.into_vec()).unwrap_or_default();
         if stops.len() > 4 {
             return Err(ApiError::invalid("stop", "at most 4 stop strings"));
@@ -357,6 +366,11 @@ async fn answer(
     prompt_tokens: usize,
 ) -> Reply {
     let g = s.generator()?;
+    let maps = st.qkv.as_ref().filter(|o| o.attentions);
+    let (prompt, viewer) = (
+        maps.map(|_| job.prompt.clone()),
+        maps.is_some_and(|o| o.viewer),
+    );
     g.queue.submit(job, &s.metrics)?;
     let id = format!(
         "{}-{:x}",
@@ -373,10 +387,8 @@ async fn answer(
         loop {
             match rx.recv().await {
                 Some(Event::Text(t)) => text.push_str(&t),
-                Some(Event::Done {
-                    finish,
-                    completion_tokens,
-                }) => {
+                Some(Event::Done { finish, tokens }) => {
+                    let completion_tokens = tokens.len();
                     let choice = match kind {
                         Kind::Completion => {
                             json!({"index": 0, "text": text, "finish_reason": finish, "logprobs": null})
@@ -390,12 +402,16 @@ async fn answer(
                     } else {
                         "text_completion"
                     };
-                    return Ok(Json(json!({
+                    let mut whole = json!({
                         "id": id, "object": object, "created": created, "model": s.name,
                         "choices": [choice],
                         "usage": Usage::new(prompt_tokens, completion_tokens),
-                    }))
-                    .into_response());
+                    });
+                    if let Some(mut ids) = prompt {
+                        ids.extend(tokens);
+                        whole["qkv"] = maps_of(&s, ids, viewer).await?;
+                    }
+                    return Ok(Json(whole).into_response());
                 }
                 Some(Event::Failed(why)) => return Err(engine_failed(why)),
                 None => return Err(engine_failed("the scheduler stopped".into())),
@@ -440,10 +456,8 @@ async fn answer(
                     };
                     send(chunk(delta, Value::Null))
                 }
-                Some(Event::Done {
-                    finish,
-                    completion_tokens,
-                }) => {
+                Some(Event::Done { finish, tokens }) => {
+                    let completion_tokens = tokens.len();
                     let empty = match kind {
                         Kind::Completion => json!(""),
                         Kind::Chat => json!({}),
@@ -478,6 +492,19 @@ async fn answer(
             .keep_alive(KeepAlive::default())
             .into_response(),
     )
+}
+
+/// The `qkv` field of an answer: the maps of `ids`, computed on the blocking pool (a
+/// forward is model math, which the HTTP thread never runs).
+async fn maps_of(s: &Arc<AppState>, ids: Vec<usize>, viewer: bool) -> Result<Value, ApiError> {
+    let g = s.generator()?;
+    let (model, tok, name) = (g.model.clone(), g.tokenizer.clone(), s.name.clone());
+    tokio::task::spawn_blocking(move || {
+        super::attentions::answer(&model, tok.as_deref(), &name, &ids, viewer)
+    })
+    .await
+    .map_err(|e| engine_failed(format!("the attention maps: {e}")))?
+    .map_err(|e| engine_failed(format!("the attention maps: {e:#}")))
 }
 
 fn engine_failed(why: String) -> ApiError {

@@ -44,7 +44,8 @@ pub enum Event {
     /// The end: `"stop"` (end of sequence or a stop string) or `"length"`.
     Done {
         finish: &'static str,
-        completion_tokens: usize,
+        /// the chosen tokens, the last stop or end-of-sequence one included
+        tokens: Vec<usize>,
     },
     /// The sequence failed inside the engine (the request gets a 500).
     Failed(String),
@@ -336,7 +337,7 @@ fn send(l: &mut Live, tok: usize, metrics: &Metrics) -> bool {
         if r.stopped {
             let _ = l.job.events.send(Event::Done {
                 finish: "stop",
-                completion_tokens: l.chooser.tokens().len(),
+                tokens: l.chooser.tokens().to_vec(),
             });
             return true;
         }
@@ -365,7 +366,7 @@ fn send(l: &mut Live, tok: usize, metrics: &Metrics) -> bool {
     };
     let _ = l.job.events.send(Event::Done {
         finish,
-        completion_tokens: l.chooser.tokens().len(),
+        tokens: l.chooser.tokens().to_vec(),
     });
     true
 }
@@ -446,7 +447,7 @@ fn run_one_by_one(
         let eos = out.last().is_some_and(|t| job.options.eos.contains(t));
         let _ = job.events.send(Event::Done {
             finish: if stopped || eos { "stop" } else { "length" },
-            completion_tokens: count,
+            tokens: out[..count.min(out.len())].to_vec(),
         });
     }
 }

@@ -248,6 +248,100 @@ fn completions_and_chat_equal_generate_and_streams_join_to_the_whole() {
 }
 
 #[test]
+fn attention_maps_on_request_equal_qkv_attention() {
+    let dir = model();
+    let s = Server::start(dir, &[]);
+    let name = s.get("/v1/models").json()["data"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ask = json!({"model": name, "prompt": "Attention is", "max_tokens": 5, "temperature": 0,
+                     "qkv": {"attentions": true, "viewer": true}});
+    let r = s.post("/v1/completions", &ask).json();
+    let maps = &r["qkv"]["attentions"];
+    // the prompt's tokens and the generated ones, as `qkv attention` labels them
+    let prompt = s
+        .post("/tokenize", &json!({"content": "Attention is"}))
+        .json()["tokens"]
+        .clone();
+    let n = prompt.as_array().unwrap().len() + 5;
+    assert_eq!(
+        maps["tokens"].as_array().unwrap().len(),
+        n,
+        "{}",
+        maps["tokens"]
+    );
+    let ids: Vec<String> = maps["token_details"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].to_string())
+        .collect();
+    let out = std::env::temp_dir().join(format!("qkv-serve-maps-{}.json", std::process::id()));
+    qkv(&[
+        "attention",
+        "--model",
+        dir.to_str().unwrap(),
+        "--input-ids",
+        &ids.join(","),
+        "--json",
+        out.to_str().unwrap(),
+    ]);
+    let want: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    std::fs::remove_file(&out).unwrap();
+    assert_eq!(maps["tokens"], want["tokens"]);
+    assert_eq!(maps["layers"].as_array().unwrap().len(), 2);
+    for (got, want) in maps["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(want["layers"].as_array().unwrap())
+    {
+        assert_eq!(
+            (&got["kind"], &got["layer"], &got["heads"]),
+            (&want["kind"], &want["layer"], &want["heads"])
+        );
+        let flat = |v: &Value| -> Vec<f64> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|h| h.as_array().unwrap())
+                .flat_map(|r| r.as_array().unwrap())
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        };
+        let (g, w) = (flat(&got["weights"]), flat(&want["weights"]));
+        assert_eq!(g.len(), w.len());
+        assert!(g.iter().zip(&w).all(|(a, b)| (a - b).abs() < 1e-6));
+    }
+    assert!(r["qkv"]["viewer"]
+        .as_str()
+        .unwrap()
+        .starts_with("<!DOCTYPE html>"));
+    // streamed, or too many tokens to map: refused, naming the field
+    let mut streamed = ask.clone();
+    streamed["stream"] = json!(true);
+    let e = s.post("/v1/completions", &streamed);
+    assert_eq!(
+        (e.status, e.json()["error"]["param"].as_str()),
+        (400, Some("qkv.attentions"))
+    );
+    let mut long = ask.clone();
+    long["max_tokens"] = json!(1000);
+    long["prompt"] = json!("x ".repeat(3000));
+    let e = s.post("/v1/completions", &long);
+    assert_eq!(
+        (e.status, e.json()["error"]["param"].as_str()),
+        (400, Some("qkv.attentions")),
+        "{}",
+        e.body
+    );
+    let mut unknown = ask.clone();
+    unknown["qkv"] = json!({"rollout": true});
+    assert_eq!(s.post("/v1/completions", &unknown).status, 400);
+}
+
+#[test]
 fn concurrent_requests_are_batched_and_each_equals_its_own_run() {
     let s = Server::start(model(), &["--max-batch", "8"]);
     let name = s.get("/v1/models").json()["data"][0]["id"]
