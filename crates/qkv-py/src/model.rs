@@ -516,10 +516,13 @@ impl Model {
                 .call_method1("dumps", (obj,))
                 .map_err(|e| PyValueError::new_err(format!("invalid {name}: not JSON: {e}")))?
                 .extract()?;
-            serde_json::from_str(&text).map_err(|e| PyValueError::new_err(format!("invalid {name}: {e}")))
+            serde_json::from_str(&text)
+                .map_err(|e| PyValueError::new_err(format!("invalid {name}: {e}")))
         };
         let serde_json::Value::Array(messages) = as_json(messages, "messages")? else {
-            return Err(PyValueError::new_err("invalid messages: a list of {\"role\": ..., \"content\": ...}"));
+            return Err(PyValueError::new_err(
+                "invalid messages: a list of {\"role\": ..., \"content\": ...}",
+            ));
         };
         let extra = match kwargs {
             Some(k) => match as_json(k.as_any(), "keywords")? {
