@@ -231,7 +231,9 @@ impl AppState {
         let plan = request
             .plan(&g.model, g.config.clone(), ids.len())
             .map_err(|e| ApiError::invalid(field, e.to_string()))?;
-        if let Some(c) = plan.clamped {
+        // a length the request asked for is refused when it does not fit; the default
+        // is cut to what fits
+        if let Some(c) = plan.clamped.filter(|_| asked.is_some()) {
             return Err(ApiError::invalid(
                 field,
                 format!(
@@ -596,12 +598,14 @@ pub async fn tokenize(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Rep
     let b = body(b)?;
     let req: TokenizeRequest = parse(&body_json(&b, &[TOKENIZE])?)?;
     let tokens = match (&s.generator, &s.embedder) {
-        (Some(_), _) => s
-            .encode(&req.content, req.add_special)
-            .map_err(|e| ApiError {
-                param: Some("content".into()),
-                ..e
-            })?,
+        (Some(g), _) => {
+            let tok = g
+                .tokenizer
+                .as_ref()
+                .ok_or_else(|| ApiError::invalid("content", "the model folder has no tokenizer"))?;
+            tok.encode(&req.content, req.add_special)
+                .map_err(|e| ApiError::invalid("content", e.to_string()))?
+        }
         (None, Some(e)) => {
             let b = e
                 .encoder

@@ -342,6 +342,41 @@ fn attention_maps_on_request_equal_qkv_attention() {
 }
 
 #[test]
+fn a_default_length_is_cut_to_the_positions_and_an_asked_one_is_refused() {
+    // GPT-2's learned positions (the fixture has 64): no tokenizer, so ids in, no text out
+    let gpt2 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../qkv/tests/fixtures/models/gpt2");
+    let s = Server::start(&gpt2, &["--name", "gpt2"]);
+    let near_the_end = json!({"model": "gpt2", "prompt": vec![7; 58], "temperature": 0});
+    let r = s.post("/v1/completions", &near_the_end).json();
+    let (prompt, made) = (
+        &r["usage"]["prompt_tokens"],
+        r["usage"]["completion_tokens"].as_u64().unwrap(),
+    );
+    assert_eq!(prompt, 58);
+    // 6 fit, fewer when it ends first
+    let finish = r["choices"][0]["finish_reason"].as_str().unwrap();
+    assert!(made <= 6 && (finish == "length") == (made == 6), "{r}");
+    let mut asked = near_the_end.clone();
+    asked["max_tokens"] = json!(16);
+    let e = s.post("/v1/completions", &asked);
+    assert_eq!(
+        (e.status, e.json()["error"]["param"].as_str()),
+        (400, Some("max_tokens")),
+        "{}",
+        e.body
+    );
+    let mut text = near_the_end.clone();
+    text["prompt"] = json!("words");
+    let e = s.post("/v1/completions", &text);
+    assert_eq!(
+        (e.status, e.json()["error"]["param"].as_str()),
+        (400, Some("prompt")),
+        "{}",
+        e.body
+    );
+}
+
+#[test]
 fn concurrent_requests_are_batched_and_each_equals_its_own_run() {
     let s = Server::start(model(), &["--max-batch", "8"]);
     let name = s.get("/v1/models").json()["data"][0]["id"]
