@@ -81,6 +81,16 @@ class Server:
         self.proc.wait(timeout=60)
 
 
+def run_all(threads):
+    """Starts the threads together and waits for them: the wall time in seconds."""
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start
+
+
 def percentile(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
@@ -110,13 +120,7 @@ def llama_round(server, clients, tokens, prompt_len, vocab, rng):
         words = " ".join(f"t{rng.randrange(vocab)}" for _ in range(prompt_len))
         bodies.append({"model": "llama", "prompt": words, "max_tokens": tokens, "temperature": 0, "stream": True})
     out = [None] * clients
-    threads = [threading.Thread(target=stream, args=(server, b, out, i)) for i, b in enumerate(bodies)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
+    wall = run_all([threading.Thread(target=stream, args=(server, b, out, i)) for i, b in enumerate(bodies)])
     ttft, gaps, total = [], [], 0
     for r in out:
         if r is None or r[0] != "ok":
@@ -215,13 +219,7 @@ def embed_round(server, clients, sentences):
                 continue
             got[i] = len(json.loads(body)["data"][0]["embedding"])
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
+    wall = run_all([threading.Thread(target=client) for _ in range(clients)])
     bad = [g for g in got if not isinstance(g, int)]
     if bad:
         sys.exit(f"{len(bad)} embedding requests failed: {bad[0]}")

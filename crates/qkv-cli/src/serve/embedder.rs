@@ -2,11 +2,10 @@
 //! waiting request up to a budget of tokens and embeds their texts in one call, which
 //! sorts them by length into forward passes of 32.
 
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::http::StatusCode;
 use qkv::models::sentence::SentenceEncoder;
 use tokio::sync::oneshot;
 
@@ -27,23 +26,7 @@ pub struct EmbedQueue {
 
 impl EmbedQueue {
     pub fn submit(&self, job: EmbedJob, metrics: &Metrics) -> Result<(), ApiError> {
-        match self.tx.try_send(job) {
-            Ok(()) => {
-                metrics.queued(1);
-                Ok(())
-            }
-            Err(TrySendError::Full(_)) => Err(ApiError {
-                retry_after: Some(1),
-                ..ApiError::status(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the server's queue is full; retry later",
-                )
-            }),
-            Err(TrySendError::Disconnected(_)) => Err(ApiError::status(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the server is shutting down",
-            )),
-        }
+        super::scheduler::enqueue(&self.tx, job, metrics)
     }
 }
 

@@ -59,23 +59,29 @@ pub struct Queue {
 impl Queue {
     /// Queues a job, or answers 503 (with `Retry-After`) when the queue is full.
     pub fn submit(&self, job: Job, metrics: &Metrics) -> Result<(), ApiError> {
-        match self.tx.try_send(job) {
-            Ok(()) => {
-                metrics.queued(1);
-                Ok(())
-            }
-            Err(TrySendError::Full(_)) => Err(ApiError {
-                retry_after: Some(1),
-                ..ApiError::status(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the server's queue is full; retry later",
-                )
-            }),
-            Err(TrySendError::Disconnected(_)) => Err(ApiError::status(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the server is shutting down",
-            )),
+        enqueue(&self.tx, job, metrics)
+    }
+}
+
+/// Puts a job on a bounded queue (the scheduler's or the embedder's), or answers 503:
+/// with `Retry-After` when it is full.
+pub fn enqueue<T>(tx: &SyncSender<T>, job: T, metrics: &Metrics) -> Result<(), ApiError> {
+    match tx.try_send(job) {
+        Ok(()) => {
+            metrics.queued(1);
+            Ok(())
         }
+        Err(TrySendError::Full(_)) => Err(ApiError {
+            retry_after: Some(1),
+            ..ApiError::status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server's queue is full; retry later",
+            )
+        }),
+        Err(TrySendError::Disconnected(_)) => Err(ApiError::status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down",
+        )),
     }
 }
 
@@ -352,13 +358,9 @@ fn send(l: &mut Live, tok: usize, metrics: &Metrics) -> bool {
             return true;
         }
     };
-    let r = l.stop.push(&rest);
-    let mut text = r.text;
-    if !r.stopped {
-        text.push_str(&l.stop.finish());
-    }
-    if !text.is_empty() {
-        let _ = l.job.events.send(Event::Text(text));
+    let r = l.stop.last(&rest);
+    if !r.text.is_empty() {
+        let _ = l.job.events.send(Event::Text(r.text));
     }
     let finish = match (r.stopped, finish) {
         (true, _) | (false, Finish::Eos) => "stop",
@@ -432,16 +434,17 @@ fn run_one_by_one(
             continue;
         }
         if !stopped {
-            let rest = text.map(TextStream::finish).transpose();
-            let rest = rest.ok().flatten().flatten().unwrap_or_default();
-            let r = stop.push(&rest);
-            let mut t = r.text;
+            let rest = match text.map(TextStream::finish).transpose() {
+                Ok(r) => r.flatten().unwrap_or_default(),
+                Err(e) => {
+                    let _ = job.events.send(Event::Failed(e.to_string()));
+                    continue;
+                }
+            };
+            let r = stop.last(&rest);
             stopped = r.stopped;
-            if !stopped {
-                t.push_str(&stop.finish());
-            }
-            if !t.is_empty() {
-                let _ = job.events.send(Event::Text(t));
+            if !r.text.is_empty() {
+                let _ = job.events.send(Event::Text(r.text));
             }
         }
         let eos = out.last().is_some_and(|t| job.options.eos.contains(t));

@@ -67,6 +67,16 @@ impl StopFilter {
     pub fn finish(&mut self) -> String {
         std::mem::take(&mut self.pending)
     }
+
+    /// The reply's last piece, `rest`: what it releases and, unless it completes a stop,
+    /// everything still held back.
+    pub fn last(&mut self, rest: &str) -> Released {
+        let mut r = self.push(rest);
+        if !r.stopped {
+            r.text.push_str(&self.finish());
+        }
+        r
+    }
 }
 
 #[cfg(test)]
@@ -83,8 +93,9 @@ mod tests {
                 return (out, true);
             }
         }
-        out.push_str(&f.finish());
-        (out, false)
+        let r = f.last("");
+        out.push_str(&r.text);
+        (out, r.stopped)
     }
 
     #[test]

@@ -59,6 +59,12 @@ impl Server {
         Server { child, addr }
     }
 
+    /// The model's name in the API, as `/v1/models` lists it.
+    pub fn name(&self) -> String {
+        let models = self.get("/v1/models").json();
+        models["data"][0]["id"].as_str().unwrap().to_string()
+    }
+
     pub fn get(&self, path: &str) -> Reply {
         self.send("GET", path, None)
     }

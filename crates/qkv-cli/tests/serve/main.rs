@@ -82,6 +82,12 @@ fn model() -> &'static Path {
     })
 }
 
+/// Asserts a 400 that names `param`.
+fn refused(e: &http::Reply, param: &str) {
+    assert_eq!(e.status, 400, "{}", e.body);
+    assert_eq!(e.json()["error"]["param"], param, "{}", e.body);
+}
+
 fn text_of(r: &Value) -> String {
     let c = &r["choices"][0];
     c["text"]
@@ -251,10 +257,7 @@ fn completions_and_chat_equal_generate_and_streams_join_to_the_whole() {
 fn attention_maps_on_request_equal_qkv_attention() {
     let dir = model();
     let s = Server::start(dir, &[]);
-    let name = s.get("/v1/models").json()["data"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let name = s.name();
     let ask = json!({"model": name, "prompt": "Attention is", "max_tokens": 5, "temperature": 0,
                      "qkv": {"attentions": true, "viewer": true}});
     let r = s.post("/v1/completions", &ask).json();
@@ -322,20 +325,12 @@ fn attention_maps_on_request_equal_qkv_attention() {
     let mut streamed = ask.clone();
     streamed["stream"] = json!(true);
     let e = s.post("/v1/completions", &streamed);
-    assert_eq!(
-        (e.status, e.json()["error"]["param"].as_str()),
-        (400, Some("qkv.attentions"))
-    );
+    refused(&e, "qkv.attentions");
     let mut long = ask.clone();
     long["max_tokens"] = json!(1000);
     long["prompt"] = json!("x ".repeat(3000));
     let e = s.post("/v1/completions", &long);
-    assert_eq!(
-        (e.status, e.json()["error"]["param"].as_str()),
-        (400, Some("qkv.attentions")),
-        "{}",
-        e.body
-    );
+    refused(&e, "qkv.attentions");
     let mut unknown = ask.clone();
     unknown["qkv"] = json!({"rollout": true});
     assert_eq!(s.post("/v1/completions", &unknown).status, 400);
@@ -359,30 +354,17 @@ fn a_default_length_is_cut_to_the_positions_and_an_asked_one_is_refused() {
     let mut asked = near_the_end.clone();
     asked["max_tokens"] = json!(16);
     let e = s.post("/v1/completions", &asked);
-    assert_eq!(
-        (e.status, e.json()["error"]["param"].as_str()),
-        (400, Some("max_tokens")),
-        "{}",
-        e.body
-    );
+    refused(&e, "max_tokens");
     let mut text = near_the_end.clone();
     text["prompt"] = json!("words");
     let e = s.post("/v1/completions", &text);
-    assert_eq!(
-        (e.status, e.json()["error"]["param"].as_str()),
-        (400, Some("prompt")),
-        "{}",
-        e.body
-    );
+    refused(&e, "prompt");
 }
 
 #[test]
 fn concurrent_requests_are_batched_and_each_equals_its_own_run() {
     let s = Server::start(model(), &["--max-batch", "8"]);
-    let name = s.get("/v1/models").json()["data"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let name = s.name();
     let asks: Vec<Value> = (0..8)
         .map(|i| {
             json!({"model": name, "prompt": format!("prompt number {i} {}", "x".repeat(i * 7)),
@@ -414,10 +396,7 @@ fn concurrent_requests_are_batched_and_each_equals_its_own_run() {
 #[test]
 fn bad_requests_get_openai_errors_naming_the_field_and_the_server_keeps_serving() {
     let s = Server::start(model(), &["--max-body", "4000", "--max-tokens", "100"]);
-    let name = s.get("/v1/models").json()["data"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let name = s.name();
     let check = |r: http::Reply, status: u16, param: Option<&str>, says: &str| {
         assert_eq!(r.status, status, "{}", r.body);
         let e = r.json();
@@ -567,10 +546,7 @@ fn a_client_that_hangs_up_frees_its_sequence_and_a_full_queue_answers_503() {
             "4000",
         ],
     );
-    let name = s.get("/v1/models").json()["data"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let name = s.name();
     let long = json!({"model": name, "prompt": "go", "max_tokens": 4000, "temperature": 0, "stream": true});
     hang_up_after_first_event(&s, &long);
     // the sequence stops within a few steps of the hang-up
@@ -614,10 +590,7 @@ fn a_client_that_hangs_up_frees_its_sequence_and_a_full_queue_answers_503() {
 #[test]
 fn sigterm_lets_a_stream_finish_then_exits_0() {
     let mut s = Server::start(model(), &["--grace", "60", "--max-tokens", "3000"]);
-    let name = s.get("/v1/models").json()["data"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let name = s.name();
     let body = json!({"model": name, "prompt": "go on", "max_tokens": 3000, "temperature": 0, "stream": true}).to_string();
     let mut c = s.connect();
     write!(c, "POST /v1/completions HTTP/1.1\r\nHost: q\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
@@ -643,10 +616,7 @@ fn sigterm_lets_a_stream_finish_then_exits_0() {
 #[test]
 fn a_panic_fails_its_request_alone() {
     let s = Server::start_with(model(), &[], &[("QKV_FAULT_PROMPT", "boom")]);
-    let name = s.get("/v1/models").json()["data"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let name = s.name();
     let ok = json!({"model": name, "prompt": "fine", "max_tokens": 200, "temperature": 0});
     let want = text_of(&s.post("/v1/completions", &ok).json());
     std::thread::scope(|scope| {
