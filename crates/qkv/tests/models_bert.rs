@@ -276,3 +276,91 @@ fn transformers_5_config_without_position_type_loads() {
         &tokens.mask,
     );
 }
+
+/// Rows of different lengths packed into one row of tokens, no padding
+/// (`hidden_states_packed`, how `qkv embed` and the server run a batch of texts), give
+/// the states each has alone; packing is refused where it cannot apply.
+#[test]
+fn packed_sequences_equal_each_alone() {
+    let m = load_encoder("bert");
+    let vocab = m.arch.vocab;
+    let sequences: Vec<Vec<usize>> = [5, 1, 9, 3]
+        .iter()
+        .enumerate()
+        .map(|(s, &len)| (0..len).map(|i| (2 + 7 * s + 5 * i) % vocab).collect())
+        .collect();
+    let refs: Vec<&[usize]> = sequences.iter().map(Vec::as_slice).collect();
+    assert!(m.runs_packed());
+    let packed = m.hidden_states_packed(&refs).unwrap();
+    let c = m.arch.d_model;
+    assert_eq!(packed.shape(), &[18, c]);
+    let mut rows = packed.data().chunks_exact(c);
+    for (s, seq) in sequences.iter().enumerate() {
+        let alone = m
+            .hidden_states(&TokenBatch::single(seq.clone()).unwrap(), None)
+            .unwrap();
+        for (p, want) in alone.data().chunks_exact(c).enumerate() {
+            let got = rows.next().unwrap();
+            for (g, w) in got.iter().zip(want) {
+                assert!(
+                    (g - w).abs() <= 1e-5 + 1e-4 * w.abs(),
+                    "sequence {s}, position {p}: {g} packed, {w} alone"
+                );
+            }
+        }
+    }
+
+    let err = m.hidden_states_packed(&[&[1, 2], &[]]).unwrap_err();
+    assert!(err.to_string().contains("sequence 1 is empty"), "{err}");
+    let err = m.hidden_states_packed(&[&[1, vocab]]).unwrap_err();
+    assert!(
+        matches!(err, Error::OutOfRange { index, .. } if index == vocab),
+        "{err}"
+    );
+    assert_eq!(m.hidden_states_packed(&[]).unwrap().shape(), &[0, c]);
+
+    let decoder = common::models::load_causal("gpt2");
+    assert!(!decoder.runs_packed());
+    let err = decoder.hidden_states_packed(&[&[1, 2]]).unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+}
+
+/// A sentence encoder embeds a batch of texts as it embeds each alone, both ways it
+/// runs one: packed (learned positions) and padded (ALiBi, whose score bias a packed
+/// row cannot take); a small native encoder with the WordPiece fixture tokenizer.
+#[test]
+fn sentence_batches_equal_each_text_alone_packed_and_padded() {
+    use qkv::models::sentence::SentenceEncoder;
+    use qkv::models::{Arch, Head, Position, Transformer};
+    let texts = [
+        "the cat sat",
+        "a",
+        "hello world, the quick brown fox jumps over the lazy dog",
+        "cat dog",
+    ];
+    for (name, position, packed) in [
+        ("learned", Position::Learned { max_len: 64 }, true),
+        ("alibi", Position::Alibi, false),
+    ] {
+        let mut arch = Arch::gpt2(99, 16, 2, 2, 64);
+        arch.encoder = arch.decoder.take();
+        arch.position = position;
+        arch.head = Head::None;
+        let dir = std::env::temp_dir().join(format!("qkv-sentence-{name}-{}", std::process::id()));
+        Transformer::new(&arch, 3).unwrap().save(&dir).unwrap();
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/tokenizers/wordpiece/tokenizer.json"),
+            dir.join("tokenizer.json"),
+        )
+        .unwrap();
+        let enc = SentenceEncoder::load(&dir).unwrap();
+        assert_eq!(enc.encoder().runs_packed(), packed, "{name}");
+        let batched = enc.embed_batched(&texts, 3).unwrap();
+        for (text, got) in texts.iter().zip(&batched) {
+            let alone = enc.embed(&[text]).unwrap().remove(0);
+            common::assert_close(&format!("{name}: {text:?}"), got, &alone, 1e-5, 1e-4);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

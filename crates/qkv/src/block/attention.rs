@@ -18,7 +18,8 @@
 //! `[B,T,H,D]` in row-major order, and so is the merge.
 
 use crate::attention::{
-    attention, attention_backward, AttentionOutput, AttentionSpec, Bias, HeadsView, LayerKv,
+    attention, attention_backward, attention_views, AttentionOutput, AttentionSpec, Bias,
+    HeadsView, LayerKv,
 };
 use crate::error::{Error, Result};
 use crate::layers::Linear;
@@ -80,6 +81,10 @@ pub enum Keys<'c> {
     /// `caches[i]` (one row each, any lengths). The projections run once over the B
     /// rows; each row then attends over its own cache.
     OwnPerRow(Vec<&'c mut LayerKv>),
+    /// Self-attention over a packed batch: x `[1,N,C]` holds whole sequences one after
+    /// another, `lens` tokens each (Σ lens = N), and each attends to its own tokens
+    /// alone. The projections run once over all N rows, with no padding.
+    OwnPacked(&'c [usize]),
     /// An encoder's keys and values (cross-attention).
     Cross(&'c CrossKv),
 }
@@ -115,6 +120,90 @@ pub struct AttnGrads {
     pub d_cross: Option<CrossKv>,
     /// The gradient of a dense bias, when asked for (T5's relative bias).
     pub dbias: Option<Tensor>,
+}
+
+/// q `[1,N,H,D]`, k `[1,N,G,D]` and v `[1,N,G,Dv]` cut into sequences of `lens`
+/// tokens, each attending over its own keys: out `[1,N,H,Dv]`, lse `[1,H,N]`. The
+/// sequences run in parallel, each read in place through the kernel a whole sequence
+/// takes.
+fn attend_packed(
+    lens: &[usize],
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    spec: &AttentionSpec,
+) -> Result<AttentionOutput> {
+    use rayon::prelude::*;
+    let [b, n, h, d] = q.shape()[..] else {
+        unreachable!("q is [B,T,H,D]")
+    };
+    let (g, dv) = (k.shape()[2], v.shape()[3]);
+    if b != 1 || lens.iter().sum::<usize>() != n || lens.contains(&0) {
+        return Err(Error::invalid(
+            "packed sequences",
+            format!(
+                "lengths {lens:?} for [{b}, {n}] tokens: one row, cut into non-empty sequences"
+            ),
+        ));
+    }
+    if spec.want_weights
+        || spec.key_padding.is_some()
+        || spec
+            .bias
+            .as_ref()
+            .is_some_and(|b| !matches!(b, Bias::Alibi { .. }))
+    {
+        return Err(Error::Unsupported(
+            "attention weights, key padding or a dense score bias over packed sequences".into(),
+        ));
+    }
+    if lens.len() == 1 {
+        return attention(q, k, v, spec);
+    }
+    let starts: Vec<usize> = lens
+        .iter()
+        .scan(0, |o, &len| {
+            let s = *o;
+            *o += len;
+            Some(s)
+        })
+        .collect();
+    let parts: Vec<AttentionOutput> = starts
+        .par_iter()
+        .zip(lens)
+        .map(|(&o, &len)| {
+            // rows o..o + len of a [1,N,heads,dim] tensor, read in place
+            fn rows(
+                x: &Tensor,
+                (o, len): (usize, usize),
+                [heads, dim]: [usize; 2],
+            ) -> HeadsView<'_> {
+                let w = heads * dim;
+                HeadsView::positions_major(&x.data()[o * w..][..len * w], [1, len, heads, dim])
+            }
+            let at = (o, len);
+            attention_views(
+                &rows(q, at, [h, d]),
+                &rows(k, at, [g, d]),
+                &rows(v, at, [g, dv]),
+                spec,
+            )
+        })
+        .collect::<Result<_>>()?;
+    let mut out = Vec::with_capacity(n * h * dv);
+    let mut lse = vec![0.0; h * n];
+    for ((part, &o), &len) in parts.iter().zip(&starts).zip(lens) {
+        out.extend_from_slice(part.out.data());
+        // the part's lse is [1,H,len]: head by head into [1,H,N]
+        for (hh, row) in part.lse.data().chunks_exact(len).enumerate() {
+            lse[hh * n + o..][..len].copy_from_slice(row);
+        }
+    }
+    Ok(AttentionOutput {
+        out: Tensor::new(&[1, n, h, dv], out)?,
+        lse: Tensor::new(&[1, h, n], lse)?,
+        weights: None,
+    })
 }
 
 /// Row i of q `[B,1,H,D]`, k `[B,1,G,D]` and v `[B,1,G,Dv]` is appended to `caches[i]`
@@ -306,7 +395,7 @@ impl MultiHeadAttention {
         let (h, g, d) = (self.heads, self.kv_heads, self.head_dim());
         let mut q = self.q.forward(x)?.reshape(&[b, t, h, d])?;
         let mut own = match keys {
-            Keys::Own(_) | Keys::OwnPerRow(_) => Some((
+            Keys::Own(_) | Keys::OwnPerRow(_) | Keys::OwnPacked(_) => Some((
                 self.k.forward(x)?.reshape(&[b, t, g, d])?,
                 self.v.forward(x)?.reshape(&[b, t, g, self.value_dim()])?,
             )),
@@ -339,9 +428,18 @@ impl MultiHeadAttention {
                 }
                 attend_per_row(caches, &q, k, v, &rule.spec)?
             }
+            (Keys::OwnPacked(lens), Some((k, v))) => {
+                if keep {
+                    return Err(Error::invalid(
+                        "packed sequences",
+                        "a training forward runs a padded batch, not packed sequences",
+                    ));
+                }
+                attend_packed(lens, &q, k, v, &rule.spec)?
+            }
             (Keys::Own(_), Some((k, v))) => attention(&q, k, v, &rule.spec)?,
             (Keys::Cross(kv), _) => attention(&q, &kv.k, &kv.v, &rule.spec)?,
-            (Keys::Own(_) | Keys::OwnPerRow(_), None) => {
+            (Keys::Own(_) | Keys::OwnPerRow(_) | Keys::OwnPacked(_), None) => {
                 unreachable!("own keys are projected above")
             }
         };

@@ -24,6 +24,7 @@ mod folder;
 pub mod generate;
 mod info;
 pub mod net;
+mod packed;
 mod rows;
 pub mod sentence;
 mod transformer;

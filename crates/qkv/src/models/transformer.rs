@@ -475,7 +475,7 @@ impl Transformer {
     }
 
     /// Refuses a forward of `shapes` that would not fit in the machine's free memory.
-    fn check_memory(&self, shapes: footprint::Shapes) -> Result<()> {
+    pub(super) fn check_memory(&self, shapes: footprint::Shapes) -> Result<()> {
         let maps = match shapes.attentions {
             true => " with every attention map",
             false => "",

@@ -47,6 +47,9 @@ pub(crate) enum Caches<'c, 'r> {
     Batch(&'c mut [LayerKv]),
     /// Row i (one token) continues the sequence cached in `caches[i]`.
     PerRow(&'c mut [&'r mut KvCache]),
+    /// No cache: the one row holds whole sequences of these lengths one after another
+    /// (a packed batch), each attending to its own tokens.
+    Packed(&'c [usize]),
 }
 
 /// One stack run's inputs.
@@ -301,6 +304,7 @@ impl<'m> Net<'m> {
                 Caches::PerRow(rows) => {
                     Keys::OwnPerRow(rows.iter_mut().map(|c| &mut c.layers[l]).collect())
                 }
+                Caches::Packed(lens) => Keys::OwnPacked(lens),
             };
             let cross = enc.map(|e| &e.cross[l]);
             let r = block.forward(&rule, x, own, cross, keep)?;

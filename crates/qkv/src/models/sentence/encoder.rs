@@ -25,6 +25,7 @@ use crate::io::{field_error, read_config, read_json_or_default};
 use crate::models::folder::load_in;
 use crate::models::net::arch::ModelKind;
 use crate::models::transformer::Transformer;
+use crate::tensor::Tensor;
 use crate::text::Tokenizer;
 
 /// Texts per forward pass, sentence-transformers' default `batch_size`.
@@ -185,13 +186,11 @@ impl SentenceEncoder {
     }
 
     /// As [`SentenceEncoder::embed`], with `batch_size` texts per forward pass at most
-    /// (as sentence-transformers' `encode(batch_size=...)`). Texts are grouped by token
-    /// count, longest first, so a batch pads only to its own longest text, and a batch
-    /// also ends before a text shorter than ¾ of its longest: a few mixed texts (a
-    /// server's batch of requests) then run as several passes instead of one padded to
-    /// twice their mean length, and a pass of few rows costs about what its share of a
-    /// larger one does. sentence-transformers groups by characters, which pads about
-    /// half as much again on mixed text. Padding never changes a result.
+    /// (as sentence-transformers' `encode(batch_size=...)`). A pass packs its texts into
+    /// one row of tokens without padding ([`Transformer::hidden_states_packed`]), so a
+    /// mix of lengths (a server's batch of requests) costs what its tokens cost. An
+    /// encoder that cannot run packed (a dense score bias: T5, ALiBi) runs padded
+    /// batches instead (see `embed_padded`). Padding never changes a result.
     pub fn embed_batched(&self, texts: &[&str], batch_size: usize) -> Result<Vec<Vec<f32>>> {
         if batch_size == 0 {
             return Err(Error::invalid("batch_size", "must be at least 1"));
@@ -201,13 +200,54 @@ impl SentenceEncoder {
         }
         let all = self.tokenize(texts)?;
         let t = all.len;
-        let real = |i: usize| all.mask[i * t..(i + 1) * t].iter().filter(|&&m| m).count();
-        let lens: Vec<usize> = (0..texts.len()).map(real).collect();
-        let mut order: Vec<usize> = (0..texts.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
-        let mut out = vec![Vec::new(); texts.len()];
-        for chunk in padded_at_most_a_quarter(&order, &lens, batch_size) {
+        let lens: Vec<usize> = (0..texts.len())
+            .map(|i| all.mask[i * t..(i + 1) * t].iter().filter(|&&m| m).count())
+            .collect();
+        if !self.model.runs_packed() {
+            return self.embed_padded(&all, &lens, batch_size);
+        }
+        let c = self.model.info().hidden;
+        let mut out = Vec::with_capacity(texts.len());
+        for (first, pass) in lens.chunks(batch_size).enumerate() {
+            let first = first * batch_size;
             // rows are right-padded, so the first `len` columns hold every real token
+            let sequences: Vec<&[usize]> = (first..first + pass.len())
+                .map(|i| &all.ids[i * t..i * t + lens[i]])
+                .collect();
+            let hidden = self.model.hidden_states_packed(&sequences)?;
+            let mut rows = hidden.data().chunks_exact(c);
+            for &len in pass {
+                let states: Vec<f32> = rows.by_ref().take(len).flatten().copied().collect();
+                let mut v = pool(
+                    &Tensor::new(&[1, len, c], states)?,
+                    &vec![true; len],
+                    &self.pooling,
+                )?
+                .pop()
+                .expect("one row pooled");
+                if self.normalize {
+                    l2_normalize(&mut v);
+                }
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Padded passes of `all` (texts with `lens` real tokens): grouped by token count,
+    /// longest first, so a batch pads only to its own longest text; a batch also ends
+    /// before a text shorter than ¾ of its longest.
+    fn embed_padded(
+        &self,
+        all: &TokenBatch,
+        lens: &[usize],
+        batch_size: usize,
+    ) -> Result<Vec<Vec<f32>>> {
+        let t = all.len;
+        let mut order: Vec<usize> = (0..lens.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
+        let mut out = vec![Vec::new(); lens.len()];
+        for chunk in padded_at_most_a_quarter(&order, lens, batch_size) {
             let len = lens[chunk[0]];
             let mut ids = Vec::with_capacity(chunk.len() * len);
             let mut mask = Vec::with_capacity(chunk.len() * len);
