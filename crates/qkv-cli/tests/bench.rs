@@ -170,10 +170,11 @@ fn llama_prefill_and_decode_and_the_saved_folder_loads() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("LlamaForCausalLM"));
     std::fs::remove_dir_all(&dir).unwrap();
 
-    // generation's prefill: the last position's logits only
+    // generation's prefill: the last position's logits only; and sequences decoded
+    // side by side, as the server batches them
     let rows = bench(
         "llama --d-model 32 --layers 2 --heads 4 --kv-heads 2 --vocab 64 --max-len 64 \
-         --prefill 8 --decode 1 --decode-prompt 1 --last-logits",
+         --prefill 8 --decode 3 --decode-prompt 1 --last-logits --rows 1,5",
         &[],
     );
     assert_eq!(
@@ -181,6 +182,15 @@ fn llama_prefill_and_decode_and_the_saved_folder_loads() {
         (&"prefill".into(), &true.into())
     );
     positive(&rows[0], TIMING);
+    assert_eq!(rows.len(), 4);
+    for (row, n) in rows[2..].iter().zip([1, 5]) {
+        assert_eq!(
+            (&row["mode"], &row["rows"]),
+            (&"decode_rows".into(), &n.into())
+        );
+        positive(row, TIMING);
+        positive(row, &["step_s_median", "tokens_per_s_median"]);
+    }
 }
 
 #[test]
@@ -252,6 +262,7 @@ fn bad_options_fail_with_one_clear_line() {
         ("bench attention --rounds 0", "--rounds"),
         ("bench decode --threads 0", "--threads"),
         ("bench llama --prefill 100 --max-len 64", "--max-len"),
+        ("bench llama --prefill 4 --decode 2 --rows 0", "--rows"),
         ("bench minilm", "--model"),
     ] {
         let out = qkv(&args.split_whitespace().collect::<Vec<_>>());

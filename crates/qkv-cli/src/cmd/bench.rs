@@ -18,14 +18,14 @@ use std::time::Instant;
 use super::machine::{fma_probe, MemoryProbe};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use qkv::attention::{attention, attention_backward, HeadsView, KvDType, LayerKv};
+use qkv::attention::{attention, attention_backward, HeadsView, KvCache, KvDType, LayerKv};
 use qkv::layers::linear::product_into;
 use qkv::models::generate::{generate_causal, GenerateOptions, Sampling};
 use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{Arch, TokenBatch, Transformer};
 use qkv::ops::bf16::{self, Bf16Weight};
 use qkv::ops::int8::{self, Int8Weight, ScaleLayout};
-use qkv::ops::{DType, Par};
+use qkv::ops::{argmax, DType, Par};
 use qkv::rng::Rng;
 use qkv::{AttentionSpec, CausalAlign, Kernel, Tensor};
 use serde_json::{json, Map, Value};
@@ -188,6 +188,11 @@ struct LlamaArgs {
     /// Prompt tokens the decode workload starts from
     #[arg(long, default_value_t = 16)]
     decode_prompt: usize,
+    /// Also decode N sequences together, one token each per step, as `qkv serve`
+    /// batches its streams (`Transformer::step_rows`: the products once over N rows,
+    /// attention per sequence); the weights packed first as the server packs them
+    #[arg(long, value_name = "N", value_delimiter = ',')]
+    rows: Vec<usize>,
     /// Also write the model to DIR as a LlamaForCausalLM folder (transformers loads it)
     #[arg(long, value_name = "DIR")]
     save: Option<PathBuf>,
@@ -591,6 +596,9 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
     if a.prefill == 0 || a.decode == 0 || a.decode_prompt == 0 {
         bail!("--prefill, --decode and --decode-prompt must be at least 1");
     }
+    if a.rows.contains(&0) {
+        bail!("--rows must be at least 1");
+    }
     if a.prefill.max(a.decode_prompt + a.decode) > a.max_len {
         bail!(
             "--max-len {} is shorter than the workloads: --prefill {} and --decode-prompt + --decode {}",
@@ -692,6 +700,66 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
         timing,
         rate: Some(Rate::new("tokens_per_s", "tokens/s", a.decode as f64)),
         fields,
+    })?;
+    if !a.rows.is_empty() {
+        if dtype == DType::F32 {
+            model.pack_weights();
+        }
+        for &n in &a.rows {
+            bench_rows(a, &model, n, &arch_fields, &mut ids, p)?;
+        }
+    }
+    Ok(())
+}
+
+/// `a.decode` greedy steps of `n` sequences at once, each from its own random prompt;
+/// a sample clones the prefilled caches, so it times the steps and the choices alone.
+fn bench_rows(
+    a: &LlamaArgs,
+    model: &Transformer,
+    n: usize,
+    arch_fields: &Value,
+    ids: &mut impl FnMut(usize) -> Vec<usize>,
+    p: &mut Printer<impl Write>,
+) -> Result<()> {
+    let mut caches = Vec::with_capacity(n);
+    let mut first = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut cache = model.new_cache(1);
+        let logits = model.prefill(&TokenBatch::single(ids(a.decode_prompt))?, &mut cache)?;
+        first.push(argmax(logits.data()));
+        caches.push(cache);
+    }
+    let timing = measure(&a.common, || {
+        let mut caches = caches.clone();
+        let mut tokens = first.clone();
+        for _ in 0..a.decode {
+            let mut rows: Vec<&mut KvCache> = caches.iter_mut().collect();
+            let logits = model.step_rows(&tokens, &mut rows)?;
+            let v = logits.shape()[2];
+            for (t, row) in tokens.iter_mut().zip(logits.data().chunks_exact(v)) {
+                *t = argmax(row);
+            }
+        }
+        black_box(&tokens);
+        Ok(())
+    })?;
+    let fields = merge(
+        arch_fields,
+        json!({
+            "mode": "decode_rows", "rows": n, "prompt": a.decode_prompt, "new_tokens": a.decode,
+            "step_s_best": timing.best_s / a.decode as f64,
+            "step_s_median": timing.median_s / a.decode as f64,
+        }),
+    );
+    p.row(Row {
+        label: format!(
+            "llama greedy decode {} tokens x {n} rows (prompt {})",
+            a.decode, a.decode_prompt
+        ),
+        timing,
+        rate: Some(Rate::new("tokens_per_s", "tokens/s", (a.decode * n) as f64)),
+        fields,
     })
 }
 
@@ -719,7 +787,7 @@ fn low_precision_accuracy(
         .data()
         .chunks_exact(v)
         .zip(got.data().chunks_exact(v))
-        .filter(|(w, g)| qkv::ops::argmax(w) == qkv::ops::argmax(g))
+        .filter(|(w, g)| argmax(w) == argmax(g))
         .count();
     Ok(json!({
         "logits_max_abs": want.max_abs_diff(&got),
