@@ -1,0 +1,124 @@
+//! Embeddings (batched across clients by the embedder thread) and tokenization.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Json;
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+use super::{body, engine_failed, Reply, Shared};
+use crate::serve::api::{
+    body_json, parse, ApiError, EmbeddingInput, EmbeddingRequest, TokenizeRequest, EMBEDDING,
+    TOKENIZE,
+};
+use crate::serve::embedder::EmbedJob;
+
+pub async fn embeddings(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
+    let b = body(b)?;
+    let req: EmbeddingRequest = parse(&body_json(&b, &[EMBEDDING])?)?;
+    let e = s.embedder.as_ref().ok_or_else(|| {
+        ApiError::status(
+            StatusCode::NOT_FOUND,
+            format!("`{}` generates text: POST /v1/completions", s.name),
+        )
+    })?;
+    s.check_model(&req.model)?;
+    let base64 = match req.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "encoding_format",
+                format!("`{other}`: float or base64"),
+            ))
+        }
+    };
+    let dim = e.encoder.dim();
+    if let Some(d) = req.dimensions.filter(|&d| d != dim) {
+        return Err(ApiError::invalid(
+            "dimensions",
+            format!("{d}: this model's embeddings have {dim}"),
+        ));
+    }
+    let texts = match req.input {
+        EmbeddingInput::Text(t) => vec![t],
+        EmbeddingInput::Texts(v) => v,
+    };
+    if texts.is_empty() || texts.len() > s.limits.max_inputs {
+        return Err(ApiError::invalid(
+            "input",
+            format!("{} texts: give 1 to {}", texts.len(), s.limits.max_inputs),
+        ));
+    }
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let batch = e
+        .encoder
+        .tokenize(&refs)
+        .map_err(|err| ApiError::invalid("input", err.to_string()))?;
+    let tokens = batch.mask.iter().filter(|&&m| m).count();
+    s.metrics.prompt(tokens);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    e.queue.submit(
+        EmbedJob {
+            texts,
+            tokens,
+            reply: tx,
+        },
+        &s.metrics,
+    )?;
+    let vectors = rx
+        .await
+        .map_err(|_| engine_failed("the embedder stopped".into()))?
+        .map_err(engine_failed)?;
+    let data: Vec<Value> = vectors
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let embedding = match base64 {
+                false => json!(v),
+                true => {
+                    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+                }
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    Ok(Json(json!({
+        "object": "list", "data": data, "model": s.name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }))
+    .into_response())
+}
+
+pub async fn tokenize(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
+    let b = body(b)?;
+    let req: TokenizeRequest = parse(&body_json(&b, &[TOKENIZE])?)?;
+    let tokens = match (&s.generator, &s.embedder) {
+        (Some(g), _) => {
+            let tok = g
+                .tokenizer
+                .as_ref()
+                .ok_or_else(|| ApiError::invalid("content", "the model folder has no tokenizer"))?;
+            tok.encode(&req.content, req.add_special)
+                .map_err(|e| ApiError::invalid("content", e.to_string()))?
+        }
+        (None, Some(e)) => {
+            let b = e
+                .encoder
+                .tokenize(&[req.content.as_str()])
+                .map_err(|err| ApiError::invalid("content", err.to_string()))?;
+            b.ids
+                .iter()
+                .zip(&b.mask)
+                .filter(|(_, &m)| m)
+                .map(|(&i, _)| i)
+                .collect()
+        }
+        (None, None) => unreachable!("a server serves a generator or an embedder"),
+    };
+    Ok(Json(json!({"tokens": tokens})).into_response())
+}
