@@ -181,8 +181,25 @@ def train_data_seeds():
     )
 
 
+def gguf_seeds():
+    """The GGUF fixture (every tensor type qkv reads, every metadata type), and the same
+    header with no tensors."""
+    data = (FIX / "gguf" / "tensors.gguf").read_bytes()
+    put("gguf", "tensors", data)
+    # magic, version, tensor count 0, metadata count 1, then `general.architecture`
+    key = b"general.architecture"
+    value = b"llama"
+    put(
+        "gguf",
+        "metadata_only",
+        b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+        + struct.pack("<IQ", 8, len(value)) + value,
+    )
+
+
 if __name__ == "__main__":
     safetensors_seeds()
+    gguf_seeds()
     config_seeds()
     tokenizer_seeds()
     batch_seeds()

@@ -503,3 +503,47 @@ fn embed_json_is_unit_vectors_for_minilm() {
         assert!((norm - 1.0).abs() < 1e-5);
     }
 }
+
+/// `qkv inspect` on a GGUF file lists its format, its tensors by type and its metadata;
+/// a malformed one fails with one line naming the file and the field.
+#[test]
+fn inspect_lists_a_gguf_file_and_names_what_is_wrong_with_a_bad_one() {
+    let gguf =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../qkv/tests/fixtures/gguf/tensors.gguf");
+    let out = qkv(&["inspect", "--model", gguf.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "GGUF version 3, alignment 32",
+        "tensors            8: F32 1",
+        "Q4_K 1",
+        "general.architecture \"llama\"",
+        "test.strings       [5 × String]",
+        "test.f64           -2.5e-300",
+    ] {
+        assert!(text.contains(needle), "`{needle}` in:\n{text}");
+    }
+    let out = qkv(&[
+        "inspect",
+        "--model",
+        gguf.to_str().unwrap(),
+        "--dtype",
+        "bf16",
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--dtype"), "{}", stderr(&out));
+
+    let dir = scratch("gguf-inspect");
+    let bad = dir.join("cut.gguf");
+    let bytes = std::fs::read(&gguf).unwrap();
+    std::fs::write(&bad, &bytes[..100]).unwrap();
+    let out = qkv(&["inspect", "--model", bad.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("cut.gguf") && err.contains("the tensor count is 8"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

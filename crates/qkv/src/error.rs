@@ -58,6 +58,9 @@ pub enum Error {
     /// A safetensors file is malformed or lacks what was asked for.
     #[error("{path}: {reason}")]
     Safetensors { path: String, reason: String },
+    /// A GGUF file is malformed or lacks what was asked for.
+    #[error("{path}: {reason}")]
+    Gguf { path: String, reason: String },
     /// A request's settings that cannot go together, or a step of a request that
     /// failed. `message` names the request's settings in backquotes (`init`,
     /// `stop_after`), which a program writes as its own options (`--init`, `init=`);

@@ -8,7 +8,7 @@ use qkv::ops::DType;
 
 #[derive(clap::Args)]
 pub struct InspectArgs {
-    /// Hugging Face model folder
+    /// Hugging Face model folder, or a GGUF file (its metadata and tensors listed)
     #[arg(long)]
     model: PathBuf,
     /// Also print the weights' memory with the linear layers in this type (f32, bf16,
@@ -18,6 +18,12 @@ pub struct InspectArgs {
 }
 
 pub fn run(args: &InspectArgs, out: &mut impl Write) -> Result<()> {
+    if args.model.extension().is_some_and(|e| e == "gguf") {
+        if args.dtype.is_some() {
+            anyhow::bail!("--dtype: a GGUF file's weights keep the types they are stored in");
+        }
+        return gguf(&args.model, out);
+    }
     let mut loaded = super::load_model(&args.model, DType::F32)?;
     let i = loaded.model.info();
     let dtypes: Vec<String> = loaded
@@ -58,11 +64,7 @@ pub fn run(args: &InspectArgs, out: &mut impl Write) -> Result<()> {
         let (linear_f32, rest) = model.weight_bytes();
         model.set_dtype(dtype)?;
         let (linear, _) = model.weight_bytes();
-        let mb = |b: usize| match b as f64 {
-            b if b >= 1e9 => format!("{:.2} GB", b / 1e9),
-            b if b >= 1e6 => format!("{:.1} MB", b / 1e6),
-            b => format!("{:.1} kB", b / 1e3),
-        };
+        let mb = size;
         writeln!(
             out,
             "{:<18} {} (linear layers {} in {dtype}, {} in f32; the rest {} in f32)",
@@ -74,4 +76,68 @@ pub fn run(args: &InspectArgs, out: &mut impl Write) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// A GGUF file: its version, its tensors by type, and every metadata key (arrays by
+/// their length, long strings cut).
+fn gguf(path: &std::path::Path, out: &mut impl Write) -> Result<()> {
+    use qkv::io::gguf::{GgufFile, Value};
+    let f = GgufFile::open(path)?;
+    let h = &f.header;
+    let mut by_type: Vec<(String, usize, usize)> = Vec::new();
+    for t in &h.tensors {
+        match by_type.iter_mut().find(|(name, ..)| *name == t.ty.name) {
+            Some((_, n, bytes)) => (*n, *bytes) = (*n + 1, *bytes + t.size),
+            None => by_type.push((t.ty.name.to_string(), 1, t.size)),
+        }
+    }
+    let types: Vec<String> = by_type
+        .iter()
+        .map(|(ty, n, bytes)| format!("{ty} {n} ({})", size(*bytes)))
+        .collect();
+    writeln!(
+        out,
+        "{:<18} GGUF version {}, alignment {}",
+        "format", h.version, h.alignment
+    )?;
+    writeln!(
+        out,
+        "{:<18} {}: {}",
+        "tensors",
+        h.tensors.len(),
+        types.join(", ")
+    )?;
+    fn show(v: &Value) -> String {
+        match v {
+            Value::String(s) if s.chars().count() > 60 => {
+                format!(
+                    "{:?}… ({} bytes)",
+                    s.chars().take(60).collect::<String>(),
+                    s.len()
+                )
+            }
+            Value::String(s) => format!("{s:?}"),
+            Value::Array(ty, items) => format!("[{} × {ty:?}]", items.len()),
+            Value::Bool(b) => b.to_string(),
+            Value::F32(x) => format!("{x:?}"),
+            Value::F64(x) => format!("{x:?}"),
+            Value::I8(x) => x.to_string(),
+            Value::I16(x) => x.to_string(),
+            Value::I32(x) => x.to_string(),
+            Value::I64(x) => x.to_string(),
+            v => v.as_u64().map_or_else(String::new, |x| x.to_string()),
+        }
+    }
+    for (key, value) in &h.metadata {
+        writeln!(out, "{key:<18} {}", show(value))?;
+    }
+    Ok(())
+}
+
+fn size(b: usize) -> String {
+    match b as f64 {
+        b if b >= 1e9 => format!("{:.2} GB", b / 1e9),
+        b if b >= 1e6 => format!("{:.1} MB", b / 1e6),
+        b => format!("{:.1} kB", b / 1e3),
+    }
 }

@@ -4,6 +4,7 @@ pub mod atomic;
 pub mod checkpoint;
 pub mod config;
 pub mod files;
+pub mod gguf;
 pub mod memory;
 pub mod safetensors;
 mod token_tensors;

@@ -1,0 +1,353 @@
+//! GGUF reading against llama.cpp's own `gguf` package: `fixtures/gguf/tensors.gguf`
+//! written by its GGUFWriter, and what its GGUFReader and `gguf.quants.dequantize` read
+//! back (`reference.json`, tools/fixtures/gen_gguf.py); and the checks that refuse a
+//! malformed file with the field at fault, on files built byte by byte here.
+
+#![cfg(feature = "io")]
+
+use std::path::{Path, PathBuf};
+
+use qkv::io::gguf::{GgufFile, Header, Value};
+use qkv::Error;
+use serde_json::Value as Json;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/gguf")
+        .join(name)
+}
+
+fn reference() -> Json {
+    serde_json::from_str(&std::fs::read_to_string(fixture("reference.json")).unwrap()).unwrap()
+}
+
+/// A metadata value as GGUFReader's `contents()` gives it.
+fn as_json(v: &Value) -> Json {
+    match v {
+        Value::U8(x) => (*x).into(),
+        Value::I8(x) => (*x).into(),
+        Value::U16(x) => (*x).into(),
+        Value::I16(x) => (*x).into(),
+        Value::U32(x) => (*x).into(),
+        Value::I32(x) => (*x).into(),
+        Value::U64(x) => (*x).into(),
+        Value::I64(x) => (*x).into(),
+        Value::F32(x) => f64::from(*x).into(),
+        Value::F64(x) => (*x).into(),
+        Value::Bool(x) => (*x).into(),
+        Value::String(s) => s.as_str().into(),
+        Value::Array(_, items) => items.iter().map(as_json).collect(),
+    }
+}
+
+fn type_names(v: &Value) -> Vec<String> {
+    let name = |v: &Value| -> String {
+        match v {
+            Value::U8(_) => "UINT8",
+            Value::I8(_) => "INT8",
+            Value::U16(_) => "UINT16",
+            Value::I16(_) => "INT16",
+            Value::U32(_) => "UINT32",
+            Value::I32(_) => "INT32",
+            Value::U64(_) => "UINT64",
+            Value::I64(_) => "INT64",
+            Value::F32(_) => "FLOAT32",
+            Value::F64(_) => "FLOAT64",
+            Value::Bool(_) => "BOOL",
+            Value::String(_) => "STRING",
+            Value::Array(..) => "ARRAY",
+        }
+        .into()
+    };
+    match v {
+        Value::Array(_, items) => {
+            let mut names = vec!["ARRAY".to_string()];
+            names.extend(items.first().map(type_names).unwrap_or_default());
+            names
+        }
+        _ => vec![name(v)],
+    }
+}
+
+#[test]
+fn metadata_and_tensors_read_as_the_gguf_package_reads_them() {
+    let r = reference();
+    let f = GgufFile::open(&fixture("tensors.gguf")).unwrap();
+    let h = &f.header;
+    assert_eq!(h.version as u64, r["version"].as_u64().unwrap());
+    assert_eq!(h.alignment as u64, r["alignment"].as_u64().unwrap());
+
+    let want = r["metadata"].as_object().unwrap();
+    assert_eq!(h.metadata.len(), want.len());
+    for (key, value) in &h.metadata {
+        let w = &want[key.as_str()];
+        assert_eq!(as_json(value), w["value"], "metadata `{key}`");
+        let types: Vec<String> = serde_json::from_value(w["type"].clone()).unwrap();
+        assert_eq!(type_names(value), types, "metadata `{key}`: type");
+    }
+    assert_eq!(
+        h.get("general.architecture").and_then(Value::as_str),
+        Some("llama")
+    );
+    assert_eq!(h.get("llama.block_count").and_then(Value::as_u64), Some(2));
+
+    let tensors = r["tensors"].as_array().unwrap();
+    assert_eq!(h.tensors.len(), tensors.len());
+    for (t, w) in h.tensors.iter().zip(tensors) {
+        let name = &t.name;
+        assert_eq!(name, w["name"].as_str().unwrap());
+        assert_eq!(t.ty.name, w["type"].as_str().unwrap(), "`{name}`: type");
+        let dims: Vec<usize> = serde_json::from_value(w["dims"].clone()).unwrap();
+        assert_eq!(t.dims, dims, "`{name}`: dims");
+        assert_eq!(
+            t.offset as u64,
+            w["offset"].as_u64().unwrap(),
+            "`{name}`: offset"
+        );
+
+        let got = f.tensor(name).unwrap();
+        assert_eq!(
+            got.shape(),
+            &dims.iter().rev().copied().collect::<Vec<_>>()[..]
+        );
+        let want: Vec<f32> = w["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        assert_eq!(got.numel(), want.len(), "`{name}`");
+        // the same f32 arithmetic in the same order as gguf's numpy: equal bit for bit
+        for (i, (g, w)) in got.data().iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "`{name}`[{i}]: {g} against gguf's {w}"
+            );
+        }
+    }
+    let err = f.tensor("missing").unwrap_err().to_string();
+    assert!(
+        err.contains("tensors.gguf") && err.contains("no tensor `missing`"),
+        "{err}"
+    );
+}
+
+/// GGUF bytes built field by field: metadata pairs (key, type code, value bytes) and
+/// tensor infos (name, dims, type code, offset), then `data` bytes from the aligned start.
+struct Builder {
+    version: u32,
+    kv: Vec<(String, u32, Vec<u8>)>,
+    tensors: Vec<(String, Vec<u64>, u32, u64)>,
+    data: usize,
+}
+
+fn string(s: &str) -> Vec<u8> {
+    let mut b = (s.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(s.as_bytes());
+    b
+}
+
+impl Builder {
+    fn new() -> Self {
+        Builder {
+            version: 3,
+            kv: vec![("general.architecture".into(), 8, string("llama"))],
+            tensors: vec![("w".into(), vec![32, 2], 8, 0)],
+            data: 68,
+        }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend(self.version.to_le_bytes());
+        b.extend((self.tensors.len() as u64).to_le_bytes());
+        b.extend((self.kv.len() as u64).to_le_bytes());
+        for (k, ty, v) in &self.kv {
+            b.extend(string(k));
+            b.extend(ty.to_le_bytes());
+            b.extend(v);
+        }
+        for (name, dims, ty, offset) in &self.tensors {
+            b.extend(string(name));
+            b.extend((dims.len() as u32).to_le_bytes());
+            dims.iter().for_each(|d| b.extend(d.to_le_bytes()));
+            b.extend(ty.to_le_bytes());
+            b.extend(offset.to_le_bytes());
+        }
+        b.resize(b.len().next_multiple_of(32) + self.data, 0);
+        b
+    }
+
+    fn error(&self) -> String {
+        Header::parse(&self.bytes())
+            .expect_err("a malformed file")
+            .to_string()
+    }
+}
+
+fn array(elem: u32, count: u64, items: &[u8]) -> Vec<u8> {
+    let mut b = elem.to_le_bytes().to_vec();
+    b.extend(count.to_le_bytes());
+    b.extend_from_slice(items);
+    b
+}
+
+#[test]
+fn a_well_formed_file_built_here_parses_with_nested_arrays() {
+    let mut b = Builder::new();
+    // [[1, 2], [3]] as arrays of u8 inside an array
+    let inner = [array(0, 2, &[1, 2]), array(0, 1, &[3])].concat();
+    b.kv.push(("nested".into(), 9, array(9, 2, &inner)));
+    let h = Header::parse(&b.bytes()).unwrap();
+    let nested = h.get("nested").and_then(Value::as_array).unwrap();
+    let inner: Vec<Vec<u64>> = nested
+        .iter()
+        .map(|a| {
+            a.as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect()
+        })
+        .collect();
+    assert_eq!(inner, [vec![1, 2], vec![3]]);
+    assert_eq!(h.tensors[0].shape(), [2, 32]);
+    assert_eq!(h.tensors[0].size, 68);
+}
+
+#[test]
+fn malformed_files_are_refused_naming_the_field() {
+    let good = Builder::new();
+    let bytes = good.bytes();
+    // cut anywhere before the end of the tensor's data: an error, never a panic
+    for end in 0..bytes.len() {
+        let err = Header::parse(&bytes[..end]).expect_err("a truncated file");
+        assert!(!err.is_empty());
+    }
+    let check = |b: Builder, needle: &str| {
+        let err = b.error();
+        assert!(err.contains(needle), "wanted `{needle}` in: {err}");
+    };
+    let mut b = Builder::new();
+    b.version = 1;
+    check(b, "version 1");
+    let mut b = Builder::new();
+    b.version = 3u32.swap_bytes();
+    check(b, "big-endian");
+
+    let mut raw = good.bytes();
+    raw[..4].copy_from_slice(b"GGML");
+    assert!(Header::parse(&raw).unwrap_err().contains("not a GGUF file"));
+    // a tensor count no file could hold, before anything is sized from it
+    let mut raw = good.bytes();
+    raw[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    assert!(Header::parse(&raw)
+        .unwrap_err()
+        .contains("the tensor count"));
+    let mut raw = good.bytes();
+    raw[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    assert!(Header::parse(&raw)
+        .unwrap_err()
+        .contains("the metadata count"));
+
+    let mut b = Builder::new();
+    b.kv.push(("general.architecture".into(), 8, string("gpt2")));
+    check(b, "`general.architecture` appears twice");
+    let mut b = Builder::new();
+    b.kv.push(("flag".into(), 7, vec![7]));
+    check(b, "metadata `flag` is a bool stored as 7");
+    let mut b = Builder::new();
+    b.kv.push(("odd".into(), 13, vec![0; 8]));
+    check(b, "metadata `odd` has unknown value type 13");
+    let mut b = Builder::new();
+    b.kv.push(("long".into(), 8, (u64::MAX - 3).to_le_bytes().to_vec()));
+    check(b, "metadata `long` is 18446744073709551612 bytes long");
+    let mut b = Builder::new();
+    b.kv.push((
+        "latin1".into(),
+        8,
+        [1u64.to_le_bytes().to_vec(), vec![0xe9]].concat(),
+    ));
+    check(b, "metadata `latin1` is not UTF-8");
+    let mut b = Builder::new();
+    b.kv.push(("huge".into(), 9, array(4, 1 << 61, &[])));
+    check(b, "the element count of metadata `huge`");
+    let mut b = Builder::new();
+    let mut deep = array(0, 0, &[]);
+    for _ in 0..5 {
+        deep = array(9, 1, &deep);
+    }
+    b.kv.push(("deep".into(), 9, deep));
+    check(b, "nests arrays deeper");
+    let mut b = Builder::new();
+    b.kv.push(("general.alignment".into(), 4, 24u32.to_le_bytes().to_vec()));
+    check(b, "`general.alignment`");
+
+    let mut b = Builder::new();
+    b.tensors[0].2 = 99;
+    check(b, "tensor `w` has type 99, which is no ggml type");
+    let mut b = Builder::new();
+    b.tensors[0].1 = vec![30, 2];
+    check(
+        b,
+        "tensor `w`: its rows of 30 weights are not whole Q8_0 blocks of 32",
+    );
+    let mut b = Builder::new();
+    b.tensors[0].1 = vec![32, 0];
+    check(b, "tensor `w`: dimension 1 is 0");
+    let mut b = Builder::new();
+    b.tensors[0].1 = vec![32, 1, 1, 1, 1];
+    check(b, "tensor `w` has 5 dimensions");
+    let mut b = Builder::new();
+    b.tensors[0].1 = vec![1 << 40, 1 << 30];
+    check(b, "tensor `w`: dims");
+    let mut b = Builder::new();
+    b.tensors[0].3 = 16;
+    check(
+        b,
+        "tensor `w`: offset 16 is not a multiple of the alignment 32",
+    );
+    let mut b = Builder::new();
+    b.data = 67;
+    check(
+        b,
+        "tensor `w`: its 68 bytes at offset 0 run past the end of the data",
+    );
+    let mut b = Builder::new();
+    b.tensors.push(("v".into(), vec![32], 8, 32));
+    b.data = 200;
+    check(b, "tensors `w` and `v` overlap");
+    let mut b = Builder::new();
+    b.tensors.push(("w".into(), vec![32], 8, 96));
+    b.data = 200;
+    check(b, "tensor `w` appears twice");
+    let mut b = Builder::new();
+    b.tensors[0].0 = "x".repeat(65);
+    check(b, "a name over 64 bytes");
+}
+
+#[test]
+fn a_file_error_names_the_file_and_unread_types_are_refused() {
+    let dir = std::env::temp_dir().join(format!("qkv-gguf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.gguf");
+    std::fs::write(&path, b"GGUF\x03\x00\x00\x00").unwrap();
+    let err = GgufFile::open(&path).err().expect("a truncated file");
+    assert!(matches!(err, Error::Gguf { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("bad.gguf") && text.contains("the tensor count"),
+        "{text}"
+    );
+
+    // Q2_K is a type qkv bounds-checks but does not compute with
+    let mut b = Builder::new();
+    b.tensors[0] = ("q2".into(), vec![256], 10, 0);
+    b.data = 84;
+    std::fs::write(&path, b.bytes()).unwrap();
+    let f = GgufFile::open(&path).unwrap();
+    let err = f.tensor("q2").unwrap_err().to_string();
+    assert!(err.contains("tensor `q2` is Q2_K"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
