@@ -87,20 +87,39 @@ fn generate_json_prints_hf_greedy_tokens() {
     let (_, prompt) = reference.ints("gen_prompt").unwrap();
     let (shape, output) = reference.ints("gen_output").unwrap();
     let ids: Vec<String> = prompt.iter().map(|i| i.to_string()).collect();
+    // the folder, and the GGUF file llama.cpp's converter makes of it
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../qkv/tests/fixtures/gguf/models/llama_gqa.gguf");
+    for model in [&dir, &gguf] {
+        let out = qkv(&[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--input-ids",
+            &ids.join(","),
+            "--max-new-tokens",
+            "8",
+            "--greedy",
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let got: Vec<i64> = serde_json::from_slice(&out.stdout).expect("a JSON list of ids");
+        assert_eq!(
+            got,
+            output[prompt.len()..shape[1]].to_vec(),
+            "{}",
+            model.display()
+        );
+    }
     let out = qkv(&[
         "generate",
         "--model",
-        dir.to_str().unwrap(),
-        "--input-ids",
-        &ids.join(","),
-        "--max-new-tokens",
-        "8",
-        "--greedy",
-        "--json",
+        gguf.to_str().unwrap(),
+        "--prompt",
+        "hi",
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let got: Vec<i64> = serde_json::from_slice(&out.stdout).expect("a JSON list of ids");
-    assert_eq!(got, output[prompt.len()..shape[1]].to_vec());
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--input-ids"), "{}", stderr(&out));
 }
 
 /// `--dtype bf16` and `int8` generate what PyTorch with such linear layers generates

@@ -39,6 +39,19 @@ def test_a_batch_of_prompts_equals_transformers_batched_generate(name):
     assert got == [m.generate(p, greedy=True, max_new_tokens=f.params["max_new_tokens"]) for p in prompts]
 
 
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen2"])
+def test_a_gguf_file_generates_as_the_folder_it_was_converted_from(name):
+    f = fixture(f"models/{name}", "reference")
+    path = model_dir(name).parent.parent / "gguf" / "models" / f"{name}.gguf"
+    m = qkv.load(str(path))
+    prompts = real_rows(f["gen_batch_prompt"], f["gen_batch_mask"])
+    eos = f.params["eos_token_id"]
+    eos = eos if isinstance(eos, list) else [eos]
+    got = m.generate(prompts, greedy=True, max_new_tokens=f.params["max_new_tokens"])
+    width = f["gen_batch_prompt"].shape[1]
+    assert got == [new_tokens(row, width, eos) for row in f["gen_batch_output"]]
+
+
 TEXTS = ["The cat sat on the mat.", "猫坐在垫子上", "Attention is all you need, they said."]
 
 

@@ -1,13 +1,18 @@
 //! GGUF reading against llama.cpp's own `gguf` package: `fixtures/gguf/tensors.gguf`
 //! written by its GGUFWriter, and what its GGUFReader and `gguf.quants.dequantize` read
 //! back (`reference.json`, tools/fixtures/gen_gguf.py); and the checks that refuse a
-//! malformed file with the field at fault, on files built byte by byte here.
+//! malformed file with the field at fault, on files built byte by byte here. And models
+//! from GGUF files converted as llama.cpp's converter does (Q and K permuted for
+//! `llama`): the same logits, cache and generation as the Hugging Face folders they
+//! came from, against those folders' transformers references.
 
-#![cfg(feature = "io")]
+#![cfg(feature = "models")]
+
+mod common;
 
 use std::path::{Path, PathBuf};
 
-use qkv::io::gguf::{GgufFile, Header, Value};
+use qkv::io::gguf::{self, GgufFile, Value};
 use qkv::Error;
 use serde_json::Value as Json;
 
@@ -180,7 +185,7 @@ impl Builder {
     }
 
     fn error(&self) -> String {
-        Header::parse(&self.bytes())
+        gguf::parse(&self.bytes())
             .expect_err("a malformed file")
             .to_string()
     }
@@ -199,7 +204,7 @@ fn a_well_formed_file_built_here_parses_with_nested_arrays() {
     // [[1, 2], [3]] as arrays of u8 inside an array
     let inner = [array(0, 2, &[1, 2]), array(0, 1, &[3])].concat();
     b.kv.push(("nested".into(), 9, array(9, 2, &inner)));
-    let h = Header::parse(&b.bytes()).unwrap();
+    let h = gguf::parse(&b.bytes()).unwrap();
     let nested = h.get("nested").and_then(Value::as_array).unwrap();
     let inner: Vec<Vec<u64>> = nested
         .iter()
@@ -222,7 +227,7 @@ fn malformed_files_are_refused_naming_the_field() {
     let bytes = good.bytes();
     // cut anywhere before the end of the tensor's data: an error, never a panic
     for end in 0..bytes.len() {
-        let err = Header::parse(&bytes[..end]).expect_err("a truncated file");
+        let err = gguf::parse(&bytes[..end]).expect_err("a truncated file");
         assert!(!err.is_empty());
     }
     let check = |b: Builder, needle: &str| {
@@ -238,16 +243,14 @@ fn malformed_files_are_refused_naming_the_field() {
 
     let mut raw = good.bytes();
     raw[..4].copy_from_slice(b"GGML");
-    assert!(Header::parse(&raw).unwrap_err().contains("not a GGUF file"));
+    assert!(gguf::parse(&raw).unwrap_err().contains("not a GGUF file"));
     // a tensor count no file could hold, before anything is sized from it
     let mut raw = good.bytes();
     raw[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
-    assert!(Header::parse(&raw)
-        .unwrap_err()
-        .contains("the tensor count"));
+    assert!(gguf::parse(&raw).unwrap_err().contains("the tensor count"));
     let mut raw = good.bytes();
     raw[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());
-    assert!(Header::parse(&raw)
+    assert!(gguf::parse(&raw)
         .unwrap_err()
         .contains("the metadata count"));
 
@@ -350,4 +353,42 @@ fn a_file_error_names_the_file_and_unread_types_are_refused() {
     let err = f.tensor("q2").unwrap_err().to_string();
     assert!(err.contains("tensor `q2` is Q2_K"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn gguf_model(name: &str) -> PathBuf {
+    fixture("models").join(format!("{name}.gguf"))
+}
+
+#[test]
+fn llama_and_qwen2_gguf_files_run_as_their_hugging_face_folders() {
+    for name in ["llama_gqa", "qwen2"] {
+        let loaded = qkv::models::load(&gguf_model(name)).unwrap();
+        assert_eq!(loaded.dtypes, [("F32".to_string(), loaded.parameters)]);
+        assert!(loaded.unused.is_empty(), "{name}: {:?}", loaded.unused);
+        let folder = common::models::load_causal(name);
+        assert_eq!(loaded.model.arch, folder.arch, "{name}: architecture");
+        assert_eq!(
+            loaded.model.special_tokens().eos,
+            folder.special_tokens().eos,
+            "{name}: eos"
+        );
+        common::models::check_causal_model(name, &loaded.model);
+    }
+}
+
+#[test]
+fn a_gguf_model_saves_as_a_hugging_face_folder_and_refuses_what_it_cannot_run() {
+    let dir = std::env::temp_dir().join(format!("qkv-gguf-save-{}", std::process::id()));
+    let m = qkv::models::load(&gguf_model("llama_gqa")).unwrap().model;
+    m.save(&dir).unwrap();
+    let back = qkv::models::load(&dir).unwrap().model;
+    assert_eq!(back.arch, m.arch);
+    common::models::check_causal_model("llama_gqa", &back);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // the reader's fixture is a `llama` file without a model's tensors
+    let err = qkv::models::load(&fixture("tensors.gguf"))
+        .err()
+        .expect("no model");
+    assert!(err.to_string().contains("tensors.gguf"), "{err}");
 }

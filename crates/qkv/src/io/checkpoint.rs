@@ -8,6 +8,24 @@ use super::{read_json, TensorFile};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
+/// Where a model's tensors are read from, by their checkpoint names: a folder's
+/// safetensors ([`Checkpoint`]), or a GGUF file seen under Hugging Face's names.
+pub trait TensorSource {
+    fn has(&self, name: &str) -> bool;
+
+    /// A tensor as f32, whatever it is stored as.
+    fn tensor(&self, name: &str) -> Result<Tensor>;
+
+    /// A tensor that must have exactly `shape`; the error names both shapes.
+    fn tensor_shaped(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let t = self.tensor(name)?;
+        if t.shape() != shape {
+            return Err(Error::shape(name, format!("{shape:?}"), t.shape()));
+        }
+        Ok(t)
+    }
+}
+
 pub struct Checkpoint {
     files: Vec<TensorFile>,
     /// tensor name → index into `files`
@@ -61,6 +79,18 @@ impl Checkpoint {
         self.index.contains_key(name)
     }
 
+    /// A tensor as f32, whatever its dtype on disk.
+    pub fn tensor(&self, name: &str) -> Result<Tensor> {
+        let t = self.file(name)?.tensor(name)?;
+        t.check_finite(name)?;
+        Ok(t)
+    }
+
+    /// A tensor that must have exactly `shape`; the error names both shapes.
+    pub fn tensor_shaped(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        TensorSource::tensor_shaped(self, name, shape)
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.index.keys().map(String::as_str)
     }
@@ -76,22 +106,6 @@ impl Checkpoint {
         Ok(&self.files[*i])
     }
 
-    /// A tensor as f32, whatever its dtype on disk.
-    pub fn tensor(&self, name: &str) -> Result<Tensor> {
-        let t = self.file(name)?.tensor(name)?;
-        t.check_finite(name)?;
-        Ok(t)
-    }
-
-    /// A tensor that must have exactly `shape`; the error names both shapes.
-    pub fn tensor_shaped(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let t = self.tensor(name)?;
-        if t.shape() != shape {
-            return Err(Error::shape(name, format!("{shape:?}"), t.shape()));
-        }
-        Ok(t)
-    }
-
     /// Dtype names on disk with their element counts, e.g. `[("BF16", 1_100_000)]`.
     pub fn dtypes(&self) -> Result<Vec<(String, usize)>> {
         let mut counts: HashMap<String, usize> = HashMap::new();
@@ -102,5 +116,15 @@ impl Checkpoint {
         let mut out: Vec<_> = counts.into_iter().collect();
         out.sort();
         Ok(out)
+    }
+}
+
+impl TensorSource for Checkpoint {
+    fn has(&self, name: &str) -> bool {
+        Checkpoint::has(self, name)
+    }
+
+    fn tensor(&self, name: &str) -> Result<Tensor> {
+        Checkpoint::tensor(self, name)
     }
 }

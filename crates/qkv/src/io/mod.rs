@@ -10,7 +10,7 @@ pub mod safetensors;
 mod token_tensors;
 
 pub use self::atomic::write_atomic;
-pub use self::checkpoint::Checkpoint;
+pub use self::checkpoint::{Checkpoint, TensorSource};
 pub use self::config::{
     aliased_size, bad_field, check_heads, check_positive, eps, epsilon, field_error, json_f32,
     read_config, read_json, read_json_or_default, read_text, size, yes,

@@ -3,7 +3,6 @@
 //! checkpoint before anything is allocated, and [`Transformer::save`] writes one back in
 //! the family's layout.
 
-use std::collections::HashSet;
 use std::path::Path;
 
 use serde_json::{json, Map, Value};
@@ -11,26 +10,14 @@ use serde_json::{json, Map, Value};
 use super::families::names;
 use super::families::special::special_tokens;
 use super::families::{supported, Family};
-use super::net::arch::{Arch, Head};
+use super::net::arch::Arch;
 use super::net::weights::Weights;
+use super::reading::{read_weights, Loaded};
 use super::transformer::Transformer;
 use crate::error::{Error, Result};
 use crate::io::{read_config, write_atomic, Checkpoint};
-use crate::layers::Linear;
 use crate::ops::DType;
 use crate::tensor::Tensor;
-
-/// A loaded model with what its checkpoint says about itself.
-pub struct Loaded {
-    pub model: Transformer,
-    /// Elements stored in the checkpoint (a tied matrix counts once).
-    pub parameters: usize,
-    /// Dtypes on disk with their element counts.
-    pub dtypes: Vec<(String, usize)>,
-    /// Checkpoint tensors the model does not read (sorted), besides the buffers and
-    /// heads no qkv output needs (see `unused_tensors`).
-    pub unused: Vec<String>,
-}
 
 /// Loads the model in folder `dir` (a Hugging Face folder or one qkv saved),
 /// dispatching on `architectures` (or `model_type`).
@@ -44,6 +31,9 @@ pub fn load(dir: &Path) -> Result<Loaded> {
 /// with no f32 copy of its projections at any time. Such a model runs every forward and
 /// refuses to train or save. In f32 this is [`load`].
 pub fn load_in(dir: &Path, dtype: DType) -> Result<Loaded> {
+    if dir.extension().is_some_and(|e| e == "gguf") && dir.is_file() {
+        return super::gguf::load_gguf(dir, dtype);
+    }
     if !dir.is_dir() {
         return Err(Error::io(
             dir,
@@ -161,72 +151,6 @@ impl Transformer {
     pub fn load(dir: &Path) -> Result<Self> {
         load(dir).map(|l| l.model)
     }
-}
-
-/// Fills `weights` from the checkpoint in `family`'s layout.
-/// The weights `arch` needs from `ckpt`, the logits bias where the head has one,
-/// and the checkpoint names that were read.
-fn read_weights(
-    ckpt: &Checkpoint,
-    arch: &Arch,
-    family: Family,
-    dtype: DType,
-) -> Result<(Weights, Option<Tensor>, HashSet<String>)> {
-    // The tree's zero tensors are allocated zeroed and never written where a loaded
-    // tensor replaces them, so their pages never become resident.
-    let mut weights = Weights::new(arch)?;
-    // A linear layer's weight is found by its address among the parameters, then
-    // packed at once; f32 only fills the tree.
-    let linears: Vec<*const Tensor> = match dtype {
-        DType::F32 => Vec::new(),
-        _ => weights
-            .linears_mut()
-            .map(|l| &l.weight as *const Tensor)
-            .collect(),
-    };
-    let mut packed: Vec<Option<Linear>> = (0..linears.len()).map(|_| None).collect();
-    let mut place = |param: &mut Tensor, value: Tensor| -> Result<()> {
-        match linears.iter().position(|&p| std::ptr::eq(p, param)) {
-            Some(i) => {
-                let mut layer = Linear::new(value, None)?;
-                layer.pack_as(dtype);
-                // a layer with no inputs or outputs has no copy; it keeps its empty weight
-                if layer.dtype() == dtype {
-                    layer.keep_packed_only()?;
-                }
-                packed[i] = Some(layer);
-            }
-            None => *param = value,
-        }
-        Ok(())
-    };
-    let aliases = |n: &str| family.aliases(n);
-    let mut used = names::read(
-        ckpt,
-        &mut weights,
-        &family.locator(arch),
-        &aliases,
-        &mut place,
-    )?;
-    for (layer, copy) in weights.linears_mut().zip(packed) {
-        if let Some(copy) = copy {
-            layer.adopt_weight(copy)?;
-        }
-    }
-    let logits_bias = match arch.head {
-        Head::Lm {
-            logits_bias: true, ..
-        } if ckpt.has("final_logits_bias") => {
-            let b = ckpt.tensor_shaped("final_logits_bias", &[1, arch.vocab])?;
-            used.insert("final_logits_bias".into());
-            Some(b.reshape(&[arch.vocab])?)
-        }
-        Head::Lm {
-            logits_bias: true, ..
-        } => Some(Tensor::zeros(&[arch.vocab])),
-        _ => None,
-    };
-    Ok((weights, logits_bias, used))
 }
 
 /// Tensors checkpoints carry that no qkv output reads: causal-mask and RoPE buffers

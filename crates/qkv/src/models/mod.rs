@@ -22,23 +22,27 @@
 pub mod families;
 mod folder;
 pub mod generate;
+mod gguf;
 mod info;
 pub mod net;
 mod packed;
+mod reading;
 mod rows;
 pub mod sentence;
 mod transformer;
 
 pub use families::{bert, bloom, gpt2, llama, marian, t5};
 pub use families::{supported, Family, Loc, SpecialTokens, NATIVE_ARCHITECTURE};
-pub use folder::{load, load_in, Loaded};
+pub use folder::{load, load_in};
 pub use generate::{config as generation_config, request};
+pub use gguf::load_gguf;
 pub use info::ModelInfo;
 pub use net::arch::{Arch, Head, ModelKind, Position, StackDims};
 pub use net::backward::Tape;
 pub use net::forward::Encoded;
 pub use net::weights::{HeadWeights, Stack, Weights};
 pub use net::{arch, weights};
+pub use reading::Loaded;
 pub use transformer::{Attentions, Input, Output, Transformer};
 
 pub use crate::attention::{KvCache, KvDType, LayerKv, Step};

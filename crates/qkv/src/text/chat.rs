@@ -46,7 +46,15 @@ impl ChatTemplate {
         let config: Map<String, Json> = match std::fs::read(&config_path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|e| Error::invalid(config_path.display().to_string(), e.to_string()))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Map::new(),
+            // a GGUF file in place of a folder holds no such file either
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                Map::new()
+            }
             Err(e) => return Err(Error::io(&config_path, e)),
         };
         let jinja = dir.join("chat_template.jinja");

@@ -132,8 +132,13 @@ fn greedy(f: &Fixture, eos: Vec<usize>) -> GenerateOptions {
 /// Forward (right and left padding), cache and greedy generation of a decoder-only
 /// family against its fixture.
 pub fn check_causal(name: &str) {
+    check_causal_model(name, &load_causal(name));
+}
+
+/// [`check_causal`] on `m`, a model of the fixture `name` loaded some other way (a
+/// GGUF file of it).
+pub fn check_causal_model(name: &str, m: &Transformer) {
     let f = reference(name);
-    let m = load_causal(name);
     for (ids, mask, logits) in [
         ("input_ids", "attention_mask", "logits"),
         ("left_input_ids", "left_attention_mask", "left_logits"),
@@ -178,7 +183,7 @@ pub fn check_causal(name: &str) {
 
     let eos = m.special_tokens().eos.clone();
     let prompt = batch(&f, "gen_prompt", None);
-    let got = generate_causal(&m, &prompt, &greedy(&f, eos.clone())).unwrap();
+    let got = generate_causal(m, &prompt, &greedy(&f, eos.clone())).unwrap();
     assert_eq!(
         got,
         expected_new_tokens(&f, "gen_output", prompt.len, &eos),
@@ -186,7 +191,7 @@ pub fn check_causal(name: &str) {
     );
 
     let prompts = batch(&f, "gen_batch_prompt", Some("gen_batch_mask"));
-    let got = generate_causal(&m, &prompts, &greedy(&f, eos.clone())).unwrap();
+    let got = generate_causal(m, &prompts, &greedy(&f, eos.clone())).unwrap();
     assert_eq!(
         got,
         expected_new_tokens(&f, "gen_batch_output", prompts.len, &eos),

@@ -9,7 +9,7 @@ use axum::Json;
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-use super::{body, engine_failed, Reply, Shared};
+use super::shared::{body, engine_failed, Reply, Shared};
 use crate::serve::api::{
     body_json, parse, ApiError, EmbeddingInput, EmbeddingRequest, TokenizeRequest, EMBEDDING,
     TOKENIZE,

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use super::{body, engine_failed, now, Reply, Shared};
+use super::shared::{body, engine_failed, now, Reply, Shared};
 use crate::serve::api::{
     body_json, parse, ApiError, ChatRequest, CompletionRequest, Content, Prompt, Settings, Usage,
     SETTINGS,

@@ -4,15 +4,13 @@
 
 mod embed;
 mod generate;
+mod shared;
 
 pub use embed::{embeddings, tokenize};
 pub use generate::{chat, completions};
 
-use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
@@ -21,24 +19,8 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::api::ApiError;
-use super::AppState;
 
-type Shared = State<Arc<AppState>>;
-type Reply = Result<Response, ApiError>;
-
-/// The body, or 413 when it is over the limit (with a Content-Length or chunked alike).
-fn body(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    b.map_err(|e| {
-        let status = e.status();
-        let message = match status {
-            StatusCode::PAYLOAD_TOO_LARGE => {
-                "the request body is over the server's limit (--max-body)".to_string()
-            }
-            _ => format!("could not read the request body: {e}"),
-        };
-        ApiError::status(status, message)
-    })
-}
+use shared::Shared;
 
 pub async fn health() -> Json<Value> {
     Json(json!({"status": "ok"}))
@@ -100,59 +82,4 @@ pub async fn log(State(s): Shared, req: Request, next: Next) -> Response {
     };
     s.metrics.request(endpoint, status, took);
     r
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-impl AppState {
-    fn check_model(&self, model: &str) -> Result<(), ApiError> {
-        if model != self.name {
-            return Err(ApiError {
-                code: Some("model_not_found"),
-                param: Some("model".into()),
-                ..ApiError::status(
-                    StatusCode::NOT_FOUND,
-                    format!(
-                        "the model `{model}` does not exist; this server serves `{}`",
-                        self.name
-                    ),
-                )
-            });
-        }
-        Ok(())
-    }
-
-    fn generator(&self) -> Result<&super::Generator, ApiError> {
-        self.generator.as_ref().ok_or_else(|| {
-            ApiError::status(
-                StatusCode::NOT_FOUND,
-                format!("`{}` is an embedding model: POST /v1/embeddings", self.name),
-            )
-        })
-    }
-
-    /// A job for `ids` under `settings`; `default_max`: the length when the request
-    /// gives none.
-    fn encode(&self, text: &str, special: bool) -> Result<Vec<usize>, ApiError> {
-        let g = self.generator()?;
-        let tok = g.tokenizer.as_ref().ok_or_else(|| {
-            ApiError::invalid(
-                "prompt",
-                "the model folder has no tokenizer: give token ids",
-            )
-        })?;
-        tok.encode(text, special)
-            .map_err(|e| ApiError::invalid("prompt", e.to_string()))
-    }
-}
-
-fn engine_failed(why: String) -> ApiError {
-    ApiError::status(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        format!("the engine failed on this request: {why}"),
-    )
 }

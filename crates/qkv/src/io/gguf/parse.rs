@@ -13,8 +13,8 @@
 //! and apart from the others: llama.cpp's own reader has had several CVEs in exactly
 //! these fields.
 
+use super::header::{Header, TensorInfo, Value, ValueType};
 use super::types::GgmlType;
-use super::{Header, TensorInfo, Value, ValueType};
 
 /// ggml's limits: dimensions of a tensor, bytes of a tensor's name.
 const MAX_DIMS: usize = 4;

@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::error::{Error, Result};
-use crate::io::Checkpoint;
+use crate::io::TensorSource;
 use crate::models::Weights;
 use crate::module::Module;
 use crate::tensor::Tensor;
@@ -62,7 +62,7 @@ fn row_width(t: &Tensor) -> usize {
 /// task prefix, old spellings). Each parameter must have exactly its shape; `place`
 /// puts the value read into it (or takes it elsewhere).
 pub(crate) fn read(
-    ckpt: &Checkpoint,
+    ckpt: &dyn TensorSource,
     weights: &mut Weights,
     locate: &dyn Fn(&str) -> Result<Loc>,
     aliases: &dyn Fn(&str) -> Vec<String>,

@@ -115,8 +115,12 @@ struct Raw {
 }
 
 impl GenerationConfig {
-    /// The folder's settings; errors name the file and the field.
+    /// The folder's settings; errors name the file and the field. A GGUF file holds
+    /// none: transformers' defaults.
     pub fn read(dir: &Path) -> Result<Self> {
+        if dir.is_file() && dir.extension().is_some_and(|e| e == "gguf") {
+            return Ok(GenerationConfig::default());
+        }
         let file = match dir.join("generation_config.json") {
             p if p.is_file() => "generation_config.json",
             _ => "config.json",

@@ -1,0 +1,92 @@
+//! Filling a model's weights from a source of tensors under its family's checkpoint
+//! names (a folder's safetensors, a GGUF file), and what a load returns.
+
+use std::collections::HashSet;
+
+use super::families::{names, Family};
+use super::net::arch::{Arch, Head};
+use super::net::weights::Weights;
+use super::transformer::Transformer;
+use crate::error::Result;
+use crate::io::TensorSource;
+use crate::layers::Linear;
+use crate::ops::DType;
+use crate::tensor::Tensor;
+
+/// A loaded model with what its checkpoint says about itself.
+pub struct Loaded {
+    pub model: Transformer,
+    /// Elements stored in the checkpoint (a tied matrix counts once).
+    pub parameters: usize,
+    /// Dtypes on disk with their element counts.
+    pub dtypes: Vec<(String, usize)>,
+    /// Checkpoint tensors the model does not read (sorted), besides the buffers and
+    /// heads no qkv output needs (see `unused_tensors`).
+    pub unused: Vec<String>,
+}
+
+/// Fills `weights` from the checkpoint in `family`'s layout.
+/// The weights `arch` needs from `ckpt`, the logits bias where the head has one,
+/// and the checkpoint names that were read.
+pub(super) fn read_weights(
+    ckpt: &dyn TensorSource,
+    arch: &Arch,
+    family: Family,
+    dtype: DType,
+) -> Result<(Weights, Option<Tensor>, HashSet<String>)> {
+    // The tree's zero tensors are allocated zeroed and never written where a loaded
+    // tensor replaces them, so their pages never become resident.
+    let mut weights = Weights::new(arch)?;
+    // A linear layer's weight is found by its address among the parameters, then
+    // packed at once; f32 only fills the tree.
+    let linears: Vec<*const Tensor> = match dtype {
+        DType::F32 => Vec::new(),
+        _ => weights
+            .linears_mut()
+            .map(|l| &l.weight as *const Tensor)
+            .collect(),
+    };
+    let mut packed: Vec<Option<Linear>> = (0..linears.len()).map(|_| None).collect();
+    let mut place = |param: &mut Tensor, value: Tensor| -> Result<()> {
+        match linears.iter().position(|&p| std::ptr::eq(p, param)) {
+            Some(i) => {
+                let mut layer = Linear::new(value, None)?;
+                layer.pack_as(dtype);
+                // a layer with no inputs or outputs has no copy; it keeps its empty weight
+                if layer.dtype() == dtype {
+                    layer.keep_packed_only()?;
+                }
+                packed[i] = Some(layer);
+            }
+            None => *param = value,
+        }
+        Ok(())
+    };
+    let aliases = |n: &str| family.aliases(n);
+    let mut used = names::read(
+        ckpt,
+        &mut weights,
+        &family.locator(arch),
+        &aliases,
+        &mut place,
+    )?;
+    for (layer, copy) in weights.linears_mut().zip(packed) {
+        if let Some(copy) = copy {
+            layer.adopt_weight(copy)?;
+        }
+    }
+    let logits_bias = match arch.head {
+        Head::Lm {
+            logits_bias: true, ..
+        } if ckpt.has("final_logits_bias") => {
+            let b = ckpt.tensor_shaped("final_logits_bias", &[1, arch.vocab])?;
+            used.insert("final_logits_bias".into());
+            Some(b.reshape(&[arch.vocab])?)
+        }
+        Head::Lm {
+            logits_bias: true, ..
+        } => Some(Tensor::zeros(&[arch.vocab])),
+        _ => None,
+    };
+    Ok((weights, logits_bias, used))
+}
