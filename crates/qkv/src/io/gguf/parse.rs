@@ -13,6 +13,8 @@
 //! and apart from the others: llama.cpp's own reader has had several CVEs in exactly
 //! these fields.
 
+use std::collections::HashSet;
+
 use super::header::{Header, TensorInfo, Value, ValueType};
 use super::types::GgmlType;
 
@@ -157,10 +159,12 @@ pub(super) fn parse(bytes: &[u8]) -> Parse<Header> {
     let tensor_count = c.count(32, &|| "the tensor count".into())?;
     let kv_count = c.count(13, &|| "the metadata count".into())?;
 
+    // names seen, so that a file of many keys or tensors is checked in linear time
+    let mut seen: HashSet<String> = HashSet::new();
     let mut metadata: Vec<(String, Value)> = Vec::with_capacity(kv_count);
     for i in 0..kv_count {
         let key = c.string(&|| format!("metadata key {i}"))?;
-        if metadata.iter().any(|(k, _)| *k == key) {
+        if !seen.insert(key.clone()) {
             return Err(format!("metadata key `{key}` appears twice"));
         }
         let code = c.u32(&|| format!("the value type of `{key}`"))?;
@@ -179,6 +183,7 @@ pub(super) fn parse(bytes: &[u8]) -> Parse<Header> {
         }
     };
 
+    seen.clear();
     let mut tensors: Vec<TensorInfo> = Vec::with_capacity(tensor_count);
     for i in 0..tensor_count {
         let name = c.string(&|| format!("the name of tensor {i}"))?;
@@ -186,7 +191,7 @@ pub(super) fn parse(bytes: &[u8]) -> Parse<Header> {
         if name.len() > MAX_NAME {
             return Err(format!("{what}: a name over {MAX_NAME} bytes"));
         }
-        if tensors.iter().any(|t| t.name == name) {
+        if !seen.insert(name.clone()) {
             return Err(format!("{what} appears twice"));
         }
         let n_dims = c.u32(&|| format!("the dimension count of {what}"))? as usize;
