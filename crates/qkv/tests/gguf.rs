@@ -391,4 +391,25 @@ fn a_gguf_model_saves_as_a_hugging_face_folder_and_refuses_what_it_cannot_run() 
         .err()
         .expect("no model");
     assert!(err.to_string().contains("tensors.gguf"), "{err}");
+
+    // sizes far beyond the stored values are refused before anything is allocated
+    let mut b = Builder::new();
+    let u32_kv = |key: &str, v: u32| (key.to_string(), 4, v.to_le_bytes().to_vec());
+    b.kv.extend([
+        u32_kv("llama.embedding_length", 32),
+        u32_kv("llama.block_count", 1 << 30),
+        u32_kv("llama.attention.head_count", 4),
+        u32_kv("llama.context_length", 64),
+        u32_kv("llama.feed_forward_length", 64),
+    ]);
+    b.tensors[0] = ("token_embd.weight".into(), vec![32, 2], 0, 0);
+    b.data = 256;
+    let path = std::env::temp_dir().join(format!("qkv-gguf-huge-{}.gguf", std::process::id()));
+    std::fs::write(&path, b.bytes()).unwrap();
+    let err = qkv::models::load(&path)
+        .err()
+        .expect("sizes beyond the file")
+        .to_string();
+    assert!(err.contains("its metadata: the sizes describe"), "{err}");
+    std::fs::remove_file(&path).unwrap();
 }

@@ -12,7 +12,7 @@ use super::families::special::special_tokens;
 use super::families::{supported, Family};
 use super::net::arch::Arch;
 use super::net::weights::Weights;
-use super::reading::{read_weights, Loaded};
+use super::reading::{read_weights, sizes_unlike, Loaded};
 use super::transformer::Transformer;
 use crate::error::{Error, Result};
 use crate::io::{read_config, write_atomic, Checkpoint};
@@ -62,7 +62,9 @@ pub fn load_in(dir: &Path, dtype: DType) -> Result<Loaded> {
     arch.validate()
         .map_err(|e| crate::io::bad_field(dir, "(architecture)", e.to_string()))?;
     let dtypes = ckpt.dtypes()?;
-    check_size(dir, &arch, dtypes.iter().map(|(_, n)| n).sum())?;
+    if let Some(reason) = sizes_unlike(&arch, dtypes.iter().map(|(_, n)| n).sum()) {
+        return Err(crate::io::bad_field(dir, "(sizes)", reason));
+    }
     let (weights, logits_bias, used) = read_weights(&ckpt, &arch, family, dtype)?;
     let unused = unused_tensors(dir, &arch, &ckpt, &used)?;
     let special = (family.def().special)(special_tokens(dir, tokens, arch.vocab)?);
@@ -212,30 +214,4 @@ fn unused_tensors(
         ));
     }
     Ok(unused)
-}
-
-/// Refuses a config whose sizes describe far more parameters than the checkpoint
-/// stores, before any is allocated: every parameter is read from the checkpoint, so a
-/// larger model cannot be right, and its sizes (a `head_dim` of 2^40, say) could ask
-/// for terabytes and abort the process.
-fn check_size(dir: &Path, arch: &Arch, stored: usize) -> Result<()> {
-    // Up to twice what is stored (plus 16 M values) is left to the loader, whose error
-    // names the missing or misshapen tensor; a config far beyond is refused here.
-    let count = Weights::count(arch);
-    if count.is_some_and(|n| n <= stored.saturating_mul(2).saturating_add(1 << 24)) {
-        return Ok(());
-    }
-    let first = arch.encoder.or(arch.decoder).expect("validated: a stack");
-    let described = match count {
-        Some(n) => format!("{n} parameters"),
-        None => "more parameters than a machine can address".into(),
-    };
-    Err(crate::io::bad_field(
-        dir,
-        "(sizes)",
-        format!(
-            "the sizes describe {described} (hidden {}, {} layers, {} heads of width {}, FFN {}, vocabulary {}) but the checkpoint stores {stored} values: one of them does not match the weights",
-            arch.d_model, first.layers, first.heads, first.head_dim, first.ffn_dim, arch.vocab
-        ),
-    ))
 }

@@ -10,13 +10,13 @@
 //! Architectures: `llama` (Llama, Mistral, SmolLM) and `qwen2`. Tensors stored as F32,
 //! F16 or BF16 load; quantized ones are refused by name for now.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::path::Path;
 
 use super::families::special::SpecialTokens;
 use super::families::Family;
 use super::net::arch::{Arch, Head, Position};
-use super::reading::{read_weights, Loaded};
+use super::reading::{read_weights, sizes_unlike, Loaded};
 use super::transformer::Transformer;
 use crate::error::{Error, Result};
 use crate::io::gguf::{GgmlType, GgufFile, Header, Value};
@@ -51,12 +51,23 @@ pub fn load_gguf(path: &Path, dtype: DType) -> Result<Loaded> {
     // as transformers builds the embedding of a Llama-layout model (its padding row
     // gets no gradient)
     arch.embed.padding_idx = id("tokenizer.ggml.padding_token_id");
+    if let Some(reason) = sizes_unlike(&arch, h.tensors.iter().map(|t| t.numel()).sum()) {
+        return Err(Error::Gguf {
+            path: file.path().to_string(),
+            reason: format!("its metadata: {reason}"),
+        });
+    }
     let view = HfView::new(&file, &arch, permuted);
     let (weights, logits_bias, used) = read_weights(&view, &arch, family, dtype)?;
+    let used: HashSet<String> = used
+        .iter()
+        .filter_map(|hf| view.locate(hf))
+        .map(|(g, _)| g)
+        .collect();
     let mut unused: Vec<String> = h
         .tensors
         .iter()
-        .filter(|t| !used.iter().any(|hf| view.names.get(hf) == Some(&t.name)))
+        .filter(|t| !used.contains(&t.name))
         .map(|t| t.name.clone())
         .collect();
     unused.sort();
@@ -224,71 +235,73 @@ impl Meta<'_> {
 /// A GGUF file's tensors under the Hugging Face names of a Llama-layout model.
 struct HfView<'f> {
     file: &'f GgufFile,
-    /// Hugging Face name → GGUF name
-    names: HashMap<String, String>,
-    /// Hugging Face names of the tensors whose rows llama.cpp permuted (Q's and K's
-    /// weights and biases), and the heads each holds
-    permuted: HashMap<String, usize>,
+    /// Q's and K's heads when llama.cpp permuted their rows (weights and biases)
+    permuted: Option<(usize, usize)>,
 }
+
+/// Hugging Face's name of a layer's tensor (after `model.layers.{l}.`) → llama.cpp's
+/// (after `blk.{l}.`).
+const LAYER_NAMES: [(&str, &str); 9] = [
+    ("input_layernorm", "attn_norm"),
+    ("post_attention_layernorm", "ffn_norm"),
+    ("self_attn.q_proj", "attn_q"),
+    ("self_attn.k_proj", "attn_k"),
+    ("self_attn.v_proj", "attn_v"),
+    ("self_attn.o_proj", "attn_output"),
+    ("mlp.gate_proj", "ffn_gate"),
+    ("mlp.up_proj", "ffn_up"),
+    ("mlp.down_proj", "ffn_down"),
+];
 
 impl<'f> HfView<'f> {
     fn new(file: &'f GgufFile, arch: &Arch, permuted: bool) -> Self {
         let stack = arch.stack();
-        let mut names = HashMap::from([
-            (
-                "model.embed_tokens.weight".to_string(),
-                "token_embd.weight".to_string(),
-            ),
-            ("model.norm.weight".into(), "output_norm.weight".into()),
-            ("lm_head.weight".into(), "output.weight".into()),
-        ]);
-        let mut heads = HashMap::new();
-        let layer = [
-            ("input_layernorm", "attn_norm"),
-            ("post_attention_layernorm", "ffn_norm"),
-            ("self_attn.q_proj", "attn_q"),
-            ("self_attn.k_proj", "attn_k"),
-            ("self_attn.v_proj", "attn_v"),
-            ("self_attn.o_proj", "attn_output"),
-            ("mlp.gate_proj", "ffn_gate"),
-            ("mlp.up_proj", "ffn_up"),
-            ("mlp.down_proj", "ffn_down"),
-        ];
-        for l in 0..stack.layers {
-            for (hf, gguf) in layer {
-                for part in ["weight", "bias"] {
-                    let hf_name = format!("model.layers.{l}.{hf}.{part}");
-                    if permuted {
-                        match gguf {
-                            "attn_q" => heads.insert(hf_name.clone(), stack.heads),
-                            "attn_k" => heads.insert(hf_name.clone(), stack.kv_heads),
-                            _ => None,
-                        };
-                    }
-                    names.insert(hf_name, format!("blk.{l}.{gguf}.{part}"));
-                }
-            }
-        }
         HfView {
             file,
-            names,
-            permuted: heads,
+            permuted: permuted.then_some((stack.heads, stack.kv_heads)),
         }
+    }
+
+    /// The GGUF name of the Hugging Face tensor `hf`, and the heads whose rows to put
+    /// back when llama.cpp permuted them.
+    fn locate(&self, hf: &str) -> Option<(String, Option<usize>)> {
+        let whole = match hf {
+            "model.embed_tokens.weight" => Some("token_embd.weight"),
+            "model.norm.weight" => Some("output_norm.weight"),
+            "lm_head.weight" => Some("output.weight"),
+            _ => None,
+        };
+        if let Some(name) = whole {
+            return Some((name.to_string(), None));
+        }
+        let rest = hf.strip_prefix("model.layers.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        let (module, part) = rest.rsplit_once('.')?;
+        if !matches!(part, "weight" | "bias") || layer.parse::<usize>().is_err() {
+            return None;
+        }
+        let (_, gguf) = LAYER_NAMES.iter().find(|(h, _)| *h == module)?;
+        let heads = match (*gguf, self.permuted) {
+            ("attn_q", Some((q, _))) => Some(q),
+            ("attn_k", Some((_, k))) => Some(k),
+            _ => None,
+        };
+        Some((format!("blk.{layer}.{gguf}.{part}"), heads))
     }
 }
 
 impl TensorSource for HfView<'_> {
     fn has(&self, name: &str) -> bool {
-        self.names
-            .get(name)
-            .is_some_and(|g| self.file.header.tensor(g).is_some())
+        self.locate(name)
+            .is_some_and(|(g, _)| self.file.header.tensor(&g).is_some())
     }
 
     fn tensor(&self, name: &str) -> Result<Tensor> {
-        let gguf = self.names.get(name).ok_or_else(|| Error::Gguf {
+        let (gguf, heads) = self.locate(name).ok_or_else(|| Error::Gguf {
             path: self.file.path().to_string(),
             reason: format!("no tensor stands for `{name}`"),
         })?;
+        let gguf = gguf.as_str();
         let info = self.file.header.tensor(gguf).ok_or_else(|| Error::Gguf {
             path: self.file.path().to_string(),
             reason: format!("missing tensor `{gguf}`"),
@@ -302,8 +315,8 @@ impl TensorSource for HfView<'_> {
         }
         let t = self.file.tensor(gguf)?;
         t.check_finite(gguf)?;
-        match self.permuted.get(name) {
-            Some(&heads) => unpermute_rows(t, heads, gguf),
+        match heads {
+            Some(heads) => unpermute_rows(t, heads, gguf),
             None => Ok(t),
         }
     }

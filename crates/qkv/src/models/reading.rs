@@ -90,3 +90,23 @@ pub(super) fn read_weights(
     };
     Ok((weights, logits_bias, used))
 }
+
+/// Why `arch` cannot be what a checkpoint of `stored` values holds, if it cannot: checked
+/// before anything is allocated for it. Up to twice what is stored (plus 16 M values) is
+/// left to the loader, whose error names the missing or misshapen tensor; sizes far
+/// beyond are refused here.
+pub(super) fn sizes_unlike(arch: &Arch, stored: usize) -> Option<String> {
+    let count = Weights::count(arch);
+    if count.is_some_and(|n| n <= stored.saturating_mul(2).saturating_add(1 << 24)) {
+        return None;
+    }
+    let first = arch.encoder.or(arch.decoder).expect("validated: a stack");
+    let described = match count {
+        Some(n) => format!("{n} parameters"),
+        None => "more parameters than a machine can address".into(),
+    };
+    Some(format!(
+        "the sizes describe {described} (hidden {}, {} layers, {} heads of width {}, FFN {}, vocabulary {}) but the checkpoint stores {stored} values: one of them does not match the weights",
+        arch.d_model, first.layers, first.heads, first.head_dim, first.ffn_dim, arch.vocab
+    ))
+}
