@@ -122,6 +122,22 @@ pub struct AttnGrads {
     pub dbias: Option<Tensor>,
 }
 
+/// Refuses what a spec asks that attention run sequence by sequence cannot give: the
+/// weights, key padding (each sequence is whole), or a dense score bias (laid out for
+/// one batch); ALiBi's per-head slopes apply to any sequence.
+fn per_sequence_spec(spec: &AttentionSpec, over: &str) -> Result<()> {
+    let dense = spec
+        .bias
+        .as_ref()
+        .is_some_and(|b| !matches!(b, Bias::Alibi { .. }));
+    if spec.want_weights || spec.key_padding.is_some() || dense {
+        return Err(Error::Unsupported(format!(
+            "attention weights, key padding or a dense score bias over {over}"
+        )));
+    }
+    Ok(())
+}
+
 /// q `[1,N,H,D]`, k `[1,N,G,D]` and v `[1,N,G,Dv]` cut into sequences of `lens`
 /// tokens, each attending over its own keys: out `[1,N,H,Dv]`, lse `[1,H,N]`. The
 /// sequences run in parallel, each read in place through the kernel a whole sequence
@@ -146,17 +162,7 @@ fn attend_packed(
             ),
         ));
     }
-    if spec.want_weights
-        || spec.key_padding.is_some()
-        || spec
-            .bias
-            .as_ref()
-            .is_some_and(|b| !matches!(b, Bias::Alibi { .. }))
-    {
-        return Err(Error::Unsupported(
-            "attention weights, key padding or a dense score bias over packed sequences".into(),
-        ));
-    }
+    per_sequence_spec(spec, "packed sequences")?;
     if lens.len() == 1 {
         return attention(q, k, v, spec);
     }
@@ -230,17 +236,7 @@ fn attend_per_row(
             ),
         ));
     }
-    if spec.want_weights
-        || spec.key_padding.is_some()
-        || spec
-            .bias
-            .as_ref()
-            .is_some_and(|b| !matches!(b, Bias::Alibi { .. }))
-    {
-        return Err(Error::Unsupported(
-            "attention weights, key padding or a dense score bias over per-sequence caches".into(),
-        ));
-    }
+    per_sequence_spec(spec, "per-sequence caches")?;
     let mut out = vec![0.0; b * h * dv];
     let mut lse = vec![0.0; b * h];
     caches

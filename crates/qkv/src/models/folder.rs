@@ -12,7 +12,7 @@ use super::families::special::special_tokens;
 use super::families::{supported, Family};
 use super::net::arch::Arch;
 use super::net::weights::Weights;
-use super::reading::{read_weights, sizes_unlike, Loaded};
+use super::reading::{for_inference_in, read_weights, sizes_unlike, Loaded};
 use super::transformer::Transformer;
 use crate::error::{Error, Result};
 use crate::io::{read_config, write_atomic, Checkpoint};
@@ -77,7 +77,7 @@ pub fn load_in(dir: &Path, dtype: DType) -> Result<Loaded> {
         true => family.architecture().to_string(),
         false => name,
     };
-    let mut model = Transformer::from_parts(
+    let model = Transformer::from_parts(
         arch,
         family,
         special,
@@ -86,12 +86,8 @@ pub fn load_in(dir: &Path, dtype: DType) -> Result<Loaded> {
         source_config,
         architecture,
     )?;
-    if dtype != DType::F32 {
-        model.set_dtype(dtype)?;
-        model.keep_packed_only()?;
-    }
     Ok(Loaded {
-        model,
+        model: for_inference_in(model, dtype)?,
         parameters: dtypes.iter().map(|(_, n)| n).sum(),
         dtypes,
         unused,

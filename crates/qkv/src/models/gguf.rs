@@ -16,7 +16,7 @@ use std::path::Path;
 use super::families::special::SpecialTokens;
 use super::families::Family;
 use super::net::arch::{Arch, Head, Position};
-use super::reading::{read_weights, sizes_unlike, Loaded};
+use super::reading::{for_inference_in, read_weights, sizes_unlike, Loaded};
 use super::transformer::Transformer;
 use crate::error::{Error, Result};
 use crate::io::gguf::{GgmlType, GgufFile, Header, Value};
@@ -85,7 +85,7 @@ pub fn load_gguf(path: &Path, dtype: DType) -> Result<Loaded> {
         pad: id("tokenizer.ggml.padding_token_id"),
         decoder_start: None,
     };
-    let mut model = Transformer::from_parts(
+    let model = Transformer::from_parts(
         arch,
         family,
         special,
@@ -94,12 +94,8 @@ pub fn load_gguf(path: &Path, dtype: DType) -> Result<Loaded> {
         None,
         architecture.to_string(),
     )?;
-    if dtype != DType::F32 {
-        model.set_dtype(dtype)?;
-        model.keep_packed_only()?;
-    }
     Ok(Loaded {
-        model,
+        model: for_inference_in(model, dtype)?,
         parameters: h.tensors.iter().map(|t| t.numel()).sum(),
         dtypes,
         unused,

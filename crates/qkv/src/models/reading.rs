@@ -110,3 +110,13 @@ pub(super) fn sizes_unlike(arch: &Arch, stored: usize) -> Option<String> {
         arch.d_model, first.layers, first.heads, first.head_dim, first.ffn_dim, arch.vocab
     ))
 }
+
+/// A loaded model set to compute in `dtype`, its linear layers (packed as they were read)
+/// kept in that type alone; in f32 it is as loaded.
+pub(super) fn for_inference_in(mut model: Transformer, dtype: DType) -> Result<Transformer> {
+    if dtype != DType::F32 {
+        model.set_dtype(dtype)?;
+        model.keep_packed_only()?;
+    }
+    Ok(model)
+}

@@ -75,30 +75,23 @@ fn scale_min(j: usize, s: &[u8]) -> (f32, f32) {
 /// 4-bit codes. Eight sub-blocks of 32; each 32 code bytes hold two sub-blocks (low
 /// nibbles, then high); w = d·scale·q − dmin·min.
 fn q4_k(b: &[u8], out: &mut [f32]) {
-    let (d, dmin) = (half(b), half(&b[2..]));
-    let scales = &b[4..16];
-    for (pair, (codes, o)) in b[16..144]
-        .chunks_exact(32)
-        .zip(out.chunks_exact_mut(64))
-        .enumerate()
-    {
-        let (s1, m1) = scale_min(2 * pair, scales);
-        let (s2, m2) = scale_min(2 * pair + 1, scales);
-        for (l, &q) in codes.iter().enumerate() {
-            o[l] = d * s1 * (q & 0x0F) as f32 - dmin * m1;
-            o[l + 32] = d * s2 * (q >> 4) as f32 - dmin * m2;
-        }
-    }
+    scaled_sub_blocks(b, &b[16..144], None, out);
 }
 
 /// 176 bytes: d, dmin (f16), 12 bytes of scales and mins, 32 bytes of fifth bits
 /// (bit 2p of byte l for weight l of sub-block 2p, bit 2p + 1 for sub-block 2p + 1),
 /// 128 bytes of low nibbles laid out as Q4_K's; w = d·scale·q − dmin·min, q < 32.
 fn q5_k(b: &[u8], out: &mut [f32]) {
+    scaled_sub_blocks(b, &b[48..176], Some(&b[16..48]), out);
+}
+
+/// Q4_K's and Q5_K's shared arithmetic: d, dmin and the scales from the block's first
+/// 16 bytes, the low 4 bits of each code from `codes`, and the fifth bit from `high`
+/// when the block has one.
+fn scaled_sub_blocks(b: &[u8], codes: &[u8], high: Option<&[u8]>, out: &mut [f32]) {
     let (d, dmin) = (half(b), half(&b[2..]));
     let scales = &b[4..16];
-    let high = &b[16..48];
-    for (pair, (codes, o)) in b[48..176]
+    for (pair, (codes, o)) in codes
         .chunks_exact(32)
         .zip(out.chunks_exact_mut(64))
         .enumerate()
@@ -106,8 +99,9 @@ fn q5_k(b: &[u8], out: &mut [f32]) {
         let (s1, m1) = scale_min(2 * pair, scales);
         let (s2, m2) = scale_min(2 * pair + 1, scales);
         for (l, &q) in codes.iter().enumerate() {
-            let h1 = (high[l] >> (2 * pair)) & 1;
-            let h2 = (high[l] >> (2 * pair + 1)) & 1;
+            let (h1, h2) = high.map_or((0, 0), |h| {
+                ((h[l] >> (2 * pair)) & 1, (h[l] >> (2 * pair + 1)) & 1)
+            });
             o[l] = d * s1 * ((q & 0x0F) | (h1 << 4)) as f32 - dmin * m1;
             o[l + 32] = d * s2 * ((q >> 4) | (h2 << 4)) as f32 - dmin * m2;
         }
