@@ -413,3 +413,56 @@ fn a_gguf_model_saves_as_a_hugging_face_folder_and_refuses_what_it_cannot_run() 
     assert!(err.contains("its metadata: the sizes describe"), "{err}");
     std::fs::remove_file(&path).unwrap();
 }
+
+/// llama.cpp's logits for the quantized fixtures (tools/fixtures/gen_gguf_quant.py).
+fn quant_reference() -> Json {
+    let text = std::fs::read_to_string(fixture("models/quant_reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn q8_0_files_run_from_their_blocks_as_llama_cpp_runs_them() {
+    use qkv::module::Module;
+    use qkv::ops::DType;
+    let refs = quant_reference();
+    for name in ["llama_gqa", "qwen2"] {
+        let q8 = format!("{name}_q8_0");
+        let mut m = qkv::models::load(&gguf_model(&q8)).unwrap().model;
+        // every linear layer computes from its blocks, and none holds an f32 weight
+        assert_eq!(m.dtype(), DType::Int8, "{q8}");
+        assert!(!m.has_f32_weights(), "{q8}");
+
+        // llama.cpp also quantizes the activations of a Q8_0 product to Q8_0 blocks:
+        // the two differ only in the order of f32 sums
+        let r = &refs[&q8];
+        let tokens: Vec<usize> = r["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as usize)
+            .collect();
+        let batch = qkv::models::TokenBatch::single(tokens.clone()).unwrap();
+        let logits = m.forward_cached(&batch, &mut m.new_cache(1)).unwrap();
+        let vocab = m.arch.vocab;
+        let mut worst = 0.0f32;
+        for (t, row) in r["logits"].as_array().unwrap().iter().enumerate() {
+            for (v, want) in row.as_array().unwrap().iter().enumerate() {
+                let got = logits.data()[t * vocab + v];
+                worst = worst.max((got - want.as_f64().unwrap() as f32).abs());
+            }
+        }
+        assert!(worst < 1e-5, "{q8}: logits {worst:e} from llama.cpp's");
+
+        // the twin: widened, the weights are gguf's dequantization of the same blocks,
+        // and the model computes in f32 as the dequantized file does
+        m.unpack_weights();
+        let twin = format!("{q8}.dequantized");
+        let deq = qkv::models::load(&gguf_model(&twin)).unwrap().model;
+        for ((path, got), (_, want)) in m.weights.params().into_iter().zip(deq.weights.params()) {
+            assert_eq!(got.data(), want.data(), "{q8}: {path}");
+        }
+        let widened = m.forward_cached(&batch, &mut m.new_cache(1)).unwrap();
+        let reference = deq.forward_cached(&batch, &mut deq.new_cache(1)).unwrap();
+        assert_eq!(widened.data(), reference.data(), "{q8}: widened logits");
+    }
+}

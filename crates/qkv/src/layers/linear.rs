@@ -65,6 +65,23 @@ impl Linear {
         })
     }
 
+    /// A layer whose weight is `w` alone, kept as [`Linear::keep_packed_only`] keeps
+    /// one: a checkpoint stored in 8-bit blocks (GGUF's Q8_0) runs from them with no
+    /// f32 weight ever made.
+    pub fn from_int8(w: Int8Weight, bias: Option<Tensor>) -> Result<Self> {
+        let (n_out, n_in) = (w.n(), w.k());
+        if let Some(b) = &bias {
+            b.expect_shape("linear.bias", &[Some(n_out)])?;
+        }
+        let weight = Tensor::zeros(&[0, 0]);
+        Ok(Linear {
+            packed: Some((weight.generation(), Arc::new(Packed::Int8(w)))),
+            weight,
+            bias,
+            packed_only: Some((n_out, n_in)),
+        })
+    }
+
     pub fn in_features(&self) -> usize {
         self.packed_only
             .map_or_else(|| self.weight.shape()[1], |(_, i)| i)

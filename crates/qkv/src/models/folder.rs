@@ -65,7 +65,7 @@ pub fn load_in(dir: &Path, dtype: DType) -> Result<Loaded> {
     if let Some(reason) = sizes_unlike(&arch, dtypes.iter().map(|(_, n)| n).sum()) {
         return Err(crate::io::bad_field(dir, "(sizes)", reason));
     }
-    let (weights, logits_bias, used) = read_weights(&ckpt, &arch, family, dtype)?;
+    let (weights, logits_bias, used) = read_weights(&ckpt, &arch, family, dtype, &|_, _| Ok(None))?;
     let unused = unused_tensors(dir, &arch, &ckpt, &used)?;
     let special = (family.def().special)(special_tokens(dir, tokens, arch.vocab)?);
     let native = family.def().native;

@@ -3,7 +3,8 @@
 
 use std::collections::HashSet;
 
-use super::families::{names, Family};
+use super::families::names::{self, Place};
+use super::families::Family;
 use super::net::arch::{Arch, Head};
 use super::net::weights::Weights;
 use super::transformer::Transformer;
@@ -25,42 +26,34 @@ pub struct Loaded {
     pub unused: Vec<String>,
 }
 
-/// Fills `weights` from the checkpoint in `family`'s layout.
+/// A linear layer read straight from its stored form, for the checkpoint tensor `name`
+/// that holds a weight of `shape`: `None` when the tensor is to be read as f32.
+pub(super) type StoredLinear<'a> = &'a dyn Fn(&str, &[usize]) -> Result<Option<Linear>>;
+
 /// The weights `arch` needs from `ckpt`, the logits bias where the head has one,
-/// and the checkpoint names that were read.
+/// and the checkpoint names that were read. The linear layers are packed in `dtype` as
+/// they are read, except those `stored` gives as they are stored.
 pub(super) fn read_weights(
     ckpt: &dyn TensorSource,
     arch: &Arch,
     family: Family,
     dtype: DType,
+    stored: StoredLinear,
 ) -> Result<(Weights, Option<Tensor>, HashSet<String>)> {
     // The tree's zero tensors are allocated zeroed and never written where a loaded
     // tensor replaces them, so their pages never become resident.
     let mut weights = Weights::new(arch)?;
     // A linear layer's weight is found by its address among the parameters, then
-    // packed at once; f32 only fills the tree.
-    let linears: Vec<*const Tensor> = match dtype {
-        DType::F32 => Vec::new(),
-        _ => weights
-            .linears_mut()
-            .map(|l| &l.weight as *const Tensor)
-            .collect(),
-    };
-    let mut packed: Vec<Option<Linear>> = (0..linears.len()).map(|_| None).collect();
-    let mut place = |param: &mut Tensor, value: Tensor| -> Result<()> {
-        match linears.iter().position(|&p| std::ptr::eq(p, param)) {
-            Some(i) => {
-                let mut layer = Linear::new(value, None)?;
-                layer.pack_as(dtype);
-                // a layer with no inputs or outputs has no copy; it keeps its empty weight
-                if layer.dtype() == dtype {
-                    layer.keep_packed_only()?;
-                }
-                packed[i] = Some(layer);
-            }
-            None => *param = value,
-        }
-        Ok(())
+    // packed at once (f32 only fills the tree) or taken as stored.
+    let linears: Vec<*const Tensor> = weights
+        .linears_mut()
+        .map(|l| &l.weight as *const Tensor)
+        .collect();
+    let mut placer = Placer {
+        packed: (0..linears.len()).map(|_| None).collect(),
+        linears,
+        dtype,
+        stored,
     };
     let aliases = |n: &str| family.aliases(n);
     let mut used = names::read(
@@ -68,9 +61,9 @@ pub(super) fn read_weights(
         &mut weights,
         &family.locator(arch),
         &aliases,
-        &mut place,
+        &mut placer,
     )?;
-    for (layer, copy) in weights.linears_mut().zip(packed) {
+    for (layer, copy) in weights.linears_mut().zip(placer.packed) {
         if let Some(copy) = copy {
             layer.adopt_weight(copy)?;
         }
@@ -89,6 +82,50 @@ pub(super) fn read_weights(
         _ => None,
     };
     Ok((weights, logits_bias, used))
+}
+
+/// Packs each linear layer's weight as it is read (see [`read_weights`]).
+struct Placer<'a> {
+    /// the linear layers' weights in the tree, by address
+    linears: Vec<*const Tensor>,
+    /// each linear layer's packed or stored copy, adopted once all is read
+    packed: Vec<Option<Linear>>,
+    dtype: DType,
+    stored: StoredLinear<'a>,
+}
+
+impl Placer<'_> {
+    fn linear(&self, param: &Tensor) -> Option<usize> {
+        self.linears.iter().position(|&p| std::ptr::eq(p, param))
+    }
+}
+
+impl Place for Placer<'_> {
+    fn value(&mut self, param: &mut Tensor, value: Tensor) -> Result<()> {
+        match self.linear(param).filter(|_| self.dtype != DType::F32) {
+            Some(i) => {
+                let mut layer = Linear::new(value, None)?;
+                layer.pack_as(self.dtype);
+                // a layer with no inputs or outputs has no copy; it keeps its empty weight
+                if layer.dtype() == self.dtype {
+                    layer.keep_packed_only()?;
+                }
+                self.packed[i] = Some(layer);
+            }
+            None => *param = value,
+        }
+        Ok(())
+    }
+
+    fn stored(&mut self, param: &mut Tensor, name: &str) -> Result<bool> {
+        let Some(i) = self.linear(param) else {
+            return Ok(false);
+        };
+        let layer = (self.stored)(name, param.shape())?;
+        let taken = layer.is_some();
+        self.packed[i] = layer;
+        Ok(taken)
+    }
 }
 
 /// Why `arch` cannot be what a checkpoint of `stored` values holds, if it cannot: checked

@@ -404,6 +404,30 @@ impl Transformer {
         Ok(())
     }
 
+    /// Takes the model's type and what it holds only packed from its linear layers,
+    /// each packed as it was read (a GGUF file's Q8_0 blocks as stored, its other
+    /// weights in the load's type): the model's type is the one most of their weights
+    /// compute in.
+    pub(super) fn adopt_layer_types(&mut self) {
+        let mut counts: Vec<(DType, usize)> = Vec::new();
+        let mut packed_only = 0;
+        for l in self.weights.linears_mut() {
+            let size = l.out_features() * l.in_features();
+            if !l.has_f32_weight() {
+                packed_only += size;
+            }
+            match counts.iter_mut().find(|(t, _)| *t == l.dtype()) {
+                Some((_, n)) => *n += size,
+                None => counts.push((l.dtype(), size)),
+            }
+        }
+        self.dtype = counts
+            .into_iter()
+            .max_by_key(|&(_, n)| n)
+            .map_or(DType::F32, |(t, _)| t);
+        self.packed_only = packed_only;
+    }
+
     /// Whether the linear layers hold their f32 weights (see
     /// [`Transformer::keep_packed_only`]).
     pub fn has_f32_weights(&self) -> bool {

@@ -40,10 +40,15 @@ pub(super) fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
 
 /// 34 bytes: d (f16), then 32 signed 8-bit codes; w = d·q.
 fn q8_0(b: &[u8], out: &mut [f32]) {
-    let d = half(b);
-    for (o, &q) in out.iter_mut().zip(&b[2..34]) {
-        *o = d * (q as i8) as f32;
+    let (d, codes) = q8_0_parts(b);
+    for (o, q) in out.iter_mut().zip(codes) {
+        *o = d * f32::from(q);
     }
+}
+
+/// A Q8_0 block's scale d and its 32 codes, from the block's first 34 bytes.
+pub fn q8_0_parts(b: &[u8]) -> (f32, impl Iterator<Item = i8> + '_) {
+    (half(b), b[2..34].iter().map(|&q| q as i8))
 }
 
 /// 18 bytes: d (f16), then 16 bytes of 4-bit codes: the low nibbles are weights 0..16,

@@ -10,6 +10,7 @@ mod types;
 
 use std::path::Path;
 
+pub use dequant::q8_0_parts;
 pub use header::{Header, TensorInfo, Value, ValueType};
 pub use types::GgmlType;
 

@@ -39,6 +39,17 @@ impl Loc {
     }
 }
 
+/// Where [`read`] puts what it reads.
+pub(crate) trait Place {
+    /// Puts `value`, read for `param` and shaped as it, in place (or takes it elsewhere).
+    fn value(&mut self, param: &mut Tensor, value: Tensor) -> Result<()>;
+
+    /// Takes `param` from the checkpoint's tensor `name` by its own means, when that
+    /// tensor is stored in a form the model runs as it is (a GGUF file's 8-bit blocks):
+    /// true when it did, false to have the tensor read as f32.
+    fn stored(&mut self, param: &mut Tensor, name: &str) -> Result<bool>;
+}
+
 /// The first axis of `t` is split into parts: row r of part `part` (`n` rows each) is
 /// row `(r / g)·parts·g + part·g + r % g` of the whole, with g = group or n.
 fn part_row(r: usize, n: usize, parts: usize, part: usize, group: Option<usize>) -> usize {
@@ -66,7 +77,7 @@ pub(crate) fn read(
     weights: &mut Weights,
     locate: &dyn Fn(&str) -> Result<Loc>,
     aliases: &dyn Fn(&str) -> Vec<String>,
-    place: &mut dyn FnMut(&mut Tensor, Tensor) -> Result<()>,
+    place: &mut dyn Place,
 ) -> Result<HashSet<String>> {
     let mut used = HashSet::new();
     let mut last: Option<(String, Tensor)> = None;
@@ -77,6 +88,10 @@ pub(crate) fn read(
             .chain(aliases(&want))
             .find(|n| ckpt.has(n))
             .unwrap_or(want);
+        if matches!(loc, Loc::Same(_)) && place.stored(param, &name)? {
+            used.insert(name);
+            continue;
+        }
         let whole = match &last {
             Some((n, t)) if *n == name => t.clone(),
             _ => {
@@ -128,7 +143,7 @@ pub(crate) fn read(
             };
             return Err(Error::shape(name, expected, value.shape()));
         }
-        place(param, value)?;
+        place.value(param, value)?;
         used.insert(name);
     }
     Ok(used)

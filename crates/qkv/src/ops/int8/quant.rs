@@ -2,11 +2,28 @@
 //! d = max|x| / 127, q = round(x · (1/d)) (halves away from zero, as C's `roundf`),
 //! so x ≈ q·d with q in −127..=127. An all-zero group has d = 0 and codes 0. A NaN
 //! anywhere makes d NaN, so that the product it enters is NaN, as it would be in f32.
+//!
+//! Q8_0 stores a block's scale as f16 ([`block_scale`]): the codes are made with the
+//! f32 scale's inverse and the product multiplies by the f16 one, for the weights and
+//! for the activations llama.cpp quantizes on the fly alike, so that a product of
+//! blocks is llama.cpp's.
 
 use crate::ops::isa::Isa;
 
 /// K steps of a block: one scale per 32 weights of a row, as GGUF's Q8_0.
 pub const BLOCK: usize = 32;
+
+/// A block's scale as Q8_0 stores it: d rounded to the nearest f16, or d itself
+/// where f16 cannot hold it (|d| > 65504: values past 8·10⁶, which Q8_0 would make
+/// infinite).
+pub fn block_scale(d: f32) -> f32 {
+    let rounded = half::f16::from_f32(d).to_f32();
+    if rounded.is_finite() || !d.is_finite() {
+        rounded
+    } else {
+        d
+    }
+}
 
 /// Writes the codes of `x` into `q` (as long) and returns the scale d.
 pub fn quantize(x: &[f32], q: &mut [i8]) -> f32 {
@@ -163,6 +180,10 @@ mod tests {
                 assert_eq!(sums[g], want.iter().map(|&c| i32::from(c)).sum::<i32>());
             }
         }
+        assert_eq!(block_scale(0.1), half::f16::from_f32(0.1).to_f32());
+        assert_ne!(block_scale(0.1), 0.1);
+        assert_eq!(block_scale(1e6), 1e6);
+        assert!(block_scale(f32::NAN).is_nan());
         for v in [0.49999997f32, 0.5, -0.5, 1.5, -2.5, 126.5, -0.0, 3.7, -3.7] {
             // SAFETY: finite and small
             assert_eq!(unsafe { round_away(v) } as f32, v.round(), "{v}");

@@ -1,8 +1,8 @@
 //! Activations quantized on the fly: each row of x `[rows, K]` cut into the weight's
 //! groups, one scale a group ([`super::quant`]), as the signed side of the products.
 
-use super::quant::quantize_groups;
-use super::weight::Int8Weight;
+use super::quant::{block_scale, quantize_groups};
+use super::weight::{Int8Weight, ScaleLayout};
 use rayon::prelude::*;
 
 /// Rows from which quantizing x is worth spreading over the pool.
@@ -27,7 +27,8 @@ pub(super) struct QuantizedRows {
 }
 
 impl QuantizedRows {
-    /// Quantizes x `[rows, w.k()]` in `w`'s groups, the rows spread over the pool when
+    /// Quantizes x `[rows, w.k()]` in `w`'s groups (in blocks, their scales as Q8_0
+    /// stores them: [`block_scale`]), the rows spread over the pool when
     /// `parallel` (a batch of prompts is a few thousand rows: a pass over x that would
     /// otherwise leave the other threads waiting).
     pub fn new(x: &[f32], rows: usize, w: &Int8Weight, parallel: bool) -> Self {
@@ -35,11 +36,15 @@ impl QuantizedRows {
         assert_eq!(x.len(), rows * k);
         let width = w.quads() * 4;
         let groups = width / group;
+        let blocks = w.layout() == ScaleLayout::Blocks;
         let mut codes = vec![0i8; rows * width];
         let mut scales = vec![0.0f32; rows * groups];
         let mut offsets = vec![0i32; rows * groups];
         let one_row = |((src, q), (s, o)): (RowIn, RowOut)| {
             quantize_groups(src, group, &mut q[..k], s, o);
+            if blocks {
+                s.iter_mut().for_each(|d| *d = block_scale(*d));
+            }
             o.iter_mut().for_each(|sum| *sum *= 128);
         };
         if parallel && rows >= PARALLEL_ROWS {

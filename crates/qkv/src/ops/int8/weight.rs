@@ -11,8 +11,8 @@
 //! q[16j + c, 4t + i] + 128 in byte i. A panel's quad row is 64 bytes, one AVX-512
 //! vector, the operand of `vpdpbusd`. Panel j's scales are `(j·groups + g)·16 + c`.
 
-use super::quant::{quantize, BLOCK};
-use crate::error::Result;
+use super::quant::{block_scale, quantize, BLOCK};
+use crate::error::{Error, Result};
 use crate::ops::matmul::check_weight;
 use crate::ops::stored::StoredWeight;
 
@@ -55,26 +55,64 @@ impl std::fmt::Debug for Int8Weight {
 }
 
 impl Int8Weight {
-    /// Quantizes `w`, a row-major `[n, k]` f32 weight (n, k ≥ 1), group by group.
-    /// Errors when the lengths do not match.
+    /// Quantizes `w`, a row-major `[n, k]` f32 weight (n, k ≥ 1), group by group (in
+    /// blocks exactly as llama.cpp's Q8_0 quantizer: [`block_scale`]). Errors when the
+    /// lengths do not match.
     pub fn new(w: &[f32], n: usize, k: usize, layout: ScaleLayout) -> Result<Self> {
         check_weight("int8 weight", w.len(), n, k)?;
         let group = match layout {
             ScaleLayout::Blocks => BLOCK,
             ScaleLayout::Rows => k.next_multiple_of(4).min(MOST_STEPS),
         };
+        let mut row = vec![0.0f32; k.next_multiple_of(group)];
+        Self::from_groups(n, k, layout, group, |r, g, q| {
+            if g == 0 {
+                row[..k].copy_from_slice(&w[r * k..][..k]);
+            }
+            let d = quantize(&row[g * group..][..group], q);
+            Ok(match layout {
+                ScaleLayout::Blocks => block_scale(d),
+                ScaleLayout::Rows => d,
+            })
+        })
+    }
+
+    /// A `[n, k]` weight already in Q8_0's form (k a multiple of [`BLOCK`]):
+    /// `block(r, g, q)` writes the 32 codes of row r's block g into q and returns its
+    /// scale, or an error that the load then reports. The codes are taken as they are
+    /// (−128 included), so the product computes with exactly the stored weights.
+    pub fn from_blocks(
+        n: usize,
+        k: usize,
+        block: impl FnMut(usize, usize, &mut [i8]) -> Result<f32>,
+    ) -> Result<Self> {
+        if n == 0 || k == 0 || !k.is_multiple_of(BLOCK) {
+            return Err(Error::invalid(
+                "int8 weight",
+                format!("[{n}, {k}] is not a shape of whole {BLOCK}-weight blocks"),
+            ));
+        }
+        Self::from_groups(n, k, ScaleLayout::Blocks, BLOCK, block)
+    }
+
+    /// Lays out the codes and scales `fill(r, g, q)` gives for row r's group g (K
+    /// padded with zero codes to whole groups, N with zero rows to whole panels).
+    fn from_groups(
+        n: usize,
+        k: usize,
+        layout: ScaleLayout,
+        group: usize,
+        mut fill: impl FnMut(usize, usize, &mut [i8]) -> Result<f32>,
+    ) -> Result<Self> {
         let kq = k.next_multiple_of(group);
         let (groups, quads, panels) = (kq / group, kq / 4, n.div_ceil(PANEL));
         let mut codes = vec![0x8080_8080u32; panels * quads * PANEL];
         let mut scales = vec![0.0f32; panels * groups * PANEL];
-        let mut row = vec![0.0f32; kq];
         let mut q = vec![0i8; group];
         for r in 0..n {
-            row[..k].copy_from_slice(&w[r * k..][..k]);
             let (j, c) = (r / PANEL, r % PANEL);
             for g in 0..groups {
-                let d = quantize(&row[g * group..][..group], &mut q);
-                scales[(j * groups + g) * PANEL + c] = d;
+                scales[(j * groups + g) * PANEL + c] = fill(r, g, &mut q)?;
                 for (i, &code) in q.iter().enumerate() {
                     let step = g * group + i;
                     let word = &mut codes[(j * quads + step / 4) * PANEL + c];
@@ -183,7 +221,10 @@ mod tests {
             for r in 0..n {
                 for (g, cols) in w[r * k..][..k].chunks(q.group()).enumerate() {
                     let mut codes = vec![0i8; cols.len()];
-                    let d = quantize(cols, &mut codes);
+                    let mut d = quantize(cols, &mut codes);
+                    if layout == ScaleLayout::Blocks {
+                        d = block_scale(d);
+                    }
                     for (i, &c) in codes.iter().enumerate() {
                         let at = r * k + g * q.group() + i;
                         assert_eq!(got[at], f32::from(c) * d, "{layout:?} [{r}, {at}]");

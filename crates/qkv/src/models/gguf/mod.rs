@@ -1,0 +1,114 @@
+//! Models from GGUF files (llama.cpp's format). The metadata gives the architecture
+//! (`llama.block_count`, `llama.embedding_length`, …) and the tensors are read through
+//! the family's own name table, seen under Hugging Face's names: `blk.0.attn_q.weight`
+//! is `model.layers.0.self_attn.q_proj.weight`.
+//!
+//! llama.cpp's converter permutes the rows of Q and K of `llama` models for its
+//! interleaved RoPE (within each head, rows i and D/2 + i become rows 2i and 2i + 1);
+//! they are put back in Hugging Face's half-split order as they are read.
+//!
+//! Architectures: `llama` (Llama, Mistral, SmolLM) and `qwen2`. Linear layers stored
+//! as Q8_0 run from their blocks through the int8 kernels; those stored as F32, F16 or
+//! BF16 are packed in the load's type as they are read. Other quantized types are read
+//! dequantized, for now.
+
+mod meta;
+mod view;
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use super::families::special::SpecialTokens;
+use super::families::Family;
+use super::reading::{read_weights, sizes_unlike, Loaded};
+use super::transformer::Transformer;
+use crate::error::{Error, Result};
+use crate::io::gguf::GgufFile;
+use crate::ops::DType;
+use meta::Meta;
+use view::HfView;
+
+/// Loads the GGUF file `path` as a model, its linear layers in `dtype`
+/// (as [`super::load_in`]).
+pub fn load_gguf(path: &Path, dtype: DType) -> Result<Loaded> {
+    let file = GgufFile::open(path)?;
+    let h = &file.header;
+    let meta = Meta {
+        h,
+        path: file.path(),
+    };
+    let gguf_arch = meta.string("general.architecture")?;
+    let (architecture, permuted) = match gguf_arch {
+        "llama" => ("LlamaForCausalLM", true),
+        "qwen2" => ("Qwen2ForCausalLM", false),
+        other => {
+            return Err(Error::Unsupported(format!(
+                "{}: GGUF architecture `{other}` (qkv reads llama and qwen2)",
+                file.path()
+            )))
+        }
+    };
+    let family = Family::reading(architecture).expect("a family reads llama and qwen2");
+    let id = |key: &str| meta.opt_u64(key).map(|v| v as usize);
+    // a tied head over a table stored in blocks computes from those blocks, as
+    // llama.cpp's does: a head of its own that reads the table's blocks
+    let tied = h.tensor("output.weight").is_none();
+    let head_from_table = tied
+        && h.tensor("token_embd.weight")
+            .is_some_and(|t| view::runs_as_stored(t.ty));
+    let mut arch = meta.arch(gguf_arch, tied && !head_from_table)?;
+    // as transformers builds the embedding of a Llama-layout model (its padding row
+    // gets no gradient)
+    arch.embed.padding_idx = id("tokenizer.ggml.padding_token_id");
+    if let Some(reason) = sizes_unlike(&arch, h.tensors.iter().map(|t| t.numel()).sum()) {
+        return Err(Error::Gguf {
+            path: file.path().to_string(),
+            reason: format!("its metadata: {reason}"),
+        });
+    }
+    let view = HfView::new(&file, &arch, permuted, head_from_table);
+    let stored = |hf: &str, shape: &[usize]| view.stored_linear(hf, shape);
+    let (weights, logits_bias, used) = read_weights(&view, &arch, family, dtype, &stored)?;
+    let used: HashSet<String> = used
+        .iter()
+        .filter_map(|hf| view.locate(hf))
+        .map(|(g, _)| g)
+        .collect();
+    let mut unused: Vec<String> = h
+        .tensors
+        .iter()
+        .filter(|t| !used.contains(&t.name))
+        .map(|t| t.name.clone())
+        .collect();
+    unused.sort();
+    let mut dtypes: Vec<(String, usize)> = Vec::new();
+    for t in &h.tensors {
+        match dtypes.iter_mut().find(|(n, _)| n == t.ty.name) {
+            Some((_, count)) => *count += t.numel(),
+            None => dtypes.push((t.ty.name.to_string(), t.numel())),
+        }
+    }
+    dtypes.sort();
+    let special = SpecialTokens {
+        eos: id("tokenizer.ggml.eos_token_id").into_iter().collect(),
+        bos: id("tokenizer.ggml.bos_token_id"),
+        pad: id("tokenizer.ggml.padding_token_id"),
+        decoder_start: None,
+    };
+    let mut model = Transformer::from_parts(
+        arch,
+        family,
+        special,
+        weights,
+        logits_bias,
+        None,
+        architecture.to_string(),
+    )?;
+    model.adopt_layer_types();
+    Ok(Loaded {
+        model,
+        parameters: h.tensors.iter().map(|t| t.numel()).sum(),
+        dtypes,
+        unused,
+    })
+}

@@ -1,0 +1,176 @@
+//! A GGUF file's tensors seen under Hugging Face's names, Q and K put back in Hugging
+//! Face's row order, and the linear layers that run from their stored blocks.
+
+use crate::error::{Error, Result};
+use crate::io::gguf::{q8_0_parts, GgmlType, GgufFile};
+use crate::io::TensorSource;
+use crate::layers::Linear;
+use crate::models::net::arch::Arch;
+use crate::ops::int8::Int8Weight;
+use crate::tensor::Tensor;
+
+/// A GGUF file's tensors under the Hugging Face names of a Llama-layout model.
+pub(super) struct HfView<'f> {
+    file: &'f GgufFile,
+    /// Q's and K's heads when llama.cpp permuted their rows (weights and biases)
+    permuted: Option<(usize, usize)>,
+    /// whether the LM head is the token table (a tied head run from its blocks)
+    head_from_table: bool,
+}
+
+/// Whether the linear layers stored in `ty` compute from its blocks as they are.
+pub(super) fn runs_as_stored(ty: GgmlType) -> bool {
+    ty == GgmlType::Q8_0
+}
+
+/// Hugging Face's name of a layer's tensor (after `model.layers.{l}.`) → llama.cpp's
+/// (after `blk.{l}.`).
+const LAYER_NAMES: [(&str, &str); 9] = [
+    ("input_layernorm", "attn_norm"),
+    ("post_attention_layernorm", "ffn_norm"),
+    ("self_attn.q_proj", "attn_q"),
+    ("self_attn.k_proj", "attn_k"),
+    ("self_attn.v_proj", "attn_v"),
+    ("self_attn.o_proj", "attn_output"),
+    ("mlp.gate_proj", "ffn_gate"),
+    ("mlp.up_proj", "ffn_up"),
+    ("mlp.down_proj", "ffn_down"),
+];
+
+impl<'f> HfView<'f> {
+    pub fn new(file: &'f GgufFile, arch: &Arch, permuted: bool, head_from_table: bool) -> Self {
+        let stack = arch.stack();
+        HfView {
+            file,
+            permuted: permuted.then_some((stack.heads, stack.kv_heads)),
+            head_from_table,
+        }
+    }
+
+    /// The GGUF name of the Hugging Face tensor `hf`, and the heads whose rows to put
+    /// back when llama.cpp permuted them.
+    pub fn locate(&self, hf: &str) -> Option<(String, Option<usize>)> {
+        let whole = match hf {
+            "model.embed_tokens.weight" => Some("token_embd.weight"),
+            "model.norm.weight" => Some("output_norm.weight"),
+            "lm_head.weight" if self.head_from_table => Some("token_embd.weight"),
+            "lm_head.weight" => Some("output.weight"),
+            _ => None,
+        };
+        if let Some(name) = whole {
+            return Some((name.to_string(), None));
+        }
+        let rest = hf.strip_prefix("model.layers.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        let (module, part) = rest.rsplit_once('.')?;
+        if !matches!(part, "weight" | "bias") || layer.parse::<usize>().is_err() {
+            return None;
+        }
+        let (_, gguf) = LAYER_NAMES.iter().find(|(h, _)| *h == module)?;
+        let heads = match (*gguf, self.permuted) {
+            ("attn_q", Some((q, _))) => Some(q),
+            ("attn_k", Some((_, k))) => Some(k),
+            _ => None,
+        };
+        Some((format!("blk.{layer}.{gguf}.{part}"), heads))
+    }
+
+    /// The linear layer whose weight is the Hugging Face tensor `hf` (`shape`, `[out,
+    /// in]`), computing from the file's blocks as they are stored; `None` for a tensor
+    /// in a type the products do not run as stored, which is then read as f32.
+    ///
+    /// Q8_0 runs through the int8 kernels, whose blocks are Q8_0's: its codes and
+    /// scales are laid out for them, with the rows put back in Hugging Face's order
+    /// where llama.cpp permuted them (a block lies within a row).
+    pub fn stored_linear(&self, hf: &str, shape: &[usize]) -> Result<Option<Linear>> {
+        let Some((gguf, heads)) = self.locate(hf) else {
+            return Ok(None);
+        };
+        let Some(info) = self.file.header.tensor(&gguf) else {
+            return Ok(None);
+        };
+        if !runs_as_stored(info.ty) {
+            return Ok(None);
+        }
+        if info.shape() != shape {
+            return Err(Error::shape(gguf, format!("{shape:?}"), &info.shape()));
+        }
+        let (rows, cols) = (shape[0], shape[1]);
+        let head = match heads {
+            Some(heads) => Some(head_rows(rows, heads, &gguf, shape)?),
+            None => None,
+        };
+        let bytes = self.file.data(info);
+        let ty = GgmlType::Q8_0;
+        let row_bytes = cols / ty.block * ty.block_bytes;
+        let w = Int8Weight::from_blocks(rows, cols, |r, g, q| {
+            let src = head.map_or(r, |d| permuted_row(r, d));
+            let (d, codes) = q8_0_parts(&bytes[src * row_bytes + g * ty.block_bytes..]);
+            if !d.is_finite() {
+                return Err(Error::Gguf {
+                    path: self.file.path().to_string(),
+                    reason: format!("tensor `{gguf}`: block {g} of row {src} has the scale {d}"),
+                });
+            }
+            q.iter_mut().zip(codes).for_each(|(q, c)| *q = c);
+            Ok(d)
+        })?;
+        Ok(Some(Linear::from_int8(w, None)?))
+    }
+}
+
+impl TensorSource for HfView<'_> {
+    fn has(&self, name: &str) -> bool {
+        self.locate(name)
+            .is_some_and(|(g, _)| self.file.header.tensor(&g).is_some())
+    }
+
+    /// The tensor as f32: quantized blocks dequantized by the reference twins.
+    fn tensor(&self, name: &str) -> Result<Tensor> {
+        let (gguf, heads) = self.locate(name).ok_or_else(|| Error::Gguf {
+            path: self.file.path().to_string(),
+            reason: format!("no tensor stands for `{name}`"),
+        })?;
+        let t = self.file.tensor(&gguf)?;
+        t.check_finite(&gguf)?;
+        match heads {
+            Some(heads) => unpermute_rows(t, heads, &gguf),
+            None => Ok(t),
+        }
+    }
+}
+
+/// Rows per head of a permuted Q or K `name` of `shape` (`rows` of `heads` heads of an
+/// even width), or an error naming it.
+fn head_rows(rows: usize, heads: usize, name: &str, shape: &[usize]) -> Result<usize> {
+    if shape.len() > 2 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
+        return Err(Error::shape(
+            name,
+            format!("[{heads} heads × an even width, columns]"),
+            shape,
+        ));
+    }
+    Ok(rows / heads)
+}
+
+/// The stored row of Hugging Face's row `r` of a Q or K that llama.cpp permuted (heads
+/// of `d` rows): within each head, llama.cpp's row 2i + j holds Hugging Face's row
+/// j·d/2 + i.
+fn permuted_row(r: usize, d: usize) -> usize {
+    let (head, t) = (r / d, r % d);
+    let (j, i) = (t / (d / 2), t % (d / 2));
+    head * d + 2 * i + j
+}
+
+/// Undoes llama.cpp's permutation of a Q or K weight `[heads·D, C]` (or bias
+/// `[heads·D]`), row by row (see [`permuted_row`]).
+fn unpermute_rows(t: Tensor, heads: usize, name: &str) -> Result<Tensor> {
+    let rows = t.shape()[0];
+    let d = head_rows(rows, heads, name, t.shape())?;
+    let c = t.numel() / rows;
+    let mut out = vec![0.0; t.numel()];
+    for (r, row) in out.chunks_exact_mut(c).enumerate() {
+        row.copy_from_slice(&t.data()[permuted_row(r, d) * c..][..c]);
+    }
+    Tensor::new(t.shape(), out)
+}
