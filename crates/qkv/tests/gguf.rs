@@ -466,3 +466,158 @@ fn q8_0_files_run_from_their_blocks_as_llama_cpp_runs_them() {
         assert_eq!(widened.data(), reference.data(), "{q8}: widened logits");
     }
 }
+
+#[test]
+fn the_metadata_s_tokenizer_is_the_hugging_face_one_it_was_made_from() {
+    use qkv::text::Tokenizer;
+    let dir = fixture("tokenizers");
+    let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
+    let refs: Json = serde_json::from_str(&text).unwrap();
+    let ids = |v: &Json| -> Vec<usize> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i.as_u64().unwrap() as usize)
+            .collect()
+    };
+    for name in ["llama_spm", "qwen2_bpe", "llama3_bpe"] {
+        let tok = Tokenizer::from_gguf(&dir.join(format!("{name}.gguf")))
+            .unwrap()
+            .expect("a vocabulary");
+        for case in refs[name]["cases"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            let want = ids(&case["ids"]);
+            assert_eq!(tok.encode(text, true).unwrap(), want, "{name}: {text:?}");
+            assert_eq!(
+                tok.decode(&want).unwrap(),
+                case["decoded"].as_str().unwrap(),
+                "{name}: decoding {text:?}"
+            );
+        }
+    }
+    // a model file without a vocabulary has no tokenizer
+    assert!(Tokenizer::from_gguf(&fixture("tensors.gguf"))
+        .unwrap()
+        .is_none());
+}
+
+/// A metadata entry as [`Builder`] writes it: key, value type, value bytes.
+type Kv = (String, u32, Vec<u8>);
+
+#[test]
+fn a_malformed_vocabulary_is_refused_naming_the_key() {
+    use qkv::text::Tokenizer;
+    let strings = |items: &[&str]| {
+        let bytes: Vec<u8> = items.iter().flat_map(|s| string(s)).collect();
+        array(8, items.len() as u64, &bytes)
+    };
+    let u32_kv = |key: &str, v: u32| (key.to_string(), 4u32, v.to_le_bytes().to_vec());
+    let path = std::env::temp_dir().join(format!("qkv-gguf-vocab-{}.gguf", std::process::id()));
+    let vocab = |extra: Vec<Kv>| {
+        let mut b = Builder::new();
+        b.kv.push(("tokenizer.ggml.model".into(), 8, string("gpt2")));
+        b.kv.push((
+            "tokenizer.ggml.tokens".into(),
+            9,
+            strings(&["a", "b", "ab"]),
+        ));
+        for kv in extra {
+            match b.kv.iter_mut().find(|(k, _, _)| *k == kv.0) {
+                Some(old) => *old = kv,
+                None => b.kv.push(kv),
+            }
+        }
+        std::fs::write(&path, b.bytes()).unwrap();
+        Tokenizer::from_gguf(&path).map(|t| t.is_some())
+    };
+    let merges = |m: &[&str]| ("tokenizer.ggml.merges".to_string(), 9, strings(m));
+    // a well-formed one first: "ab" is one token
+    assert!(vocab(vec![merges(&["a b"])]).unwrap());
+    let cases: Vec<(Vec<Kv>, &str)> = vec![
+        (vec![], "`tokenizer.ggml.merges`: missing"),
+        (
+            vec![merges(&["ab"])],
+            "is not two tokens separated by a space",
+        ),
+        (
+            vec![merges(&["a b"]), u32_kv("tokenizer.ggml.bos_token_id", 3)],
+            "`tokenizer.ggml.bos_token_id`: U32(3) is not a token id",
+        ),
+        (
+            vec![
+                merges(&["a b"]),
+                ("tokenizer.ggml.tokens".into(), 9, strings(&["a", "b", "a"])),
+            ],
+            "token \"a\" is given twice",
+        ),
+        (
+            vec![
+                merges(&["a b"]),
+                ("tokenizer.ggml.pre".into(), 8, string("tekken")),
+            ],
+            "`tokenizer.ggml.pre`: `tekken`",
+        ),
+        (
+            vec![("tokenizer.ggml.model".into(), 8, string("bert"))],
+            "`tokenizer.ggml.model`: `bert`",
+        ),
+        (
+            vec![("tokenizer.ggml.model".into(), 8, string("llama"))],
+            "`tokenizer.ggml.scores`: missing",
+        ),
+        (
+            vec![
+                merges(&["a b"]),
+                (
+                    "tokenizer.ggml.token_type".into(),
+                    9,
+                    array(5, 1, &1i32.to_le_bytes()),
+                ),
+            ],
+            "`tokenizer.ggml.token_type`: 1 entries for 3 tokens",
+        ),
+        (
+            vec![("tokenizer.ggml.tokens".into(), 9, strings(&[]))],
+            "`tokenizer.ggml.tokens`: empty",
+        ),
+    ];
+    for (extra, want) in cases {
+        let err = vocab(extra).expect_err(want).to_string();
+        assert!(err.contains(want), "{want}: {err}");
+        assert!(err.contains("qkv-gguf-vocab"), "the file is named: {err}");
+    }
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn the_metadata_s_chat_template_renders_as_transformers_renders_it() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat/templates.json");
+    let families: Json = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let qwen = families
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["family"] == "qwen2.5")
+        .expect("Qwen2.5's cases");
+    let t = qkv::text::ChatTemplate::from_dir(&fixture("tokenizers/qwen2_bpe.gguf"))
+        .unwrap()
+        .expect("qwen2_bpe.gguf carries Qwen2.5's template");
+    let mut rendered = 0;
+    for case in qwen["cases"].as_array().unwrap() {
+        let Some(want) = case["expected"].as_str() else {
+            continue;
+        };
+        let messages = case["messages"].as_array().unwrap();
+        let add = case["add_generation_prompt"].as_bool().unwrap();
+        let extra = case["extra"].as_object().cloned().unwrap_or_default();
+        assert_eq!(t.render_with(messages, add, &extra).unwrap(), want);
+        rendered += 1;
+    }
+    assert!(rendered >= 3, "{rendered} cases");
+    // a file without one has none
+    assert!(
+        qkv::text::ChatTemplate::from_dir(&fixture("tokenizers/llama3_bpe.gguf"))
+            .unwrap()
+            .is_none()
+    );
+}

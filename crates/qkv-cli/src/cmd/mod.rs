@@ -15,7 +15,7 @@ mod writable;
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use qkv::models::{self, KvDType, Loaded, Transformer};
 use qkv::ops::DType;
 use qkv::text::Tokenizer;
@@ -66,15 +66,6 @@ struct Threads {
 /// The tokenizer of the folder `dir` for `model`: required when text is to be read,
 /// else the folder's if it has one; refused when it does not fit the model's vocabulary.
 pub fn tokenizer(dir: &Path, model: &Transformer, required: bool) -> Result<Option<Tokenizer>> {
-    if dir.is_file() && dir.extension().is_some_and(|e| e == "gguf") {
-        if required {
-            bail!(
-                "{}: qkv does not yet read a tokenizer from GGUF metadata; pass token ids with --input-ids",
-                dir.display()
-            );
-        }
-        return Ok(None);
-    }
     let tok = match required {
         true => Some(Tokenizer::from_dir(dir)?),
         false => Tokenizer::optional(dir)?,

@@ -31,7 +31,7 @@ pub fn load(dir: &Path) -> Result<Loaded> {
 /// with no f32 copy of its projections at any time. Such a model runs every forward and
 /// refuses to train or save. In f32 this is [`load`].
 pub fn load_in(dir: &Path, dtype: DType) -> Result<Loaded> {
-    if dir.extension().is_some_and(|e| e == "gguf") && dir.is_file() {
+    if crate::io::gguf::is_gguf(dir) {
         return super::gguf::load_gguf(dir, dtype);
     }
     if !dir.is_dir() {

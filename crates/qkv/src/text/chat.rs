@@ -14,6 +14,7 @@ use minijinja::{Environment, ErrorKind, Value};
 use serde_json::{Map, Value as Json};
 
 use crate::error::{Error, Result};
+use crate::io::gguf::Value as GgufValue;
 
 /// A folder's chat template and the special tokens it may read.
 #[derive(Clone, Debug)]
@@ -40,8 +41,11 @@ const SPECIAL: &[&str] = &[
 impl ChatTemplate {
     /// The template of the folder `dir`, if it has one: `chat_template.jinja`, else the
     /// `chat_template` of `tokenizer_config.json` (a string, or a list of named
-    /// templates, of which `default` is taken).
+    /// templates, of which `default` is taken); for a GGUF file, its metadata's.
     pub fn from_dir(dir: &Path) -> Result<Option<Self>> {
+        if crate::io::gguf::is_gguf(dir) {
+            return Self::from_gguf(dir);
+        }
         let config_path = dir.join("tokenizer_config.json");
         let config: Map<String, Json> = match std::fs::read(&config_path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
@@ -96,6 +100,40 @@ impl ChatTemplate {
             }
         }
         Self::with_tokens(source, special, path).map(Some)
+    }
+
+    /// A GGUF file's `tokenizer.chat_template`, with the special tokens its ids name.
+    fn from_gguf(path: &Path) -> Result<Option<Self>> {
+        let file = crate::io::gguf::GgufFile::open(path)?;
+        let h = &file.header;
+        let Some(v) = h.get("tokenizer.chat_template") else {
+            return Ok(None);
+        };
+        let field = format!("{}: tokenizer.chat_template", path.display());
+        let source = v
+            .as_str()
+            .ok_or_else(|| Error::invalid(field, "not a string"))?;
+        let tokens = h
+            .get("tokenizer.ggml.tokens")
+            .and_then(GgufValue::as_array)
+            .unwrap_or_default();
+        let mut special = Map::new();
+        for (name, key) in [
+            ("bos_token", "tokenizer.ggml.bos_token_id"),
+            ("eos_token", "tokenizer.ggml.eos_token_id"),
+            ("unk_token", "tokenizer.ggml.unknown_token_id"),
+            ("pad_token", "tokenizer.ggml.padding_token_id"),
+        ] {
+            let token = h
+                .get(key)
+                .and_then(GgufValue::as_u64)
+                .and_then(|i| tokens.get(usize::try_from(i).ok()?))
+                .and_then(GgufValue::as_str);
+            if let Some(t) = token {
+                special.insert(name.to_string(), Json::String(t.to_string()));
+            }
+        }
+        Self::with_tokens(source.to_string(), special, path.to_path_buf()).map(Some)
     }
 
     /// A template from its source, with `special` (`{"bos_token": "<s>", ...}`) as

@@ -5,6 +5,7 @@
 
 pub mod bytes;
 pub mod chat;
+mod gguf_vocab;
 mod guards;
 pub mod labels;
 mod marian;

@@ -79,9 +79,12 @@ pub struct Tokenizer {
 
 impl Tokenizer {
     /// The folder's tokenizer when it has one (`None` when it has no `tokenizer.json`,
-    /// Marian `source.spm` or `spiece.model`); a file that is there but unreadable is an
-    /// error, not a silent fallback to ids.
+    /// Marian `source.spm` or `spiece.model`; for a GGUF file, the one in its metadata); a
+    /// file that is there but unreadable is an error, not a silent fallback to ids.
     pub fn optional(dir: &Path) -> Result<Option<Self>> {
+        if crate::io::gguf::is_gguf(dir) {
+            return Self::from_gguf(dir);
+        }
         let any = ["tokenizer.json", "source.spm", "spiece.model"]
             .iter()
             .any(|f| dir.join(f).exists());
@@ -92,9 +95,18 @@ impl Tokenizer {
     }
 
     /// Loads the folder's tokenizer: `tokenizer.json`, else Marian's `source.spm`,
-    /// `target.spm` and `vocab.json`, else T5's `spiece.model`. A folder with none of
-    /// them is an error that says so and points at `--input-ids`.
+    /// `target.spm` and `vocab.json`, else T5's `spiece.model`; a GGUF file's from its
+    /// metadata. A folder with none of them is an error that says so and points at
+    /// `--input-ids`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
+        if crate::io::gguf::is_gguf(dir) {
+            return Self::from_gguf(dir)?.ok_or_else(|| {
+                Error::Tokenizer(format!(
+                    "{}: the file's metadata holds no tokenizer (`tokenizer.ggml.model`); pass token ids with --input-ids instead",
+                    dir.display()
+                ))
+            });
+        }
         let path = dir.join("tokenizer.json");
         if !path.is_file() {
             if dir.join("source.spm").is_file() {
@@ -112,9 +124,28 @@ impl Tokenizer {
         let refuse = |why: String| Error::Tokenizer(format!("{}: {why}", path.display()));
         let file: serde_json::Value =
             serde_json::from_slice(&bytes).map_err(|e| refuse(format!("not valid JSON: {e}")))?;
-        guards::before_load(&file).map_err(refuse)?;
+        Self::from_json(&file, &bytes, path)
+    }
+
+    /// The tokenizer a GGUF file's metadata holds (`text/gguf_vocab.rs`), `None` when the file
+    /// has no vocabulary.
+    pub fn from_gguf(path: &Path) -> Result<Option<Self>> {
+        let file = crate::io::gguf::GgufFile::open(path)?;
+        let refuse = |why: String| Error::Tokenizer(format!("{}: {why}", path.display()));
+        let Some(json) = super::gguf_vocab::tokenizer_json(&file.header).map_err(refuse)? else {
+            return Ok(None);
+        };
+        let bytes = serde_json::to_vec(&json).map_err(|e| refuse(e.to_string()))?;
+        Self::from_json(&json, &bytes, path.to_path_buf()).map(Some)
+    }
+
+    /// The tokenizer of `file`, a `tokenizer.json` (`bytes` its text) read from `path`,
+    /// past the guards.
+    fn from_json(file: &serde_json::Value, bytes: &[u8], path: PathBuf) -> Result<Self> {
+        let refuse = |why: String| Error::Tokenizer(format!("{}: {why}", path.display()));
+        guards::before_load(file).map_err(refuse)?;
         let mut inner =
-            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| refuse(e.to_string()))?;
+            tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| refuse(e.to_string()))?;
         guards::after_load(&inner).map_err(refuse)?;
         // transformers overrides the file's padding and truncation on every call (a call
         // without those arguments does neither); some files carry them anyway, e.g.

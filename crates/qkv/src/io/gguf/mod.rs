@@ -23,6 +23,12 @@ pub fn parse(bytes: &[u8]) -> std::result::Result<Header, String> {
     parse::parse(bytes)
 }
 
+/// Whether `path` is a GGUF file (a file named `*.gguf`), which qkv takes wherever a
+/// model folder is taken.
+pub fn is_gguf(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "gguf") && path.is_file()
+}
+
 /// A GGUF file mapped into memory, its header checked.
 pub struct GgufFile {
     path: String,
