@@ -42,6 +42,8 @@ enum Command {
     Embed(cmd::embed::EmbedArgs),
     /// Describe a checkpoint: family, sizes, position encoding, norm, FFN, parameters
     Inspect(cmd::inspect::InspectArgs),
+    /// Write a model folder as a GGUF file (f32, f16, bf16, q8_0, q4_0) that llama.cpp loads
+    Convert(cmd::convert::ConvertArgs),
     /// Train a decoder: from a Hugging Face folder on given batches, or a new model on a task or a text file
     Train(Box<cmd::train::TrainArgs>),
     /// Measure one of the articles' claims: numbers, SVG figures and a verdict
@@ -75,6 +77,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Attention(args) => cmd::attention::run(args)?,
         Command::Embed(args) => cmd::embed::run(args, &mut out)?,
         Command::Inspect(args) => cmd::inspect::run(args, &mut out)?,
+        Command::Convert(args) => cmd::convert::run(args, &mut out)?,
         Command::Train(args) => cmd::train::run(args)?,
         Command::Bench(args) => cmd::bench::run(args, &mut out)?,
         #[cfg(feature = "serve")]

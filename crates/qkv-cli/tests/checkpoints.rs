@@ -572,3 +572,61 @@ fn inspect_lists_a_gguf_file_and_names_what_is_wrong_with_a_bad_one() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `qkv convert` writes a folder as GGUF that reads back as the folder, and refuses a
+/// name without `.gguf`, an unknown type and a model GGUF cannot hold, naming each.
+#[test]
+fn convert_writes_a_gguf_file_that_generates_as_the_folder() {
+    let dir = scratch("convert");
+    let out = dir.join("llama.gguf");
+    let model = fixture("llama_gqa");
+    let run = |args: &[&str]| qkv(&[&["convert", model.to_str().unwrap()], args].concat());
+    let done = run(&["--to", out.to_str().unwrap(), "--dtype", "f32"]);
+    assert!(done.status.success(), "{}", stderr(&done));
+    assert!(String::from_utf8_lossy(&done.stdout).contains("weights in F32"));
+    assert!(
+        stderr(&done).contains("no tokenizer.json"),
+        "{}",
+        stderr(&done)
+    );
+    let generated = |m: &Path| {
+        let o = qkv(&[
+            "generate",
+            "--model",
+            m.to_str().unwrap(),
+            "--input-ids",
+            "1,5,9",
+            "--max-new-tokens",
+            "6",
+            "--greedy",
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        o.stdout
+    };
+    assert_eq!(generated(&out), generated(&model));
+    for (args, want) in [
+        (vec!["--to", "x.bin"], "ending in .gguf"),
+        (
+            vec!["--to", "x.gguf", "--dtype", "q4_k"],
+            "one of f32, f16, bf16, q8_0, q4_0",
+        ),
+    ] {
+        let o = run(&args);
+        assert!(!o.status.success());
+        assert!(stderr(&o).contains(want), "{}", stderr(&o));
+    }
+    let o = qkv(&[
+        "convert",
+        fixture("gpt2").to_str().unwrap(),
+        "--to",
+        dir.join("gpt2.gguf").to_str().unwrap(),
+    ]);
+    assert!(
+        stderr(&o).contains("Llama-layout decoders"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.join("gpt2.gguf").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -506,7 +506,7 @@ impl Model {
     ) -> PyResult<Bound<'py, PyAny>> {
         let template = self.chat_template.as_ref().ok_or_else(|| {
             PyValueError::new_err(format!(
-                "{} has no chat template (chat_template.jinja, or chat_template in tokenizer_config.json)",
+                "{} has no chat template (chat_template.jinja, chat_template in tokenizer_config.json, or a GGUF file's tokenizer.chat_template)",
                 self.dir.display()
             ))
         })?;

@@ -178,7 +178,7 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
 fn chat_prompt(args: &GenerateArgs) -> Result<String> {
     let template = ChatTemplate::from_dir(&args.model)?.with_context(|| {
         format!(
-            "{} has no chat template (chat_template.jinja, or chat_template in tokenizer_config.json): give --prompt",
+            "{} has no chat template (chat_template.jinja, chat_template in tokenizer_config.json, or a GGUF file's tokenizer.chat_template): give --prompt",
             args.model.display()
         )
     })?;

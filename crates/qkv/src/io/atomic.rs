@@ -44,6 +44,15 @@ fn resolve(path: &Path) -> Result<PathBuf> {
 }
 
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_with(path, &mut |w| w.write_all(bytes))
+}
+
+/// [`write_atomic`] of what `fill` writes, in pieces (a file too large to build in
+/// memory first): the target appears only once `fill` has succeeded.
+pub fn write_atomic_with(
+    path: &Path,
+    fill: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<()> {
     // `metadata` follows every link, /proc's magic ones too: `/dev/stdout` of a process
     // whose output is a pipe leads to `pipe:[N]`, a name no path walk can follow, but
     // the kernel opens it
@@ -52,7 +61,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
             return Err(refuse(path, "is a folder; give a file name"));
         }
         if !meta.is_file() {
-            return write_through(path, bytes);
+            return write_through(path, fill);
         }
     }
     let target = resolve(path)?;
@@ -66,11 +75,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let result = (|| {
         // a new file, never one already there: a link planted under the temporary's
         // name would otherwise redirect the write
-        let mut file = std::fs::OpenOptions::new()
+        let file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(&tmp)?;
-        file.write_all(bytes)?;
+        let mut buffered = std::io::BufWriter::new(file);
+        fill(&mut buffered)?;
+        let file = buffered.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
         std::fs::rename(&tmp, &target)
     })();
@@ -82,12 +93,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Writes into an existing device, FIFO or terminal without replacing it.
-fn write_through(path: &Path, bytes: &[u8]) -> Result<()> {
+fn write_through(
+    path: &Path,
+    fill: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<()> {
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .open(path)
         .map_err(|e| Error::io(path, e))?;
-    file.write_all(bytes)
+    fill(&mut file)
         .and_then(|()| file.flush())
         .map_err(|e| Error::io(path, e))
 }

@@ -9,7 +9,7 @@ pub mod memory;
 pub mod safetensors;
 mod token_tensors;
 
-pub use self::atomic::write_atomic;
+pub use self::atomic::{write_atomic, write_atomic_with};
 pub use self::checkpoint::{Checkpoint, TensorSource};
 pub use self::config::{
     aliased_size, bad_field, check_heads, check_positive, eps, epsilon, field_error, json_f32,

@@ -35,7 +35,7 @@ pub use families::{bert, bloom, gpt2, llama, marian, t5};
 pub use families::{supported, Family, Loc, SpecialTokens, NATIVE_ARCHITECTURE};
 pub use folder::{load, load_in};
 pub use generate::{config as generation_config, request};
-pub use gguf::load_gguf;
+pub use gguf::{load_gguf, save_gguf};
 pub use info::ModelInfo;
 pub use net::arch::{Arch, Head, ModelKind, Position, StackDims};
 pub use net::backward::Tape;

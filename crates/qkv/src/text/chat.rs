@@ -150,6 +150,11 @@ impl ChatTemplate {
         Ok(t)
     }
 
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     /// The prompt for `messages` (`[{"role": ..., "content": ...}, ...]`), ending with
     /// the assistant's turn opened when `add_generation_prompt`.
     pub fn render(&self, messages: &[Json], add_generation_prompt: bool) -> Result<String> {

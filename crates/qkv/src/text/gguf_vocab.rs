@@ -17,15 +17,15 @@ use serde_json::{json, Map, Value as Json};
 use crate::io::gguf::{Header, Value};
 
 /// `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
-const UNKNOWN: i64 = 2;
-const CONTROL: i64 = 3;
-const USER_DEFINED: i64 = 4;
+pub(super) const UNKNOWN: i64 = 2;
+pub(super) const CONTROL: i64 = 3;
+pub(super) const USER_DEFINED: i64 = 4;
 
 /// Word-splitting regexes of the byte-level pre-tokenizers, by `tokenizer.ggml.pre`: those
-/// of the tokenizer.json files the names stand for. `default` and `gpt-2` use GPT-2's own,
-/// which the ByteLevel pre-tokenizer applies itself (`None`).
-const PRE: &[(&str, Option<&str>)] = &[
-    ("default", None),
+/// of the tokenizer.json files the names stand for. `gpt-2` uses GPT-2's own, which the
+/// ByteLevel pre-tokenizer applies itself (`None`). (llama.cpp's `default` is a set of
+/// regexes of its own, which no tokenizer.json has.)
+pub(super) const PRE: &[(&str, Option<&str>)] = &[
     ("gpt-2", None),
     (
         "llama-bpe",
@@ -263,7 +263,7 @@ fn byte_level_parts(h: &Header, vocab: &Vocab) -> Result<Parts, String> {
         })
         .collect::<Result<_, _>>()?;
     let pre = match h.get("tokenizer.ggml.pre") {
-        None => "default",
+        None => "gpt-2",
         Some(v) => v
             .as_str()
             .ok_or("metadata `tokenizer.ggml.pre`: not a string")?,

@@ -6,6 +6,7 @@
 pub mod bytes;
 pub mod chat;
 mod gguf_vocab;
+mod gguf_vocab_out;
 mod guards;
 pub mod labels;
 mod marian;
@@ -13,5 +14,6 @@ mod sentencepiece;
 pub mod tokenizer;
 
 pub use chat::ChatTemplate;
+pub use gguf_vocab_out::folder_gguf_metadata;
 pub use labels::TokenLabel;
 pub use tokenizer::{TextStream, Tokenizer};

@@ -240,7 +240,7 @@ pub async fn chat(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let template = g.template.as_ref().ok_or_else(|| {
         ApiError::invalid(
             "messages",
-            format!("`{}` has no chat template (tokenizer_config.json's chat_template or chat_template.jinja): use /v1/completions", s.name),
+            format!("`{}` has no chat template (tokenizer_config.json's chat_template, chat_template.jinja, or a GGUF file's tokenizer.chat_template): use /v1/completions", s.name),
         )
     })?;
     if req.messages.is_empty() {

@@ -7,12 +7,14 @@ mod dequant;
 mod header;
 mod parse;
 mod types;
+mod write;
 
 use std::path::Path;
 
 pub use dequant::q8_0_parts;
 pub use header::{Header, TensorInfo, Value, ValueType};
 pub use types::GgmlType;
+pub use write::{write, OutTensor};
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;

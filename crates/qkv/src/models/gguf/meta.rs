@@ -81,7 +81,6 @@ impl Meta<'_> {
                 })
             }
         };
-        let mut arch = Arch::llama(vocab, d_model, layers, heads, kv_heads, max_len);
         let head_dim = self
             .opt_size(&key("attention.key_length"))?
             .unwrap_or(d_model / heads);
@@ -113,21 +112,103 @@ impl Meta<'_> {
                 )));
             }
         }
-        let stack = arch.decoder.as_mut().expect("a decoder");
-        stack.head_dim = head_dim;
-        stack.ffn_dim = self.size(&key("feed_forward_length"))?;
-        arch.norm.eps = self.number(&key("attention.layer_norm_rms_epsilon"), 1e-5)? as f32;
-        arch.position = Position::Rope {
+        let arch = Sizes {
+            vocab,
+            d_model,
+            layers,
+            heads,
+            kv_heads,
+            max_len,
+            head_dim,
+            ffn_dim: self.size(&key("feed_forward_length"))?,
+            eps: self.number(&key("attention.layer_norm_rms_epsilon"), 1e-5)? as f32,
             theta: self.number(&key("rope.freq_base"), 10_000.0)? as f32,
-            scaling: RopeScaling::None,
-            max_len: Some(max_len),
-        };
-        arch.attention.qkv_bias = a == "qwen2";
-        arch.head = Head::lm(tied);
+            qkv_bias: a == "qwen2",
+            tied,
+        }
+        .arch();
         arch.validate().map_err(|e| Error::Gguf {
             path: self.path.to_string(),
             reason: format!("the architecture its metadata gives: {e}"),
         })?;
         Ok(arch)
+    }
+}
+
+/// What a `llama` or `qwen2` file's metadata says of a model: enough to build its
+/// [`Arch`] (Llama's layout), and what a model of that layout writes back.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Sizes {
+    pub vocab: usize,
+    pub d_model: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub max_len: usize,
+    pub head_dim: usize,
+    pub ffn_dim: usize,
+    pub eps: f32,
+    pub theta: f32,
+    /// biases on q, k and v: `qwen2`
+    pub qkv_bias: bool,
+    /// no `output.weight`: the head is the token table
+    pub tied: bool,
+}
+
+impl Sizes {
+    /// Llama's layout with these sizes (RoPE over whole heads, RMSNorm, SwiGLU).
+    pub fn arch(&self) -> Arch {
+        let mut arch = Arch::llama(
+            self.vocab,
+            self.d_model,
+            self.layers,
+            self.heads,
+            self.kv_heads,
+            self.max_len,
+        );
+        let stack = arch.decoder.as_mut().expect("a decoder");
+        stack.head_dim = self.head_dim;
+        stack.ffn_dim = self.ffn_dim;
+        arch.norm.eps = self.eps;
+        arch.position = Position::Rope {
+            theta: self.theta,
+            scaling: RopeScaling::None,
+            max_len: Some(self.max_len),
+        };
+        arch.attention.qkv_bias = self.qkv_bias;
+        arch.head = Head::lm(self.tied);
+        arch
+    }
+
+    /// The sizes of `arch` when it is exactly the layout a GGUF `llama` or `qwen2` file
+    /// describes (whatever its padding row), so that the file reads back as the same
+    /// model; `None` otherwise.
+    pub fn of(arch: &Arch) -> Option<Sizes> {
+        let stack = arch.decoder?;
+        let Position::Rope {
+            theta,
+            max_len: Some(max_len),
+            ..
+        } = arch.position
+        else {
+            return None;
+        };
+        let sizes = Sizes {
+            vocab: arch.vocab,
+            d_model: arch.d_model,
+            layers: stack.layers,
+            heads: stack.heads,
+            kv_heads: stack.kv_heads,
+            max_len,
+            head_dim: stack.head_dim,
+            ffn_dim: stack.ffn_dim,
+            eps: arch.norm.eps,
+            theta,
+            qkv_bias: arch.attention.qkv_bias,
+            tied: arch.head.tied(),
+        };
+        let mut built = sizes.arch();
+        built.embed.padding_idx = arch.embed.padding_idx;
+        (built == *arch).then_some(sizes)
     }
 }

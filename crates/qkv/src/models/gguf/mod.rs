@@ -12,8 +12,12 @@
 //! BF16 are packed in the load's type as they are read. Other quantized types are read
 //! dequantized, for now.
 
+mod encode;
+mod export;
 mod meta;
 mod view;
+
+pub use export::save_gguf;
 
 use std::collections::HashSet;
 use std::path::Path;

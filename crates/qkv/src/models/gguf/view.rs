@@ -50,29 +50,16 @@ impl<'f> HfView<'f> {
     /// The GGUF name of the Hugging Face tensor `hf`, and the heads whose rows to put
     /// back when llama.cpp permuted them.
     pub fn locate(&self, hf: &str) -> Option<(String, Option<usize>)> {
-        let whole = match hf {
-            "model.embed_tokens.weight" => Some("token_embd.weight"),
-            "model.norm.weight" => Some("output_norm.weight"),
-            "lm_head.weight" if self.head_from_table => Some("token_embd.weight"),
-            "lm_head.weight" => Some("output.weight"),
+        if hf == "lm_head.weight" && self.head_from_table {
+            return Some(("token_embd.weight".into(), None));
+        }
+        let (name, rotated) = gguf_name(hf)?;
+        let heads = match (rotated, self.permuted) {
+            (Some(Rotated::Q), Some((q, _))) => Some(q),
+            (Some(Rotated::K), Some((_, k))) => Some(k),
             _ => None,
         };
-        if let Some(name) = whole {
-            return Some((name.to_string(), None));
-        }
-        let rest = hf.strip_prefix("model.layers.")?;
-        let (layer, rest) = rest.split_once('.')?;
-        let (module, part) = rest.rsplit_once('.')?;
-        if !matches!(part, "weight" | "bias") || layer.parse::<usize>().is_err() {
-            return None;
-        }
-        let (_, gguf) = LAYER_NAMES.iter().find(|(h, _)| *h == module)?;
-        let heads = match (*gguf, self.permuted) {
-            ("attn_q", Some((q, _))) => Some(q),
-            ("attn_k", Some((_, k))) => Some(k),
-            _ => None,
-        };
-        Some((format!("blk.{layer}.{gguf}.{part}"), heads))
+        Some((name, heads))
     }
 
     /// The linear layer whose weight is the Hugging Face tensor `hf` (`shape`, `[out,
@@ -119,6 +106,40 @@ impl<'f> HfView<'f> {
     }
 }
 
+/// Which of the tensors llama.cpp permutes for its interleaved RoPE a tensor is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Rotated {
+    Q,
+    K,
+}
+
+/// llama.cpp's name of the Hugging Face tensor `hf` of a Llama-layout model, and
+/// whether it is Q's or K's (whose rows llama.cpp permutes in `llama` files).
+pub(super) fn gguf_name(hf: &str) -> Option<(String, Option<Rotated>)> {
+    let whole = match hf {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(name) = whole {
+        return Some((name.to_string(), None));
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let (module, part) = rest.rsplit_once('.')?;
+    if !matches!(part, "weight" | "bias") || layer.parse::<usize>().is_err() {
+        return None;
+    }
+    let (_, gguf) = LAYER_NAMES.iter().find(|(h, _)| *h == module)?;
+    let rotated = match *gguf {
+        "attn_q" => Some(Rotated::Q),
+        "attn_k" => Some(Rotated::K),
+        _ => None,
+    };
+    Some((format!("blk.{layer}.{gguf}.{part}"), rotated))
+}
+
 impl TensorSource for HfView<'_> {
     fn has(&self, name: &str) -> bool {
         self.locate(name)
@@ -156,7 +177,7 @@ fn head_rows(rows: usize, heads: usize, name: &str, shape: &[usize]) -> Result<u
 /// The stored row of Hugging Face's row `r` of a Q or K that llama.cpp permuted (heads
 /// of `d` rows): within each head, llama.cpp's row 2i + j holds Hugging Face's row
 /// j·d/2 + i.
-fn permuted_row(r: usize, d: usize) -> usize {
+pub(super) fn permuted_row(r: usize, d: usize) -> usize {
     let (head, t) = (r / d, r % d);
     let (j, i) = (t / (d / 2), t % (d / 2));
     head * d + 2 * i + j
