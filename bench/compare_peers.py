@@ -2,12 +2,16 @@
 """qkv against peer engines (llama.cpp, ONNX Runtime, CTranslate2), accuracy first, then timing.
 
     python3 bench/compare_peers.py llama-cpp   [--rounds 4] [--dtypes f32,bf16,int8] [--json]
+    python3 bench/compare_peers.py gguf        [--rounds 4] [--dtypes q8_0,q4_k_m] [--json]
     python3 bench/compare_peers.py onnxruntime [--rounds 4] [--dtypes f32,int8] [--model DIR] [--ort-graph fused]
     python3 bench/compare_peers.py ctranslate2 [--rounds 4] [--dtypes f32,int8] [--workloads minilm,llama]
   common options: --threads 2 --seed 0 --json --qkv PATH --save DIR --convert-python PATH
 
 Pairs (qkv --dtype / the peer's type; qkv's int8-row, a scale per row, pairs as int8 does):
   llama-cpp    the benchmark Llama: f32 / GGUF F32, bf16 / BF16, int8 / Q8_0 (converter --outtype f32|bf16|q8_0)
+  gguf         the benchmark Llama as GGUF files, both engines on the same file: Q8_0 (converter --outtype
+               q8_0) and Q4_K_M (llama.cpp's llama_model_quantize of the F32 file); qkv runs
+               `qkv bench llama --model FILE` (Q8_0 blocks as stored, F16 and K-quant tensors in f32)
   onnxruntime  all-MiniLM-L6-v2: f32 / the f32 ONNX graph, int8 / quantize_dynamic's int8 (per channel)
   ctranslate2  all-MiniLM-L6-v2 and the benchmark Llama: f32 / compute_type float32, int8 / int8
 
@@ -112,6 +116,7 @@ PAIRS = {"f32": "f32", "bf16": "bf16", "int8": "q8_0"}  # qkv dtype -> converter
 # What each mode imports in the timed process (.venv-peers), and in the converter's (.venv-bench).
 PEER_MODULES = {
     "llama-cpp": ["llama_cpp", "numpy", "safetensors"],
+    "gguf": ["llama_cpp", "numpy", "safetensors"],
     "onnxruntime": ["onnxruntime", "onnx", "sympy", "tokenizers", "numpy", "safetensors"],
     "ctranslate2": ["ctranslate2", "tokenizers", "numpy", "safetensors"],
 }
@@ -121,6 +126,8 @@ CONVERT_MODULES = {  # llama-cpp: whatever its converter imports (checked by run
 }
 # The peers' names in the printed lines, by the prefix of their JSON keys.
 NAMES = {"llama_cpp": "llama.cpp", "onnxruntime": "ORT", "ctranslate2": "CT2"}
+# gguf: the files' types, and llama.cpp's quantizer's ftype for those it makes.
+GGUF_TYPES = {"q8_0": None, "q4_k_m": 15}
 # qkv's number types and the peer's type each pairs with (llama-cpp: the GGUF --outtype above).
 ORT_TYPES = {"f32": "f32", "int8": "int8", "int8-row": "int8"}
 CT2_TYPES = {"f32": "float32", "int8": "int8", "int8-row": "int8"}
@@ -357,15 +364,20 @@ def compare_llama(opts, dtype: str, peer, peer_key: str, peer_type: str, ref) ->
     return out
 
 
-def print_llama(peer_key: str, results: list[dict]) -> None:
+def print_rates(first: str, peer_key: str, rows: list[tuple[str, dict]]) -> None:
+    """The tokens/s table of the Llama workloads: a line per (first column, result) and workload."""
     peer_name = NAMES[peer_key]
-    print(f"{'pair':<20} {'workload':<22} {'qkv tok/s':>10} {peer_name:>12} {'qkv/' + peer_name:>16}")
-    for r in results:
-        pair = f"{r['qkv_dtype']} / {r[f'{peer_key}_type']}"
+    print(f"{first:<20} {'workload':<22} {'qkv tok/s':>10} {peer_name:>12} {'qkv/' + peer_name:>16}")
+    for name, r in rows:
         for mode, label in (("prefill", f"prefill {PREFILL}"), ("decode", f"greedy decode {DECODE}")):
             m = r[mode]
-            print(f"{pair:<20} {label:<22} {m['qkv_tokens_per_s']:>10.1f} {m[f'{peer_key}_tokens_per_s']:>12.1f} "
+            print(f"{name:<20} {label:<22} {m['qkv_tokens_per_s']:>10.1f} {m[f'{peer_key}_tokens_per_s']:>12.1f} "
                   f"{m[f'qkv_over_{peer_key}']:>16.2f}")
+
+
+def print_llama(peer_key: str, results: list[dict]) -> None:
+    peer_name = NAMES[peer_key]
+    print_rates("pair", peer_key, [(f"{r['qkv_dtype']} / {r[f'{peer_key}_type']}", r) for r in results])
     print("\naccuracy against qkv f32 (logits over the prefill prompt; greedy tokens, position by position)")
     for r in results:
         for who, a in ((f"{peer_name} {r[f'{peer_key}_type']}", r[f"{peer_key}_accuracy_vs_qkv_f32"]),
@@ -413,24 +425,103 @@ class LlamaCpp:
         return out
 
 
-def run_llama_cpp(opts, folder: Path) -> tuple[dict, list[dict]]:
+def llama_cpp_header(opts) -> dict:
+    """What a llama.cpp run records of itself."""
     import llama_cpp
 
+    return {"qkv": qkv_commit(), "llama_cpp_python": llama_cpp.__version__,
+            "system_info": llama_cpp.llama_print_system_info().decode().strip(), "threads": opts.threads,
+            # left at llama.cpp's default for every GGUF type, F32 included (qkv's cache is f32)
+            "llama_cpp_kv_cache": {0: "f32", 1: "f16"}.get(kv := llama_cpp.llama_context_default_params().type_k, kv),
+            "rounds": opts.rounds, "load_average_1min": os.getloadavg()[0]}
+
+
+def run_llama_cpp(opts, folder: Path) -> tuple[dict, list[dict]]:
     opts.dtypes = opts.dtypes or "f32,bf16,int8"
     dtypes = check_dtypes(opts, PAIRS)
     prompt, decode_prompt = llama_ids(opts)
     ref = qkv_reference(opts, folder, prompt, decode_prompt)
-    header = {"qkv": qkv_commit(), "llama_cpp_python": llama_cpp.__version__,
-              "system_info": llama_cpp.llama_print_system_info().decode().strip(), "threads": opts.threads,
-              # left at llama.cpp's default for every GGUF type, F32 included (qkv's cache is f32)
-              "llama_cpp_kv_cache": {0: "f32", 1: "f16"}.get(kv := llama_cpp.llama_context_default_params().type_k, kv),
-              "rounds": opts.rounds, "load_average_1min": os.getloadavg()[0]}
+    header = llama_cpp_header(opts)
     results = []
     for d in dtypes:
         peer = LlamaCpp(opts, convert(opts, folder, PAIRS[d]), prompt, decode_prompt)
         results.append(compare_llama(opts, d, peer, "llama_cpp", PAIRS[d].upper(), ref))
         del peer  # frees the model before the next pair loads
     return header, results
+
+
+def gguf_file(opts, folder: Path, name: str) -> Path:
+    """The benchmark Llama as a GGUF file of type `name`: the converter's, or llama.cpp's
+    quantizer's of the converter's F32 file."""
+    import ctypes
+
+    import llama_cpp
+
+    if GGUF_TYPES[name] is None:
+        return convert(opts, folder, name)
+    path = folder / f"model-{name}.gguf"
+    if not path.exists():
+        print(f"quantizing to {name}...", file=sys.stderr, flush=True)
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.nthread = GGUF_TYPES[name], opts.threads
+        src = convert(opts, folder, "f32")
+        if llama_cpp.llama_model_quantize(str(src).encode(), str(path).encode(), ctypes.byref(params)) != 0:
+            sys.exit(f"llama_model_quantize failed for {path}")
+    return path
+
+
+def run_gguf(opts, folder: Path) -> tuple[dict, list[dict]]:
+    """Both engines on the same GGUF files: accuracy against qkv f32 of the folder (transformers'
+    numbers), qkv against llama.cpp on the file, then alternating rounds."""
+    import numpy as np
+
+    names = (opts.dtypes or "q8_0,q4_k_m").split(",")
+    if not set(names) <= set(GGUF_TYPES):
+        sys.exit(f"--dtypes: gguf pairs {', '.join(GGUF_TYPES)}")
+    prompt, decode_prompt = llama_ids(opts)
+    ref = qkv_reference(opts, folder, prompt, decode_prompt)
+    header = llama_cpp_header(opts)
+    results = []
+    for name in names:
+        path = gguf_file(opts, folder, name)
+        peer = LlamaCpp(opts, path, prompt, decode_prompt)
+        logits, tokens = np.array(peer.prefill()), peer.decode()
+        mine = qkv_reference(opts, path, prompt, decode_prompt)
+        acc = {"llama_cpp_vs_qkv_f32": llama_accuracy(logits, tokens, ref),
+               "qkv_vs_qkv_f32": llama_accuracy(mine["logits"], mine["tokens"], ref),
+               "qkv_vs_llama_cpp": llama_accuracy(mine["logits"], mine["tokens"],
+                                                  {"logits": logits, "tokens": tokens})}
+        print(f"check {name}: {json.dumps(acc)}", file=sys.stderr, flush=True)
+        times = {m: {"qkv": [], "peer": []} for m in ("prefill", "decode")}
+
+        def qkv_side():
+            for r in qkv_bench(opts, "llama", "f32", "--model", path):
+                times[r["mode"]]["qkv"].append(r["median_s"])
+
+        def peer_side():
+            times["prefill"]["peer"].append(timed(peer.prefill))
+            times["decode"]["peer"].append(timed(peer.decode))
+
+        alternate(opts, f"{name} file", qkv_side, peer_side)
+        out = {"file": name, "bytes": path.stat().st_size, "accuracy": acc, "rounds": opts.rounds}
+        for mode, n in (("prefill", PREFILL), ("decode", DECODE)):
+            out[mode] = pair_summary(times[mode], "tokens_per_s", "llama_cpp", n)
+        results.append(out)
+        del peer
+    return header, results
+
+
+def print_gguf(header: dict, results: list[dict]) -> None:
+    print(f"qkv {header['qkv']} against llama.cpp (llama-cpp-python {header['llama_cpp_python']}) on the same "
+          f"GGUF files; {header['threads']} threads, {header['rounds']} alternating rounds, medians")
+    print(f"llama.cpp system_info: {header['system_info']}; KV cache {header['llama_cpp_kv_cache']} (its default)")
+    print_rates("file", "llama_cpp", [(r["file"], r) for r in results])
+    print("\naccuracy (logits over the prefill prompt; greedy tokens, position by position)")
+    for r in results:
+        for who, a in r["accuracy"].items():
+            print(f"  {r['file']:<8} {who:<22} logits max abs {a['logits_max_abs']:.3g}, top-1 "
+                  f"{a['prefill_top1_equal']}/{PREFILL}, greedy {a['greedy_equal']}/{DECODE} "
+                  f"(first difference at {a['greedy_first_difference']})")
 
 
 def print_llama_cpp(header: dict, results: list[dict]) -> None:
@@ -776,7 +867,7 @@ def print_ctranslate2(header: dict, results: list[dict]) -> None:
 def parse():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("peer", choices=["llama-cpp", "onnxruntime", "ctranslate2"])
+    p.add_argument("peer", choices=["llama-cpp", "gguf", "onnxruntime", "ctranslate2"])
     p.add_argument("--dtypes", help="qkv dtypes to pair (default: llama-cpp f32,bf16,int8; the others f32,int8)")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
@@ -817,12 +908,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(opts.save or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        if opts.peer == "llama-cpp":
+        if opts.peer in ("llama-cpp", "gguf"):
             # the folder itself, as before: its GGUFs sit beside the model
             folder = Path(opts.save or f"{tmp}/llama")
             make_llama(opts, folder)
-            header, results = run_llama_cpp(opts, folder)
-            show = print_llama_cpp
+            run_mode, show = {"llama-cpp": (run_llama_cpp, print_llama_cpp),
+                              "gguf": (run_gguf, print_gguf)}[opts.peer]
+            header, results = run_mode(opts, folder)
         elif opts.peer == "onnxruntime":
             header, results = run_onnxruntime(opts, work)
             show = print_onnxruntime

@@ -2,7 +2,7 @@
 //! `bench/compare_torch.py` reads. No timing is asserted beyond being positive: a
 //! benchmark is never a timed test.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
@@ -190,6 +190,24 @@ fn llama_prefill_and_decode_and_the_saved_folder_loads() {
         );
         positive(row, TIMING);
         positive(row, &["step_s_median", "tokens_per_s_median"]);
+    }
+
+    // a given model: a GGUF file's Q8_0 blocks, checked against its weights in f32
+    let q8 = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../qkv/tests/fixtures/gguf/models/llama_gqa_q8_0.gguf");
+    let rows = bench(
+        "llama --prefill 8 --decode 3 --decode-prompt 2 --model",
+        &[q8.to_str().unwrap()],
+    );
+    assert_eq!(rows.len(), 2);
+    for row in &rows {
+        assert_eq!((&row["dtype"], &row["vocab"]), (&"int8".into(), &99.into()));
+        assert!(row["model"]
+            .as_str()
+            .unwrap()
+            .ends_with("llama_gqa_q8_0.gguf"));
+        positive(row, TIMING);
+        assert!(row["logits_max_abs"].as_f64().unwrap() < 0.1, "{row}");
     }
 }
 

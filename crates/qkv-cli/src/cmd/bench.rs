@@ -196,6 +196,11 @@ struct LlamaArgs {
     /// Also write the model to DIR as a LlamaForCausalLM folder (transformers loads it)
     #[arg(long, value_name = "DIR")]
     save: Option<PathBuf>,
+    /// Time this model instead of a random one of the sizes above: a folder, or a GGUF
+    /// file (its Q8_0 blocks as stored, its other matrices in --dtype). The accuracy
+    /// reference is the same weights in f32 (a GGUF file's dequantized)
+    #[arg(long, value_name = "DIR|FILE", conflicts_with = "save")]
+    model: Option<PathBuf>,
     /// Below f32, each workload is first checked against the f32 model: the prefill's
     /// logits, and the greedy tokens
     #[command(flatten)]
@@ -607,34 +612,57 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
             a.decode_prompt + a.decode
         );
     }
-    let arch = Arch::llama(a.vocab, a.d_model, a.layers, a.heads, a.kv_heads, a.max_len);
-    let mut model = Transformer::new(&arch, a.common.seed)?;
     let (dtype, kv_dtype) = (a.dtype.dtype, a.kv_dtype.kv_dtype);
-    if dtype != DType::F32 {
-        // the f32 model of the same seed is the reference
-        model.set_dtype(dtype)?;
-    }
+    // the model, and its f32 twin (made only when an accuracy check needs it)
+    let (mut model, reference): (Transformer, Box<dyn Fn() -> Result<Transformer>>) = match &a.model
+    {
+        Some(path) => {
+            let model = super::load_model(path, dtype)?.model;
+            let path = path.clone();
+            let reference = move || -> Result<Transformer> {
+                let mut m = qkv::models::load_in(&path, DType::F32)?.model;
+                m.unpack_weights();
+                Ok(m)
+            };
+            (model, Box::new(reference))
+        }
+        None => {
+            let arch = Arch::llama(a.vocab, a.d_model, a.layers, a.heads, a.kv_heads, a.max_len);
+            let mut model = Transformer::new(&arch, a.common.seed)?;
+            if dtype != DType::F32 {
+                // the f32 model of the same seed is the reference
+                model.set_dtype(dtype)?;
+            }
+            let seed = a.common.seed;
+            let reference = move || Ok(Transformer::new(&arch, seed)?);
+            (model, Box::new(reference))
+        }
+    };
     model.kv_dtype = kv_dtype;
+    let arch = model.arch.clone();
+    let stack = arch.stack();
+    let vocab = arch.vocab;
     if let Some(dir) = &a.save {
         model
             .save(dir)
             .with_context(|| format!("saving the model to {}", dir.display()))?;
     }
     let arch_fields = json!({
-        "bench": "llama", "d_model": a.d_model, "layers": a.layers, "heads": a.heads,
-        "kv_heads": a.kv_heads, "vocab": a.vocab, "params": model.num_params(),
-        "dtype": dtype.name(), "kv_dtype": kv_dtype.name(),
+        "bench": "llama", "d_model": arch.d_model, "layers": stack.layers, "heads": stack.heads,
+        "kv_heads": stack.kv_heads, "vocab": vocab, "params": model.num_params(),
+        "dtype": model.dtype().name(), "kv_dtype": kv_dtype.name(),
+        "model": a.model.as_ref().map(|m| m.display().to_string()),
     });
     let mut rng = Rng::new(a.common.seed.wrapping_add(1));
-    let mut ids = |n: usize| -> Vec<usize> { (0..n).map(|_| rng.below(a.vocab)).collect() };
+    let mut ids = |n: usize| -> Vec<usize> { (0..n).map(|_| rng.below(vocab)).collect() };
 
     let prompt = TokenBatch::single(ids(a.prefill))?;
     let decode_prompt = TokenBatch::single(ids(a.decode_prompt))?;
     let opts = GenerateOptions::new(a.decode, Sampling::Greedy, Vec::new());
-    let accuracy = match (dtype, kv_dtype) {
+    let accuracy = match (model.dtype(), kv_dtype) {
         (DType::F32, KvDType::F32) => json!({}),
         _ => {
-            let reference = Transformer::new(&arch, a.common.seed)?;
+            let reference = reference()?;
             let acc = low_precision_accuracy(&reference, &model, &prompt, &decode_prompt, &opts)?;
             // on stderr, so that `--json` prints JSON lines alone
             eprintln!(
@@ -679,9 +707,14 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
         }
         Ok(())
     })?;
-    // Every decoding step reads every weight but the embedding table (one row of it).
-    // The embedding table stays f32 (a tied head would read it whole in f32).
-    let weight_bytes = (model.num_params() - a.vocab * a.d_model) as f64 * dtype.bytes_per_weight();
+    // Every decoding step reads every weight but the embedding table (one row of it),
+    // which stays f32 (a tied head reads it whole in f32).
+    let (linear, rest) = model.weight_bytes();
+    let table = match arch.head.tied() {
+        true => 0,
+        false => 4 * vocab * arch.d_model,
+    };
+    let weight_bytes = (linear + rest - table) as f64;
     let fields = merge(
         &arch_fields,
         json!({
@@ -702,7 +735,7 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
         fields,
     })?;
     if !a.rows.is_empty() {
-        if dtype == DType::F32 {
+        if model.dtype() == DType::F32 {
             model.pack_weights();
         }
         for &n in &a.rows {
