@@ -182,10 +182,14 @@ def train_data_seeds():
 
 
 def gguf_seeds():
-    """The GGUF fixture (every tensor type qkv reads, every metadata type), and the same
-    header with no tensors."""
+    """The GGUF fixture (every tensor type qkv reads, every metadata type), the same
+    header with no tensors, a vocabulary of each kind qkv reads (one with a chat template),
+    and a small Q8_0 model."""
     data = (FIX / "gguf" / "tensors.gguf").read_bytes()
     put("gguf", "tensors", data)
+    for name in ["llama_spm", "qwen2_bpe", "llama3_bpe"]:
+        put("gguf", f"vocab_{name}", (FIX / "gguf" / "tokenizers" / f"{name}.gguf").read_bytes())
+    put("gguf", "model_q8_0", (FIX / "gguf" / "models" / "llama_gqa_q8_0.gguf").read_bytes())
     # magic, version, tensor count 0, metadata count 1, then `general.architecture`
     key = b"general.architecture"
     value = b"llama"

@@ -1,6 +1,8 @@
 //! The GGUF reader: any bytes as a file, opened with `GgufFile::open`. A file that opens
 //! must keep every tensor's bytes inside it, and every tensor of a type qkv reads must
-//! dequantize to its shape's count of values (a type it does not read is refused).
+//! dequantize to its shape's count of values (a type it does not read is refused). The
+//! tokenizer, chat template and model read from the file's metadata end in a value or an
+//! error, never a panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -33,5 +35,10 @@ fuzz_target!(init: qkv_fuzz::init(), |data: &[u8]| {
             }
             Err(e) => assert!(!t.ty.dequantizes(), "`{}` ({}): {e}", t.name, t.ty),
         }
+    }
+    let _ = qkv::text::Tokenizer::from_gguf(&path);
+    let _ = qkv::text::ChatTemplate::from_dir(&path);
+    if h.tensors.iter().all(|t| t.numel() <= MAX_VALUES) {
+        let _ = qkv::models::load_gguf(&path, qkv::ops::DType::F32);
     }
 });

@@ -580,6 +580,14 @@ fn a_malformed_vocabulary_is_refused_naming_the_key() {
             vec![("tokenizer.ggml.tokens".into(), 9, strings(&[]))],
             "`tokenizer.ggml.tokens`: empty",
         ),
+        (
+            vec![(
+                "tokenizer.ggml.tokens".into(),
+                9,
+                strings(&["a", &"b".repeat(1025)]),
+            )],
+            "token 1 is 1025 bytes long (at most 1024)",
+        ),
     ];
     for (extra, want) in cases {
         let err = vocab(extra).expect_err(want).to_string();

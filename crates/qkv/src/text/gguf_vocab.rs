@@ -41,6 +41,10 @@ pub(super) const PRE: &[(&str, Option<&str>)] = &[
     ),
 ];
 
+/// The longest token read, in bytes (real vocabularies' longest are runs of a few dozen
+/// spaces).
+const MOST_BYTES: usize = 1024;
+
 /// The metadata's vocabulary, read and checked.
 struct Vocab<'h> {
     tokens: Vec<&'h str>,
@@ -101,6 +105,18 @@ impl<'h> Vocab<'h> {
             .collect::<Result<_, _>>()?;
         if tokens.is_empty() {
             return Err("metadata `tokenizer.ggml.tokens`: empty".into());
+        }
+        // a SentencePiece vocabulary's merges are every split of every token: a token
+        // this long in a hostile file would cost its length squared
+        if let Some((i, t)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, t)| t.len() > MOST_BYTES)
+        {
+            return Err(format!(
+                "metadata `tokenizer.ggml.tokens`: token {i} is {} bytes long (at most {MOST_BYTES})",
+                t.len()
+            ));
         }
         let types = match array(h, "tokenizer.ggml.token_type")? {
             None => vec![1; tokens.len()],
