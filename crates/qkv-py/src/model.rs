@@ -57,7 +57,9 @@ impl Model {
 
 /// Loads the model folder ``path``: a Hugging Face checkpoint (BERT, GPT-2, Llama,
 /// Mistral, Qwen2, BLOOM, Marian, T5), a sentence-transformers folder (with
-/// ``modules.json``), or a folder qkv saved. Nothing is downloaded.
+/// ``modules.json``), or a folder qkv saved; or a GGUF file of a ``llama`` or ``qwen2``
+/// model, its tokenizer and chat template from its metadata and its Q8_0 weights
+/// computed from their blocks whatever ``dtype`` says. Nothing is downloaded.
 ///
 /// ``dtype`` is the number type the linear layers compute in: ``"f32"``; ``"bf16"``
 /// (weights and each layer's input rounded to bfloat16, products and sums in f32);

@@ -700,18 +700,21 @@ fn a_folder_s_tokenizer_written_as_metadata_reads_back_as_transformers_tokenizes
     use qkv::io::gguf::Value as V;
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizers");
     let path = std::env::temp_dir().join(format!("qkv-gguf-vocab-out-{}.gguf", std::process::id()));
-    for name in ["qwen2_bytelevel", "sentencepiece_bpe"] {
+    for (name, tokens) in [("qwen2_bytelevel", 320), ("sentencepiece_bpe", 456)] {
         let mut metadata = vec![(
             "general.architecture".to_string(),
             V::String("llama".into()),
         )];
-        metadata.extend(
-            qkv::text::folder_gguf_metadata(&root.join(name))
-                .unwrap()
-                .unwrap(),
-        );
+        // three rows more than the tokenizer's tokens: named [PADn], as llama.cpp's
+        // converter names them
+        let vocab = qkv::text::folder_gguf_metadata(&root.join(name), tokens + 3)
+            .unwrap()
+            .unwrap();
+        metadata.extend(vocab);
         gguf::write(&path, &metadata, &[], &mut |_| unreachable!("no tensors")).unwrap();
         let tok = qkv::text::Tokenizer::from_gguf(&path).unwrap().unwrap();
+        let pad = format!("[PAD{}]", tokens + 2);
+        assert_eq!(tok.token_id(&pad), Some(tokens + 2), "{name}");
         let refs: Json =
             serde_json::from_slice(&std::fs::read(root.join(name).join("reference.json")).unwrap())
                 .unwrap();
@@ -730,8 +733,15 @@ fn a_folder_s_tokenizer_written_as_metadata_reads_back_as_transformers_tokenizes
             );
         }
     }
+    let err = qkv::text::folder_gguf_metadata(&root.join("qwen2_bytelevel"), 100)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("320 tokens, more than the model's 100"),
+        "{err}"
+    );
     // Llama 3's regex read back applies no normalizer; this fixture's NFC would be lost
-    let err = qkv::text::folder_gguf_metadata(&root.join("llama3_bytelevel"))
+    let err = qkv::text::folder_gguf_metadata(&root.join("llama3_bytelevel"), 320)
         .unwrap_err()
         .to_string();
     assert!(

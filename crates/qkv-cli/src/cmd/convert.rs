@@ -39,7 +39,7 @@ pub fn run(args: &ConvertArgs, out: &mut impl Write) -> Result<()> {
         );
     }
     let loaded = super::load_model(&args.model, DType::F32)?;
-    let vocab = qkv::text::folder_gguf_metadata(&args.model)
+    let vocab = qkv::text::folder_gguf_metadata(&args.model, loaded.model.arch.vocab)
         .with_context(|| format!("reading the tokenizer of {}", args.model.display()))?;
     let warn = vocab.is_none();
     let name = args

@@ -2,8 +2,8 @@
 //! generate`, streamed chunks join to the whole, concurrent requests are batched and
 //! each still equals its own run, every bad request gets OpenAI's error shape with the
 //! right status while the server keeps serving, a client that goes away frees its
-//! sequence, a full queue answers 503, SIGTERM lets a stream finish and exits 0, and
-//! embeddings equal `qkv embed`.
+//! sequence, a full queue answers 503, SIGTERM lets a stream finish and exits 0,
+//! embeddings equal `qkv embed`, and the folder written as GGUF serves as well.
 //!
 //! The model: a tiny random Llama (`qkv bench llama --save`) with the Qwen2 byte-level
 //! test tokenizer and Qwen2.5's chat template.
@@ -251,6 +251,55 @@ fn completions_and_chat_equal_generate_and_streams_join_to_the_whole() {
         metrics.contains("qkv_time_to_first_token_seconds_count"),
         "{metrics}"
     );
+}
+
+/// The served folder written as a GGUF file by `qkv convert` (Q8_0 weights, the
+/// tokenizer and chat template in its metadata) serves as `qkv generate` runs it.
+#[test]
+fn a_gguf_file_serves_completions_and_chat_as_generate_runs_them() {
+    let file = std::env::temp_dir().join(format!("qkv-serve-{}.gguf", std::process::id()));
+    let f = file.to_str().unwrap();
+    qkv(&[
+        "convert",
+        model().to_str().unwrap(),
+        "--to",
+        f,
+        "--dtype",
+        "q8_0",
+    ]);
+    let s = Server::start(&file, &["--name", "tiny"]);
+    let cli = qkv(&[
+        "generate",
+        "--model",
+        f,
+        "--prompt",
+        "Attention is",
+        "--max-new-tokens",
+        "12",
+        "--greedy",
+    ]);
+    let ask =
+        json!({"model": "tiny", "prompt": "Attention is", "max_tokens": 12, "temperature": 0});
+    assert_eq!(text_of(&s.post("/v1/completions", &ask).json()) + "\n", cli);
+    let cli = qkv(&[
+        "generate",
+        "--model",
+        f,
+        "--user",
+        "What is attention?",
+        "--max-new-tokens",
+        "10",
+        "--greedy",
+    ]);
+    let chat = json!({"model": "tiny", "max_tokens": 10, "temperature": 0, "messages": [
+        {"role": "user", "content": "What is attention?"},
+    ]});
+    assert_eq!(
+        text_of(&s.post("/v1/chat/completions", &chat).json()) + "\n",
+        cli
+    );
+    drop(s);
+    std::fs::remove_file(&file).unwrap();
 }
 
 #[test]

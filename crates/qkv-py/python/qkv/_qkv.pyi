@@ -242,8 +242,9 @@ def load(
     dtype: Literal["f32", "bf16", "int8", "int8-row"] = "f32",
     kv_dtype: Literal["f32", "bf16"] = "f32",
 ) -> Model:
-    """Loads a Hugging Face, sentence-transformers or qkv model folder; its linear layers
-    compute in ``dtype``, and ``generate`` keeps its KV cache in ``kv_dtype``."""
+    """Loads a Hugging Face, sentence-transformers or qkv model folder, or a GGUF file; its
+    linear layers compute in ``dtype`` (a GGUF file's Q8_0 ones from their blocks), and
+    ``generate`` keeps its KV cache in ``kv_dtype``."""
 
 def sinusoidal_table(
     n_positions: int, dim: int, *, layout: Literal["interleaved", "split"] = "interleaved"

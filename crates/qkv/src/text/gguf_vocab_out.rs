@@ -10,9 +10,12 @@ use crate::error::Error;
 use crate::io::gguf::{Value, ValueType};
 
 /// The `tokenizer.ggml.*` metadata of the folder `dir`'s `tokenizer.json` (see
-/// `gguf_metadata`), and its chat template as `tokenizer.chat_template`; `None` when
-/// the folder has no tokenizer.json.
-pub fn folder_gguf_metadata(dir: &Path) -> crate::error::Result<Option<Vec<(String, Value)>>> {
+/// `gguf_metadata`) for a model of `n_vocab` token rows, and its chat template as
+/// `tokenizer.chat_template`; `None` when the folder has no tokenizer.json.
+pub fn folder_gguf_metadata(
+    dir: &Path,
+    n_vocab: usize,
+) -> crate::error::Result<Option<Vec<(String, Value)>>> {
     let path = dir.join("tokenizer.json");
     if !path.is_file() {
         return Ok(None);
@@ -21,7 +24,7 @@ pub fn folder_gguf_metadata(dir: &Path) -> crate::error::Result<Option<Vec<(Stri
     let bytes = crate::io::read_regular(&path)?;
     let file: Json =
         serde_json::from_slice(&bytes).map_err(|e| refuse(format!("not valid JSON: {e}")))?;
-    let mut out = gguf_metadata(&file).map_err(refuse)?;
+    let mut out = gguf_metadata(&file, n_vocab).map_err(refuse)?;
     if let Some(t) = super::chat::ChatTemplate::from_dir(dir)? {
         out.push((
             "tokenizer.chat_template".into(),
@@ -34,13 +37,14 @@ pub fn folder_gguf_metadata(dir: &Path) -> crate::error::Result<Option<Vec<(Stri
 /// `tokenizer.ggml.token_type` of a byte-fallback token (`<0x41>`).
 const BYTE: i32 = 6;
 const NORMAL: i32 = 1;
+const UNUSED: i32 = 5;
 
 /// The `tokenizer.ggml.*` metadata that stands for the tokenizer.json `file` in a GGUF
 /// file, the inverse of `gguf_vocab.rs`'s reading: byte-level BPE as `gpt2` (its regex named by
 /// `tokenizer.ggml.pre`), SentencePiece-style BPE with byte fallback as `llama` (each
 /// token's score minus the rank of the merge that makes it, so that the merges read
 /// back in their order). Other tokenizers have no GGUF form here; the error says why.
-fn gguf_metadata(file: &Json) -> Result<Vec<(String, Value)>, String> {
+fn gguf_metadata(file: &Json, n_vocab: usize) -> Result<Vec<(String, Value)>, String> {
     let model = &file["model"];
     if model["type"] != "BPE" {
         return Err(format!(
@@ -70,12 +74,27 @@ fn gguf_metadata(file: &Json) -> Result<Vec<(String, Value)>, String> {
                 .ok_or("an added token without content")?,
         )?;
     }
-    let tokens: Vec<String> = tokens
+    let mut tokens: Vec<String> = tokens
         .into_iter()
         .enumerate()
         .map(|(i, t)| t.ok_or(format!("no token has id {i}")))
         .collect::<Result<_, _>>()?;
-    let id_of = |t: &str| tokens.iter().position(|x| x == t);
+    if tokens.len() > n_vocab {
+        return Err(format!(
+            "{} tokens, more than the model's {n_vocab} token rows",
+            tokens.len()
+        ));
+    }
+    // the model's rows past the tokenizer's, named as llama.cpp's converter names them
+    // (llama.cpp wants a token for every row)
+    let named = tokens.len();
+    tokens.extend((named..n_vocab).map(|i| format!("[PAD{i}]")));
+    let ids: std::collections::HashMap<&str, usize> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.as_str(), i))
+        .collect();
+    let id_of = |t: &str| ids.get(t).copied();
     let merges: Vec<(String, String)> = model["merges"]
         .as_array()
         .ok_or("no merges")?
@@ -88,6 +107,7 @@ fn gguf_metadata(file: &Json) -> Result<Vec<(String, Value)>, String> {
         .collect::<Option<_>>()
         .ok_or("a merge that is not two tokens")?;
     let mut types = vec![NORMAL; tokens.len()];
+    types[named..].fill(UNUSED);
     for a in &added {
         let id = a["id"].as_u64().unwrap_or_default() as usize;
         types[id] = match a["special"].as_bool() {
@@ -102,6 +122,7 @@ fn gguf_metadata(file: &Json) -> Result<Vec<(String, Value)>, String> {
         let prefix = spm_prefix(&file["normalizer"])?;
         // a token made by merge i scores −(i + 1); the rest 0, ahead of every merge
         let mut scores = vec![0.0f32; tokens.len()];
+        scores[named..].fill(-1000.0);
         for (rank, (l, r)) in merges.iter().enumerate() {
             if let Some(id) = id_of(&format!("{l}{r}")) {
                 if scores[id] == 0.0 {
