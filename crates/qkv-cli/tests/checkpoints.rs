@@ -605,6 +605,27 @@ fn convert_writes_a_gguf_file_that_generates_as_the_folder() {
         o.stdout
     };
     assert_eq!(generated(&out), generated(&model));
+    // a GGUF file converts too, its blocks widened: Q8_0 back to F32
+    let q8 = dir.join("q8.gguf");
+    let again = dir.join("again.gguf");
+    for (from, to, ty) in [(&model, &q8, "q8_0"), (&q8, &again, "f32")] {
+        let o = qkv(&[
+            "convert",
+            from.to_str().unwrap(),
+            "--to",
+            to.to_str().unwrap(),
+            "--dtype",
+            ty,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let listed = qkv(&["inspect", "--model", again.to_str().unwrap()]);
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert!(
+        listed.contains("F32") && !listed.contains("Q8_0"),
+        "{listed}"
+    );
+    assert!(!generated(&again).is_empty());
     for (args, want) in [
         (vec!["--to", "x.bin"], "ending in .gguf"),
         (

@@ -10,7 +10,7 @@ use qkv::ops::DType;
 #[derive(clap::Args)]
 pub struct ConvertArgs {
     /// Model folder: a Hugging Face Llama, Mistral or Qwen2 folder, or one `qkv train`
-    /// wrote in that layout
+    /// wrote in that layout (or a GGUF file of such a model, its blocks widened)
     model: PathBuf,
     /// The GGUF file to write
     #[arg(long)]
@@ -38,7 +38,9 @@ pub fn run(args: &ConvertArgs, out: &mut impl Write) -> Result<()> {
             args.to.display()
         );
     }
-    let loaded = super::load_model(&args.model, DType::F32)?;
+    let mut loaded = super::load_model(&args.model, DType::F32)?;
+    // a GGUF file's blocks widened: any model qkv reads converts
+    loaded.model.unpack_weights();
     let vocab = qkv::text::folder_gguf_metadata(&args.model, loaded.model.arch.vocab)
         .with_context(|| format!("reading the tokenizer of {}", args.model.display()))?;
     let warn = vocab.is_none();
