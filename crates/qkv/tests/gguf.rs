@@ -420,6 +420,40 @@ fn quant_reference() -> Json {
     serde_json::from_str(&text).unwrap()
 }
 
+/// A JSON list of token ids.
+fn ids(v: &Json) -> Vec<usize> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_u64().unwrap() as usize)
+        .collect()
+}
+
+/// The token ids and llama.cpp's logits (a row per position) of one quantized fixture.
+fn quant_case(refs: &Json, name: &str) -> (Vec<usize>, Vec<Vec<f32>>) {
+    let rows = refs[name]["logits"].as_array().unwrap().iter();
+    let rows = rows.map(|r| {
+        let r = r.as_array().unwrap().iter();
+        r.map(|v| v.as_f64().unwrap() as f32).collect()
+    });
+    (ids(&refs[name]["tokens"]), rows.collect())
+}
+
+/// `logits` `[1, T, V]` against `rows` (T rows of V): the largest difference, and at how
+/// many positions the top token is the same.
+fn against(logits: &qkv::Tensor, rows: &[Vec<f32>]) -> (f32, usize) {
+    let vocab = logits.last_dim();
+    let top = |r: &[f32]| (0..r.len()).max_by(|&a, &b| r[a].total_cmp(&r[b])).unwrap();
+    let (mut worst, mut same_top) = (0.0f32, 0);
+    for (mine, row) in logits.data().chunks_exact(vocab).zip(rows) {
+        same_top += usize::from(top(mine) == top(row));
+        for (a, b) in mine.iter().zip(row) {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    (worst, same_top)
+}
+
 #[test]
 fn q8_0_files_run_from_their_blocks_as_llama_cpp_runs_them() {
     use qkv::module::Module;
@@ -434,23 +468,10 @@ fn q8_0_files_run_from_their_blocks_as_llama_cpp_runs_them() {
 
         // llama.cpp also quantizes the activations of a Q8_0 product to Q8_0 blocks:
         // the two differ only in the order of f32 sums
-        let r = &refs[&q8];
-        let tokens: Vec<usize> = r["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap() as usize)
-            .collect();
-        let batch = qkv::models::TokenBatch::single(tokens.clone()).unwrap();
+        let (tokens, want) = quant_case(&refs, &q8);
+        let batch = qkv::models::TokenBatch::single(tokens).unwrap();
         let logits = m.forward_cached(&batch, &mut m.new_cache(1)).unwrap();
-        let vocab = m.arch.vocab;
-        let mut worst = 0.0f32;
-        for (t, row) in r["logits"].as_array().unwrap().iter().enumerate() {
-            for (v, want) in row.as_array().unwrap().iter().enumerate() {
-                let got = logits.data()[t * vocab + v];
-                worst = worst.max((got - want.as_f64().unwrap() as f32).abs());
-            }
-        }
+        let (worst, _) = against(&logits, &want);
         assert!(worst < 1e-5, "{q8}: logits {worst:e} from llama.cpp's");
 
         // the twin: widened, the weights are gguf's dequantization of the same blocks,
@@ -473,13 +494,6 @@ fn the_metadata_s_tokenizer_is_the_hugging_face_one_it_was_made_from() {
     let dir = fixture("tokenizers");
     let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
     let refs: Json = serde_json::from_str(&text).unwrap();
-    let ids = |v: &Json| -> Vec<usize> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|i| i.as_u64().unwrap() as usize)
-            .collect()
-    };
     for name in ["llama_spm", "qwen2_bpe", "llama3_bpe"] {
         let tok = Tokenizer::from_gguf(&dir.join(format!("{name}.gguf")))
             .unwrap()
@@ -847,15 +861,7 @@ fn llama_cpp_runs_the_files_qkv_writes() {
         let theirs = llama_cpp_logits(&tmp, &tokens);
         let ours = qkv::models::load(&tmp).unwrap().model;
         let logits = ours.forward_cached(&batch, &mut ours.new_cache(1)).unwrap();
-        let (mut worst, mut same_top) = (0.0f32, 0);
-        for (t, row) in theirs.iter().enumerate() {
-            let mine = &logits.data()[t * vocab..][..vocab];
-            let top = |r: &[f32]| (0..vocab).max_by(|&a, &b| r[a].total_cmp(&r[b])).unwrap();
-            same_top += usize::from(top(mine) == top(row));
-            for (a, b) in mine.iter().zip(row) {
-                worst = worst.max((a - b).abs());
-            }
-        }
+        let (worst, same_top) = against(&logits, &theirs);
         eprintln!(
             "{ty}: largest logit difference {worst:.2e}, top-1 equal at {same_top} of {}",
             tokens.len()
@@ -887,31 +893,10 @@ fn k_quant_files_from_llama_cpp_s_quantizer_read_as_llama_cpp_reads_them() {
         assert_eq!(m.dtype(), DType::F32, "{file}");
         let stored: Vec<&str> = loaded.dtypes.iter().map(|(t, _)| t.as_str()).collect();
         assert!(stored.contains(&"Q6_K"), "{file}: {stored:?}");
-        let r = &refs[&file];
-        let tokens: Vec<usize> = r["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap() as usize)
-            .collect();
+        let (tokens, want) = quant_case(&refs, &file);
         let batch = qkv::models::TokenBatch::single(tokens.clone()).unwrap();
         let logits = m.forward_cached(&batch, &mut m.new_cache(1)).unwrap();
-        let vocab = m.arch.vocab;
-        let (mut worst, mut same_top) = (0.0f32, 0);
-        for (t, row) in r["logits"].as_array().unwrap().iter().enumerate() {
-            let want: Vec<f32> = row
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap() as f32)
-                .collect();
-            let got = &logits.data()[t * vocab..][..vocab];
-            let top = |r: &[f32]| (0..vocab).max_by(|&a, &b| r[a].total_cmp(&r[b])).unwrap();
-            same_top += usize::from(top(got) == top(&want));
-            for (a, b) in got.iter().zip(&want) {
-                worst = worst.max((a - b).abs());
-            }
-        }
+        let (worst, same_top) = against(&logits, &want);
         // llama.cpp quantizes the activations of a K-quant product to 8 bits per 256
         // (Q8_K), and of Q4_0's to Q8_0; qkv's f32 products do not: logits 0.048 to
         // 0.067 apart on these files, the same top token everywhere
