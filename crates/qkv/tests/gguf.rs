@@ -882,25 +882,46 @@ fn llama_cpp_runs_the_files_qkv_writes() {
 
 #[test]
 fn k_quant_files_from_llama_cpp_s_quantizer_read_as_llama_cpp_reads_them() {
+    use qkv::ops::blocks::BlockType;
     use qkv::ops::DType;
     let refs = quant_reference();
-    for name in ["q4_k_m", "q5_k_m", "q6_k", "q4_0"] {
+    let types = [
+        ("q4_k_m", BlockType::Q4K),
+        ("q5_k_m", BlockType::Q5K),
+        ("q6_k", BlockType::Q6K),
+        ("q4_0", BlockType::Q4_0),
+    ];
+    for (name, main) in types {
         let file = format!("kquant_{name}");
         let loaded = qkv::models::load(&gguf_model(&file)).unwrap();
         assert!(loaded.unused.is_empty(), "{file}: {:?}", loaded.unused);
         let m = loaded.model;
-        // read dequantized, for now: f32 products
-        assert_eq!(m.dtype(), DType::F32, "{file}");
+        // the linear layers compute from their blocks; the model's type is the one
+        // most of their weights are stored in
+        assert_eq!(m.dtype(), DType::Blocks(main), "{file}");
+        assert!(!m.has_f32_weights(), "{file}");
         let stored: Vec<&str> = loaded.dtypes.iter().map(|(t, _)| t.as_str()).collect();
         assert!(stored.contains(&"Q6_K"), "{file}: {stored:?}");
         let (tokens, want) = quant_case(&refs, &file);
+        // the whole prompt at once (the blocks dequantized into the f32 product), and
+        // token by token (integer dot products per block), each with the activations
+        // quantized as llama.cpp quantizes them (Q8_K, Q8_0 for Q4_0)
         let batch = qkv::models::TokenBatch::single(tokens.clone()).unwrap();
         let logits = m.forward_cached(&batch, &mut m.new_cache(1)).unwrap();
-        let (worst, same_top) = against(&logits, &want);
-        // llama.cpp quantizes the activations of a K-quant product to 8 bits per 256
-        // (Q8_K), and of Q4_0's to Q8_0; qkv's f32 products do not: logits 0.048 to
-        // 0.067 apart on these files, the same top token everywhere
-        assert!(worst < 0.1, "{file}: logits {worst:e} from llama.cpp's");
-        assert_eq!(same_top, tokens.len(), "{file}: top-1");
+        let mut cache = m.new_cache(1);
+        let mut steps = Vec::new();
+        for &t in &tokens {
+            let step = qkv::models::TokenBatch::single(vec![t]).unwrap();
+            steps.extend_from_slice(m.forward_cached(&step, &mut cache).unwrap().data());
+        }
+        let stepped = qkv::Tensor::new(logits.shape(), steps).unwrap();
+        for (how, logits) in [("prompt", &logits), ("steps", &stepped)] {
+            let (worst, same_top) = against(logits, &want);
+            assert!(
+                worst < 1e-5,
+                "{file} {how}: logits {worst:e} from llama.cpp's"
+            );
+            assert_eq!(same_top, tokens.len(), "{file} {how}: top-1");
+        }
     }
 }

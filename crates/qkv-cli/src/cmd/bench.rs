@@ -197,7 +197,7 @@ struct LlamaArgs {
     #[arg(long, value_name = "DIR")]
     save: Option<PathBuf>,
     /// Time this model instead of a random one of the sizes above: a folder, or a GGUF
-    /// file (its Q8_0 blocks as stored, its other matrices in --dtype). The accuracy
+    /// file (its Q8_0, Q4_0 and K-quant blocks as stored, its other matrices in --dtype). The accuracy
     /// reference is the same weights in f32 (a GGUF file's dequantized)
     #[arg(long, value_name = "DIR|FILE", conflicts_with = "save")]
     model: Option<PathBuf>,
@@ -414,6 +414,7 @@ impl MatmulWeight {
             DType::Int8Row => {
                 MatmulWeight::Int8(Int8Weight::new(w.data(), n, k, ScaleLayout::Rows)?)
             }
+            DType::Blocks(t) => bail!("{t} blocks are read from GGUF files, not made here"),
         })
     }
 }

@@ -9,6 +9,7 @@
 
 use crate::error::{Error, Result};
 use crate::ops::bf16::{self, Bf16Weight};
+use crate::ops::blocks::{self, BlockWeight};
 use crate::ops::int8::{self, Int8Weight, ScaleLayout};
 use crate::ops::stored::StoredWeight;
 use crate::ops::{gemm, gemm_packed, DType, MatMut, MatRef, PackedWeight, Par};
@@ -40,6 +41,8 @@ enum Packed {
     Bf16(Bf16Copy),
     /// int8 codes and scales, likewise.
     Int8(Int8Weight),
+    /// A GGUF file's 4- to 6-bit blocks as stored (never made from the f32 weight).
+    Blocks(BlockWeight),
 }
 
 /// A weight's bf16 copy `[out, in]`, and its transpose `[in, out]` for the backward's
@@ -69,13 +72,29 @@ impl Linear {
     /// one: a checkpoint stored in 8-bit blocks (GGUF's Q8_0) runs from them with no
     /// f32 weight ever made.
     pub fn from_int8(w: Int8Weight, bias: Option<Tensor>) -> Result<Self> {
-        let (n_out, n_in) = (w.n(), w.k());
+        let shape = (w.n(), w.k());
+        Self::packed_only_from(Packed::Int8(w), shape, bias)
+    }
+
+    /// A layer whose weight is `w`, a GGUF file's 4- to 6-bit blocks as stored, kept
+    /// as [`Linear::from_int8`] keeps its codes.
+    pub fn from_blocks(w: BlockWeight, bias: Option<Tensor>) -> Result<Self> {
+        let shape = (w.n(), w.k());
+        Self::packed_only_from(Packed::Blocks(w), shape, bias)
+    }
+
+    /// A layer that holds `packed` (`[out, in]` = `shape`) and no f32 weight.
+    fn packed_only_from(
+        packed: Packed,
+        (n_out, n_in): (usize, usize),
+        bias: Option<Tensor>,
+    ) -> Result<Self> {
         if let Some(b) = &bias {
             b.expect_shape("linear.bias", &[Some(n_out)])?;
         }
         let weight = Tensor::zeros(&[0, 0]);
         Ok(Linear {
-            packed: Some((weight.generation(), Arc::new(Packed::Int8(w)))),
+            packed: Some((weight.generation(), Arc::new(packed))),
             weight,
             bias,
             packed_only: Some((n_out, n_in)),
@@ -151,7 +170,8 @@ impl Linear {
         let widened = match self.packed.as_ref().map(|(_, p)| &**p) {
             Some(Packed::Bf16(c)) => c.w.widened(),
             Some(Packed::Int8(w)) => w.widened(),
-            _ => unreachable!("a layer kept packed only has a bf16 or int8 copy"),
+            Some(Packed::Blocks(w)) => w.widened(),
+            _ => unreachable!("a layer kept packed only has a bf16, int8 or block copy"),
         };
         self.weight = Tensor::new(&[n_out, n_in], widened).expect("the copy's shape");
         if let Some((generation, _)) = &mut self.packed {
@@ -199,12 +219,18 @@ impl Linear {
     /// and scales, and x quantized on the fly ([`crate::ops::int8`]). As with `pack`, a
     /// weight changed afterwards is used as it is, in f32.
     /// A layer kept as [`Linear::keep_packed_only`] is packed from its widened copy and
-    /// stays so in bf16 and int8; packed in f32 it holds an f32 weight again.
+    /// stays so in bf16 and int8; packed in f32 it holds an f32 weight again. The
+    /// block types ([`DType::Blocks`]) are loaded, never made: a layer holding other
+    /// weights is packed in f32 for them.
     pub fn pack_as(&mut self, dtype: DType) {
+        if self.packed_only.is_some() && dtype == self.dtype() {
+            return;
+        }
+        let dtype = match dtype {
+            DType::Blocks(_) => DType::F32,
+            d => d,
+        };
         if self.packed_only.is_some() {
-            if dtype == self.dtype() {
-                return;
-            }
             self.restore_f32_weight();
             self.pack_as(dtype);
             if dtype != DType::F32 {
@@ -217,7 +243,9 @@ impl Linear {
         let w = self.weight.data();
         // an empty weight (no inputs or outputs) has no product to speed up: left unpacked
         let packed = match dtype {
-            DType::F32 => PackedWeight::new(w, n_out, n_in).ok().map(Packed::F32),
+            DType::F32 | DType::Blocks(_) => {
+                PackedWeight::new(w, n_out, n_in).ok().map(Packed::F32)
+            }
             DType::Bf16 => Bf16Weight::new(w, n_out, n_in).ok().map(|w| {
                 Packed::Bf16(Bf16Copy {
                     w,
@@ -245,6 +273,7 @@ impl Linear {
                 ScaleLayout::Blocks => DType::Int8,
                 ScaleLayout::Rows => DType::Int8Row,
             },
+            Some(Packed::Blocks(w)) => DType::Blocks(w.ty()),
             _ => DType::F32,
         }
     }
@@ -270,6 +299,7 @@ impl Linear {
         match self.current_packed() {
             Some(Packed::Bf16(c)) => c.w.bytes(),
             Some(Packed::Int8(w)) => w.bytes(),
+            Some(Packed::Blocks(w)) => w.bytes(),
             _ => 4 * self.weight.numel(),
         }
     }
@@ -307,11 +337,18 @@ impl Linear {
         let mut y = Tensor::zeros(&shape);
         let bias = self.bias.as_ref().filter(|_| with_bias);
         let rows = x.numel() / self.in_features();
-        if let Some(Packed::Int8(w)) = self.current_packed() {
-            // the bias is added as each tile of y is written: no pass over y before
-            let start = bias.map_or(int8::Start::Zero, |b| int8::Start::Bias(b.data()));
-            int8::product(y.data_mut(), x.data(), rows, w, start, Par::Auto)?;
-            return Ok(y);
+        // the bias is added as each tile of y is written: no pass over y before
+        let start = bias.map_or(int8::Start::Zero, |b| int8::Start::Bias(b.data()));
+        match self.current_packed() {
+            Some(Packed::Int8(w)) => {
+                int8::product(y.data_mut(), x.data(), rows, w, start, Par::Auto)?;
+                return Ok(y);
+            }
+            Some(Packed::Blocks(w)) => {
+                blocks::product(y.data_mut(), x.data(), rows, w, start, Par::Auto)?;
+                return Ok(y);
+            }
+            _ => {}
         }
         if let Some(b) = bias {
             for row in y.data_mut().chunks_exact_mut(n_out) {

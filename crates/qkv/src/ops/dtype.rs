@@ -1,6 +1,7 @@
 //! The number types a weight can be stored in. Activations, norms, softmax and the
 //! residual stream stay f32 whatever the weights are.
 
+use super::blocks::BlockType;
 use crate::error::{Error, Result};
 
 /// How a layer's weight is stored for its products. Stored (in a training checkpoint's
@@ -19,10 +20,14 @@ pub enum DType {
     Int8,
     /// 8-bit codes with one scale per row: the layout ONNX Runtime and CTranslate2 use.
     Int8Row,
+    /// A GGUF file's 4- to 6-bit blocks, computed from as stored
+    /// ([`crate::ops::blocks`]): a layer is loaded in them, never packed into them, so
+    /// they are not among [`DType::ALL`] (a layer asked to pack into them packs in f32).
+    Blocks(BlockType),
 }
 
 impl DType {
-    /// Every type, by its name.
+    /// Every type a layer can be packed into, by its name.
     pub const ALL: [DType; 4] = [DType::F32, DType::Bf16, DType::Int8, DType::Int8Row];
 
     /// `f32`, `bf16`, `int8`, `int8-row`: the name flags and keywords take.
@@ -32,6 +37,7 @@ impl DType {
             DType::Bf16 => "bf16",
             DType::Int8 => "int8",
             DType::Int8Row => "int8-row",
+            DType::Blocks(t) => t.name(),
         }
     }
 
@@ -43,6 +49,7 @@ impl DType {
             DType::Bf16 => 2.0,
             DType::Int8 => 1.0 + 4.0 / 32.0,
             DType::Int8Row => 1.0,
+            DType::Blocks(t) => t.bytes() as f64 / t.weights() as f64,
         }
     }
 }
@@ -58,6 +65,12 @@ impl std::str::FromStr for DType {
 
     /// The type named `s`; anything else is an error that lists the names.
     fn from_str(s: &str) -> Result<Self> {
+        if BlockType::ALL.iter().any(|t| t.name() == s) {
+            return Err(Error::invalid(
+                "dtype",
+                format!("`{s}` is a type GGUF files store: a model is loaded in it from such a file (--model FILE.gguf), not packed into it"),
+            ));
+        }
         DType::ALL
             .into_iter()
             .find(|d| d.name() == s)

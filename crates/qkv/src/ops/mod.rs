@@ -4,6 +4,7 @@ pub mod activation;
 pub(crate) mod aligned;
 pub mod amx;
 pub mod bf16;
+pub mod blocks;
 pub(crate) mod disjoint;
 pub mod dtype;
 pub mod fastmath;

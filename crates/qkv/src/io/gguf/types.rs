@@ -3,6 +3,8 @@
 //! known, so a file's tensors can be bounds-checked whatever they hold; the types qkv
 //! computes with are those [`GgmlType::dequantizes`] says.
 
+use crate::ops::blocks::BlockType;
+
 /// A ggml tensor type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GgmlType {
@@ -103,6 +105,18 @@ impl GgmlType {
     pub fn bytes_of(self, n: usize) -> Option<usize> {
         n.is_multiple_of(self.block)
             .then(|| (n / self.block).checked_mul(self.block_bytes))?
+    }
+
+    /// The 4- to 6-bit block type this is, for those the products compute from as
+    /// stored ([`crate::ops::blocks`]).
+    pub fn block_type(self) -> Option<BlockType> {
+        match self {
+            GgmlType::Q4_0 => Some(BlockType::Q4_0),
+            GgmlType::Q4_K => Some(BlockType::Q4K),
+            GgmlType::Q5_K => Some(BlockType::Q5K),
+            GgmlType::Q6_K => Some(BlockType::Q6K),
+            _ => None,
+        }
     }
 
     /// Whether qkv reads this type's values (as f32).

@@ -8,9 +8,10 @@
 //! they are put back in Hugging Face's half-split order as they are read.
 //!
 //! Architectures: `llama` (Llama, Mistral, SmolLM) and `qwen2`. Linear layers stored
-//! as Q8_0 run from their blocks through the int8 kernels; those stored as F32, F16 or
-//! BF16 are packed in the load's type as they are read. Other quantized types are read
-//! dequantized, for now.
+//! as Q8_0 run from their blocks through the int8 kernels, those stored as Q4_0, Q4_K,
+//! Q5_K or Q6_K from their blocks as stored ([`crate::ops::blocks`]); those stored as
+//! F32, F16 or BF16 are packed in the load's type as they are read. Embedding tables
+//! and norms are read as f32.
 
 mod encode;
 mod export;

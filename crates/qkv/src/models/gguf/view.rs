@@ -6,6 +6,7 @@ use crate::io::gguf::{q8_0_parts, GgmlType, GgufFile};
 use crate::io::TensorSource;
 use crate::layers::Linear;
 use crate::models::net::arch::Arch;
+use crate::ops::blocks::BlockWeight;
 use crate::ops::int8::Int8Weight;
 use crate::tensor::Tensor;
 
@@ -20,7 +21,7 @@ pub(super) struct HfView<'f> {
 
 /// Whether the linear layers stored in `ty` compute from its blocks as they are.
 pub(super) fn runs_as_stored(ty: GgmlType) -> bool {
-    ty == GgmlType::Q8_0
+    ty == GgmlType::Q8_0 || ty.block_type().is_some()
 }
 
 /// Hugging Face's name of a layer's tensor (after `model.layers.{l}.`) → llama.cpp's
@@ -67,8 +68,9 @@ impl<'f> HfView<'f> {
     /// in a type the products do not run as stored, which is then read as f32.
     ///
     /// Q8_0 runs through the int8 kernels, whose blocks are Q8_0's: its codes and
-    /// scales are laid out for them, with the rows put back in Hugging Face's order
-    /// where llama.cpp permuted them (a block lies within a row).
+    /// scales are laid out for them. Q4_0, Q4_K, Q5_K and Q6_K keep their bytes as
+    /// stored ([`crate::ops::blocks`]). Either way the rows are put back in Hugging
+    /// Face's order where llama.cpp permuted them (a block lies within a row).
     pub fn stored_linear(&self, hf: &str, shape: &[usize]) -> Result<Option<Linear>> {
         let Some((gguf, heads)) = self.locate(hf) else {
             return Ok(None);
@@ -88,10 +90,22 @@ impl<'f> HfView<'f> {
             None => None,
         };
         let bytes = self.file.data(info);
+        let source_row = |r: usize| head.map_or(r, |d| permuted_row(r, d));
+        if let Some(ty) = info.ty.block_type() {
+            let row_bytes = cols / ty.weights() * ty.bytes();
+            let w = BlockWeight::from_rows(ty, rows, cols, |r, dst| {
+                dst.copy_from_slice(&bytes[source_row(r) * row_bytes..][..row_bytes])
+            })
+            .map_err(|e| Error::Gguf {
+                path: self.file.path().to_string(),
+                reason: format!("tensor `{gguf}`: {e}"),
+            })?;
+            return Ok(Some(Linear::from_blocks(w, None)?));
+        }
         let ty = GgmlType::Q8_0;
         let row_bytes = cols / ty.block * ty.block_bytes;
         let w = Int8Weight::from_blocks(rows, cols, |r, g, q| {
-            let src = head.map_or(r, |d| permuted_row(r, d));
+            let src = source_row(r);
             let (d, codes) = q8_0_parts(&bytes[src * row_bytes + g * ty.block_bytes..]);
             if !d.is_finite() {
                 return Err(Error::Gguf {

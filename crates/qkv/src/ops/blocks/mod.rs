@@ -1,0 +1,32 @@
+//! Weights in the 4- to 6-bit blocks of GGUF files (ggml's Q4_0, Q4_K, Q5_K and Q6_K),
+//! computed from the blocks as they are stored: a model loaded from such a file holds
+//! no f32 copy of these weights.
+//!
+//! - [`layout`]: the block formats, and their codes, scales and offsets unpacked;
+//! - [`dequant`]: a block → its f32 weights, as `gguf.quants.dequantize` gives them
+//!   (the twin every form is held to);
+//! - [`activations`]: x quantized the way llama.cpp quantizes activations for these
+//!   blocks: Q8_K (a float scale and 256 codes a super-block, with sums per 16) for
+//!   the K-quants, Q8_0 for Q4_0;
+//! - [`weight`]: a `[N, K]` weight of whole blocks, row by row as the file stores it;
+//! - [`product`](mod@product): y (+)= deq(q(x))·deq(W)ᵀ. A few rows (a decoding step)
+//!   take integer dot products per block, as llama.cpp does: each sub-block's sum
+//!   exact in i32, only the sum over super-blocks in f32 (`vpdpbusd` on AVX-512 VNNI,
+//!   plain loops elsewhere); more rows dequantize both operands slab by slab into the
+//!   f32 product;
+//! - [`reference`](mod@reference): the twin: x quantized as every form quantizes it,
+//!   both operands dequantized, then the f32 product.
+
+pub mod activations;
+pub mod dequant;
+pub mod layout;
+mod plain;
+pub mod product;
+pub mod reference;
+pub mod weight;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use layout::BlockType;
+pub use product::product;
+pub use weight::BlockWeight;
