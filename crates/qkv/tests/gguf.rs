@@ -880,6 +880,41 @@ fn llama_cpp_runs_the_files_qkv_writes() {
     std::fs::remove_file(&tmp).unwrap();
 }
 
+/// An F16 file's linear layers compute from their f16 values (in a load in f32): the
+/// f32 products of the stored weights, as the same weights widened compute them. A
+/// load in another type packs them in it.
+#[test]
+fn f16_layers_compute_from_their_stored_values() {
+    use qkv::io::gguf::GgmlType;
+    use qkv::ops::DType;
+    let tmp = std::env::temp_dir().join(format!("qkv-gguf-f16-{}.gguf", std::process::id()));
+    let m = qkv::models::load(&common::models::model_dir("llama_gqa"))
+        .unwrap()
+        .model;
+    qkv::models::save_gguf(&m, &tmp, GgmlType::F16, "llama_gqa", Vec::new()).unwrap();
+    let stored = qkv::models::load(&tmp).unwrap().model;
+    assert_eq!(stored.dtype(), DType::F16);
+    assert!(!stored.has_f32_weights());
+    let mut widened = stored.clone();
+    widened.unpack_weights();
+    assert_eq!(widened.dtype(), DType::F32);
+    let tokens = [1, 5, 9, 2, 7, 3];
+    for rows in [1, tokens.len()] {
+        // one token at a time (the dot products), and the prompt at once (the slabs)
+        let (mut a, mut b) = (stored.new_cache(1), widened.new_cache(1));
+        for part in tokens.chunks(rows) {
+            let batch = qkv::models::TokenBatch::single(part.to_vec()).unwrap();
+            let got = stored.forward_cached(&batch, &mut a).unwrap();
+            let want = widened.forward_cached(&batch, &mut b).unwrap();
+            let diff = got.max_abs_diff(&want);
+            assert!(diff < 1e-5, "{rows} rows: {diff:e}");
+        }
+    }
+    let int8 = qkv::models::load_in(&tmp, DType::Int8).unwrap().model;
+    assert_eq!(int8.dtype(), DType::Int8);
+    std::fs::remove_file(&tmp).unwrap();
+}
+
 #[test]
 fn k_quant_files_from_llama_cpp_s_quantizer_read_as_llama_cpp_reads_them() {
     use qkv::ops::blocks::BlockType;

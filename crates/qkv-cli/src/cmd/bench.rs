@@ -414,7 +414,9 @@ impl MatmulWeight {
             DType::Int8Row => {
                 MatmulWeight::Int8(Int8Weight::new(w.data(), n, k, ScaleLayout::Rows)?)
             }
-            DType::Blocks(t) => bail!("{t} blocks are read from GGUF files, not made here"),
+            DType::Blocks(_) | DType::F16 => {
+                bail!("{dtype} weights are read from GGUF files, not made here")
+            }
         })
     }
 }

@@ -9,6 +9,7 @@
 
 use crate::error::{Error, Result};
 use crate::ops::bf16::{self, Bf16Weight};
+use crate::ops::blocks::f16::{self as f16w, F16Weight};
 use crate::ops::blocks::{self, BlockWeight};
 use crate::ops::int8::{self, Int8Weight, ScaleLayout};
 use crate::ops::stored::StoredWeight;
@@ -43,6 +44,8 @@ enum Packed {
     Int8(Int8Weight),
     /// A GGUF file's 4- to 6-bit blocks as stored (never made from the f32 weight).
     Blocks(BlockWeight),
+    /// A GGUF file's f16 values as stored, likewise.
+    F16(F16Weight),
 }
 
 /// A weight's bf16 copy `[out, in]`, and its transpose `[in, out]` for the backward's
@@ -81,6 +84,13 @@ impl Linear {
     pub fn from_blocks(w: BlockWeight, bias: Option<Tensor>) -> Result<Self> {
         let shape = (w.n(), w.k());
         Self::packed_only_from(Packed::Blocks(w), shape, bias)
+    }
+
+    /// A layer whose weight is `w`, a GGUF file's f16 values as stored, kept as
+    /// [`Linear::from_int8`] keeps its codes.
+    pub fn from_f16(w: F16Weight, bias: Option<Tensor>) -> Result<Self> {
+        let shape = (w.n(), w.k());
+        Self::packed_only_from(Packed::F16(w), shape, bias)
     }
 
     /// A layer that holds `packed` (`[out, in]` = `shape`) and no f32 weight.
@@ -171,6 +181,7 @@ impl Linear {
             Some(Packed::Bf16(c)) => c.w.widened(),
             Some(Packed::Int8(w)) => w.widened(),
             Some(Packed::Blocks(w)) => w.widened(),
+            Some(Packed::F16(w)) => w.widened(),
             _ => unreachable!("a layer kept packed only has a bf16, int8 or block copy"),
         };
         self.weight = Tensor::new(&[n_out, n_in], widened).expect("the copy's shape");
@@ -220,14 +231,14 @@ impl Linear {
     /// weight changed afterwards is used as it is, in f32.
     /// A layer kept as [`Linear::keep_packed_only`] is packed from its widened copy and
     /// stays so in bf16 and int8; packed in f32 it holds an f32 weight again. The
-    /// block types ([`DType::Blocks`]) are loaded, never made: a layer holding other
-    /// weights is packed in f32 for them.
+    /// block types and f16 ([`DType::Blocks`], [`DType::F16`]) are loaded, never made:
+    /// a layer holding other weights is packed in f32 for them.
     pub fn pack_as(&mut self, dtype: DType) {
         if self.packed_only.is_some() && dtype == self.dtype() {
             return;
         }
         let dtype = match dtype {
-            DType::Blocks(_) => DType::F32,
+            DType::Blocks(_) | DType::F16 => DType::F32,
             d => d,
         };
         if self.packed_only.is_some() {
@@ -243,7 +254,7 @@ impl Linear {
         let w = self.weight.data();
         // an empty weight (no inputs or outputs) has no product to speed up: left unpacked
         let packed = match dtype {
-            DType::F32 | DType::Blocks(_) => {
+            DType::F32 | DType::Blocks(_) | DType::F16 => {
                 PackedWeight::new(w, n_out, n_in).ok().map(Packed::F32)
             }
             DType::Bf16 => Bf16Weight::new(w, n_out, n_in).ok().map(|w| {
@@ -274,6 +285,7 @@ impl Linear {
                 ScaleLayout::Rows => DType::Int8Row,
             },
             Some(Packed::Blocks(w)) => DType::Blocks(w.ty()),
+            Some(Packed::F16(_)) => DType::F16,
             _ => DType::F32,
         }
     }
@@ -300,6 +312,7 @@ impl Linear {
             Some(Packed::Bf16(c)) => c.w.bytes(),
             Some(Packed::Int8(w)) => w.bytes(),
             Some(Packed::Blocks(w)) => w.bytes(),
+            Some(Packed::F16(w)) => w.bytes(),
             _ => 4 * self.weight.numel(),
         }
     }
@@ -346,6 +359,10 @@ impl Linear {
             }
             Some(Packed::Blocks(w)) => {
                 blocks::product(y.data_mut(), x.data(), rows, w, start, Par::Auto)?;
+                return Ok(y);
+            }
+            Some(Packed::F16(w)) => {
+                f16w::product(y.data_mut(), x.data(), rows, w, start, Par::Auto)?;
                 return Ok(y);
             }
             _ => {}

@@ -24,6 +24,9 @@ pub enum DType {
     /// ([`crate::ops::blocks`]): a layer is loaded in them, never packed into them, so
     /// they are not among [`DType::ALL`] (a layer asked to pack into them packs in f32).
     Blocks(BlockType),
+    /// A GGUF file's f16 values, computed from as stored ([`crate::ops::blocks::f16`]);
+    /// likewise loaded, never packed into.
+    F16,
 }
 
 impl DType {
@@ -38,6 +41,7 @@ impl DType {
             DType::Int8 => "int8",
             DType::Int8Row => "int8-row",
             DType::Blocks(t) => t.name(),
+            DType::F16 => "f16",
         }
     }
 
@@ -50,6 +54,7 @@ impl DType {
             DType::Int8 => 1.0 + 4.0 / 32.0,
             DType::Int8Row => 1.0,
             DType::Blocks(t) => t.bytes() as f64 / t.weights() as f64,
+            DType::F16 => 2.0,
         }
     }
 }
@@ -65,7 +70,7 @@ impl std::str::FromStr for DType {
 
     /// The type named `s`; anything else is an error that lists the names.
     fn from_str(s: &str) -> Result<Self> {
-        if BlockType::ALL.iter().any(|t| t.name() == s) {
+        if s == "f16" || BlockType::ALL.iter().any(|t| t.name() == s) {
             return Err(Error::invalid(
                 "dtype",
                 format!("`{s}` is a type GGUF files store: a model is loaded in it from such a file (--model FILE.gguf), not packed into it"),

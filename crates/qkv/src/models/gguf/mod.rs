@@ -9,8 +9,9 @@
 //!
 //! Architectures: `llama` (Llama, Mistral, SmolLM) and `qwen2`. Linear layers stored
 //! as Q8_0 run from their blocks through the int8 kernels, those stored as Q4_0, Q4_K,
-//! Q5_K or Q6_K from their blocks as stored ([`crate::ops::blocks`]); those stored as
-//! F32, F16 or BF16 are packed in the load's type as they are read. Embedding tables
+//! Q5_K or Q6_K from their blocks as stored ([`crate::ops::blocks`]), and those stored
+//! as F16 from their f16 values when the load is in f32; F32, BF16 (and F16 in a load
+//! in bf16 or int8) are packed in the load's type as they are read. Embedding tables
 //! and norms are read as f32.
 
 mod encode;
@@ -60,7 +61,7 @@ pub fn load_gguf(path: &Path, dtype: DType) -> Result<Loaded> {
     let tied = h.tensor("output.weight").is_none();
     let head_from_table = tied
         && h.tensor("token_embd.weight")
-            .is_some_and(|t| view::runs_as_stored(t.ty));
+            .is_some_and(|t| view::runs_as_stored(t.ty, dtype));
     let mut arch = meta.arch(gguf_arch, tied && !head_from_table)?;
     // as transformers builds the embedding of a Llama-layout model (its padding row
     // gets no gradient)
@@ -71,7 +72,7 @@ pub fn load_gguf(path: &Path, dtype: DType) -> Result<Loaded> {
             reason: format!("its metadata: {reason}"),
         });
     }
-    let view = HfView::new(&file, &arch, permuted, head_from_table);
+    let view = HfView::new(&file, &arch, permuted, head_from_table, dtype);
     let stored = |hf: &str, shape: &[usize]| view.stored_linear(hf, shape);
     let (weights, logits_bias, used) = read_weights(&view, &arch, family, dtype, &stored)?;
     let used: HashSet<String> = used

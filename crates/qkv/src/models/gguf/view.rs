@@ -6,8 +6,10 @@ use crate::io::gguf::{q8_0_parts, GgmlType, GgufFile};
 use crate::io::TensorSource;
 use crate::layers::Linear;
 use crate::models::net::arch::Arch;
+use crate::ops::blocks::f16::F16Weight;
 use crate::ops::blocks::BlockWeight;
 use crate::ops::int8::Int8Weight;
+use crate::ops::DType;
 use crate::tensor::Tensor;
 
 /// A GGUF file's tensors under the Hugging Face names of a Llama-layout model.
@@ -17,11 +19,17 @@ pub(super) struct HfView<'f> {
     permuted: Option<(usize, usize)>,
     /// whether the LM head is the token table (a tied head run from its blocks)
     head_from_table: bool,
+    /// the type the load packs its other weights in
+    dtype: DType,
 }
 
-/// Whether the linear layers stored in `ty` compute from its blocks as they are.
-pub(super) fn runs_as_stored(ty: GgmlType) -> bool {
-    ty == GgmlType::Q8_0 || ty.block_type().is_some()
+/// Whether the linear layers stored in `ty` compute from its blocks as they are, in a
+/// load whose other weights are packed in `dtype`: the quantized types always, F16
+/// when the load is in f32 (asked for bf16 or int8, F16 weights are packed so).
+pub(super) fn runs_as_stored(ty: GgmlType, dtype: DType) -> bool {
+    ty == GgmlType::Q8_0
+        || ty.block_type().is_some()
+        || (ty == GgmlType::F16 && dtype == DType::F32)
 }
 
 /// Hugging Face's name of a layer's tensor (after `model.layers.{l}.`) → llama.cpp's
@@ -39,12 +47,19 @@ const LAYER_NAMES: [(&str, &str); 9] = [
 ];
 
 impl<'f> HfView<'f> {
-    pub fn new(file: &'f GgufFile, arch: &Arch, permuted: bool, head_from_table: bool) -> Self {
+    pub fn new(
+        file: &'f GgufFile,
+        arch: &Arch,
+        permuted: bool,
+        head_from_table: bool,
+        dtype: DType,
+    ) -> Self {
         let stack = arch.stack();
         HfView {
             file,
             permuted: permuted.then_some((stack.heads, stack.kv_heads)),
             head_from_table,
+            dtype,
         }
     }
 
@@ -69,7 +84,7 @@ impl<'f> HfView<'f> {
     ///
     /// Q8_0 runs through the int8 kernels, whose blocks are Q8_0's: its codes and
     /// scales are laid out for them. Q4_0, Q4_K, Q5_K and Q6_K keep their bytes as
-    /// stored ([`crate::ops::blocks`]). Either way the rows are put back in Hugging
+    /// stored ([`crate::ops::blocks`]), and F16 its values in a load in f32. Either way the rows are put back in Hugging
     /// Face's order where llama.cpp permuted them (a block lies within a row).
     pub fn stored_linear(&self, hf: &str, shape: &[usize]) -> Result<Option<Linear>> {
         let Some((gguf, heads)) = self.locate(hf) else {
@@ -78,7 +93,7 @@ impl<'f> HfView<'f> {
         let Some(info) = self.file.header.tensor(&gguf) else {
             return Ok(None);
         };
-        if !runs_as_stored(info.ty) {
+        if !runs_as_stored(info.ty, self.dtype) {
             return Ok(None);
         }
         if info.shape() != shape {
@@ -91,15 +106,26 @@ impl<'f> HfView<'f> {
         };
         let bytes = self.file.data(info);
         let source_row = |r: usize| head.map_or(r, |d| permuted_row(r, d));
+        let err = |e: Error| Error::Gguf {
+            path: self.file.path().to_string(),
+            reason: format!("tensor `{gguf}`: {e}"),
+        };
+        if info.ty == GgmlType::F16 {
+            let w = F16Weight::from_rows(rows, cols, |r, dst| {
+                let src = &bytes[source_row(r) * 2 * cols..][..2 * cols];
+                for (d, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                    *d = u16::from_le_bytes([b[0], b[1]]);
+                }
+            })
+            .map_err(err)?;
+            return Ok(Some(Linear::from_f16(w, None)?));
+        }
         if let Some(ty) = info.ty.block_type() {
             let row_bytes = cols / ty.weights() * ty.bytes();
             let w = BlockWeight::from_rows(ty, rows, cols, |r, dst| {
                 dst.copy_from_slice(&bytes[source_row(r) * row_bytes..][..row_bytes])
             })
-            .map_err(|e| Error::Gguf {
-                path: self.file.path().to_string(),
-                reason: format!("tensor `{gguf}`: {e}"),
-            })?;
+            .map_err(err)?;
             return Ok(Some(Linear::from_blocks(w, None)?));
         }
         let ty = GgmlType::Q8_0;

@@ -15,10 +15,13 @@
 //!   plain loops elsewhere); more rows dequantize both operands slab by slab into the
 //!   f32 product;
 //! - [`reference`](mod@reference): the twin: x quantized as every form quantizes it,
-//!   both operands dequantized, then the f32 product.
+//!   both operands dequantized, then the f32 product;
+//! - [`f16`](mod@f16): a GGUF file's F16 weights, likewise computed from as stored (f32
+//!   activations, f32 sums).
 
 pub mod activations;
 pub mod dequant;
+pub mod f16;
 pub mod layout;
 mod plain;
 pub mod product;

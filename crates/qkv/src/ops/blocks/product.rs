@@ -121,8 +121,7 @@ pub fn product_as(
 fn dots(y: &mut [f32], xq: &QuantizedX, w: &BlockWeight, start: Start, vnni: bool, parallel: bool) {
     let (n, rows) = (w.n(), xq.rows());
     let chunk = if parallel {
-        n.div_ceil(4 * rayon::current_num_threads())
-            .max(ROWS_PER_TASK)
+        n.div_ceil(rayon::current_num_threads()).max(ROWS_PER_TASK)
     } else {
         n
     };
@@ -130,9 +129,10 @@ fn dots(y: &mut [f32], xq: &QuantizedX, w: &BlockWeight, start: Start, vnni: boo
     let run = |j0: usize| {
         let j1 = n.min(j0 + chunk);
         let mut sums = vec![0.0f32; rows * (j1 - j0)];
+        let x: Vec<XRow> = (0..rows).map(|r| xq.row(r)).collect();
         for j in j0..j1 {
             for r0 in (0..rows).step_by(FEW_ROWS) {
-                let v = row_dots(w.ty(), w.row(j), xq, r0, vnni);
+                let v = row_dots(w.ty(), w.row(j), &x[r0..], vnni);
                 for (r, v) in v.iter().take(rows - r0).enumerate() {
                     sums[(r0 + r) * (j1 - j0) + j - j0] = *v;
                 }
@@ -158,20 +158,20 @@ fn dots(y: &mut [f32], xq: &QuantizedX, w: &BlockWeight, start: Start, vnni: boo
     }
 }
 
-/// One weight row `wr` against rows `r0..` of x, at most [`FEW_ROWS`] of them.
-fn row_dots(ty: BlockType, wr: &[u8], xq: &QuantizedX, r0: usize, vnni: bool) -> [f32; FEW_ROWS] {
-    let rows = (xq.rows() - r0).min(FEW_ROWS);
+/// One weight row `wr` against the first [`FEW_ROWS`] (or fewer) rows of `x`.
+fn row_dots(ty: BlockType, wr: &[u8], x: &[XRow], vnni: bool) -> [f32; FEW_ROWS] {
+    let rows = x.len().min(FEW_ROWS);
     let mut out = [0.0f32; FEW_ROWS];
     #[cfg(target_arch = "x86_64")]
     if vnni {
         macro_rules! call {
             ($r:literal) => {{
-                let x: [XRow; $r] = std::array::from_fn(|i| xq.row(r0 + i));
+                let xs: [XRow; $r] = std::array::from_fn(|i| x[i]);
                 // SAFETY: `vnni` is set only where the CPU has the instructions; the
                 // row and x hold whole blocks of K steps.
-                let (got, done) = unsafe { vector_dots::<$r>(ty, wr, x) };
+                let (got, done) = unsafe { vector_dots::<$r>(ty, wr, xs) };
                 for (i, v) in got.into_iter().enumerate() {
-                    out[i] = v + tail(ty, wr, xq.row(r0 + i), done);
+                    out[i] = v + tail(ty, wr, x[i], done);
                 }
             }};
         }
@@ -185,7 +185,7 @@ fn row_dots(ty: BlockType, wr: &[u8], xq: &QuantizedX, r0: usize, vnni: bool) ->
     }
     let _ = vnni;
     for (r, o) in out.iter_mut().enumerate().take(rows) {
-        *o = plain::dot(ty, wr, xq.row(r0 + r));
+        *o = plain::dot(ty, wr, x[r]);
     }
     out
 }
@@ -269,9 +269,10 @@ mod tests {
             let w = random(ty, 5, k, 2);
             let x = rng.normals(3 * k, 2.0);
             let xq = QuantizedX::new(&x, 3, k, ty, false);
+            let rows: Vec<XRow> = (0..3).map(|r| xq.row(r)).collect();
             for j in 0..5 {
-                let got = row_dots(ty, w.row(j), &xq, 0, dot_here());
-                let want = row_dots(ty, w.row(j), &xq, 0, false);
+                let got = row_dots(ty, w.row(j), &rows, dot_here());
+                let want = row_dots(ty, w.row(j), &rows, false);
                 checks::assert_near(&format!("{ty:?} row {j}"), &got, &want, k);
             }
         }

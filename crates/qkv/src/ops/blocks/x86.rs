@@ -10,7 +10,6 @@
 
 use super::activations::XRow;
 use super::layout::QK_K;
-use half::f16;
 use std::arch::x86_64::*;
 
 /// Whether this CPU runs these forms (and the width is not capped below AVX-512).
@@ -18,11 +17,17 @@ pub(super) fn available() -> bool {
     crate::ops::isa::Isa::detect() == crate::ops::isa::Isa::Avx512
         && is_x86_feature_detected!("avx512vnni")
         && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("f16c")
 }
 
-fn half(p: *const u8) -> f32 {
-    // SAFETY: the callers point inside a block, at its 2-byte scale
-    f16::from_le_bytes(unsafe { [*p, *p.add(1)] }).to_f32()
+/// The f16 at `p`, widened by F16C's `vcvtph2ps`.
+///
+/// # Safety
+/// F16C; `p` points at 2 readable bytes.
+#[inline(always)]
+unsafe fn half(p: *const u8) -> f32 {
+    let bits = p.cast::<u16>().read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
 /// The 16 bytes `[a ×8, b ×8]`, as a shuffle's index.
@@ -45,7 +50,7 @@ fn quad_index(g: u8) -> __m128i {
 ///
 /// # Safety
 /// [`available`]; `w` whole blocks of the type, each x row as long.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn dot_k45<const R: usize>(w: &[u8], x: [XRow; R], five: bool) -> [f32; R] {
     let bytes = if five { 176 } else { 144 };
     let low4 = _mm256_set1_epi8(0x0F);
@@ -125,7 +130,7 @@ fn scales_then_mins(s: &[u8]) -> __m128i {
 ///
 /// # Safety
 /// As [`dot_k45`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn dot_q6_k<const R: usize>(w: &[u8], x: [XRow; R]) -> [f32; R] {
     let low4 = _mm512_set1_epi8(0x0F);
     let top2 = _mm256_set1_epi8(0x30);
@@ -181,7 +186,7 @@ pub(super) unsafe fn dot_q6_k<const R: usize>(w: &[u8], x: [XRow; R]) -> [f32; R
 ///
 /// # Safety
 /// As [`dot_k45`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn dot_q4_0<const R: usize>(w: &[u8], x: [XRow; R]) -> ([f32; R], usize) {
     let low4 = _mm_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); R];

@@ -1,0 +1,336 @@
+//! A `[N, K]` weight of f16 values as a GGUF file stores them (llama.cpp's converter
+//! writes F16 by default, and its quantizer keeps F16 where a row is not a whole
+//! number of 256-weight super-blocks), computed from as stored: each value widened to
+//! f32 as it is read, times f32 activations, the sums in f32. (llama.cpp rounds the
+//! activations to f16 for these; qkv keeps them f32, so its products are the f32
+//! products of the stored weights.)
+//!
+//! - up to 4 rows: dot products along each weight row, 16 values a
+//!   `vcvtph2ps` on AVX-512, 8 with F16C on AVX2, plain loops elsewhere;
+//! - more rows: each slab widened into the f32 product's packed layout.
+
+use crate::error::{Error, Result};
+use crate::ops::disjoint::Disjoint;
+use crate::ops::int8::Start;
+use crate::ops::isa::Isa;
+use crate::ops::matmul::SlabSource;
+use crate::ops::stored::{check_operands, widened_product, StoredWeight};
+use crate::ops::Par;
+use half::f16;
+use rayon::prelude::*;
+
+/// Most rows that take the dot products.
+const FEW_ROWS: usize = 4;
+
+/// Weight rows a task of the dot products takes, at least.
+const ROWS_PER_TASK: usize = 16;
+
+/// An f16 weight, row-major `[N, K]`.
+#[derive(Clone)]
+pub struct F16Weight {
+    n: usize,
+    k: usize,
+    bits: Vec<u16>,
+}
+
+impl std::fmt::Debug for F16Weight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "F16Weight {{ n: {}, k: {} }}", self.n, self.k)
+    }
+}
+
+/// How the dot products run on this CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    Avx512,
+    Avx2,
+    Plain,
+    /// The slabs widened into the f32 product (more than 4 rows).
+    Widened,
+}
+
+/// The dot products' form on this CPU.
+fn dot_form() -> Form {
+    match Isa::detect() {
+        Isa::Avx512 => Form::Avx512,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if is_x86_feature_detected!("f16c") => Form::Avx2,
+        _ => Form::Plain,
+    }
+}
+
+/// The forms this CPU can run (what the tests compare).
+pub fn forms_here() -> Vec<Form> {
+    let mut forms = vec![Form::Plain, Form::Widened];
+    match dot_form() {
+        Form::Avx512 => forms.extend([Form::Avx512, Form::Avx2]),
+        Form::Avx2 => forms.push(Form::Avx2),
+        _ => {}
+    }
+    forms
+}
+
+impl F16Weight {
+    /// A `[n, k]` weight whose row r's values `row(r, dst)` writes into `dst` as f16
+    /// bits; every value must be finite (an error names the row and column otherwise).
+    pub fn from_rows(n: usize, k: usize, mut row: impl FnMut(usize, &mut [u16])) -> Result<Self> {
+        if n == 0 || k == 0 {
+            return Err(Error::invalid("f16 weight", format!("[{n}, {k}] is empty")));
+        }
+        let mut bits = vec![0u16; n * k];
+        for (r, dst) in bits.chunks_exact_mut(k).enumerate() {
+            row(r, dst);
+            if let Some(c) = dst.iter().position(|&b| !f16::from_bits(b).is_finite()) {
+                let v = f16::from_bits(dst[c]);
+                return Err(Error::invalid(
+                    "f16 weight",
+                    format!("row {r}, column {c} holds {v}"),
+                ));
+            }
+        }
+        Ok(F16Weight { n, k, bits })
+    }
+
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes the values take.
+    pub fn bytes(&self) -> usize {
+        2 * self.bits.len()
+    }
+
+    fn row(&self, r: usize) -> &[u16] {
+        &self.bits[r * self.k..][..self.k]
+    }
+}
+
+impl StoredWeight for F16Weight {
+    fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    fn element(&self, r: usize, c: usize) -> f32 {
+        f16::from_bits(self.bits[r * self.k + c]).to_f32()
+    }
+}
+
+impl SlabSource for F16Weight {
+    fn pack_slab(&self, k0: usize, kc: usize, c0: usize, cols: usize, out: &mut [f32]) {
+        const PANEL: usize = 16;
+        assert!(c0.is_multiple_of(PANEL) && k0 + kc <= self.k && c0 + cols <= self.n);
+        let panels = cols.div_ceil(PANEL);
+        out[..panels * kc * PANEL].fill(0.0);
+        for c in 0..cols {
+            let dst = &mut out[(c / PANEL) * kc * PANEL + c % PANEL..];
+            for (p, &b) in self.row(c0 + c)[k0..k0 + kc].iter().enumerate() {
+                dst[p * PANEL] = f16::from_bits(b).to_f32();
+            }
+        }
+    }
+}
+
+/// y `[rows, N]` ← start + x·Wᵀ for x `[rows, K]` (f32) and the f16 weight W. Errors
+/// when the lengths do not match.
+pub fn product(
+    y: &mut [f32],
+    x: &[f32],
+    rows: usize,
+    w: &F16Weight,
+    start: Start,
+    par: Par,
+) -> Result<()> {
+    let form = if rows > FEW_ROWS {
+        Form::Widened
+    } else {
+        dot_form()
+    };
+    product_as(form, y, x, rows, w, start, par)
+}
+
+/// [`product`] in a given form (one of [`forms_here`]).
+pub fn product_as(
+    form: Form,
+    y: &mut [f32],
+    x: &[f32],
+    rows: usize,
+    w: &F16Weight,
+    start: Start,
+    par: Par,
+) -> Result<()> {
+    check_operands("f16 product operands", y, x, rows, w)?;
+    if let Start::Bias(b) = start {
+        if b.len() != w.n {
+            return Err(Error::shape(
+                "f16 product bias",
+                format!("[{}]", w.n),
+                &[b.len()],
+            ));
+        }
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    if form == Form::Widened {
+        if let Start::Bias(b) = start {
+            y.chunks_exact_mut(w.n)
+                .for_each(|row| row.copy_from_slice(b));
+        }
+        return widened_product(y, x, rows, w, !matches!(start, Start::Zero), par);
+    }
+    let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
+    let (n, k) = (w.n, w.k);
+    let chunk = if parallel {
+        n.div_ceil(rayon::current_num_threads()).max(ROWS_PER_TASK)
+    } else {
+        n
+    };
+    let out = Disjoint::new(y);
+    let run = |j0: usize| {
+        let j1 = n.min(j0 + chunk);
+        for r in 0..rows {
+            let xr = &x[r * k..][..k];
+            // SAFETY: columns j0..j1 of every row belong to this task alone
+            let dst = unsafe { out.range(r * n + j0, j1 - j0) };
+            for (j, d) in (j0..j1).zip(dst.iter_mut()) {
+                let v = dot(form, w.row(j), xr);
+                *d = match start {
+                    Start::Zero => v,
+                    Start::Accumulate => *d + v,
+                    Start::Bias(b) => v + b[j],
+                };
+            }
+        }
+    };
+    if parallel {
+        (0..n).into_par_iter().step_by(chunk).for_each(run);
+    } else {
+        run(0);
+    }
+    Ok(())
+}
+
+/// Σ_c w[c]·x[c] in the given form.
+fn dot(form: Form, w: &[u16], x: &[f32]) -> f32 {
+    match form {
+        // SAFETY: the form is one the CPU runs (`forms_here`); the lengths are equal.
+        #[cfg(target_arch = "x86_64")]
+        Form::Avx512 => unsafe { x86::dot512(w, x) },
+        // SAFETY: as above
+        #[cfg(target_arch = "x86_64")]
+        Form::Avx2 => unsafe { x86::dot256(w, x) },
+        _ => w
+            .iter()
+            .zip(x)
+            .map(|(&b, &x)| f16::from_bits(b).to_f32() * x)
+            .sum(),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX-512 F; `w` and `x` of one length.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn dot512(w: &[u16], x: &[f32]) -> f32 {
+        let whole = w.len() / 32 * 32;
+        let (mut a, mut b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for c in (0..whole).step_by(32) {
+            let w0 = _mm512_cvtph_ps(_mm256_loadu_si256(w.as_ptr().add(c).cast()));
+            let w1 = _mm512_cvtph_ps(_mm256_loadu_si256(w.as_ptr().add(c + 16).cast()));
+            a = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x.as_ptr().add(c)), a);
+            b = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x.as_ptr().add(c + 16)), b);
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(a, b)) + tail(&w[whole..], &x[whole..])
+    }
+
+    /// # Safety
+    /// AVX2, FMA and F16C; `w` and `x` of one length.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot256(w: &[u16], x: &[f32]) -> f32 {
+        let whole = w.len() / 16 * 16;
+        let (mut a, mut b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for c in (0..whole).step_by(16) {
+            let w0 = _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(c).cast()));
+            let w1 = _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(c + 8).cast()));
+            a = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x.as_ptr().add(c)), a);
+            b = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.as_ptr().add(c + 8)), b);
+        }
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(a, b));
+        lanes.iter().sum::<f32>() + tail(&w[whole..], &x[whole..])
+    }
+
+    fn tail(w: &[u16], x: &[f32]) -> f32 {
+        w.iter()
+            .zip(x)
+            .map(|(&b, &x)| f16::from_bits(b).to_f32() * x)
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::stored::{checks, reference_product};
+
+    fn weight(n: usize, k: usize, seed: u64) -> F16Weight {
+        let v = crate::rng::Rng::new(seed).normals(n * k, 1.0);
+        F16Weight::from_rows(n, k, |r, dst| {
+            for (d, &v) in dst.iter_mut().zip(&v[r * k..]) {
+                *d = f16::from_f32(v).to_bits();
+            }
+        })
+        .unwrap()
+    }
+
+    /// Every form equals the twin (the weight widened, then the f32 product) within
+    /// f32 rounding: a row and a few, odd K (a tail past the vectors), each start.
+    #[test]
+    fn every_form_equals_the_twin() {
+        let mut rng = crate::rng::Rng::new(3);
+        for ((rows, k, n), [x, _, y0]) in checks::cases(5) {
+            let w = weight(n, k, rows as u64);
+            let bias = rng.normals(n, 1.0);
+            for start in [Start::Zero, Start::Accumulate, Start::Bias(&bias)] {
+                let mut want = y0.clone();
+                if let Start::Bias(b) = start {
+                    want.chunks_exact_mut(n)
+                        .for_each(|row| row.copy_from_slice(b));
+                }
+                reference_product(&mut want, &x, rows, &w, !matches!(start, Start::Zero));
+                for f in forms_here() {
+                    let mut got = y0.clone();
+                    product_as(f, &mut got, &x, rows, &w, start, Par::Auto).unwrap();
+                    checks::assert_near(&format!("{f:?} {rows}x{k}x{n} {start:?}"), &got, &want, k);
+                }
+            }
+        }
+        checks::assert_slabs(&weight(37, 45, 1), &[(0, 45, 0, 37), (3, 33, 16, 21)]);
+    }
+
+    #[test]
+    fn bad_weights_and_operands_are_refused() {
+        let err = F16Weight::from_rows(2, 3, |r, dst| {
+            dst.fill(0);
+            if r == 1 {
+                dst[2] = f16::INFINITY.to_bits();
+            }
+        });
+        assert!(err.unwrap_err().to_string().contains("row 1, column 2"));
+        let w = weight(2, 3, 1);
+        let mut y = vec![0.0; 2];
+        assert!(product(&mut y, &[1.0; 4], 1, &w, Start::Zero, Par::Auto).is_err());
+        let mut x = vec![1.0; 3];
+        x[1] = f32::NAN;
+        product(&mut y, &x, 1, &w, Start::Zero, Par::Auto).unwrap();
+        assert!(y.iter().all(|v| v.is_nan()));
+    }
+}
