@@ -852,11 +852,7 @@ fn llama_cpp_runs_the_files_qkv_writes() {
     ];
     let tokens = [1usize, 7, 42, 5, 98, 13, 64, 2, 31, 9];
     let batch = qkv::models::TokenBatch::single(tokens.to_vec()).unwrap();
-    for (ty, tolerance) in [
-        (GgmlType::F32, 1e-5),
-        (GgmlType::Q8_0, 1e-4),
-        (GgmlType::Q4_0, 0.0),
-    ] {
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0] {
         qkv::models::save_gguf(&m, &tmp, ty, "llama_gqa", metadata.clone()).unwrap();
         let theirs = llama_cpp_logits(&tmp, &tokens);
         let ours = qkv::models::load(&tmp).unwrap().model;
@@ -866,23 +862,23 @@ fn llama_cpp_runs_the_files_qkv_writes() {
             "{ty}: largest logit difference {worst:.2e}, top-1 equal at {same_top} of {}",
             tokens.len()
         );
-        if tolerance > 0.0 {
-            assert!(worst < tolerance, "{ty}: {worst:e}");
-        } else {
-            // Q4_0: qkv computes it dequantized in f32 for now, llama.cpp against Q8_0
-            // activations; the two agree to the activations' rounding
-            assert!(
-                worst < 0.05 && same_top == tokens.len(),
-                "{ty}: {worst:e}, {same_top}"
-            );
-        }
+        // F16: 8.7e-4 with the activations rounded to f16 as llama.cpp rounds them
+        // (1.2e-3 with f32 activations); the rest is not yet found: the F32 file agrees
+        // within 7e-7, so it lies in what llama.cpp does otherwise for F16 tensors
+        let tolerance = if ty == GgmlType::F16 { 2e-3 } else { 1e-5 };
+        assert!(
+            worst < tolerance && same_top == tokens.len(),
+            "{ty}: {worst:e}, {same_top}"
+        );
     }
     std::fs::remove_file(&tmp).unwrap();
 }
 
-/// An F16 file's linear layers compute from their f16 values (in a load in f32): the
-/// f32 products of the stored weights, as the same weights widened compute them. A
-/// load in another type packs them in it.
+/// An F16 file's linear layers compute from their f16 values (in a load in f32), with
+/// the activations rounded to f16 as llama.cpp rounds them (against llama.cpp itself:
+/// `llama_cpp_runs_the_files_qkv_writes`): token by token (the dot products) as the
+/// prompt at once (the slabs), and near the same weights widened to f32 with f32
+/// activations. A load in another type packs them in it.
 #[test]
 fn f16_layers_compute_from_their_stored_values() {
     use qkv::io::gguf::GgmlType;
@@ -899,17 +895,35 @@ fn f16_layers_compute_from_their_stored_values() {
     widened.unpack_weights();
     assert_eq!(widened.dtype(), DType::F32);
     let tokens = [1, 5, 9, 2, 7, 3];
-    for rows in [1, tokens.len()] {
-        // one token at a time (the dot products), and the prompt at once (the slabs)
-        let (mut a, mut b) = (stored.new_cache(1), widened.new_cache(1));
+    let run = |m: &qkv::models::Transformer, rows: usize| {
+        let mut cache = m.new_cache(1);
+        let mut out = Vec::new();
         for part in tokens.chunks(rows) {
             let batch = qkv::models::TokenBatch::single(part.to_vec()).unwrap();
-            let got = stored.forward_cached(&batch, &mut a).unwrap();
-            let want = widened.forward_cached(&batch, &mut b).unwrap();
-            let diff = got.max_abs_diff(&want);
-            assert!(diff < 1e-5, "{rows} rows: {diff:e}");
+            out.extend_from_slice(m.forward_cached(&batch, &mut cache).unwrap().data());
         }
-    }
+        out
+    };
+    let (steps, prompt, f32_run) = (
+        run(&stored, 1),
+        run(&stored, tokens.len()),
+        run(&widened, 6),
+    );
+    let largest = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    };
+    assert!(
+        largest(&steps, &prompt) < 1e-5,
+        "{:e}",
+        largest(&steps, &prompt)
+    );
+    // f16 activations: a relative 2⁻¹¹ per input of each product, far inside 1e-2 on
+    // these logits (of about 0.1)
+    let apart = largest(&prompt, &f32_run);
+    assert!(apart > 0.0 && apart < 1e-2, "{apart:e}");
     let int8 = qkv::models::load_in(&tmp, DType::Int8).unwrap().model;
     assert_eq!(int8.dtype(), DType::Int8);
     std::fs::remove_file(&tmp).unwrap();

@@ -1,9 +1,8 @@
 //! A `[N, K]` weight of f16 values as a GGUF file stores them (llama.cpp's converter
 //! writes F16 by default, and its quantizer keeps F16 where a row is not a whole
-//! number of 256-weight super-blocks), computed from as stored: each value widened to
-//! f32 as it is read, times f32 activations, the sums in f32. (llama.cpp rounds the
-//! activations to f16 for these; qkv keeps them f32, so its products are the f32
-//! products of the stored weights.)
+//! number of 256-weight super-blocks), computed from as stored, as llama.cpp computes
+//! them: the activations rounded to f16 (ggml's `vec_dot_type` for F16), both sides
+//! widened to f32 as they are read, products and sums in f32.
 //!
 //! - up to 4 rows: dot products along each weight row, 16 values a
 //!   `vcvtph2ps` on AVX-512, 8 with F16C on AVX2, plain loops elsewhere;
@@ -175,6 +174,7 @@ pub fn product_as(
     if rows == 0 {
         return Ok(());
     }
+    let x = &rounded(x);
     if form == Form::Widened {
         if let Start::Bias(b) = start {
             y.chunks_exact_mut(w.n)
@@ -212,6 +212,12 @@ pub fn product_as(
         run(0);
     }
     Ok(())
+}
+
+/// x rounded to f16 (to nearest, ties to even), as llama.cpp rounds the activations of
+/// its F16 products; a NaN stays NaN.
+pub fn rounded(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
 }
 
 /// Σ_c w[c]·x[c] in the given form.
@@ -291,8 +297,9 @@ mod tests {
         .unwrap()
     }
 
-    /// Every form equals the twin (the weight widened, then the f32 product) within
-    /// f32 rounding: a row and a few, odd K (a tail past the vectors), each start.
+    /// Every form equals the twin (x rounded to f16, the weight widened, then the f32
+    /// product) within f32 rounding: a row and a few, odd K (a tail past the vectors),
+    /// each start.
     #[test]
     fn every_form_equals_the_twin() {
         let mut rng = crate::rng::Rng::new(3);
@@ -305,7 +312,13 @@ mod tests {
                     want.chunks_exact_mut(n)
                         .for_each(|row| row.copy_from_slice(b));
                 }
-                reference_product(&mut want, &x, rows, &w, !matches!(start, Start::Zero));
+                reference_product(
+                    &mut want,
+                    &rounded(&x),
+                    rows,
+                    &w,
+                    !matches!(start, Start::Zero),
+                );
                 for f in forms_here() {
                     let mut got = y0.clone();
                     product_as(f, &mut got, &x, rows, &w, start, Par::Auto).unwrap();
