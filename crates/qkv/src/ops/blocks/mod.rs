@@ -8,12 +8,13 @@
 //! - [`activations`]: x quantized the way llama.cpp quantizes activations for these
 //!   blocks: Q8_K (a float scale and 256 codes a super-block, with sums per 16) for
 //!   the K-quants, Q8_0 for Q4_0;
-//! - [`weight`]: a `[N, K]` weight of whole blocks, row by row as the file stores it;
-//! - [`product`](mod@product): y (+)= deq(q(x))·deq(W)ᵀ. A few rows (a decoding step)
-//!   take integer dot products per block, as llama.cpp does: each sub-block's sum
-//!   exact in i32, only the sum over super-blocks in f32 (`vpdpbusd` on AVX-512 VNNI,
-//!   plain loops elsewhere); more rows dequantize both operands slab by slab into the
-//!   f32 product;
+//! - [`weight`], [`panels`]: a `[N, K]` weight of whole blocks, the file's rows
+//!   interleaved in panels of 16 rows;
+//! - [`product`](mod@product): y (+)= deq(q(x))·deq(W)ᵀ. On AVX-512 VNNI every row
+//!   count runs tiles of integer dot products, as llama.cpp computes them: each group's
+//!   sum exact in i32, only the sum over super-blocks in f32 (`vpdpbusd` on 16 rows of
+//!   codes unpacked in registers); elsewhere a few rows run the same tiles in plain
+//!   loops and more dequantize both operands slab by slab into the f32 product;
 //! - [`reference`](mod@reference): the twin: x quantized as every form quantizes it,
 //!   both operands dequantized, then the f32 product;
 //! - [`f16`](mod@f16): a GGUF file's F16 weights, likewise computed from as stored (f32
@@ -23,12 +24,11 @@ pub mod activations;
 pub mod dequant;
 pub mod f16;
 pub mod layout;
-mod plain;
+pub mod panels;
 pub mod product;
 pub mod reference;
+mod tile;
 pub mod weight;
-#[cfg(target_arch = "x86_64")]
-mod x86;
 
 pub use layout::BlockType;
 pub use product::product;

@@ -1,10 +1,10 @@
 //! y (+)= x·Wᵀ for a weight in blocks: the form by the row count and the CPU (module
 //! docs of [`super`]).
 
-use super::activations::{QuantizedX, XRow};
-use super::plain;
+use super::activations::QuantizedX;
+use super::panels::PANEL;
+use super::tile::{self, Tile};
 use super::weight::BlockWeight;
-use super::BlockType;
 use crate::error::{Error, Result};
 use crate::ops::disjoint::Disjoint;
 use crate::ops::int8::Start;
@@ -13,51 +13,40 @@ use crate::ops::Par;
 use rayon::prelude::*;
 
 /// Which form a product takes. All compute deq(q(x))·deq(W)ᵀ; they differ in the
-/// order of the f32 sums.
+/// order of the f32 sums (the two tile forms not even in that).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Form {
-    /// Integer dot products per block with `vpdpbusd`: a few rows on AVX-512 VNNI.
+    /// The tiles with `vpdpbusd`: every row count on AVX-512 VNNI.
     Dot,
-    /// The same dot products in plain loops: a few rows elsewhere.
+    /// The tiles in plain loops: a few rows elsewhere.
     Plain,
-    /// Both operands dequantized into the f32 product, slab by slab: more rows.
+    /// Both operands dequantized into the f32 product, slab by slab: more rows where
+    /// `vpdpbusd` is missing.
     Widened,
 }
 
-/// Most rows that take the dot products: beyond them, the f32 product's tiles reuse
+/// Most rows that take the plain tiles: beyond them, the f32 product's tiles reuse
 /// each dequantized slab over many rows.
 const FEW_ROWS: usize = 4;
 
-/// Weight rows a task of the dot products takes, at least.
-const ROWS_PER_TASK: usize = 16;
+/// Rows of a tile.
+const MR: usize = 4;
 
 /// The form [`product`] takes on this CPU for `rows` rows.
 pub fn form(rows: usize) -> Form {
-    if rows > FEW_ROWS {
-        Form::Widened
-    } else if dot_here() {
+    if tile::vnni() {
         Form::Dot
-    } else {
+    } else if rows <= FEW_ROWS {
         Form::Plain
-    }
-}
-
-/// Whether this CPU runs the `vpdpbusd` dot products.
-fn dot_here() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        super::x86::available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+    } else {
+        Form::Widened
     }
 }
 
 /// The forms this CPU can run (what the tests compare).
 pub fn forms_here() -> Vec<Form> {
     let mut forms = vec![Form::Plain, Form::Widened];
-    if dot_here() {
+    if tile::vnni() {
         forms.push(Form::Dot);
     }
     forms
@@ -103,7 +92,7 @@ pub fn product_as(
     let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
     let xq = QuantizedX::new(x, rows, w.k(), w.ty(), parallel);
     match form {
-        Form::Dot | Form::Plain => dots(y, &xq, w, start, form == Form::Dot, parallel),
+        Form::Dot | Form::Plain => tiles(y, &xq, w, start, form == Form::Dot, parallel),
         Form::Widened => {
             if let Start::Bias(b) = start {
                 y.chunks_exact_mut(w.n())
@@ -116,112 +105,108 @@ pub fn product_as(
     Ok(())
 }
 
-/// The dot products: the weight's rows cut into runs, one task each, every x row
-/// against each weight row as it passes ([`FEW_ROWS`] at a time).
-fn dots(y: &mut [f32], xq: &QuantizedX, w: &BlockWeight, start: Start, vnni: bool, parallel: bool) {
+/// The tiles: one row (a decoding step) takes four panels a tile, more rows tiles of
+/// [`MR`] rows × 2 panels. A task owns a run of panels and sweeps every row tile over
+/// them, so its panels stay in cache while x streams past; one task a thread, since a
+/// decoding step's products are too short to pay for more.
+fn tiles(
+    y: &mut [f32],
+    xq: &QuantizedX,
+    w: &BlockWeight,
+    start: Start,
+    fast: bool,
+    parallel: bool,
+) {
     let (n, rows) = (w.n(), xq.rows());
+    let group = if rows == 1 { 4 } else { 2 };
+    let panels = w.panel_count();
     let chunk = if parallel {
-        n.div_ceil(rayon::current_num_threads()).max(ROWS_PER_TASK)
+        panels
+            .div_ceil(rayon::current_num_threads())
+            .next_multiple_of(group)
     } else {
-        n
+        panels
     };
     let out = Disjoint::new(y);
     let run = |j0: usize| {
-        let j1 = n.min(j0 + chunk);
-        let mut sums = vec![0.0f32; rows * (j1 - j0)];
-        let x: Vec<XRow> = (0..rows).map(|r| xq.row(r)).collect();
-        for j in j0..j1 {
-            for r0 in (0..rows).step_by(FEW_ROWS) {
-                let v = row_dots(w.ty(), w.row(j), &x[r0..], vnni);
-                for (r, v) in v.iter().take(rows - r0).enumerate() {
-                    sums[(r0 + r) * (j1 - j0) + j - j0] = *v;
+        let j1 = panels.min(j0 + chunk);
+        let mut sums = [[0.0f32; 4 * PANEL]; MR];
+        for j in (j0..j1).step_by(group) {
+            let live = (j1 - j).min(group);
+            let cols = (n - j * PANEL).min(live * PANEL);
+            for r0 in (0..rows).step_by(MR) {
+                let r_live = (rows - r0).min(MR);
+                tile(fast, xq, r0, r_live, w, j, live, group == 4, &mut sums);
+                for (r, row) in sums.iter().enumerate().take(r_live) {
+                    // SAFETY: columns j·PANEL.. of this task's panels belong to it alone.
+                    let dst = unsafe { out.range((r0 + r) * n + j * PANEL, cols) };
+                    match start {
+                        Start::Zero => dst.copy_from_slice(&row[..cols]),
+                        Start::Accumulate => dst.iter_mut().zip(row).for_each(|(d, &s)| *d += s),
+                        Start::Bias(b) => {
+                            let b = &b[j * PANEL..][..cols];
+                            dst.iter_mut()
+                                .zip(row.iter().zip(b))
+                                .for_each(|(d, (&s, &b))| *d = s + b)
+                        }
+                    }
                 }
-            }
-        }
-        for (r, got) in sums.chunks_exact(j1 - j0).enumerate() {
-            // SAFETY: columns j0..j1 of every row belong to this task alone
-            let dst = unsafe { out.range(r * n + j0, j1 - j0) };
-            match start {
-                Start::Zero => dst.copy_from_slice(got),
-                Start::Accumulate => dst.iter_mut().zip(got).for_each(|(d, &s)| *d += s),
-                Start::Bias(b) => dst
-                    .iter_mut()
-                    .zip(got.iter().zip(&b[j0..j1]))
-                    .for_each(|(d, (&s, &b))| *d = s + b),
             }
         }
     };
     if parallel {
-        (0..n).into_par_iter().step_by(chunk).for_each(run);
+        (0..panels).into_par_iter().step_by(chunk).for_each(run);
     } else {
         run(0);
     }
 }
 
-/// One weight row `wr` against the first [`FEW_ROWS`] (or fewer) rows of `x`.
-fn row_dots(ty: BlockType, wr: &[u8], x: &[XRow], vnni: bool) -> [f32; FEW_ROWS] {
-    let rows = x.len().min(FEW_ROWS);
-    let mut out = [0.0f32; FEW_ROWS];
-    #[cfg(target_arch = "x86_64")]
-    if vnni {
-        macro_rules! call {
-            ($r:literal) => {{
-                let xs: [XRow; $r] = std::array::from_fn(|i| x[i]);
-                // SAFETY: `vnni` is set only where the CPU has the instructions; the
-                // row and x hold whole blocks of K steps.
-                let (got, done) = unsafe { vector_dots::<$r>(ty, wr, xs) };
-                for (i, v) in got.into_iter().enumerate() {
-                    out[i] = v + tail(ty, wr, x[i], done);
+/// Sums of rows `r0..r0 + r_live` against panels `j..j + live` (of four when `four`,
+/// else two) into `sums[r][c]`, the panels' columns c.
+#[allow(clippy::too_many_arguments)]
+fn tile(
+    fast: bool,
+    xq: &QuantizedX,
+    r0: usize,
+    r_live: usize,
+    w: &BlockWeight,
+    j: usize,
+    live: usize,
+    four: bool,
+    sums: &mut [[f32; 4 * PANEL]; MR],
+) {
+    // missing panels repeat the last live one; their sums are dropped
+    let panel = |i: usize| j + i.min(live - 1);
+    macro_rules! call {
+        ($r:literal, $np:literal) => {{
+            let t = Tile::<$r, $np> {
+                ty: w.ty(),
+                x: std::array::from_fn(|i| xq.row(r0 + i)),
+                panels: std::array::from_fn(|i| w.panel(panel(i))),
+            };
+            let mut out = [[[0.0f32; PANEL]; $np]; $r];
+            tile::tile_on(fast, &t, &mut out);
+            for (dst, src) in sums.iter_mut().zip(&out) {
+                for (np, cols) in src.iter().enumerate() {
+                    dst[np * PANEL..][..PANEL].copy_from_slice(cols);
                 }
-            }};
-        }
-        match rows {
-            1 => call!(1),
-            2 => call!(2),
-            3 => call!(3),
-            _ => call!(4),
-        }
-        return out;
+            }
+        }};
     }
-    let _ = vnni;
-    for (r, o) in out.iter_mut().enumerate().take(rows) {
-        *o = plain::dot(ty, wr, x[r]);
+    match (r_live, four) {
+        (1, true) => call!(1, 4),
+        (1, false) => call!(1, 2),
+        (2, _) => call!(2, 2),
+        (3, _) => call!(3, 2),
+        _ => call!(4, 2),
     }
-    out
-}
-
-/// The vector forms for R rows, and the blocks they covered (all but an odd last
-/// Q4_0 block).
-///
-/// # Safety
-/// As [`super::x86::dot_k45`].
-#[cfg(target_arch = "x86_64")]
-unsafe fn vector_dots<const R: usize>(ty: BlockType, wr: &[u8], x: [XRow; R]) -> ([f32; R], usize) {
-    use super::x86;
-    let blocks = wr.len() / ty.bytes();
-    match ty {
-        BlockType::Q4_0 => x86::dot_q4_0(wr, x),
-        BlockType::Q4K => (x86::dot_k45(wr, x, false), blocks),
-        BlockType::Q5K => (x86::dot_k45(wr, x, true), blocks),
-        BlockType::Q6K => (x86::dot_q6_k(wr, x), blocks),
-    }
-}
-
-/// The blocks of `wr` from `done` on, in plain loops.
-#[cfg(target_arch = "x86_64")]
-fn tail(ty: BlockType, wr: &[u8], (q, s, sums): XRow, done: usize) -> f32 {
-    let per = ty.weights();
-    if done * ty.bytes() == wr.len() {
-        return 0.0;
-    }
-    let x = (&q[done * per..], &s[done..], &sums[done * per / 16..]);
-    plain::dot(ty, &wr[done * ty.bytes()..], x)
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::reference;
     use super::super::weight::tests::random;
+    use super::super::BlockType;
     use super::*;
     use crate::ops::stored::checks;
     use crate::rng::Rng;
@@ -259,21 +244,28 @@ mod tests {
         }
     }
 
-    /// The vector forms give the plain loops' sums, up to the order of the f32 sums
-    /// over blocks, on weights of every byte value.
+    /// The vector tiles give the plain loops' bits, for every type, row and panel
+    /// count of a tile.
     #[test]
-    fn vector_dots_equal_the_plain_loops() {
+    fn vector_tiles_equal_the_plain_loops_to_the_bit() {
         let mut rng = Rng::new(11);
         for ty in BlockType::ALL {
-            let k = 8 * QK;
-            let w = random(ty, 5, k, 2);
+            let k = 2 * QK;
+            let w = random(ty, 40, k, 2);
             let x = rng.normals(3 * k, 2.0);
             let xq = QuantizedX::new(&x, 3, k, ty, false);
-            let rows: Vec<XRow> = (0..3).map(|r| xq.row(r)).collect();
-            for j in 0..5 {
-                let got = row_dots(ty, w.row(j), &rows, dot_here());
-                let want = row_dots(ty, w.row(j), &rows, false);
-                checks::assert_near(&format!("{ty:?} row {j}"), &got, &want, k);
+            let t = Tile::<3, 2> {
+                ty,
+                x: std::array::from_fn(|r| xq.row(r)),
+                panels: std::array::from_fn(|j| w.panel(j + 1)),
+            };
+            let mut want = [[[0.0; PANEL]; 2]; 3];
+            tile::tile_on(false, &t, &mut want);
+            assert!(want.iter().flatten().flatten().any(|&v| v != 0.0));
+            if tile::vnni() {
+                let mut got = [[[1.0; PANEL]; 2]; 3];
+                tile::tile_on(true, &t, &mut got);
+                assert_eq!(got, want, "{ty:?}");
             }
         }
     }

@@ -1,8 +1,9 @@
-//! A `[N, K]` weight of whole blocks, row by row as a GGUF file stores it: row r is
-//! `K / weights` blocks at `r · row_bytes`.
+//! A `[N, K]` weight of whole blocks, taken from a GGUF file's rows and laid out in
+//! panels of 16 rows for the tile kernels ([`super::panels`]): the file's bits,
+//! interleaved.
 
-use super::dequant::dequantize_block;
 use super::layout::{half, BlockType};
+use super::panels::{self, Parts, PANEL};
 use crate::error::{Error, Result};
 use crate::ops::matmul::SlabSource;
 use crate::ops::stored::StoredWeight;
@@ -13,7 +14,8 @@ pub struct BlockWeight {
     ty: BlockType,
     n: usize,
     k: usize,
-    bytes: Vec<u8>,
+    /// panel j's blocks at `j · blocks · parts.bytes`, super-block by super-block
+    panels: Vec<u8>,
 }
 
 impl std::fmt::Debug for BlockWeight {
@@ -25,8 +27,8 @@ impl std::fmt::Debug for BlockWeight {
 
 impl BlockWeight {
     /// A `[n, k]` weight whose row r's blocks `row(r, dst)` copies into `dst`
-    /// (`row_bytes` long), as stored: k must be a whole number of blocks, and every
-    /// block's scales finite (an error names the row and block otherwise).
+    /// (`k / weights · bytes` long), as stored: k must be a whole number of blocks, and
+    /// every block's scales finite (an error names the row and block otherwise).
     pub fn from_rows(
         ty: BlockType,
         n: usize,
@@ -44,8 +46,8 @@ impl BlockWeight {
             ));
         }
         let row_bytes = k / ty.weights() * ty.bytes();
-        let mut bytes = vec![0u8; n * row_bytes];
-        for (r, dst) in bytes.chunks_exact_mut(row_bytes).enumerate() {
+        let mut stored = vec![0u8; n * row_bytes];
+        for (r, dst) in stored.chunks_exact_mut(row_bytes).enumerate() {
             row(r, dst);
             for (b, block) in dst.chunks_exact(ty.bytes()).enumerate() {
                 for &at in ty.scale_fields() {
@@ -59,7 +61,8 @@ impl BlockWeight {
                 }
             }
         }
-        Ok(BlockWeight { ty, n, k, bytes })
+        let panels = panels::build(ty, n, k, |r| stored[r * row_bytes..][..row_bytes].to_vec());
+        Ok(BlockWeight { ty, n, k, panels })
     }
 
     pub fn ty(&self) -> BlockType {
@@ -76,25 +79,20 @@ impl BlockWeight {
         self.k
     }
 
-    /// Bytes one row's blocks take.
-    pub fn row_bytes(&self) -> usize {
-        self.k / self.ty.weights() * self.ty.bytes()
+    /// Panels of [`PANEL`] rows.
+    pub fn panel_count(&self) -> usize {
+        self.n.div_ceil(PANEL)
     }
 
-    /// Row r's blocks.
-    pub fn row(&self, r: usize) -> &[u8] {
-        &self.bytes[r * self.row_bytes()..][..self.row_bytes()]
+    /// Panel j's blocks.
+    pub(super) fn panel(&self, j: usize) -> &[u8] {
+        let len = self.k / self.ty.weights() * Parts::of(self.ty).bytes;
+        &self.panels[j * len..][..len]
     }
 
-    /// Bytes the blocks take.
+    /// Bytes the panels take.
     pub fn bytes(&self) -> usize {
-        self.bytes.len()
-    }
-
-    /// Block b of row r, dequantized into `out` (`weights` long).
-    fn block(&self, r: usize, b: usize, out: &mut [f32]) {
-        let at = b * self.ty.bytes();
-        dequantize_block(self.ty, &self.row(r)[at..][..self.ty.bytes()], out);
+        self.panels.len()
     }
 }
 
@@ -104,42 +102,24 @@ impl StoredWeight for BlockWeight {
     }
 
     fn element(&self, r: usize, c: usize) -> f32 {
-        let mut out = vec![0.0; self.ty.weights()];
-        self.block(r, c / self.ty.weights(), &mut out);
-        out[c % self.ty.weights()]
-    }
-
-    fn widened(&self) -> Vec<f32> {
-        let mut out = vec![0.0; self.n * self.k];
-        for (r, row) in out.chunks_exact_mut(self.k).enumerate() {
-            for (b, o) in row.chunks_exact_mut(self.ty.weights()).enumerate() {
-                self.block(r, b, o);
-            }
-        }
-        out
+        let (per, bytes) = (self.ty.weights(), Parts::of(self.ty).bytes);
+        let pb = &self.panel(r / PANEL)[(c / per) * bytes..][..bytes];
+        panels::weight(self.ty, pb, r % PANEL, c % per)
     }
 }
 
-/// The weight as the f32 product's B operand (Wᵀ, `[K, N]`): each slab's blocks
-/// dequantized into the packed layout as the product asks for them, one pass over the
-/// weight a product (what more than a few rows take).
+/// The weight as the f32 product's B operand (Wᵀ, `[K, N]`): each slab's weights
+/// dequantized into the packed layout as the product asks for them.
 impl SlabSource for BlockWeight {
     fn pack_slab(&self, k0: usize, kc: usize, c0: usize, cols: usize, out: &mut [f32]) {
-        const PANEL: usize = 16;
         assert!(c0.is_multiple_of(PANEL) && k0 + kc <= self.k && c0 + cols <= self.n);
         let panels = cols.div_ceil(PANEL);
         assert!(out.len() >= panels * kc * PANEL);
-        let per = self.ty.weights();
-        let mut block = vec![0.0f32; per];
         out[..panels * kc * PANEL].fill(0.0);
         for c in 0..cols {
             let dst = &mut out[(c / PANEL) * kc * PANEL + c % PANEL..];
-            for b in k0 / per..(k0 + kc).div_ceil(per) {
-                self.block(c0 + c, b, &mut block);
-                let (from, to) = ((b * per).max(k0), ((b + 1) * per).min(k0 + kc));
-                for p in from..to {
-                    dst[(p - k0) * PANEL] = block[p - b * per];
-                }
+            for p in 0..kc {
+                dst[p * PANEL] = self.element(c0 + c, k0 + p);
             }
         }
     }
@@ -166,11 +146,43 @@ pub(super) mod tests {
         .unwrap()
     }
 
+    /// The panels hold the stored blocks' weights bit for bit as the twin dequantizes
+    /// them, the slabs hold them where the packed layout puts them, and bad blocks are
+    /// refused.
     #[test]
-    fn slabs_hold_the_weight_and_bad_blocks_are_refused() {
+    fn panels_hold_the_stored_weights_and_bad_blocks_are_refused() {
         for ty in BlockType::ALL {
             let k = 2 * 256;
-            let w = random(ty, 37, k, 3);
+            let (n, row_bytes) = (37, k / ty.weights() * ty.bytes());
+            let mut rng = crate::rng::Rng::new(9);
+            let stored: Vec<u8> = (0..n * row_bytes)
+                .map(|_| (rng.uniform() * 256.0) as u8)
+                .collect();
+            let w = BlockWeight::from_rows(ty, n, k, |r, dst| {
+                dst.copy_from_slice(&stored[r * row_bytes..][..row_bytes]);
+                for block in dst.chunks_exact_mut(ty.bytes()) {
+                    for &at in ty.scale_fields() {
+                        block[at + 1] &= 0x3f; // finite f16 scales
+                    }
+                }
+            })
+            .unwrap();
+            let got = w.widened();
+            let mut want = vec![0.0f32; k];
+            for r in 0..n {
+                let mut row = stored[r * row_bytes..][..row_bytes].to_vec();
+                for block in row.chunks_exact_mut(ty.bytes()) {
+                    for &at in ty.scale_fields() {
+                        block[at + 1] &= 0x3f;
+                    }
+                }
+                super::super::dequant::dequantize(ty, &row, &mut want);
+                let same = got[r * k..][..k]
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{ty:?} row {r}");
+            }
             let slabs = [(0, k, 0, 37), (3, 300, 16, 21), (255, 2, 32, 5)];
             crate::ops::stored::checks::assert_slabs(&w, &slabs);
             let err = BlockWeight::from_rows(ty, 2, k, |_, dst| {
