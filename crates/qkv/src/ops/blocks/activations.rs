@@ -139,9 +139,18 @@ pub fn quantize_q8_k(x: &[f32], q: &mut [i8]) -> f32 {
     }
     let iscale = -127.0 / largest;
     for (c, &v) in q.iter_mut().zip(x) {
-        *c = (iscale * v).round_ties_even().min(127.0) as i8;
+        *c = nearest_even(iscale * v).min(127.0) as i8;
     }
     1.0 / iscale
+}
+
+/// `v` rounded to the nearest integer, halves to even, for |v| < 2²²: adding 1.5·2²³
+/// leaves no fraction bits, so the sum is rounded as the FPU rounds (to nearest even),
+/// and subtracting it back is exact. `f32::round_ties_even` does the same, but is a
+/// call into libm without SSE4.1; this vectorizes.
+fn nearest_even(v: f32) -> f32 {
+    const SHIFT: f32 = 12_582_912.0;
+    (v + SHIFT) - SHIFT
 }
 
 #[cfg(test)]
@@ -158,6 +167,20 @@ mod tests {
         let mut q = [0i8; QK_K];
         assert_eq!(quantize_q8_k(&x, &mut q), 1.0);
         assert_eq!(&q[..4], &[-127, 2, 0, 2]);
+        for v in [
+            -126.5f32,
+            -3.5,
+            -0.5,
+            -0.49999997,
+            0.5,
+            1.5,
+            2.5,
+            126.5,
+            127.0,
+            0.0,
+        ] {
+            assert_eq!(nearest_even(v), v.round_ties_even(), "{v}");
+        }
         x[0] = 127.0;
         assert_eq!(quantize_q8_k(&x, &mut q), -1.0);
         assert_eq!(&q[..4], &[-127, -2, 0, -2]);

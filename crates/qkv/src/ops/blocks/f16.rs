@@ -196,13 +196,16 @@ pub fn product_as(
             let xr = &x[r * k..][..k];
             // SAFETY: columns j0..j1 of every row belong to this task alone
             let dst = unsafe { out.range(r * n + j0, j1 - j0) };
-            for (j, d) in (j0..j1).zip(dst.iter_mut()) {
-                let v = dot(form, w.row(j), xr);
-                *d = match start {
-                    Start::Zero => v,
-                    Start::Accumulate => *d + v,
-                    Start::Bias(b) => v + b[j],
-                };
+            for (q, dst) in (j0..j1).step_by(DOTS).zip(dst.chunks_mut(DOTS)) {
+                // a short last quad repeats its last row; those sums are dropped
+                let rows = std::array::from_fn(|i| w.row((q + i).min(j1 - 1)));
+                for (i, (d, v)) in dst.iter_mut().zip(dots(form, rows, xr)).enumerate() {
+                    *d = match start {
+                        Start::Zero => v,
+                        Start::Accumulate => *d + v,
+                        Start::Bias(b) => v + b[q + i],
+                    };
+                }
             }
         }
     };
@@ -220,65 +223,103 @@ pub fn rounded(x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
 }
 
-/// Σ_c w[c]·x[c] in the given form.
-fn dot(form: Form, w: &[u16], x: &[f32]) -> f32 {
+/// Weight rows a pass of the dot products takes: x is read once for all of them.
+const DOTS: usize = 4;
+
+/// Σ_c w[i][c]·x[c] for each of the rows w[i], in the given form.
+fn dots(form: Form, w: [&[u16]; DOTS], x: &[f32]) -> [f32; DOTS] {
     match form {
         // SAFETY: the form is one the CPU runs (`forms_here`); the lengths are equal.
         #[cfg(target_arch = "x86_64")]
-        Form::Avx512 => unsafe { x86::dot512(w, x) },
+        Form::Avx512 => unsafe { x86::dots512(w, x) },
         // SAFETY: as above
         #[cfg(target_arch = "x86_64")]
-        Form::Avx2 => unsafe { x86::dot256(w, x) },
-        _ => w
-            .iter()
-            .zip(x)
-            .map(|(&b, &x)| f16::from_bits(b).to_f32() * x)
-            .sum(),
+        Form::Avx2 => unsafe { x86::dots256(w, x) },
+        _ => w.map(|w| {
+            w.iter()
+                .zip(x)
+                .map(|(&b, &x)| f16::from_bits(b).to_f32() * x)
+                .sum()
+        }),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use half::f16;
+    use super::DOTS;
     use std::arch::x86_64::*;
 
+    /// The values of `w` and `x` from `at` on, fewer than a vector's `L`, as vectors
+    /// padded with zeros (zero times zero adds nothing to the sums).
+    fn padded<const L: usize>(w: &[u16], x: &[f32], at: usize) -> ([u16; L], [f32; L]) {
+        let (mut wt, mut xt) = ([0u16; L], [0.0f32; L]);
+        wt[..w.len() - at].copy_from_slice(&w[at..]);
+        xt[..x.len() - at].copy_from_slice(&x[at..]);
+        (wt, xt)
+    }
+
+    /// acc[i] += w[i][0..16]·x[0..16], lane by lane.
+    #[inline(always)]
+    unsafe fn step512(acc: &mut [__m512; DOTS], w: [*const u16; DOTS], x: *const f32) {
+        let xv = _mm512_loadu_ps(x);
+        for (a, w) in acc.iter_mut().zip(w) {
+            let wv = _mm512_cvtph_ps(_mm256_loadu_si256(w.cast()));
+            *a = _mm512_fmadd_ps(wv, xv, *a);
+        }
+    }
+
     /// # Safety
-    /// AVX-512 F; `w` and `x` of one length.
+    /// AVX-512 F and F16C; every row of `w` as long as `x`.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(super) unsafe fn dot512(w: &[u16], x: &[f32]) -> f32 {
-        let whole = w.len() / 32 * 32;
-        let (mut a, mut b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        for c in (0..whole).step_by(32) {
-            let w0 = _mm512_cvtph_ps(_mm256_loadu_si256(w.as_ptr().add(c).cast()));
-            let w1 = _mm512_cvtph_ps(_mm256_loadu_si256(w.as_ptr().add(c + 16).cast()));
-            a = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x.as_ptr().add(c)), a);
-            b = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x.as_ptr().add(c + 16)), b);
+    pub(super) unsafe fn dots512(w: [&[u16]; DOTS], x: &[f32]) -> [f32; DOTS] {
+        let whole = x.len() / 16 * 16;
+        let mut acc = [_mm512_setzero_ps(); DOTS];
+        for c in (0..whole).step_by(16) {
+            step512(&mut acc, w.map(|w| w.as_ptr().add(c)), x.as_ptr().add(c));
         }
-        _mm512_reduce_add_ps(_mm512_add_ps(a, b)) + tail(&w[whole..], &x[whole..])
+        if whole < x.len() {
+            let tails = w.map(|w| padded::<16>(w, x, whole));
+            step512(
+                &mut acc,
+                tails.each_ref().map(|t| t.0.as_ptr()),
+                tails[0].1.as_ptr(),
+            );
+        }
+        acc.map(|a| _mm512_reduce_add_ps(a))
+    }
+
+    /// acc[i] += w[i][0..8]·x[0..8], lane by lane.
+    #[inline(always)]
+    unsafe fn step256(acc: &mut [__m256; DOTS], w: [*const u16; DOTS], x: *const f32) {
+        let xv = _mm256_loadu_ps(x);
+        for (a, w) in acc.iter_mut().zip(w) {
+            let wv = _mm256_cvtph_ps(_mm_loadu_si128(w.cast()));
+            *a = _mm256_fmadd_ps(wv, xv, *a);
+        }
     }
 
     /// # Safety
-    /// AVX2, FMA and F16C; `w` and `x` of one length.
+    /// AVX2, FMA and F16C; every row of `w` as long as `x`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot256(w: &[u16], x: &[f32]) -> f32 {
-        let whole = w.len() / 16 * 16;
-        let (mut a, mut b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        for c in (0..whole).step_by(16) {
-            let w0 = _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(c).cast()));
-            let w1 = _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(c + 8).cast()));
-            a = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x.as_ptr().add(c)), a);
-            b = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.as_ptr().add(c + 8)), b);
+    pub(super) unsafe fn dots256(w: [&[u16]; DOTS], x: &[f32]) -> [f32; DOTS] {
+        let whole = x.len() / 8 * 8;
+        let mut acc = [_mm256_setzero_ps(); DOTS];
+        for c in (0..whole).step_by(8) {
+            step256(&mut acc, w.map(|w| w.as_ptr().add(c)), x.as_ptr().add(c));
         }
-        let mut lanes = [0.0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(a, b));
-        lanes.iter().sum::<f32>() + tail(&w[whole..], &x[whole..])
-    }
-
-    fn tail(w: &[u16], x: &[f32]) -> f32 {
-        w.iter()
-            .zip(x)
-            .map(|(&b, &x)| f16::from_bits(b).to_f32() * x)
-            .sum()
+        if whole < x.len() {
+            let tails = w.map(|w| padded::<8>(w, x, whole));
+            step256(
+                &mut acc,
+                tails.each_ref().map(|t| t.0.as_ptr()),
+                tails[0].1.as_ptr(),
+            );
+        }
+        acc.map(|a| {
+            let lanes = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+            let pairs = _mm_add_ps(lanes, _mm_movehl_ps(lanes, lanes));
+            _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)))
+        })
     }
 }
 

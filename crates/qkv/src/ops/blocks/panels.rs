@@ -10,7 +10,7 @@
 //! | nibbles | units × 4 × 64 B | per unit of 32 steps, vector p (0..4): byte 4c + i holds, of row c, step 4p + i in its low nibble and step 16 + 4p + i in its high one |
 //! | high bits | units × H × 64 B | Q5_K (H = 1): bit t of byte 4c + i is the fifth bit of step 4t + i; Q6_K (H = 2): vector h, bits 2m..2m + 2 of byte 4c + i are the top bits of step 4(4h + m) + i |
 //! | scales | groups × 16 B | one signed byte a row: per 32 steps (Q4_K, Q5_K) or per 16 (Q6_K); none for Q4_0 |
-//! | mins | 8 × 16 B | Q4_K and Q5_K: one byte a row per 32 steps |
+//! | mins | 4 × 64 B | Q4_K and Q5_K, a min per 32 steps: vector m, lane c holds row c's mins of sub-blocks 2m and 2m + 1 as two i16, as `vpdpwssd` pairs them |
 //! | d | 16 × f32 | a row's scale of the super-block |
 //! | dmin | 16 × f32 | Q4_K and Q5_K |
 //!
@@ -55,7 +55,7 @@ impl Parts {
         let high = units * 4 * VECTOR;
         let scales = high + units * high_per_unit * VECTOR;
         let mins = scales + groups * PANEL;
-        let d = mins + if has_mins { 8 * PANEL } else { 0 };
+        let d = mins + if has_mins { 4 * VECTOR } else { 0 };
         let dmin = d + 4 * PANEL;
         let bytes = dmin + if has_mins { 4 * PANEL } else { 0 };
         Parts {
@@ -146,8 +146,8 @@ pub fn build(ty: BlockType, n: usize, k: usize, row: impl Fn(usize) -> Vec<u8>) 
                 pb[p.scales + g * PANEL + c] = s as u8;
             }
             if p.has_mins {
-                for (g, &m) in u.mins.iter().enumerate() {
-                    pb[p.mins + g * PANEL + c] = m;
+                for (s, &m) in u.mins.iter().enumerate() {
+                    pb[min_at(&p, c, s)] = m;
                 }
                 pb[p.dmin + 4 * c..][..4].copy_from_slice(&u.dmin.to_le_bytes());
             }
@@ -170,6 +170,12 @@ pub fn code(ty: BlockType, pb: &[u8], c: usize, step: usize) -> u8 {
     low | (top << 4)
 }
 
+/// Where row c's min of sub-block s lies: the low byte of its i16 (the high byte is 0,
+/// mins having 6 bits).
+pub fn min_at(p: &Parts, c: usize, s: usize) -> usize {
+    p.mins + (s / 2) * VECTOR + 4 * c + 2 * (s % 2)
+}
+
 /// A little-endian f32 of lane c of the part at `at`.
 pub fn lane_f32(pb: &[u8], at: usize, c: usize) -> f32 {
     f32::from_le_bytes(pb[at + 4 * c..][..4].try_into().expect("4 bytes"))
@@ -185,7 +191,7 @@ pub fn weight(ty: BlockType, pb: &[u8], c: usize, step: usize) -> f32 {
         BlockType::Q4_0 => d * (q as f32 - 8.0),
         BlockType::Q4K | BlockType::Q5K => {
             let sc = pb[p.scales + (step / 32) * PANEL + c] as f32;
-            let m = pb[p.mins + (step / 32) * PANEL + c] as f32;
+            let m = pb[min_at(&p, c, step / 32)] as f32;
             d * sc * q as f32 - lane_f32(pb, p.dmin, c) * m
         }
         BlockType::Q6K => {

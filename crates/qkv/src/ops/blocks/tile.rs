@@ -12,7 +12,7 @@
 
 use super::activations::XRow;
 use super::layout::BlockType;
-use super::panels::{code, lane_f32, Parts, PANEL};
+use super::panels::{code, lane_f32, min_at, Parts, PANEL};
 
 /// One tile's operands: R rows of x, NP panels (each all its panel blocks, in order).
 pub(super) struct Tile<'a, const R: usize, const NP: usize> {
@@ -86,7 +86,7 @@ fn plain<const R: usize, const NP: usize>(t: &Tile<'_, R, NP>, out: &mut [[[f32;
                         }
                         _ => {
                             let isum = (0..8).map(|s| dot(32 * s, 32) * scale(s)).sum();
-                            let min = |s: usize| i32::from(pb[p.mins + s * PANEL + c]);
+                            let min = |s: usize| i32::from(pb[min_at(&p, c, s)]);
                             let msum = (0..8).map(|s| min(s) * (sum(2 * s) + sum(2 * s + 1)));
                             (isum, msum.sum())
                         }
@@ -253,16 +253,23 @@ mod x86 {
             }
             for r in 0..R {
                 let dx = _mm512_set1_ps(*t.x[r].1.get_unchecked(b));
+                // the activation sums of sub-blocks 2m and 2m + 1 as two i16 on every lane
+                let mut pairs = [_mm512_setzero_si512(); 4];
+                if p.has_mins {
+                    for (m, pair) in pairs.iter_mut().enumerate() {
+                        let s32 = |s: usize| sum(t, r, b, 2 * s) + sum(t, r, b, 2 * s + 1);
+                        let (lo, hi) = (s32(2 * m) as u16 as u32, s32(2 * m + 1) as u16 as u32);
+                        *pair = _mm512_set1_epi32((lo | hi << 16) as i32);
+                    }
+                }
                 for np in 0..NP {
                     let d = _mm512_mul_ps(_mm512_loadu_ps(pb[np].add(p.d).cast()), dx);
                     acc[r][np] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][np]), d, acc[r][np]);
                     if p.has_mins {
                         let mut msum = _mm512_setzero_si512();
-                        for s in 0..8 {
-                            let pair =
-                                _mm512_set1_epi32(sum(t, r, b, 2 * s) + sum(t, r, b, 2 * s + 1));
-                            let min = bytes16(pb[np].add(p.mins + s * PANEL));
-                            msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(min, pair));
+                        for (m, &pair) in pairs.iter().enumerate() {
+                            let mins = _mm512_loadu_si512(pb[np].add(p.mins + m * VECTOR).cast());
+                            msum = _mm512_dpwssd_epi32(msum, mins, pair);
                         }
                         let dmin = _mm512_mul_ps(_mm512_loadu_ps(pb[np].add(p.dmin).cast()), dx);
                         acc[r][np] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), dmin, acc[r][np]);
