@@ -50,7 +50,7 @@ impl ChatTemplate {
         let config: Map<String, Json> = match std::fs::read(&config_path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|e| Error::invalid(config_path.display().to_string(), e.to_string()))?,
-            // a GGUF file in place of a folder holds no such file either
+            // no such file, or a path that is a file rather than a folder: no settings
             Err(e)
                 if matches!(
                     e.kind(),

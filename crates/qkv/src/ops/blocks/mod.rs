@@ -17,8 +17,8 @@
 //!   loops and more dequantize both operands slab by slab into the f32 product;
 //! - [`reference`](mod@reference): the twin: x quantized as every form quantizes it,
 //!   both operands dequantized, then the f32 product;
-//! - [`f16`](mod@f16): a GGUF file's F16 weights, likewise computed from as stored (f32
-//!   activations, f32 sums).
+//! - [`f16`](mod@f16): a GGUF file's F16 weights, likewise computed from as stored (the
+//!   activations rounded to f16 as llama.cpp rounds them, products and sums in f32).
 
 pub mod activations;
 pub mod dequant;
