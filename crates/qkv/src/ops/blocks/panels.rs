@@ -117,14 +117,22 @@ fn unpack(ty: BlockType, b: &[u8]) -> Unpacked {
     }
 }
 
-/// The panels of a `[n, k]` weight, from its rows of stored blocks.
-pub fn build(ty: BlockType, n: usize, k: usize, row: impl Fn(usize) -> Vec<u8>) -> Vec<u8> {
+/// The panels of a `[n, k]` weight, from its rows of stored blocks: `row(r, dst)`
+/// writes row r's blocks into `dst` (one row's bytes, reused from row to row), or
+/// fails, which ends the build with its error.
+pub fn build<E>(
+    ty: BlockType,
+    n: usize,
+    k: usize,
+    mut row: impl FnMut(usize, &mut [u8]) -> Result<(), E>,
+) -> Result<Vec<u8>, E> {
     let p = Parts::of(ty);
     let blocks = k / ty.weights();
     let mut out = vec![0u8; n.div_ceil(PANEL) * blocks * p.bytes];
+    let mut stored = vec![0u8; blocks * ty.bytes()];
     for r in 0..n {
         let (j, c) = (r / PANEL, r % PANEL);
-        let stored = row(r);
+        row(r, &mut stored)?;
         for b in 0..blocks {
             let u = unpack(ty, &stored[b * ty.bytes()..][..ty.bytes()]);
             let pb = &mut out[(j * blocks + b) * p.bytes..][..p.bytes];
@@ -154,7 +162,7 @@ pub fn build(ty: BlockType, n: usize, k: usize, row: impl Fn(usize) -> Vec<u8>) 
             pb[p.d + 4 * c..][..4].copy_from_slice(&u.d.to_le_bytes());
         }
     }
-    out
+    Ok(out)
 }
 
 /// Row c's code of `step` (within the super-block) in the panel block `pb`.

@@ -45,9 +45,7 @@ impl BlockWeight {
                 ),
             ));
         }
-        let row_bytes = k / ty.weights() * ty.bytes();
-        let mut stored = vec![0u8; n * row_bytes];
-        for (r, dst) in stored.chunks_exact_mut(row_bytes).enumerate() {
+        let panels = panels::build(ty, n, k, |r, dst| {
             row(r, dst);
             for (b, block) in dst.chunks_exact(ty.bytes()).enumerate() {
                 for &at in ty.scale_fields() {
@@ -60,8 +58,8 @@ impl BlockWeight {
                     }
                 }
             }
-        }
-        let panels = panels::build(ty, n, k, |r| stored[r * row_bytes..][..row_bytes].to_vec());
+            Ok(())
+        })?;
         Ok(BlockWeight { ty, n, k, panels })
     }
 
