@@ -10,11 +10,12 @@
 //!   the K-quants, Q8_0 for Q4_0;
 //! - [`weight`], [`panels`]: a `[N, K]` weight of whole blocks, the file's rows
 //!   interleaved in panels of 16 rows;
-//! - [`product`](mod@product): y (+)= deq(q(x))·deq(W)ᵀ. On AVX-512 VNNI every row
-//!   count runs tiles of integer dot products, as llama.cpp computes them: each group's
-//!   sum exact in i32, only the sum over super-blocks in f32 (`vpdpbusd` on 16 rows of
-//!   codes unpacked in registers); elsewhere a few rows run the same tiles in plain
-//!   loops and more dequantize both operands slab by slab into the f32 product;
+//! - [`product`](mod@product): y (+)= deq(q(x))·deq(W)ᵀ, every row count in tiles of
+//!   integer dot products, as llama.cpp computes them: each group's sum exact in i32,
+//!   only the sum over super-blocks in f32 (`tile`: `vpdpbusd` on AVX-512 VNNI,
+//!   `vpmaddubsw` and `vpmaddwd` on AVX2); without AVX2 a few rows run the same tiles
+//!   in plain loops and more dequantize both operands slab by slab into the f32
+//!   product;
 //! - [`reference`](mod@reference): the twin: x quantized as every form quantizes it,
 //!   both operands dequantized, then the f32 product;
 //! - [`f16`](mod@f16): a GGUF file's F16 weights, likewise computed from as stored (the

@@ -3,7 +3,7 @@
 
 use super::activations::QuantizedX;
 use super::panels::PANEL;
-use super::tile::{self, Tile};
+use super::tile::{self, Kernel, Tile};
 use super::weight::BlockWeight;
 use crate::error::{Error, Result};
 use crate::ops::disjoint::Disjoint;
@@ -13,15 +13,13 @@ use crate::ops::Par;
 use rayon::prelude::*;
 
 /// Which form a product takes. All compute deq(q(x))·deq(W)ᵀ; they differ in the
-/// order of the f32 sums (the two tile forms not even in that).
+/// order of the f32 sums (the tile kernels not even in that).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Form {
-    /// The tiles with `vpdpbusd`: every row count on AVX-512 VNNI.
-    Dot,
-    /// The tiles in plain loops: a few rows elsewhere.
-    Plain,
+    /// Tiles of integer dot products by one kernel.
+    Tiles(Kernel),
     /// Both operands dequantized into the f32 product, slab by slab: more rows where
-    /// `vpdpbusd` is missing.
+    /// only the plain kernel runs.
     Widened,
 }
 
@@ -34,21 +32,16 @@ const MR: usize = 4;
 
 /// The form [`product`] takes on this CPU for `rows` rows.
 pub fn form(rows: usize) -> Form {
-    if tile::vnni() {
-        Form::Dot
-    } else if rows <= FEW_ROWS {
-        Form::Plain
-    } else {
-        Form::Widened
+    match Kernel::best() {
+        Kernel::Plain if rows > FEW_ROWS => Form::Widened,
+        kernel => Form::Tiles(kernel),
     }
 }
 
 /// The forms this CPU can run (what the tests compare).
 pub fn forms_here() -> Vec<Form> {
-    let mut forms = vec![Form::Plain, Form::Widened];
-    if tile::vnni() {
-        forms.push(Form::Dot);
-    }
+    let mut forms: Vec<Form> = Kernel::available().into_iter().map(Form::Tiles).collect();
+    forms.push(Form::Widened);
     forms
 }
 
@@ -92,7 +85,7 @@ pub fn product_as(
     let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
     let xq = QuantizedX::new(x, rows, w.k(), w.ty(), parallel);
     match form {
-        Form::Dot | Form::Plain => tiles(y, &xq, w, start, form == Form::Dot, parallel),
+        Form::Tiles(kernel) => tiles(y, &xq, w, start, kernel, parallel),
         Form::Widened => {
             if let Start::Bias(b) = start {
                 y.chunks_exact_mut(w.n())
@@ -114,7 +107,7 @@ fn tiles(
     xq: &QuantizedX,
     w: &BlockWeight,
     start: Start,
-    fast: bool,
+    kernel: Kernel,
     parallel: bool,
 ) {
     let (n, rows) = (w.n(), xq.rows());
@@ -136,7 +129,7 @@ fn tiles(
             let cols = (n - j * PANEL).min(live * PANEL);
             for r0 in (0..rows).step_by(MR) {
                 let r_live = (rows - r0).min(MR);
-                tile(fast, xq, r0, r_live, w, j, live, group == 4, &mut sums);
+                tile(kernel, xq, r0, r_live, w, j, live, group == 4, &mut sums);
                 for (r, row) in sums.iter().enumerate().take(r_live) {
                     // SAFETY: columns j·PANEL.. of this task's panels belong to it alone.
                     let dst = unsafe { out.range((r0 + r) * n + j * PANEL, cols) };
@@ -165,7 +158,7 @@ fn tiles(
 /// else two) into `sums[r][c]`, the panels' columns c.
 #[allow(clippy::too_many_arguments)]
 fn tile(
-    fast: bool,
+    kernel: Kernel,
     xq: &QuantizedX,
     r0: usize,
     r_live: usize,
@@ -185,7 +178,7 @@ fn tile(
                 panels: std::array::from_fn(|i| w.panel(panel(i))),
             };
             let mut out = [[[0.0f32; PANEL]; $np]; $r];
-            tile::tile_on(fast, &t, &mut out);
+            tile::tile_on(kernel, &t, &mut out);
             for (dst, src) in sums.iter_mut().zip(&out) {
                 for (np, cols) in src.iter().enumerate() {
                     dst[np * PANEL..][..PANEL].copy_from_slice(cols);
@@ -244,29 +237,34 @@ mod tests {
         }
     }
 
-    /// The vector tiles give the plain loops' bits, for every type, row and panel
-    /// count of a tile.
+    /// The vector kernels give the plain loops' bits, for every type and every shape
+    /// of tile the products take.
     #[test]
-    fn vector_tiles_equal_the_plain_loops_to_the_bit() {
-        let mut rng = Rng::new(11);
-        for ty in BlockType::ALL {
-            let k = 2 * QK;
-            let w = random(ty, 40, k, 2);
-            let x = rng.normals(3 * k, 2.0);
-            let xq = QuantizedX::new(&x, 3, k, ty, false);
-            let t = Tile::<3, 2> {
+    fn vector_kernels_equal_the_plain_loops_to_the_bit() {
+        fn check<const R: usize, const NP: usize>(ty: BlockType, w: &BlockWeight, xq: &QuantizedX) {
+            let t = Tile::<R, NP> {
                 ty,
                 x: std::array::from_fn(|r| xq.row(r)),
                 panels: std::array::from_fn(|j| w.panel(j + 1)),
             };
-            let mut want = [[[0.0; PANEL]; 2]; 3];
-            tile::tile_on(false, &t, &mut want);
+            let mut want = [[[0.0; PANEL]; NP]; R];
+            tile::tile_on(Kernel::Plain, &t, &mut want);
             assert!(want.iter().flatten().flatten().any(|&v| v != 0.0));
-            if tile::vnni() {
-                let mut got = [[[1.0; PANEL]; 2]; 3];
-                tile::tile_on(true, &t, &mut got);
-                assert_eq!(got, want, "{ty:?}");
+            for kernel in Kernel::available() {
+                let mut got = [[[1.0; PANEL]; NP]; R];
+                tile::tile_on(kernel, &t, &mut got);
+                assert_eq!(got, want, "{ty:?} {kernel:?} {R}x{NP}");
             }
+        }
+        let mut rng = Rng::new(11);
+        for ty in BlockType::ALL {
+            let k = 2 * QK;
+            let w = random(ty, 80, k, 2);
+            let x = rng.normals(4 * k, 2.0);
+            let xq = QuantizedX::new(&x, 4, k, ty, false);
+            check::<1, 4>(ty, &w, &xq);
+            check::<3, 2>(ty, &w, &xq);
+            check::<4, 2>(ty, &w, &xq);
         }
     }
 
