@@ -16,6 +16,7 @@ use crate::ops::matmul::SlabSource;
 use crate::ops::stored::{check_operands, widened_product, StoredWeight};
 use crate::ops::Par;
 use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
 
 /// Most rows that take the dot products.
@@ -124,10 +125,15 @@ impl SlabSource for F16Weight {
         assert!(c0.is_multiple_of(PANEL) && k0 + kc <= self.k && c0 + cols <= self.n);
         let panels = cols.div_ceil(PANEL);
         out[..panels * kc * PANEL].fill(0.0);
+        // each row's run widened at once (the half crate converts slices with F16C),
+        // then spread down its panel's column
+        let mut widened = vec![0.0f32; kc];
         for c in 0..cols {
+            let bits: &[f16] = self.row(c0 + c)[k0..k0 + kc].reinterpret_cast();
+            bits.convert_to_f32_slice(&mut widened);
             let dst = &mut out[(c / PANEL) * kc * PANEL + c % PANEL..];
-            for (p, &b) in self.row(c0 + c)[k0..k0 + kc].iter().enumerate() {
-                dst[p * PANEL] = f16::from_bits(b).to_f32();
+            for (p, &v) in widened.iter().enumerate() {
+                dst[p * PANEL] = v;
             }
         }
     }

@@ -40,7 +40,10 @@ pub fn form(rows: usize) -> Form {
 
 /// The forms this CPU can run (what the tests compare).
 pub fn forms_here() -> Vec<Form> {
-    let mut forms: Vec<Form> = Kernel::available().into_iter().map(Form::Tiles).collect();
+    let mut forms: Vec<Form> = Kernel::available()
+        .iter()
+        .map(|&k| Form::Tiles(k))
+        .collect();
     forms.push(Form::Widened);
     forms
 }
@@ -250,7 +253,7 @@ mod tests {
             let mut want = [[[0.0; PANEL]; NP]; R];
             tile::tile_on(Kernel::Plain, &t, &mut want);
             assert!(want.iter().flatten().flatten().any(|&v| v != 0.0));
-            for kernel in Kernel::available() {
+            for &kernel in Kernel::available() {
                 let mut got = [[[1.0; PANEL]; NP]; R];
                 tile::tile_on(kernel, &t, &mut got);
                 assert_eq!(got, want, "{ty:?} {kernel:?} {R}x{NP}");

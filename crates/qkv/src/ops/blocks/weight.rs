@@ -124,7 +124,7 @@ impl SlabSource for BlockWeight {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Random blocks with sane scales (f16 d and dmin of about 1e-3).

@@ -8,8 +8,9 @@
 //! registers (16 of them on AVX2, too few to hold several panels as the VNNI kernel
 //! does).
 
-use super::{BlockType, Parts, Tile, PANEL};
-use crate::ops::blocks::panels::VECTOR;
+use super::operands::Tile;
+use crate::ops::blocks::layout::BlockType;
+use crate::ops::blocks::panels::{Parts, PANEL, VECTOR};
 use std::arch::x86_64::*;
 
 /// Rows of a 256-bit vector.

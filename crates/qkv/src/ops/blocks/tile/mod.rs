@@ -12,20 +12,14 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+mod operands;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
-use super::activations::XRow;
 use super::layout::BlockType;
 use super::panels::{code, lane_f32, min_at, Parts, PANEL};
 use crate::ops::isa::Isa;
-
-/// One tile's operands: R rows of x, NP panels (each all its panel blocks, in order).
-pub(super) struct Tile<'a, const R: usize, const NP: usize> {
-    pub ty: BlockType,
-    pub x: [XRow<'a>; R],
-    pub panels: [&'a [u8]; NP],
-}
+pub(crate) use operands::Tile;
 
 /// Which loops compute a tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,8 +38,14 @@ impl Kernel {
         Self::available()[0]
     }
 
-    /// Every kernel this CPU runs, fastest first: what the tests compare.
-    pub fn available() -> Vec<Kernel> {
+    /// Every kernel this CPU runs, fastest first: what the tests compare. Asked
+    /// once (each tile checks its kernel against it).
+    pub fn available() -> &'static [Kernel] {
+        static KERNELS: std::sync::OnceLock<Vec<Kernel>> = std::sync::OnceLock::new();
+        KERNELS.get_or_init(Self::detect)
+    }
+
+    fn detect() -> Vec<Kernel> {
         let mut kernels = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {

@@ -2,8 +2,9 @@
 //! rows (its 64-byte vector of codes, unpacked from nibbles and high bits in
 //! registers) by the same 4 activation bytes broadcast; the mins through `vpdpwssd`.
 
-use super::{BlockType, Parts, Tile, PANEL};
-use crate::ops::blocks::panels::VECTOR;
+use super::operands::Tile;
+use crate::ops::blocks::layout::BlockType;
+use crate::ops::blocks::panels::{Parts, PANEL, VECTOR};
 use std::arch::x86_64::*;
 
 /// The 4 activation bytes at `step` of `q`, on every lane.
