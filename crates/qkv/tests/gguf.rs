@@ -465,6 +465,19 @@ fn q8_0_files_run_from_their_blocks_as_llama_cpp_runs_them() {
         // every linear layer computes from its blocks, and none holds an f32 weight
         assert_eq!(m.dtype(), DType::Int8, "{q8}");
         assert!(!m.has_f32_weights(), "{q8}");
+        // so does the token table: its lookups widen the rows they read; Qwen2's head
+        // is tied, and reads the same blocks
+        let table = m
+            .weights
+            .embed_tokens
+            .stored()
+            .expect("the token table as stored");
+        let head = m.weights.head.lm_head.as_ref().expect("a head");
+        assert_eq!(
+            head.shares_copy_with(table),
+            name == "qwen2",
+            "{q8}: head and table"
+        );
 
         // llama.cpp also quantizes the activations of a Q8_0 product to Q8_0 blocks:
         // the two differ only in the order of f32 sums
@@ -944,11 +957,20 @@ fn k_quant_files_from_llama_cpp_s_quantizer_read_as_llama_cpp_reads_them() {
         let file = format!("kquant_{name}");
         let loaded = qkv::models::load(&gguf_model(&file)).unwrap();
         assert!(loaded.unused.is_empty(), "{file}: {:?}", loaded.unused);
-        let m = loaded.model;
+        let mut m = loaded.model;
         // the linear layers compute from their blocks; the model's type is the one
         // most of their weights are stored in
         assert_eq!(m.dtype(), DType::Blocks(main), "{file}");
         assert!(!m.has_f32_weights(), "{file}");
+        // the token table too is held as its blocks, never as f32
+        let table = &m.weights.embed_tokens;
+        assert!(table.stored().is_some(), "{file}: token table");
+        let f32_table = 4 * table.vocab_size() * table.dim();
+        let (_, rest) = m.weight_bytes();
+        assert!(
+            rest < f32_table,
+            "{file}: {rest} bytes besides the linear layers"
+        );
         let stored: Vec<&str> = loaded.dtypes.iter().map(|(t, _)| t.as_str()).collect();
         assert!(stored.contains(&"Q6_K"), "{file}: {stored:?}");
         let (tokens, want) = quant_case(&refs, &file);

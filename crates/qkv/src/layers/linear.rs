@@ -190,6 +190,35 @@ impl Linear {
         }
     }
 
+    /// Whether the two layers hold one packed copy between them (a tied head and the
+    /// token table it reads, both from a file's blocks).
+    pub fn shares_copy_with(&self, other: &Linear) -> bool {
+        match (&self.packed, &other.packed) {
+            (Some((_, a)), Some((_, b))) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    /// Row r of the weight (`[in]`) into `out`: from the f32 weight, or widened from
+    /// the copy a layer kept packed only holds (the values its products read).
+    pub fn weight_row(&self, r: usize, out: &mut [f32]) {
+        let n_in = self.in_features();
+        assert!(r < self.out_features() && out.len() == n_in);
+        let stored: &dyn StoredWeight = match self.packed_only.and(self.current_packed()) {
+            Some(Packed::Bf16(c)) => &c.w,
+            Some(Packed::Int8(w)) => w,
+            Some(Packed::Blocks(w)) => w,
+            Some(Packed::F16(w)) => w,
+            _ => {
+                out.copy_from_slice(&self.weight.data()[r * n_in..][..n_in]);
+                return;
+            }
+        };
+        for (c, v) in out.iter_mut().enumerate() {
+            *v = stored.element(r, c);
+        }
+    }
+
     /// Errors when the layer has no f32 weight to train: `what` names the pass.
     fn expect_f32_weight(&self, what: &str) -> Result<()> {
         match self.packed_only {

@@ -10,7 +10,7 @@ use super::net::weights::Weights;
 use super::transformer::Transformer;
 use crate::error::Result;
 use crate::io::TensorSource;
-use crate::layers::Linear;
+use crate::layers::{Embedding, Linear};
 use crate::ops::DType;
 use crate::tensor::Tensor;
 
@@ -52,6 +52,8 @@ pub(super) fn read_weights(
     let mut placer = Placer {
         packed: (0..linears.len()).map(|_| None).collect(),
         linears,
+        table: &weights.embed_tokens.weight,
+        stored_table: None,
         dtype,
         stored,
     };
@@ -67,6 +69,9 @@ pub(super) fn read_weights(
         if let Some(copy) = copy {
             layer.adopt_weight(copy)?;
         }
+    }
+    if let Some(table) = placer.stored_table {
+        weights.embed_tokens = Embedding::from_stored(table)?;
     }
     let logits_bias = match arch.head {
         Head::Lm {
@@ -90,6 +95,10 @@ struct Placer<'a> {
     linears: Vec<*const Tensor>,
     /// each linear layer's packed or stored copy, adopted once all is read
     packed: Vec<Option<Linear>>,
+    /// the token table in the tree, by address, and the layer holding it as stored
+    /// when the source gives it so (a GGUF file's blocks), adopted likewise
+    table: *const Tensor,
+    stored_table: Option<Linear>,
     dtype: DType,
     stored: StoredLinear<'a>,
 }
@@ -118,6 +127,13 @@ impl Place for Placer<'_> {
     }
 
     fn stored(&mut self, param: &mut Tensor, name: &str) -> Result<bool> {
+        if std::ptr::eq(self.table, param) {
+            // only a table with no f32 weight beside it saves anything
+            let layer = (self.stored)(name, param.shape())?.filter(|l| !l.has_f32_weight());
+            let taken = layer.is_some();
+            self.stored_table = layer;
+            return Ok(taken);
+        }
         let Some(i) = self.linear(param) else {
             return Ok(false);
         };

@@ -375,6 +375,7 @@ impl Transformer {
         self.weights.pack_weights(dtype);
         self.dtype = dtype;
         if dtype == DType::F32 {
+            self.weights.embed_tokens.unpack();
             self.packed_only = 0;
         }
         Ok(())
@@ -425,6 +426,10 @@ impl Transformer {
             .into_iter()
             .max_by_key(|&(_, n)| n)
             .map_or(DType::F32, |(t, _)| t);
+        // a token table held as stored has no f32 weight either
+        if let Some(table) = self.weights.embed_tokens.stored() {
+            packed_only += table.out_features() * table.in_features();
+        }
         self.packed_only = packed_only;
     }
 
@@ -447,9 +452,10 @@ impl Transformer {
 
     /// Drops the linear layers' packed copies: they compute with their f32 weights
     /// again, unpacked (as a model trains in f32); a model kept packed only holds its
-    /// copies widened.
+    /// copies widened, and a token table held as stored is widened too.
     pub fn unpack_weights(&mut self) {
         self.weights.linears_mut().for_each(|l| l.unpack());
+        self.weights.embed_tokens.unpack();
         self.dtype = DType::F32;
         self.packed_only = 0;
     }
@@ -471,7 +477,16 @@ impl Transformer {
             linear += l.weight_bytes();
             linear_params += l.out_features() * l.in_features();
         }
-        (linear, 4 * (self.num_params() - linear_params))
+        let table = &self.weights.embed_tokens;
+        match table.stored() {
+            // the table counts at its stored size, not as f32
+            Some(_) => {
+                let table_params = table.vocab_size() * table.dim();
+                let rest = 4 * (self.num_params() - linear_params - table_params);
+                (linear, rest + table.bytes())
+            }
+            None => (linear, 4 * (self.num_params() - linear_params)),
+        }
     }
 
     /// The number type the linear layers compute in ([`Transformer::set_dtype`]).

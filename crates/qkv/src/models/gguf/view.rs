@@ -21,6 +21,9 @@ pub(super) struct HfView<'f> {
     head_from_table: bool,
     /// the type the load packs its other weights in
     dtype: DType,
+    /// the token table as stored, once read: the embedding and a head over the table
+    /// share its blocks
+    table: std::cell::OnceCell<Linear>,
 }
 
 /// Whether the linear layers stored in `ty` compute from its blocks as they are, in a
@@ -31,6 +34,9 @@ pub(super) fn runs_as_stored(ty: GgmlType, dtype: DType) -> bool {
         || ty.block_type().is_some()
         || (ty == GgmlType::F16 && dtype == DType::F32)
 }
+
+/// llama.cpp's name of the token table.
+const TABLE: &str = "token_embd.weight";
 
 /// Hugging Face's name of a layer's tensor (after `model.layers.{l}.`) → llama.cpp's
 /// (after `blk.{l}.`).
@@ -60,6 +66,7 @@ impl<'f> HfView<'f> {
             permuted: permuted.then_some((stack.heads, stack.kv_heads)),
             head_from_table,
             dtype,
+            table: std::cell::OnceCell::new(),
         }
     }
 
@@ -67,7 +74,7 @@ impl<'f> HfView<'f> {
     /// back when llama.cpp permuted them.
     pub fn locate(&self, hf: &str) -> Option<(String, Option<usize>)> {
         if hf == "lm_head.weight" && self.head_from_table {
-            return Some(("token_embd.weight".into(), None));
+            return Some((TABLE.into(), None));
         }
         let (name, rotated) = gguf_name(hf)?;
         let heads = match (rotated, self.permuted) {
@@ -99,9 +106,27 @@ impl<'f> HfView<'f> {
         if info.shape() != shape {
             return Err(Error::shape(gguf, format!("{shape:?}"), &info.shape()));
         }
+        if gguf != TABLE {
+            return self.read_stored(&gguf, heads, shape).map(Some);
+        }
+        if self.table.get().is_none() {
+            let table = self.read_stored(&gguf, heads, shape)?;
+            self.table.set(table).expect("set once");
+        }
+        Ok(self.table.get().cloned())
+    }
+
+    /// The linear layer of the tensor `gguf` (`shape`, `[out, in]`, in a type that
+    /// runs as stored), its rows put back in order for `heads` when permuted.
+    fn read_stored(&self, gguf: &str, heads: Option<usize>, shape: &[usize]) -> Result<Linear> {
+        let info = self
+            .file
+            .header
+            .tensor(gguf)
+            .expect("looked up by the caller");
         let (rows, cols) = (shape[0], shape[1]);
         let head = match heads {
-            Some(heads) => Some(head_rows(rows, heads, &gguf, shape)?),
+            Some(heads) => Some(head_rows(rows, heads, gguf, shape)?),
             None => None,
         };
         let bytes = self.file.data(info);
@@ -118,7 +143,7 @@ impl<'f> HfView<'f> {
                 }
             })
             .map_err(err)?;
-            return Ok(Some(Linear::from_f16(w, None)?));
+            return Linear::from_f16(w, None);
         }
         if let Some(ty) = info.ty.block_type() {
             let row_bytes = cols / ty.weights() * ty.bytes();
@@ -126,7 +151,7 @@ impl<'f> HfView<'f> {
                 dst.copy_from_slice(&bytes[source_row(r) * row_bytes..][..row_bytes])
             })
             .map_err(err)?;
-            return Ok(Some(Linear::from_blocks(w, None)?));
+            return Linear::from_blocks(w, None);
         }
         let ty = GgmlType::Q8_0;
         let row_bytes = cols / ty.block * ty.block_bytes;
@@ -142,7 +167,7 @@ impl<'f> HfView<'f> {
             q.iter_mut().zip(codes).for_each(|(q, c)| *q = c);
             Ok(d)
         })?;
-        Ok(Some(Linear::from_int8(w, None)?))
+        Linear::from_int8(w, None)
     }
 }
 
@@ -157,7 +182,7 @@ pub(super) enum Rotated {
 /// whether it is Q's or K's (whose rows llama.cpp permutes in `llama` files).
 pub(super) fn gguf_name(hf: &str) -> Option<(String, Option<Rotated>)> {
     let whole = match hf {
-        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.embed_tokens.weight" => Some(TABLE),
         "model.norm.weight" => Some("output_norm.weight"),
         "lm_head.weight" => Some("output.weight"),
         _ => None,

@@ -12,7 +12,7 @@
 use crate::attention::{AttentionSpec, Bias, CausalAlign, Kernel, KvCache, LayerKv};
 use crate::batch::limit_positions;
 use crate::block::{Attend, BlockTape, CrossKv, Keys, LayerRule};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::layers::linear::product_into;
 use crate::layers::{Embedding, Norm, NormCache};
 use crate::models::net::arch::{Arch, Head, Position, StackDims};
@@ -392,6 +392,11 @@ impl<'m> Net<'m> {
                 // token table in f32
                 let logits = match (&hw.lm_head, tied) {
                     (Some(lin), false) => lin.project(&h, s)?,
+                    _ if self.w.embed_tokens.stored().is_some() => {
+                        return Err(Error::Unsupported(
+                            "a tied head over a token table held as stored (a loader gives such a table a head of its own)".into(),
+                        ))
+                    }
                     _ => project(&h, table, s)?,
                 };
                 (logits, None)
