@@ -118,7 +118,7 @@ impl GenerationConfig {
     /// The folder's settings; errors name the file and the field. A GGUF file holds
     /// none: transformers' defaults.
     pub fn read(dir: &Path) -> Result<Self> {
-        if dir.is_file() && dir.extension().is_some_and(|e| e == "gguf") {
+        if crate::io::gguf::is_gguf(dir) {
             return Ok(GenerationConfig::default());
         }
         let file = match dir.join("generation_config.json") {

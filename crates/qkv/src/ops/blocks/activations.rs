@@ -121,22 +121,23 @@ impl QuantizedX {
 /// One super-block of 256 as Q8_K: codes into `q`, the scale returned (module docs).
 pub fn quantize_q8_k(x: &[f32], q: &mut [i8]) -> f32 {
     assert_eq!((x.len(), q.len()), (QK_K, QK_K));
-    let mut top = 0.0f32;
-    let mut largest = 0.0f32;
-    for &v in x {
-        if v.abs() > top {
-            top = v.abs();
-            largest = v;
-        }
-    }
-    if x.iter().any(|v| !v.is_finite()) {
+    // |v| as bits: ordered as the magnitudes are, infinities and NaNs above every
+    // finite value, and an integer maximum vectorizes where a float one does not
+    let magnitude = |v: f32| v.to_bits() & 0x7FFF_FFFF;
+    let top = x.iter().map(|&v| magnitude(v)).max().unwrap_or(0);
+    if top >= f32::INFINITY.to_bits() {
         q.fill(0);
         return f32::NAN;
     }
-    if top == 0.0 {
+    if top == 0 {
         q.fill(0);
         return 0.0;
     }
+    // the first value of largest magnitude, sign kept, as llama.cpp picks it
+    let largest = *x
+        .iter()
+        .find(|&&v| magnitude(v) == top)
+        .expect("the maximum is in x");
     let iscale = -127.0 / largest;
     for (c, &v) in q.iter_mut().zip(x) {
         *c = nearest_even(iscale * v).min(127.0) as i8;
@@ -189,6 +190,11 @@ mod tests {
         assert!(quantize_q8_k(&x, &mut q).is_nan());
         x[9] = f32::INFINITY;
         assert!(quantize_q8_k(&x, &mut q).is_nan());
+        // of two equal magnitudes the first gives the sign, as llama.cpp's loop picks it
+        (x[9], x[20], x[30]) = (0.0, 200.0, -200.0);
+        assert_eq!(quantize_q8_k(&x, &mut q), 1.0 / (-127.0 / 200.0));
+        (x[20], x[30]) = (-200.0, 200.0);
+        assert_eq!(quantize_q8_k(&x, &mut q), 1.0 / (127.0 / 200.0));
 
         let xs: Vec<f32> = (0..2 * QK_K).map(|i| (i as f32 * 0.37).sin()).collect();
         let qx = QuantizedX::new(&xs, 1, 2 * QK_K, BlockType::Q6K, false);
