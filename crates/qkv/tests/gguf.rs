@@ -376,6 +376,39 @@ fn llama_and_qwen2_gguf_files_run_as_their_hugging_face_folders() {
     }
 }
 
+/// Qwen3's per-head q/k norms read from `attn_q_norm` / `attn_k_norm`. llama.cpp's
+/// `qwen3` has no sliding window and the converter writes none, so the folder's
+/// window (its upper layer) is put back before comparing with transformers.
+#[test]
+fn a_qwen3_gguf_file_runs_as_its_hugging_face_folder() {
+    let loaded = qkv::models::load(&gguf_model("qwen3")).unwrap();
+    assert!(loaded.unused.is_empty(), "{:?}", loaded.unused);
+    let mut m = loaded.model;
+    assert_eq!(m.family.name(), "qwen3");
+    let folder = common::models::load_causal("qwen3");
+    assert!(m.arch.attention.qk_norm);
+    assert_eq!(m.arch.attention.window, None);
+    m.arch.attention.window = folder.arch.attention.window;
+    m.arch.attention.window_from_layer = folder.arch.attention.window_from_layer;
+    assert_eq!(m.arch, folder.arch, "architecture");
+    common::models::check_causal_model("qwen3", &m);
+
+    // and it writes back as `qwen3`, the norms included
+    let path = std::env::temp_dir().join(format!("qkv-qwen3-{}.gguf", std::process::id()));
+    let plain = qkv::models::load(&gguf_model("qwen3")).unwrap().model;
+    qkv::models::save_gguf(&plain, &path, qkv::io::gguf::GgmlType::F32, "qwen3", vec![]).unwrap();
+    let file = qkv::io::gguf::GgufFile::open(&path).unwrap();
+    let arch = file
+        .header
+        .get("general.architecture")
+        .and_then(|v| v.as_str());
+    assert_eq!(arch, Some("qwen3"));
+    assert!(file.header.tensor("blk.1.attn_k_norm.weight").is_some());
+    let back = qkv::models::load(&path).unwrap().model;
+    assert_eq!(back.arch, plain.arch);
+    std::fs::remove_file(&path).unwrap();
+}
+
 #[test]
 fn a_gguf_model_saves_as_a_hugging_face_folder_and_refuses_what_it_cannot_run() {
     let dir = std::env::temp_dir().join(format!("qkv-gguf-save-{}", std::process::id()));

@@ -2,7 +2,7 @@
 //! GQA, MQA with tied embeddings and linear RoPE scaling, bf16 and f16 checkpoints, the
 //! transformers 5.x config layout, Mistral's sliding window, the llama3 / YaRN / dynamic
 //! RoPE scalings, a SmolLM-style tied model with wide heads, and Qwen2 (Q/K/V biases, a
-//! window on its upper layers). Config edge cases run on
+//! window on its upper layers) and Qwen3 (per-head q/k norms). Config edge cases run on
 //! temporary copies of a fixture folder with an edited config.json.
 
 #![cfg(feature = "models")]
@@ -105,6 +105,17 @@ fn qwen2_matches_hf() {
 #[test]
 fn qwen2_window_on_upper_layers_matches_hf() {
     check_causal("qwen2_window");
+}
+
+/// Per-head q/k norms before RoPE, heads of 10 over a width of 36, a window on the
+/// upper layer only (`layer_types`), a tied head.
+#[test]
+fn qwen3_matches_hf() {
+    check_causal("qwen3");
+    let m = load_causal("qwen3");
+    let i = m.info();
+    assert_eq!((i.hidden, i.heads, i.head_dim), (36, 4, 10));
+    assert_eq!(m.family.name(), "qwen3");
 }
 
 #[test]

@@ -80,7 +80,7 @@ fn layout(dir: &Path) -> BTreeMap<String, Vec<usize>> {
         .collect()
 }
 
-const HF_FOLDERS: [(&str, &str); 22] = [
+const HF_FOLDERS: [(&str, &str); 24] = [
     ("models", "bert"),
     ("models", "gpt2"),
     ("models", "gpt2_sharded"),
@@ -93,6 +93,7 @@ const HF_FOLDERS: [(&str, &str); 22] = [
     ("models", "llama_yarn"),
     ("models", "qwen2"),
     ("models", "qwen2_window"),
+    ("models", "qwen3"),
     ("models", "bloom"),
     ("models", "marian"),
     ("models", "t5"),
@@ -100,6 +101,7 @@ const HF_FOLDERS: [(&str, &str); 22] = [
     ("models", "t5_v5_untied"),
     ("train_model", "bert"),
     ("train_model", "bloom"),
+    ("train_model", "qwen3"),
     ("train_model", "marian"),
     ("train_model", "t5"),
     ("train_model", "t5_gated"),

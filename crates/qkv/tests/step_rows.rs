@@ -98,6 +98,7 @@ fn llama_gqa_sequences_stepped_together_equal_each_alone() {
 fn sliding_window_sequences_stepped_together_equal_each_alone() {
     check("mistral");
     check("qwen2_window");
+    check("qwen3");
 }
 
 #[test]

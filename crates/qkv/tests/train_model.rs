@@ -277,6 +277,13 @@ fn qwen2_trains_as_pytorch() {
     check_against_pytorch("qwen2");
 }
 
+/// The per-head q/k RMSNorms: their weights' gradients and the gradient through them
+/// to the projections, with heads narrower than C / H.
+#[test]
+fn qwen3_trains_as_pytorch() {
+    check_against_pytorch("qwen3");
+}
+
 #[test]
 fn bloom_trains_as_pytorch() {
     check_against_pytorch("bloom");

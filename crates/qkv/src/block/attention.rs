@@ -3,10 +3,13 @@
 //! into heads, RoPE when the stack uses it, the attention kernel, a merge, and W_O.
 //!
 //! ```text
-//! q = RoPE(W_Q·x)                      [B,T,H,D]
-//! k = RoPE(W_K·m),  v = W_V·m          [B,S,G,D], [B,S,G,Dv]   m = x (self) or the encoder output (cross)
+//! q = RoPE(n_q(W_Q·x))                 [B,T,H,D]
+//! k = RoPE(n_k(W_K·m)),  v = W_V·m     [B,S,G,D], [B,S,G,Dv]   m = x (self) or the encoder output (cross)
 //! y = W_O·concat_h(attention(q, k, v))  [B,T,C]
 //! ```
+//!
+//! n_q and n_k are the optional per-head norms over each head's D values (Qwen3's and
+//! Gemma 3's `q_norm` / `k_norm`); without them they are the identity.
 //!
 //! Self-attention projects its own keys and values and, when decoding, appends them to a
 //! [`LayerKv`] so the new queries attend over every cached position. Cross-attention
@@ -22,7 +25,7 @@ use crate::attention::{
     HeadsView, LayerKv,
 };
 use crate::error::{Error, Result};
-use crate::layers::Linear;
+use crate::layers::{Linear, Norm, NormCache};
 use crate::position::Rope;
 use crate::tensor::Tensor;
 
@@ -40,9 +43,20 @@ pub struct MultiHeadAttention {
     pub heads: usize,
     /// G, dividing H
     pub kv_heads: usize,
+    /// `[D]` a norm over each query head's D values, before RoPE
+    pub q_norm: Option<Norm>,
+    /// `[D]` the same over each key head
+    pub k_norm: Option<Norm>,
 }
 
-crate::module!(MultiHeadAttention { q, k, v, o });
+crate::module!(MultiHeadAttention {
+    q,
+    k,
+    v,
+    o,
+    q_norm,
+    k_norm
+});
 
 impl MultiHeadAttention {
     /// The four projections, for what is done to every linear layer (packing them).
@@ -94,6 +108,9 @@ pub enum Keys<'c> {
 pub struct AttnTape {
     /// `[B,T,H,D]` after RoPE
     q: Tensor,
+    /// the per-head norms' inputs (`[B,T,H,D]`, `[B,S,G,D]`) and statistics
+    q_norm_in: Option<(Tensor, NormCache)>,
+    k_norm_in: Option<(Tensor, NormCache)>,
     /// self-attention's k `[B,S,G,D]` (after RoPE) and v `[B,S,G,Dv]`
     own_kv: Option<(Tensor, Tensor)>,
     /// `[B,T,H·Dv]` the merged heads, W_O's input
@@ -136,6 +153,38 @@ fn per_sequence_spec(spec: &AttentionSpec, over: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// `x` `[.., D]` through a per-head norm, when there is one; with `keep`, also the
+/// norm's input and statistics for [`head_norm_backward`].
+fn head_norm(
+    norm: Option<&Norm>,
+    x: Tensor,
+    keep: bool,
+) -> Result<(Tensor, Option<(Tensor, NormCache)>)> {
+    let Some(norm) = norm else {
+        return Ok((x, None));
+    };
+    let mut stats = keep.then(NormCache::default);
+    let y = norm.forward_impl(&x, stats.as_mut())?;
+    Ok((y, stats.map(|s| (x, s))))
+}
+
+/// Backward of [`head_norm`] (with `keep`): dy → dx; **accumulates** into `grads`.
+fn head_norm_backward(
+    norm: Option<&Norm>,
+    kept: Option<(Tensor, NormCache)>,
+    dy: Tensor,
+    grads: Option<&mut Norm>,
+) -> Result<Tensor> {
+    match (norm, kept, grads) {
+        (None, _, _) => Ok(dy),
+        (Some(norm), Some((x, stats)), Some(grads)) => norm.backward(&dy, &x, &stats, grads),
+        (Some(_), _, _) => Err(Error::invalid(
+            "head norm",
+            "a backward needs the forward's norm inputs (run it with keep) and a gradient tree with the norm",
+        )),
+    }
 }
 
 /// q `[1,N,H,D]`, k `[1,N,G,D]` and v `[1,N,G,Dv]` cut into sequences of `lens`
@@ -317,7 +366,21 @@ impl MultiHeadAttention {
             o,
             heads,
             kv_heads,
+            q_norm: None,
+            k_norm: None,
         })
+    }
+
+    /// Adds norms over each query and key head's D values, applied after the
+    /// projections and before RoPE (Qwen3, Gemma 3): weights `[D]`.
+    pub fn with_head_norms(mut self, q_norm: Norm, k_norm: Norm) -> Result<Self> {
+        let d = self.head_dim();
+        for (name, n) in [("q_norm.weight", &q_norm), ("k_norm.weight", &k_norm)] {
+            n.weight.expect_shape(name, &[Some(d)])?;
+        }
+        self.q_norm = Some(q_norm);
+        self.k_norm = Some(k_norm);
+        Ok(self)
     }
 
     /// D
@@ -389,13 +452,19 @@ impl MultiHeadAttention {
         x.expect_shape("x", &[None, None, Some(self.q.in_features())])?;
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (h, g, d) = (self.heads, self.kv_heads, self.head_dim());
-        let mut q = self.q.forward(x)?.reshape(&[b, t, h, d])?;
-        let mut own = match keys {
-            Keys::Own(_) | Keys::OwnPerRow(_) | Keys::OwnPacked(_) => Some((
-                self.k.forward(x)?.reshape(&[b, t, g, d])?,
-                self.v.forward(x)?.reshape(&[b, t, g, self.value_dim()])?,
-            )),
-            Keys::Cross(_) => None,
+        let (mut q, q_norm_in) = head_norm(
+            self.q_norm.as_ref(),
+            self.q.forward(x)?.reshape(&[b, t, h, d])?,
+            keep,
+        )?;
+        let (mut own, k_norm_in) = match keys {
+            Keys::Own(_) | Keys::OwnPerRow(_) | Keys::OwnPacked(_) => {
+                let k = self.k.forward(x)?.reshape(&[b, t, g, d])?;
+                let (k, k_norm_in) = head_norm(self.k_norm.as_ref(), k, keep)?;
+                let v = self.v.forward(x)?.reshape(&[b, t, g, self.value_dim()])?;
+                (Some((k, v)), k_norm_in)
+            }
+            Keys::Cross(_) => (None, None),
         };
         if let Some((rope, positions)) = rule.rope {
             rope.apply(&mut q, positions)?;
@@ -443,6 +512,8 @@ impl MultiHeadAttention {
         let y = self.o.forward(&merged)?;
         let tape = keep.then_some(AttnTape {
             q,
+            q_norm_in,
+            k_norm_in,
             own_kv: own,
             merged,
             lse: a.lse,
@@ -468,6 +539,8 @@ impl MultiHeadAttention {
     ) -> Result<AttnGrads> {
         let AttnTape {
             q,
+            q_norm_in,
+            k_norm_in,
             own_kv,
             merged,
             lse,
@@ -509,6 +582,11 @@ impl MultiHeadAttention {
                 rope.backward(&mut dk, positions)?;
             }
         }
+        // q = n_q(·), k = n_k(·) (self-attention's; cross_kv_backward undoes the cross k's)
+        let dq = head_norm_backward(self.q_norm.as_ref(), q_norm_in, dq, grads.q_norm.as_mut())?;
+        if own_kv.is_some() {
+            dk = head_norm_backward(self.k_norm.as_ref(), k_norm_in, dk, grads.k_norm.as_mut())?;
+        }
         // q = W_Q·x
         let mut dx = self
             .q
@@ -538,11 +616,12 @@ impl MultiHeadAttention {
     pub fn cross_kv(&self, memory: &Tensor) -> Result<CrossKv> {
         memory.expect_shape("encoder output", &[None, None, Some(self.k.in_features())])?;
         let (b, s, g) = (memory.shape()[0], memory.shape()[1], self.kv_heads);
+        let k = self
+            .k
+            .forward(memory)?
+            .reshape(&[b, s, g, self.head_dim()])?;
         Ok(CrossKv {
-            k: self
-                .k
-                .forward(memory)?
-                .reshape(&[b, s, g, self.head_dim()])?,
+            k: head_norm(self.k_norm.as_ref(), k, false)?.0,
             v: self
                 .v
                 .forward(memory)?
@@ -563,8 +642,17 @@ impl MultiHeadAttention {
             let w = t.shape()[2] * t.shape()[3];
             t.reshape(&[b, s, w])
         };
+        // k = n_k(W_K·m): the norm's input and statistics are recomputed, not kept
+        let dk = match &self.k_norm {
+            Some(_) => {
+                let k = self.k.forward(memory)?.reshape(d.k.shape())?;
+                let kept = head_norm(self.k_norm.as_ref(), k, true)?.1;
+                head_norm_backward(self.k_norm.as_ref(), kept, d.k, grads.k_norm.as_mut())?
+            }
+            None => d.k,
+        };
         // k = W_K·m, v = W_V·m
-        let mut dm = self.k.backward(memory, &flat(d.k)?, &mut grads.k)?;
+        let mut dm = self.k.backward(memory, &flat(dk)?, &mut grads.k)?;
         self.v
             .backward_add(memory, &flat(d.v)?, &mut grads.v, &mut dm)?;
         Ok(dm)

@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | [`bert`] | `BertModel`, `BertForMaskedLM`, … | encoder, learned positions, token types, post-norm, masked-LM head |
 //! | [`gpt2`] | `GPT2LMHeadModel` | decoder-only, causal, learned positions, pre-norm, Conv1D weights |
-//! | [`llama`] | `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM` | RoPE (and its scalings), RMSNorm, SwiGLU, GQA, sliding window, Q/K/V biases |
+//! | [`llama`] | `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` | RoPE (and its scalings), RMSNorm, SwiGLU, GQA, sliding window, Q/K/V biases, per-head q/k norms |
 //! | [`bloom`] | `BloomForCausalLM` | ALiBi, fused per-head QKV, embedding LayerNorm |
 //! | [`marian`] | `MarianMTModel` | the original encoder-decoder: sinusoidal, post-norm, cross-attention |
 //! | [`t5`] | `T5ForConditionalGeneration` | relative position buckets, unscaled scores, gated FFN |

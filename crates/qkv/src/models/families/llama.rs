@@ -1,9 +1,11 @@
-//! Llama, Mistral and Qwen2 (`LlamaForCausalLM`, `MistralForCausalLM`,
-//! `Qwen2ForCausalLM`): a pre-norm decoder with RMSNorm, rotary positions in Hugging
-//! Face's half-split layout, grouped-query attention and a SwiGLU feed-forward block.
-//! Mistral is the same network with a sliding attention window; Qwen2 has biases on
-//! the Q, K and V projections (not on O) and a window on its upper layers when
-//! `use_sliding_window` asks for one.
+//! Llama, Mistral, Qwen2 and Qwen3 (`LlamaForCausalLM`, `MistralForCausalLM`,
+//! `Qwen2ForCausalLM`, `Qwen3ForCausalLM`): a pre-norm decoder with RMSNorm, rotary
+//! positions in Hugging Face's half-split layout, grouped-query attention and a SwiGLU
+//! feed-forward block. Mistral is the same network with a sliding attention window;
+//! Qwen2 has biases on the Q, K and V projections (not on O) and a window on its upper
+//! layers when `use_sliding_window` asks for one. Qwen3 drops those biases (unless
+//! `attention_bias`), keeps Qwen2's window rule, and normalises each query and key
+//! head (RMSNorm over D, `q_norm` / `k_norm`) before RoPE.
 //!
 //! Config layouts: transformers 4.x writes `rope_theta` and `rope_scaling` at the top
 //! level (`rope_scaling` names its kind `type` or `rope_type`); 5.x folds both into
@@ -42,6 +44,10 @@ pub(crate) static MISTRAL: FamilyDef =
 
 pub(crate) static QWEN2: FamilyDef = llama_like("qwen2", &["Qwen2ForCausalLM"], |dir, _, _| {
     read(dir, Variant::Qwen2)
+});
+
+pub(crate) static QWEN3: FamilyDef = llama_like("qwen3", &["Qwen3ForCausalLM"], |dir, _, _| {
+    read(dir, Variant::Qwen3)
 });
 
 /// A family read as Llama with its own `config.json` reader, which a fresh model is
@@ -150,12 +156,13 @@ fn rope_settings(
     Ok((theta as f32, scaling))
 }
 
-/// Which of the three networks a folder holds.
+/// Which of the four networks a folder holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Variant {
     Llama,
     Mistral,
     Qwen2,
+    Qwen3,
 }
 
 /// `dir/config.json` as an [`Arch`], checked; errors name the field at fault. Mistral's
@@ -174,6 +181,8 @@ pub(super) fn read(dir: &Path, variant: Variant) -> Result<(Arch, TokenIds)> {
     }
     let head_dim = match cfg.head_dim {
         Some(d) => d,
+        // Qwen3Config's default, whatever the width
+        None if variant == Variant::Qwen3 => 128,
         None if cfg.hidden_size.is_multiple_of(heads) => cfg.hidden_size / heads,
         None => {
             return Err(bad_field(
@@ -198,7 +207,7 @@ pub(super) fn read(dir: &Path, variant: Variant) -> Result<(Arch, TokenIds)> {
     let max_positions = cfg.max_position_embeddings.unwrap_or(match variant {
         Variant::Llama => 2048,
         Variant::Mistral => 4096 * 32,
-        Variant::Qwen2 => 32768,
+        Variant::Qwen2 | Variant::Qwen3 => 32768,
     });
     let (theta, scaling) = rope_settings(&cfg, dir, max_positions)?;
     let activation = Activation::from_hf_name(&cfg.hidden_act)
@@ -229,6 +238,7 @@ pub(super) fn read(dir: &Path, variant: Variant) -> Result<(Arch, TokenIds)> {
     arch.attention.out_bias = cfg.attention_bias && variant != Variant::Qwen2;
     arch.attention.window = window;
     arch.attention.window_from_layer = window_from_layer;
+    arch.attention.qk_norm = variant == Variant::Qwen3;
     arch.ffn.activation = activation;
     arch.ffn.bias = cfg.mlp_bias && variant != Variant::Qwen2;
     arch.embed.padding_idx = cfg.tokens.pad();
@@ -237,7 +247,7 @@ pub(super) fn read(dir: &Path, variant: Variant) -> Result<(Arch, TokenIds)> {
 }
 
 /// The sliding window and the first layer it applies to. Mistral: `sliding_window` on
-/// every layer. Qwen2 (transformers' `layer_types`): only with `use_sliding_window`, on
+/// every layer. Qwen2 and Qwen3 (transformers' `layer_types`): only with `use_sliding_window`, on
 /// the layers listed as `sliding_attention`, by default those from `max_window_layers`
 /// up; qkv takes a window on a top run of layers, which is every layout transformers
 /// builds by default.
@@ -245,8 +255,10 @@ fn window(cfg: &LlamaConfig, dir: &Path, variant: Variant) -> Result<(Option<usi
     let size = match variant {
         Variant::Llama => return Ok((None, 0)),
         Variant::Mistral => cfg.sliding_window,
-        Variant::Qwen2 if cfg.use_sliding_window => Some(cfg.sliding_window.unwrap_or(4096)),
-        Variant::Qwen2 => None,
+        Variant::Qwen2 | Variant::Qwen3 if cfg.use_sliding_window => {
+            Some(cfg.sliding_window.unwrap_or(4096))
+        }
+        Variant::Qwen2 | Variant::Qwen3 => None,
     };
     if size == Some(0) {
         return Err(bad_field(dir, "sliding_window", "must be at least 1"));
@@ -389,7 +401,7 @@ pub(super) fn config_json(arch: &Arch) -> Value {
     })
 }
 
-/// The name table: qkv's modules → Llama's and Mistral's (see [`Name`]).
+/// The name table: qkv's modules → Llama's, Mistral's and the Qwens' (see [`Name`]).
 pub(super) fn names() -> Vec<Name> {
     let mut t = vec![
         same("embed_tokens", "model.embed_tokens"),
@@ -403,6 +415,8 @@ pub(super) fn names() -> Vec<Name> {
         ("attn.k", "self_attn.k_proj"),
         ("attn.v", "self_attn.v_proj"),
         ("attn.o", "self_attn.o_proj"),
+        ("attn.q_norm", "self_attn.q_norm"),
+        ("attn.k_norm", "self_attn.k_norm"),
         // FeedForward's `up` is the activated branch: Hugging Face's gate_proj
         ("ffn.up", "mlp.gate_proj"),
         ("ffn.gate_up", "mlp.up_proj"),

@@ -11,12 +11,13 @@ use crate::error::Result;
 use crate::models::net::arch::Arch;
 
 /// The families, in the order `SUPPORTED` lists their architectures.
-static FAMILIES: [&FamilyDef; 9] = [
+static FAMILIES: [&FamilyDef; 10] = [
     &bert::BERT,
     &gpt2::GPT2,
     &llama::LLAMA,
     &llama::MISTRAL,
     &llama::QWEN2,
+    &llama::QWEN3,
     &bloom::BLOOM,
     &marian::MARIAN,
     &t5::T5,
@@ -65,7 +66,7 @@ impl Family {
         Family(FAMILIES.iter().find(fits).copied().unwrap_or(&native::QKV))
     }
 
-    /// `bert`, `gpt2`, `llama`, `mistral`, `qwen2`, `bloom`, `marian`, `t5`, `qkv`.
+    /// `bert`, `gpt2`, `llama`, `mistral`, `qwen2`, `qwen3`, `bloom`, `marian`, `t5`, `qkv`.
     pub fn name(self) -> &'static str {
         self.0.name
     }

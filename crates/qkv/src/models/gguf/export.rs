@@ -1,6 +1,6 @@
 //! A model written as a GGUF file that llama.cpp loads: a Llama-layout decoder (a
-//! Hugging Face Llama, Mistral or Qwen2 folder, or one `qkv train` made in that layout)
-//! as the `llama` or `qwen2` architecture, with llama.cpp's tensor names, Q and K of
+//! Hugging Face Llama, Mistral, Qwen2 or Qwen3 folder, or one `qkv train` made in that
+//! layout) as the `llama`, `qwen2` or `qwen3` architecture, with llama.cpp's tensor names, Q and K of
 //! `llama` permuted as its converter permutes them, and the metadata its converter
 //! writes. Weights (2-D) are stored in the type asked for, norms and biases in F32, as
 //! llama.cpp's converter and quantizer store them.
@@ -49,16 +49,23 @@ pub fn save_gguf(
     })?;
     let sizes = Sizes::of(&model.arch).ok_or_else(|| {
         Error::Unsupported(format!(
-            "{}: GGUF files hold Llama-layout decoders (RoPE over whole heads, RMSNorm, SwiGLU, no biases but Qwen2's on q, k and v), which this {} is not",
+            "{}: GGUF files hold Llama-layout decoders (RoPE over whole heads, RMSNorm, SwiGLU, no biases but Qwen2's on q, k and v, per-head q/k norms only as Qwen3's), which this {} is not",
             path.display(),
             model.info().architecture
         ))
     })?;
-    let (arch_name, family) = match sizes.qkv_bias {
-        true => ("qwen2", "Qwen2ForCausalLM"),
-        false => ("llama", "LlamaForCausalLM"),
+    let (arch_name, family) = match (sizes.qkv_bias, sizes.qk_norm) {
+        (true, false) => ("qwen2", "Qwen2ForCausalLM"),
+        (false, true) => ("qwen3", "Qwen3ForCausalLM"),
+        (false, false) => ("llama", "LlamaForCausalLM"),
+        (true, true) => {
+            return Err(Error::Unsupported(format!(
+                "{}: biases on q, k and v beside per-head q/k norms: no GGUF architecture has both",
+                path.display()
+            )))
+        }
     };
-    let family = Family::reading(family).expect("a family reads llama and qwen2");
+    let family = Family::reading(family).expect("a family reads llama and the qwens");
     let hf = names::export(&model.weights, &family.locator(&model.arch))?;
     let mut tensors: Vec<(String, Tensor, GgmlType)> = Vec::with_capacity(hf.len());
     for (hf_name, t) in hf {

@@ -60,9 +60,9 @@ impl Meta<'_> {
         }
     }
 
-    /// The architecture of a `llama` or `qwen2` file (keys prefixed by `a`): Llama's
-    /// layout with the sizes, RoPE base and norm epsilon the file gives; Qwen2 has
-    /// biases on q, k and v.
+    /// The architecture of a `llama`, `qwen2` or `qwen3` file (keys prefixed by `a`):
+    /// Llama's layout with the sizes, RoPE base and norm epsilon the file gives; Qwen2
+    /// has biases on q, k and v, Qwen3 per-head norms of q and k.
     pub fn arch(&self, a: &str, tied: bool) -> Result<Arch> {
         let key = |k: &str| format!("{a}.{k}");
         let d_model = self.size(&key("embedding_length"))?;
@@ -124,6 +124,7 @@ impl Meta<'_> {
             eps: self.number(&key("attention.layer_norm_rms_epsilon"), 1e-5)? as f32,
             theta: self.number(&key("rope.freq_base"), 10_000.0)? as f32,
             qkv_bias: a == "qwen2",
+            qk_norm: a == "qwen3",
             tied,
         }
         .arch();
@@ -135,7 +136,7 @@ impl Meta<'_> {
     }
 }
 
-/// What a `llama` or `qwen2` file's metadata says of a model: enough to build its
+/// What a `llama`, `qwen2` or `qwen3` file's metadata says of a model: enough to build its
 /// [`Arch`] (Llama's layout), and what a model of that layout writes back.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Sizes {
@@ -151,6 +152,8 @@ pub(super) struct Sizes {
     pub theta: f32,
     /// biases on q, k and v: `qwen2`
     pub qkv_bias: bool,
+    /// per-head norms of q and k: `qwen3`
+    pub qk_norm: bool,
     /// no `output.weight`: the head is the token table
     pub tied: bool,
 }
@@ -176,11 +179,12 @@ impl Sizes {
             max_len: Some(self.max_len),
         };
         arch.attention.qkv_bias = self.qkv_bias;
+        arch.attention.qk_norm = self.qk_norm;
         arch.head = Head::lm(self.tied);
         arch
     }
 
-    /// The sizes of `arch` when it is exactly the layout a GGUF `llama` or `qwen2` file
+    /// The sizes of `arch` when it is exactly the layout a GGUF `llama`, `qwen2` or `qwen3` file
     /// describes (whatever its padding row), so that the file reads back as the same
     /// model; `None` otherwise.
     pub fn of(arch: &Arch) -> Option<Sizes> {
@@ -205,6 +209,7 @@ impl Sizes {
             eps: arch.norm.eps,
             theta,
             qkv_bias: arch.attention.qkv_bias,
+            qk_norm: arch.attention.qk_norm,
             tied: arch.head.tied(),
         };
         let mut built = sizes.arch();

@@ -7,7 +7,7 @@
 //! interleaved RoPE (within each head, rows i and D/2 + i become rows 2i and 2i + 1);
 //! they are put back in Hugging Face's half-split order as they are read.
 //!
-//! Architectures: `llama` (Llama, Mistral, SmolLM) and `qwen2`. Linear layers stored
+//! Architectures: `llama` (Llama, Mistral, SmolLM), `qwen2` and `qwen3`. Linear layers stored
 //! as Q8_0 run from their blocks through the int8 kernels, those stored as Q4_0, Q4_K,
 //! Q5_K or Q6_K from their blocks as stored ([`crate::ops::blocks`]), and those stored
 //! as F16 from their f16 values when the load is in f32; F32, BF16 (and F16 in a load
@@ -47,14 +47,15 @@ pub fn load_gguf(path: &Path, dtype: DType) -> Result<Loaded> {
     let (architecture, permuted) = match gguf_arch {
         "llama" => ("LlamaForCausalLM", true),
         "qwen2" => ("Qwen2ForCausalLM", false),
+        "qwen3" => ("Qwen3ForCausalLM", false),
         other => {
             return Err(Error::Unsupported(format!(
-                "{}: GGUF architecture `{other}` (qkv reads llama and qwen2)",
+                "{}: GGUF architecture `{other}` (qkv reads llama, qwen2 and qwen3)",
                 file.path()
             )))
         }
     };
-    let family = Family::reading(architecture).expect("a family reads llama and qwen2");
+    let family = Family::reading(architecture).expect("a family reads llama and the qwens");
     let id = |key: &str| meta.opt_u64(key).map(|v| v as usize);
     // a tied head over a table stored in blocks computes from those blocks, as
     // llama.cpp's does: a head of its own that reads the table's blocks

@@ -40,13 +40,15 @@ const TABLE: &str = "token_embd.weight";
 
 /// Hugging Face's name of a layer's tensor (after `model.layers.{l}.`) → llama.cpp's
 /// (after `blk.{l}.`).
-const LAYER_NAMES: [(&str, &str); 9] = [
+const LAYER_NAMES: [(&str, &str); 11] = [
     ("input_layernorm", "attn_norm"),
     ("post_attention_layernorm", "ffn_norm"),
     ("self_attn.q_proj", "attn_q"),
     ("self_attn.k_proj", "attn_k"),
     ("self_attn.v_proj", "attn_v"),
     ("self_attn.o_proj", "attn_output"),
+    ("self_attn.q_norm", "attn_q_norm"),
+    ("self_attn.k_norm", "attn_k_norm"),
     ("mlp.gate_proj", "ffn_gate"),
     ("mlp.up_proj", "ffn_up"),
     ("mlp.down_proj", "ffn_down"),

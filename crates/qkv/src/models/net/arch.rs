@@ -131,6 +131,10 @@ pub struct AttentionArch {
     /// `max_window_layers`); 0: to every layer.
     #[serde(default)]
     pub window_from_layer: usize,
+    /// A norm (the stack's kind, width D) over each query and key head after the
+    /// projections, before RoPE (Qwen3's `q_norm` / `k_norm`).
+    #[serde(default)]
+    pub qk_norm: bool,
 }
 
 /// The feed-forward network: `W₂·act(W₁x)`, or gated `W₂·(act(W₁x) ⊙ W₃x)`.
@@ -229,6 +233,7 @@ impl Arch {
                 scale_by_layer: false,
                 window: None,
                 window_from_layer: 0,
+                qk_norm: false,
             },
             ffn: FfnArch {
                 activation: Activation::GeluTanh,
@@ -434,13 +439,15 @@ impl Arch {
         Ok(())
     }
 
-    /// A decoder-only model with plain token embeddings and a plain LM head (tied or
-    /// not): what GPT-2's and Llama's configs describe around their blocks.
+    /// A decoder-only model with plain token embeddings, a plain LM head (tied or not)
+    /// and none of the block options the newer families added (per-head q/k norms):
+    /// what GPT-2's and Llama's configs can describe.
     pub fn plain_decoder(&self) -> bool {
         self.encoder.is_none()
             && self.decoder.is_some()
             && self.embed == EmbedArch::default()
             && self.head == Head::lm(self.head.tied())
+            && !self.attention.qk_norm
     }
 
     /// What kind of model this is.

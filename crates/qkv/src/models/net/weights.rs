@@ -99,15 +99,20 @@ impl Weights {
             let Some(s) = dims else { return Ok(None) };
             let (h, g, d) = (s.heads, s.kv_heads, s.head_dim);
             let a = &arch.attention;
+            let head_norm = || Norm::identity(arch.norm.kind, d, arch.norm.bias, arch.norm.eps);
             let attention = || {
-                MultiHeadAttention::new(
+                let mha = MultiHeadAttention::new(
                     linear(h * d, c, a.qkv_bias)?,
                     linear(g * d, c, a.qkv_bias)?,
                     linear(g * d, c, a.qkv_bias)?,
                     linear(c, h * d, a.out_bias)?,
                     h,
                     g,
-                )
+                )?;
+                match a.qk_norm {
+                    true => mha.with_head_norms(head_norm()?, head_norm()?),
+                    false => Ok(mha),
+                }
             };
             let f = &arch.ffn;
             let layers = (0..s.layers)
@@ -191,11 +196,17 @@ impl Weights {
                 s.kv_heads.checked_mul(s.head_dim)?,
             );
             let a = &arch.attention;
+            let head_norm = s.head_dim.checked_mul(1 + usize::from(arch.norm.bias));
             let attention = sum(&[
                 linear(hd, c, a.qkv_bias),
                 linear(gd, c, a.qkv_bias),
                 linear(gd, c, a.qkv_bias),
                 linear(c, hd, a.out_bias),
+                if a.qk_norm {
+                    head_norm?.checked_mul(2)
+                } else {
+                    Some(0)
+                },
             ]);
             let f = &arch.ffn;
             let up = linear(s.ffn_dim, c, f.bias);
