@@ -40,7 +40,15 @@ fn check(name: &str, prefix: &str, got: &[Tensor], want: &common::Fixture, query
 
 #[test]
 fn self_attention_weights_match_transformers() {
-    for name in ["bert", "gpt2", "llama_gqa", "mistral", "qwen3", "bloom"] {
+    for name in [
+        "bert",
+        "gpt2",
+        "llama_gqa",
+        "mistral",
+        "qwen3",
+        "gpt_neox",
+        "bloom",
+    ] {
         let m = load(name);
         let f = reference(name);
         let tokens = batch(&f, "input_ids", Some("attention_mask"));

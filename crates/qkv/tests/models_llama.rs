@@ -9,11 +9,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-use common::models::{assert_real_close, batch, check_causal, load_causal, model_dir, reference};
-use qkv::models::{self, TokenBatch, Transformer};
+use common::models::{
+    assert_real_close, batch, check_causal, load_causal, reference, EditedFixture,
+};
+use qkv::models::{self, TokenBatch};
 use qkv::Error;
 
 #[test]
@@ -155,47 +154,6 @@ fn info_describes_each_variant() {
     assert_eq!(mistral.info().family, "mistral");
     assert_eq!(mistral.info().head_dim, 8, "head_dim null → hidden / heads");
     assert!(mistral.info().position.contains("sliding window 4"));
-}
-
-/// A copy of a fixture folder under the system temp dir, with config.json edited;
-/// removed on drop.
-struct EditedFixture(PathBuf);
-
-impl EditedFixture {
-    fn new(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Self {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "qkv-test-{name}-{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let src = model_dir(name);
-        for entry in std::fs::read_dir(&src).unwrap() {
-            let path = entry.unwrap().path();
-            std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
-        }
-        let config = dir.join("config.json");
-        let mut json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
-        edit(&mut json);
-        std::fs::write(&config, serde_json::to_string_pretty(&json).unwrap()).unwrap();
-        EditedFixture(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-
-    fn load_causal(&self) -> Transformer {
-        models::load(self.path()).unwrap().model
-    }
-}
-
-impl Drop for EditedFixture {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn load_error(dir: &EditedFixture) -> Error {

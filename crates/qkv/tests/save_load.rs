@@ -80,7 +80,7 @@ fn layout(dir: &Path) -> BTreeMap<String, Vec<usize>> {
         .collect()
 }
 
-const HF_FOLDERS: [(&str, &str); 24] = [
+const HF_FOLDERS: [(&str, &str); 27] = [
     ("models", "bert"),
     ("models", "gpt2"),
     ("models", "gpt2_sharded"),
@@ -94,6 +94,8 @@ const HF_FOLDERS: [(&str, &str); 24] = [
     ("models", "qwen2"),
     ("models", "qwen2_window"),
     ("models", "qwen3"),
+    ("models", "gpt_neox"),
+    ("models", "gpt_neox_seq"),
     ("models", "bloom"),
     ("models", "marian"),
     ("models", "t5"),
@@ -102,6 +104,7 @@ const HF_FOLDERS: [(&str, &str); 24] = [
     ("train_model", "bert"),
     ("train_model", "bloom"),
     ("train_model", "qwen3"),
+    ("train_model", "gpt_neox"),
     ("train_model", "marian"),
     ("train_model", "t5"),
     ("train_model", "t5_gated"),

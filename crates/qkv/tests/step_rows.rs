@@ -102,6 +102,11 @@ fn sliding_window_sequences_stepped_together_equal_each_alone() {
 }
 
 #[test]
+fn gpt_neox_sequences_stepped_together_equal_each_alone() {
+    check("gpt_neox");
+}
+
+#[test]
 fn bloom_alibi_sequences_stepped_together_equal_each_alone() {
     check("bloom");
 }

@@ -116,6 +116,7 @@ fn variants() -> Vec<(&'static str, Arch)> {
         theta: 100.0,
         scaling: qkv::position::RopeScaling::Linear { factor: 2.0 },
         max_len: None,
+        rotary_dim: None,
     };
     a.attention.window = Some(3);
     a.attention.scale_by_layer = true;

@@ -284,6 +284,13 @@ fn qwen3_trains_as_pytorch() {
     check_against_pytorch("qwen3");
 }
 
+/// The parallel residual (d_out reaches both branches and the stream), RoPE over half
+/// of each head, the fused per-head QKV.
+#[test]
+fn gpt_neox_trains_as_pytorch() {
+    check_against_pytorch("gpt_neox");
+}
+
 #[test]
 fn bloom_trains_as_pytorch() {
     check_against_pytorch("bloom");

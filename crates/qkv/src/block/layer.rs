@@ -3,12 +3,13 @@
 //! wrapped by its norm and a residual connection as [`Residual`] says.
 //!
 //! A residual `x + f(·)` has no backward of its own: its gradient flows to both terms,
-//! so the branch's input gradient is added to the stream's.
+//! so the branch's input gradient is added to the stream's. In a parallel block both
+//! branches read x, so d_out reaches each branch and x gathers all three gradients.
 
 use serde::{Deserialize, Serialize};
 
 use super::attention::{Attend, AttnGrads, AttnTape, CrossKv, Keys, MultiHeadAttention};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::layers::{FeedForward, FeedForwardCache, Norm, NormCache};
 use crate::tensor::Tensor;
 
@@ -22,6 +23,10 @@ pub enum Residual {
     PostNorm,
     /// out = norm(x) + f(norm(x)): BLOOM's `apply_residual_connection_post_layernorm`.
     PreNormFromNormed,
+    /// out = x + attn(norm₁(x)) + ffn(norm₂(x)): both branches read the layer's input
+    /// (GPT-NeoX's `use_parallel_residual`, GPT-J); the stack ends with a final norm.
+    /// No cross-attention.
+    Parallel,
 }
 
 crate::module! {
@@ -112,14 +117,16 @@ fn sublayer<T>(
         });
         return Ok((out, tape, inner));
     }
-    // a = norm(x); out = x + f(a), or a + f(a)
+    // a = norm(x); out = x + f(a), or a + f(a), or f(a) alone (a parallel block adds
+    // its branches to x itself)
     let a = norm.forward_impl(&x, stats.as_mut())?;
     let (mut out, inner) = f(&a)?;
-    out.add_assign(if residual == Residual::PreNorm {
-        &x
-    } else {
-        &a
-    })?;
+    match residual {
+        Residual::PreNorm => out.add_assign(&x)?,
+        Residual::PreNormFromNormed => out.add_assign(&a)?,
+        // (post-norm returned above)
+        Residual::Parallel | Residual::PostNorm => {}
+    }
     let tape = stats.map(|stats| ResTape {
         norm_in: x,
         stats,
@@ -164,6 +171,11 @@ fn sublayer_backward(
             d_a.add_assign(&d_out)?;
             norm.backward(&d_a, norm_in, stats, grads)?
         }
+        Residual::Parallel => {
+            // out = f(a), a = norm(x): the branch alone
+            let d_a = f_back(branch_in, &d_out)?;
+            norm.backward(&d_a, norm_in, stats, grads)?
+        }
     })
 }
 
@@ -181,6 +193,14 @@ impl Block {
         cross: Option<&CrossKv>,
         keep: bool,
     ) -> Result<LayerOut> {
+        let parallel = rule.residual == Residual::Parallel;
+        if parallel && self.cross.is_some() {
+            return Err(Error::Unsupported(
+                "a parallel residual in a layer with cross-attention".into(),
+            ));
+        }
+        // a parallel block's FFN reads the layer's input, which its output adds to
+        let input = parallel.then(|| x.clone());
         let (x, attn_res, attn) = sublayer(&self.attn_norm, rule.residual, x, keep, |a| {
             let r = self.attn.attend(a, own, &rule.attend, keep)?;
             Ok((r.y, (r.tape, r.weights)))
@@ -195,14 +215,25 @@ impl Block {
             }
             _ => (x, None),
         };
-        let (x, ffn_res, ffn_cache) = sublayer(&self.ffn_norm, rule.residual, x, keep, |a| {
-            let mut cache = keep.then(FeedForwardCache::default);
-            let y = match &mut cache {
-                Some(c) => self.ffn.forward_with_cache(a, c)?,
-                None => self.ffn.forward(a)?,
-            };
-            Ok((y, cache))
-        })?;
+        let (ffn_in, attn_branch) = match input {
+            Some(input) => (input, Some(x)),
+            None => (x, None),
+        };
+        let residual_in = attn_branch.is_some().then(|| ffn_in.clone());
+        let (mut x, ffn_res, ffn_cache) =
+            sublayer(&self.ffn_norm, rule.residual, ffn_in, keep, |a| {
+                let mut cache = keep.then(FeedForwardCache::default);
+                let y = match &mut cache {
+                    Some(c) => self.ffn.forward_with_cache(a, c)?,
+                    None => self.ffn.forward(a)?,
+                };
+                Ok((y, cache))
+            })?;
+        if let (Some(branch), Some(input)) = (attn_branch, residual_in) {
+            // x + attn(norm₁(x)) + ffn(norm₂(x))
+            x.add_assign(&branch)?;
+            x.add_assign(&input)?;
+        }
         let (attn_tape, weights) = attn;
         let (cross_tape, cross_weights) = match cross_parts {
             Some((res, (tape, w))) => (res.zip(tape), w),
@@ -240,7 +271,10 @@ impl Block {
             ffn,
         } = tape;
         let (ffn_res, ffn_cache) = ffn;
-        let mut dx = sublayer_backward(
+        let parallel = rule.residual == Residual::Parallel;
+        // a parallel block: d_out reaches the FFN branch, the attention branch and x
+        let d_branch = parallel.then(|| d_out.clone());
+        let d_ffn = sublayer_backward(
             &self.ffn_norm,
             rule.residual,
             &ffn_res,
@@ -248,6 +282,10 @@ impl Block {
             &mut grads.ffn_norm,
             |a, dy| self.ffn.backward(dy, a, &ffn_cache, &mut grads.ffn),
         )?;
+        let (mut dx, d_input) = match d_branch {
+            Some(d_out) => (d_out, Some(d_ffn)),
+            None => (d_ffn, None),
+        };
         let mut d_cross = None;
         if let (Some((res, t)), Some(layer), Some(norm), Some(g), Some(gn), Some(kv)) = (
             cross_tape,
@@ -265,7 +303,8 @@ impl Block {
         }
         let (attn_res, attn_tape) = attn;
         let mut dbias = None;
-        let dx = sublayer_backward(
+        let d_stream = d_input.as_ref().map(|_| dx.clone());
+        let mut dx = sublayer_backward(
             &self.attn_norm,
             rule.residual,
             &attn_res,
@@ -279,6 +318,10 @@ impl Block {
                 Ok(r.dx)
             },
         )?;
+        if let (Some(d_ffn), Some(d_out)) = (d_input, d_stream) {
+            dx.add_assign(&d_ffn)?;
+            dx.add_assign(&d_out)?;
+        }
         Ok(LayerGrads { dx, d_cross, dbias })
     }
 }

@@ -78,6 +78,7 @@ pub(super) fn position(name: &str, max_len: usize) -> Position {
             theta: 10_000.0,
             scaling: crate::position::RopeScaling::None,
             max_len: Some(max_len),
+            rotary_dim: None,
         },
         "alibi" => Position::Alibi,
         _ => Position::None,

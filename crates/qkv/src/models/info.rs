@@ -49,8 +49,17 @@ impl ModelInfo {
                 SinusoidalLayout::Split => "sinusoidal (fixed, split sin | cos)",
             }
             .into(),
-            Position::Rope { theta, scaling, .. } => {
-                format!("RoPE (half-split, θ={theta}){}", scaling_words(&scaling))
+            Position::Rope {
+                theta,
+                scaling,
+                rotary_dim,
+                ..
+            } => {
+                let part = rotary_dim.map_or(String::new(), |r| format!(", first {r} dims"));
+                format!(
+                    "RoPE (half-split, θ={theta}{part}){}",
+                    scaling_words(&scaling)
+                )
             }
             Position::Alibi => "ALiBi".into(),
             Position::Relative {
@@ -78,6 +87,7 @@ impl ModelInfo {
                 Residual::PreNorm => "pre-norm",
                 Residual::PostNorm => "post-norm",
                 Residual::PreNormFromNormed => "pre-norm (residual after the norm)",
+                Residual::Parallel => "pre-norm, parallel attention and FFN",
             },
             if arch.embed.norm {
                 ", embedding norm"

@@ -3,7 +3,7 @@
 //! right and left padding, cached decoding equal to the full forward, and greedy
 //! generation equal to `model.generate`. Tolerance: atol 1e-4 + rtol 1e-3.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use qkv::models::generate::{generate_causal, generate_seq2seq, GenerateOptions, Sampling};
 use qkv::models::{self, ModelKind, TokenBatch, Transformer};
@@ -232,4 +232,45 @@ pub fn check_seq2seq(name: &str) {
         expected_new_tokens(&f, "gen_output", 1, &eos),
         "{name} greedy generation"
     );
+}
+
+/// A copy of a fixture folder under the system temp dir, with config.json edited;
+/// removed on drop.
+pub struct EditedFixture(PathBuf);
+
+impl EditedFixture {
+    pub fn new(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Self {
+        static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "qkv-test-{name}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = model_dir(name);
+        for entry in std::fs::read_dir(&src).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+        }
+        let config = dir.join("config.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+        edit(&mut json);
+        std::fs::write(&config, serde_json::to_string_pretty(&json).unwrap()).unwrap();
+        EditedFixture(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn load_causal(&self) -> Transformer {
+        qkv::models::load(self.path()).unwrap().model
+    }
+}
+
+impl Drop for EditedFixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

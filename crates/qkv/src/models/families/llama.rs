@@ -115,22 +115,29 @@ fn default_hidden_act() -> String {
     "silu".into()
 }
 
-/// Base θ and the scaling from whichever layout the config uses (transformers 4.x:
-/// `rope_theta` + `rope_scaling`; 5.x: `rope_parameters`), resolved as transformers'
-/// `rope_init_fn`s resolve them. `max_positions` is the config's
+/// A config's RoPE fields in either layout (transformers 4.x: `rope_theta` +
+/// `rope_scaling`; 5.x: `rope_parameters`).
+pub(super) struct RopeFields<'c> {
+    pub theta: Option<f64>,
+    pub scaling: Option<&'c HfRopeConfig>,
+    pub parameters: Option<&'c HfRopeConfig>,
+}
+
+/// Base θ and the scaling from whichever layout the config uses, resolved as
+/// transformers' `rope_init_fn`s resolve them. `max_positions` is the config's
 /// `max_position_embeddings` (or the family's default when absent).
-fn rope_settings(
-    cfg: &LlamaConfig,
+pub(super) fn rope_settings(
+    cfg: RopeFields,
     dir: &Path,
     max_positions: usize,
 ) -> Result<(f32, RopeScaling)> {
-    let (field, rope) = match (&cfg.rope_parameters, &cfg.rope_scaling) {
+    let (field, rope) = match (cfg.parameters, cfg.scaling) {
         (Some(p), _) => ("rope_parameters", Some(p)),
-        (None, s) => ("rope_scaling", s.as_ref()),
+        (None, s) => ("rope_scaling", s),
     };
     let theta = rope
         .and_then(|r| r.rope_theta)
-        .or(cfg.rope_theta)
+        .or(cfg.theta)
         .unwrap_or(10_000.0);
     if !(theta.is_finite() && theta > 1.0) {
         return Err(bad_field(
@@ -209,7 +216,12 @@ pub(super) fn read(dir: &Path, variant: Variant) -> Result<(Arch, TokenIds)> {
         Variant::Mistral => 4096 * 32,
         Variant::Qwen2 | Variant::Qwen3 => 32768,
     });
-    let (theta, scaling) = rope_settings(&cfg, dir, max_positions)?;
+    let rope = RopeFields {
+        theta: cfg.rope_theta,
+        scaling: cfg.rope_scaling.as_ref(),
+        parameters: cfg.rope_parameters.as_ref(),
+    };
+    let (theta, scaling) = rope_settings(rope, dir, max_positions)?;
     let activation = Activation::from_hf_name(&cfg.hidden_act)
         .map_err(|e| bad_field(dir, "hidden_act", e.to_string()))?;
     let mut arch = Arch::llama(
@@ -231,6 +243,7 @@ pub(super) fn read(dir: &Path, variant: Variant) -> Result<(Arch, TokenIds)> {
         theta,
         scaling,
         max_len: cfg.max_position_embeddings,
+        rotary_dim: None,
     };
     arch.norm.eps = epsilon(dir, "rms_norm_eps", cfg.rms_norm_eps)?;
     let (window, window_from_layer) = window(&cfg, dir, variant)?;
@@ -308,7 +321,13 @@ fn window(cfg: &LlamaConfig, dir: &Path, variant: Variant) -> Result<(Option<usi
 pub(super) fn fits(arch: &Arch) -> bool {
     let a = &arch.attention;
     arch.plain_decoder()
-        && matches!(arch.position, Position::Rope { .. })
+        && matches!(
+            arch.position,
+            Position::Rope {
+                rotary_dim: None,
+                ..
+            }
+        )
         && arch.norm.kind == crate::layers::NormKind::RmsNorm
         && arch.residual == crate::block::Residual::PreNorm
         && a.qkv_bias == a.out_bias
@@ -373,6 +392,7 @@ pub(super) fn config_json(arch: &Arch) -> Value {
             theta,
             scaling,
             max_len,
+            ..
         } => (theta, scaling, max_len.unwrap_or(2048)),
         _ => (10_000.0, RopeScaling::None, 2048),
     };

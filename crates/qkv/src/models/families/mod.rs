@@ -6,6 +6,7 @@ pub mod bert;
 pub mod bloom;
 mod def;
 pub mod gpt2;
+pub mod gpt_neox;
 pub mod llama;
 pub mod marian;
 pub(crate) mod names;

@@ -6,12 +6,12 @@ use serde_json::Value;
 
 use super::def::FamilyDef;
 use super::names::{self, Loc};
-use super::{bert, bloom, gpt2, llama, marian, native, t5};
+use super::{bert, bloom, gpt2, gpt_neox, llama, marian, native, t5};
 use crate::error::Result;
 use crate::models::net::arch::Arch;
 
 /// The families, in the order `SUPPORTED` lists their architectures.
-static FAMILIES: [&FamilyDef; 10] = [
+static FAMILIES: [&FamilyDef; 11] = [
     &bert::BERT,
     &gpt2::GPT2,
     &llama::LLAMA,
@@ -19,6 +19,7 @@ static FAMILIES: [&FamilyDef; 10] = [
     &llama::QWEN2,
     &llama::QWEN3,
     &bloom::BLOOM,
+    &gpt_neox::GPT_NEOX,
     &marian::MARIAN,
     &t5::T5,
     &native::QKV,
@@ -66,7 +67,7 @@ impl Family {
         Family(FAMILIES.iter().find(fits).copied().unwrap_or(&native::QKV))
     }
 
-    /// `bert`, `gpt2`, `llama`, `mistral`, `qwen2`, `qwen3`, `bloom`, `marian`, `t5`, `qkv`.
+    /// `bert`, `gpt2`, `llama`, `mistral`, `qwen2`, `qwen3`, `bloom`, `gpt_neox`, `marian`, `t5`, `qkv`.
     pub fn name(self) -> &'static str {
         self.0.name
     }

@@ -177,6 +177,7 @@ impl Sizes {
             theta: self.theta,
             scaling: RopeScaling::None,
             max_len: Some(self.max_len),
+            rotary_dim: None,
         };
         arch.attention.qkv_bias = self.qkv_bias;
         arch.attention.qk_norm = self.qk_norm;

@@ -79,6 +79,10 @@ pub enum Position {
         scaling: RopeScaling,
         /// The trained context (`max_position_embeddings`); not enforced.
         max_len: Option<usize>,
+        /// Only the first R dimensions of each head rotate, the rest pass through
+        /// (GPT-NeoX's `rotary_pct`, Phi's `partial_rotary_factor`); `None`: all D.
+        #[serde(default)]
+        rotary_dim: Option<usize>,
     },
     /// Linear distance penalties on the scores, BLOOM's slopes per head: slope·(j − i)
     /// in causal self-attention, −slope·|i − j| in an encoder.
@@ -266,6 +270,7 @@ impl Arch {
             theta: 10_000.0,
             scaling: RopeScaling::None,
             max_len: Some(max_len),
+            rotary_dim: None,
         };
         a.norm = NormSpec {
             kind: NormKind::RmsNorm,
@@ -365,7 +370,14 @@ impl Arch {
                     ),
                 );
             }
-            if matches!(self.position, Position::Rope { .. }) && !s.head_dim.is_multiple_of(2) {
+            let whole_heads_rotate = matches!(
+                self.position,
+                Position::Rope {
+                    rotary_dim: None,
+                    ..
+                }
+            );
+            if whole_heads_rotate && !s.head_dim.is_multiple_of(2) {
                 return bad(
                     &format!("{name}.head_dim"),
                     format!(
@@ -390,7 +402,21 @@ impl Arch {
             {
                 return bad("position.max_len", "must be at least 1".into())
             }
-            Position::Rope { theta, scaling, .. } => {
+            Position::Rope {
+                theta,
+                scaling,
+                rotary_dim,
+                ..
+            } => {
+                let widths = [self.encoder, self.decoder].into_iter().flatten();
+                if let Some(r) = rotary_dim {
+                    if r == 0 || !r.is_multiple_of(2) || widths.clone().any(|s| r > s.head_dim) {
+                        return bad(
+                            "position.rotary_dim",
+                            format!("must be even, at least 2 and at most the head width, got {r}"),
+                        );
+                    }
+                }
                 if !(theta.is_finite() && theta > 1.0) {
                     return bad(
                         "position.theta",
@@ -501,6 +527,7 @@ mod tests {
             theta: 500_000.0,
             scaling: yarn,
             max_len: Some(256),
+            rotary_dim: None,
         };
         assert_eq!(read(&serde_json::to_string(&p).unwrap()), p);
     }

@@ -201,9 +201,16 @@ impl<'m> Net<'m> {
             _ => None,
         };
         let rope = match self.arch.position {
-            Position::Rope { theta, scaling, .. } => Some(
-                Rope::new(dims.head_dim, theta, RopeLayout::HalfSplit)?.with_scaling(scaling)?,
-            ),
+            Position::Rope {
+                theta,
+                scaling,
+                rotary_dim,
+                ..
+            } => {
+                let rotary = rotary_dim.unwrap_or(dims.head_dim);
+                let rope = Rope::partial(dims.head_dim, rotary, theta, RopeLayout::HalfSplit)?;
+                Some(rope.with_scaling(scaling)?)
+            }
             _ => None,
         };
         Ok(Env {

@@ -111,6 +111,7 @@ pub fn arch(request: &RunRequest, vocab: usize, len: usize) -> Result<Arch> {
                 theta: 10_000.0,
                 scaling: RopeScaling::None,
                 max_len: Some(len),
+                rotary_dim: None,
             },
             PositionChoice::Alibi => Position::Alibi,
         };
