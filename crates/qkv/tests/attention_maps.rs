@@ -47,6 +47,8 @@ fn self_attention_weights_match_transformers() {
         "mistral",
         "qwen3",
         "gpt_neox",
+        "gemma2",
+        "gemma3",
         "bloom",
     ] {
         let m = load(name);

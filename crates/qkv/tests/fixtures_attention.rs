@@ -75,6 +75,7 @@ impl Extras {
                 .bias
                 .as_ref()
                 .map(|b| Bias::Dense(b.as_broadcast().unwrap())),
+            softcap: None,
             want_weights: true,
             kernel,
             bf16: false,

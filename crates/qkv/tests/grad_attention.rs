@@ -61,6 +61,7 @@ struct Case {
     /// A dense bias, whose gradient every check asks for.
     bias: Option<Tensor>,
     alibi: Option<Vec<f32>>,
+    softcap: Option<f32>,
 }
 
 impl Case {
@@ -79,6 +80,7 @@ impl Case {
             mask: None,
             bias: None,
             alibi: None,
+            softcap: None,
         }
     }
 
@@ -97,6 +99,7 @@ impl Case {
                 (None, Some(slopes)) => Some(Bias::Alibi { slopes }),
                 (None, None) => None,
             },
+            softcap: self.softcap,
             want_weights: false,
             kernel,
             bf16: false,
@@ -222,6 +225,14 @@ fn mask_kinds(sz: Sz, seed: u64, finite_bias: bool) -> Vec<Case> {
     add("alibi_causal_bottom_right", rng, &|c, _| {
         c.alibi = Some(qkv::position::alibi_slopes(h));
         c.causal = Some(CausalAlign::BottomRight);
+    });
+    // a cap near the scores' size, where tanh bends them
+    add("softcap", rng, &|c, _| c.softcap = Some(1.5));
+    add("softcap_bias_causal", rng, &|c, r| {
+        c.softcap = Some(2.0);
+        c.scale = Some(1.0);
+        c.causal = Some(CausalAlign::BottomRight);
+        c.bias = Some(dense_bias(r, [1, h, t, s], inf));
     });
     add("fully_masked", rng, &|c, r| {
         // query row 1 sees nothing (bool mask); the last batch row's keys are all padding

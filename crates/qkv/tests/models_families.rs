@@ -6,6 +6,11 @@
 //! GPT-NeoX: RoPE over the first 4 of each head's 10 dimensions, the fused per-head
 //! QKV, and both residual kinds: parallel (`gpt_neox`) and sequential
 //! (`gpt_neox_seq`, with a tied head).
+//!
+//! Gemma 2 and 3: √C embeddings, 1 + w RMSNorm, a norm before and after each
+//! sub-layer, GeGLU, `query_pre_attn_scalar`, alternating local and global layers;
+//! Gemma 2's soft caps on scores and logits; Gemma 3's q/k norms and its local RoPE
+//! base beside a scaled global one.
 
 #![cfg(feature = "models")]
 
@@ -37,6 +42,54 @@ fn gpt_neox_sequential_residual_with_a_tied_head_matches_hf() {
     let m = load_causal("gpt_neox_seq");
     assert_eq!(m.arch.residual, Residual::PreNorm);
     assert!(m.arch.head.tied());
+}
+
+#[test]
+fn gemma2_soft_caps_sandwich_norms_and_alternating_windows_match_hf() {
+    check_causal("gemma2");
+    let m = load_causal("gemma2");
+    assert_eq!(m.family.name(), "gemma2");
+    let a = &m.arch.attention;
+    assert_eq!((a.softcap, m.arch.logit_softcap), (Some(2.0), Some(3.0)));
+    assert_eq!(a.local_layers, Some(vec![true, false]));
+    assert_eq!(m.arch.residual, Residual::Sandwich);
+    assert!(m.arch.norm.unit_offset && m.arch.embed.scale);
+}
+
+#[test]
+fn gemma3_q_k_norms_and_local_rope_base_match_hf() {
+    check_causal("gemma3");
+    let m = load_causal("gemma3");
+    assert_eq!(m.family.name(), "gemma3_text");
+    let a = &m.arch.attention;
+    assert!(a.qk_norm);
+    assert_eq!(a.local_rope_theta, Some(10_000.0));
+    assert_eq!(a.softcap, None);
+}
+
+/// Gemma's config errors name their field; EmbeddingGemma's bidirectional attention
+/// is refused by name.
+#[test]
+fn gemma_configs_that_cannot_run_name_the_field() {
+    let cases: [(&str, &str, serde_json::Value); 4] = [
+        ("gemma2", "attn_logit_softcapping", serde_json::json!(0.0)),
+        (
+            "gemma2",
+            "layer_types",
+            serde_json::json!(["sliding_attention"]),
+        ),
+        ("gemma3", "rope_local_base_freq", serde_json::json!(-1.0)),
+        (
+            "gemma3",
+            "use_bidirectional_attention",
+            serde_json::json!(true),
+        ),
+    ];
+    for (name, field, value) in cases {
+        let dir = EditedFixture::new(name, |cfg| cfg[field] = value.clone());
+        let err = qkv::models::load(dir.path()).err().expect("refused");
+        assert!(err.to_string().contains(field), "{field}: {err}");
+    }
 }
 
 /// A share of the head that rotates an odd number of dimensions (or none) is refused

@@ -80,7 +80,7 @@ fn layout(dir: &Path) -> BTreeMap<String, Vec<usize>> {
         .collect()
 }
 
-const HF_FOLDERS: [(&str, &str); 27] = [
+const HF_FOLDERS: [(&str, &str); 30] = [
     ("models", "bert"),
     ("models", "gpt2"),
     ("models", "gpt2_sharded"),
@@ -96,6 +96,8 @@ const HF_FOLDERS: [(&str, &str); 27] = [
     ("models", "qwen3"),
     ("models", "gpt_neox"),
     ("models", "gpt_neox_seq"),
+    ("models", "gemma2"),
+    ("models", "gemma3"),
     ("models", "bloom"),
     ("models", "marian"),
     ("models", "t5"),
@@ -105,6 +107,7 @@ const HF_FOLDERS: [(&str, &str); 27] = [
     ("train_model", "bloom"),
     ("train_model", "qwen3"),
     ("train_model", "gpt_neox"),
+    ("train_model", "gemma2"),
     ("train_model", "marian"),
     ("train_model", "t5"),
     ("train_model", "t5_gated"),

@@ -104,6 +104,8 @@ fn sliding_window_sequences_stepped_together_equal_each_alone() {
 #[test]
 fn gpt_neox_sequences_stepped_together_equal_each_alone() {
     check("gpt_neox");
+    check("gemma2");
+    check("gemma3");
 }
 
 #[test]

@@ -291,6 +291,13 @@ fn gpt_neox_trains_as_pytorch() {
     check_against_pytorch("gpt_neox");
 }
 
+/// Soft caps on scores and logits, the norms after each sub-layer, 1 + w RMSNorm,
+/// √C-scaled tied embeddings, GeGLU, a local and a global layer.
+#[test]
+fn gemma2_trains_as_pytorch() {
+    check_against_pytorch("gemma2");
+}
+
 #[test]
 fn bloom_trains_as_pytorch() {
     check_against_pytorch("bloom");

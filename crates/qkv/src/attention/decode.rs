@@ -220,7 +220,7 @@ fn one_split(
                 scorer.scale,
             );
             for (x, row) in scores.chunks_exact_mut(n).enumerate() {
-                if scorer.has_mask_or_bias() {
+                if scorer.needs_row_pass() {
                     scorer.apply_row(b, g * hg + x, i, j0, row);
                 }
                 let st = &mut state[i * hg + x];

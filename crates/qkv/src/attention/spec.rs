@@ -94,6 +94,9 @@ pub struct AttentionSpec<'a> {
     /// `true` where a query may attend to a key.
     pub mask: Option<Broadcast<'a, bool>>,
     pub bias: Option<Bias<'a>>,
+    /// Soft-caps the scaled scores, s ↦ cap·tanh(s/cap), before the bias and masks
+    /// (Gemma 2's `attn_logit_softcapping`).
+    pub softcap: Option<f32>,
     /// Return the `[B, H, T, S]` softmax weights too.
     pub want_weights: bool,
     pub kernel: Kernel,
@@ -189,6 +192,14 @@ pub(crate) fn validate_inner<E>(
     if spec.window == Some(0) {
         return Err(Error::invalid("window", "must be at least 1"));
     }
+    if let Some(cap) = spec.softcap {
+        if !(cap.is_finite() && cap > 0.0) {
+            return Err(Error::invalid(
+                "softcap",
+                format!("must be finite and > 0, got {cap}"),
+            ));
+        }
+    }
     if let Some(pad) = spec.key_padding {
         if pad.len() != b * s {
             return Err(Error::Shape {
@@ -240,6 +251,16 @@ pub(crate) fn validate_inner<E>(
     })
 }
 
+/// d(cap·tanh(s/cap))/ds at each raw scaled score s of `raw`, multiplied into the
+/// gradient `ds` of the capped scores: ds ← ds·(1 − tanh²(s/cap)). Masked entries
+/// have ds = 0 already.
+pub(crate) fn softcap_backward(cap: f32, raw: &[f32], ds: &mut [f32]) {
+    for (g, &s) in ds.iter_mut().zip(raw) {
+        let t = (s / cap).tanh();
+        *g *= 1.0 - t * t;
+    }
+}
+
 /// Applies a validated spec to score tiles. Shared by both kernels.
 pub(crate) struct Scorer<'s> {
     pub dims: Dims,
@@ -288,13 +309,22 @@ impl<'s> Scorer<'s> {
     }
 
     /// Whether any score needs more than the causal and window rules: key padding, a
-    /// mask or a bias.
-    pub fn has_mask_or_bias(&self) -> bool {
-        self.spec.key_padding.is_some() || self.spec.mask.is_some() || self.spec.bias.is_some()
+    /// mask, a bias or a soft cap.
+    pub fn needs_row_pass(&self) -> bool {
+        self.spec.key_padding.is_some()
+            || self.spec.mask.is_some()
+            || self.spec.bias.is_some()
+            || self.spec.softcap.is_some()
+    }
+
+    /// The soft cap, if the scores have one.
+    pub fn softcap(&self) -> Option<f32> {
+        self.spec.softcap
     }
 
     /// Turns raw scaled scores of query row i against keys `j0..j0 + row.len()` into
-    /// final logits: adds the bias and writes −∞ where a key is not allowed.
+    /// final logits: soft-caps them, adds the bias and writes −∞ where a key is not
+    /// allowed.
     pub fn apply_row(&self, b: usize, h: usize, i: usize, j0: usize, row: &mut [f32]) {
         let (lo, hi) = self.key_range(i);
         let s = self.dims.s;
@@ -316,6 +346,9 @@ impl<'s> Scorer<'s> {
             if !allowed {
                 *x = f32::NEG_INFINITY;
                 continue;
+            }
+            if let Some(cap) = self.spec.softcap {
+                *x = cap * (*x / cap).tanh();
             }
             if let Some(d) = dense {
                 *x += d[j];

@@ -151,7 +151,7 @@ fn query_block(
             out: &mut scratch.tile,
             out_stride: BLOCK_K,
         });
-        let whole = j0 >= lo_last && j0 + cols <= hi_first && !scorer.has_mask_or_bias();
+        let whole = j0 >= lo_last && j0 + cols <= hi_first && !scorer.needs_row_pass();
         if !whole {
             for r in 0..rows {
                 let row = &mut scratch.tile[r * BLOCK_K..r * BLOCK_K + cols];

@@ -115,7 +115,7 @@ pub(super) fn query_block(
         bf16::product(tile, q_rows, rows, &block.keys, false, Par::Single)
             .expect("operands sized from the block");
         tile.iter_mut().for_each(|s| *s *= scorer.scale);
-        let whole = j0 >= lo_last && j0 + cols <= hi_first && !scorer.has_mask_or_bias();
+        let whole = j0 >= lo_last && j0 + cols <= hi_first && !scorer.needs_row_pass();
         if !whole {
             for (r, row) in tile.chunks_exact_mut(cols).enumerate() {
                 scorer.apply_row(b, h, i0 + r, j0, row);

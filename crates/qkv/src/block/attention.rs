@@ -25,7 +25,8 @@ use crate::attention::{
     HeadsView, LayerKv,
 };
 use crate::error::{Error, Result};
-use crate::layers::{Linear, Norm, NormCache};
+use crate::layers::{maybe_norm, maybe_norm_backward};
+use crate::layers::{Linear, Norm, NormTape};
 use crate::position::Rope;
 use crate::tensor::Tensor;
 
@@ -109,8 +110,8 @@ pub struct AttnTape {
     /// `[B,T,H,D]` after RoPE
     q: Tensor,
     /// the per-head norms' inputs (`[B,T,H,D]`, `[B,S,G,D]`) and statistics
-    q_norm_in: Option<(Tensor, NormCache)>,
-    k_norm_in: Option<(Tensor, NormCache)>,
+    q_norm_in: Option<NormTape>,
+    k_norm_in: Option<NormTape>,
     /// self-attention's k `[B,S,G,D]` (after RoPE) and v `[B,S,G,Dv]`
     own_kv: Option<(Tensor, Tensor)>,
     /// `[B,T,H·Dv]` the merged heads, W_O's input
@@ -153,38 +154,6 @@ fn per_sequence_spec(spec: &AttentionSpec, over: &str) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// `x` `[.., D]` through a per-head norm, when there is one; with `keep`, also the
-/// norm's input and statistics for [`head_norm_backward`].
-fn head_norm(
-    norm: Option<&Norm>,
-    x: Tensor,
-    keep: bool,
-) -> Result<(Tensor, Option<(Tensor, NormCache)>)> {
-    let Some(norm) = norm else {
-        return Ok((x, None));
-    };
-    let mut stats = keep.then(NormCache::default);
-    let y = norm.forward_impl(&x, stats.as_mut())?;
-    Ok((y, stats.map(|s| (x, s))))
-}
-
-/// Backward of [`head_norm`] (with `keep`): dy → dx; **accumulates** into `grads`.
-fn head_norm_backward(
-    norm: Option<&Norm>,
-    kept: Option<(Tensor, NormCache)>,
-    dy: Tensor,
-    grads: Option<&mut Norm>,
-) -> Result<Tensor> {
-    match (norm, kept, grads) {
-        (None, _, _) => Ok(dy),
-        (Some(norm), Some((x, stats)), Some(grads)) => norm.backward(&dy, &x, &stats, grads),
-        (Some(_), _, _) => Err(Error::invalid(
-            "head norm",
-            "a backward needs the forward's norm inputs (run it with keep) and a gradient tree with the norm",
-        )),
-    }
 }
 
 /// q `[1,N,H,D]`, k `[1,N,G,D]` and v `[1,N,G,Dv]` cut into sequences of `lens`
@@ -452,7 +421,7 @@ impl MultiHeadAttention {
         x.expect_shape("x", &[None, None, Some(self.q.in_features())])?;
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (h, g, d) = (self.heads, self.kv_heads, self.head_dim());
-        let (mut q, q_norm_in) = head_norm(
+        let (mut q, q_norm_in) = maybe_norm(
             self.q_norm.as_ref(),
             self.q.forward(x)?.reshape(&[b, t, h, d])?,
             keep,
@@ -460,7 +429,7 @@ impl MultiHeadAttention {
         let (mut own, k_norm_in) = match keys {
             Keys::Own(_) | Keys::OwnPerRow(_) | Keys::OwnPacked(_) => {
                 let k = self.k.forward(x)?.reshape(&[b, t, g, d])?;
-                let (k, k_norm_in) = head_norm(self.k_norm.as_ref(), k, keep)?;
+                let (k, k_norm_in) = maybe_norm(self.k_norm.as_ref(), k, keep)?;
                 let v = self.v.forward(x)?.reshape(&[b, t, g, self.value_dim()])?;
                 (Some((k, v)), k_norm_in)
             }
@@ -583,9 +552,9 @@ impl MultiHeadAttention {
             }
         }
         // q = n_q(·), k = n_k(·) (self-attention's; cross_kv_backward undoes the cross k's)
-        let dq = head_norm_backward(self.q_norm.as_ref(), q_norm_in, dq, grads.q_norm.as_mut())?;
+        let dq = maybe_norm_backward(self.q_norm.as_ref(), q_norm_in, dq, grads.q_norm.as_mut())?;
         if own_kv.is_some() {
-            dk = head_norm_backward(self.k_norm.as_ref(), k_norm_in, dk, grads.k_norm.as_mut())?;
+            dk = maybe_norm_backward(self.k_norm.as_ref(), k_norm_in, dk, grads.k_norm.as_mut())?;
         }
         // q = W_Q·x
         let mut dx = self
@@ -621,7 +590,7 @@ impl MultiHeadAttention {
             .forward(memory)?
             .reshape(&[b, s, g, self.head_dim()])?;
         Ok(CrossKv {
-            k: head_norm(self.k_norm.as_ref(), k, false)?.0,
+            k: maybe_norm(self.k_norm.as_ref(), k, false)?.0,
             v: self
                 .v
                 .forward(memory)?
@@ -646,8 +615,8 @@ impl MultiHeadAttention {
         let dk = match &self.k_norm {
             Some(_) => {
                 let k = self.k.forward(memory)?.reshape(d.k.shape())?;
-                let kept = head_norm(self.k_norm.as_ref(), k, true)?.1;
-                head_norm_backward(self.k_norm.as_ref(), kept, d.k, grads.k_norm.as_mut())?
+                let kept = maybe_norm(self.k_norm.as_ref(), k, true)?.1;
+                maybe_norm_backward(self.k_norm.as_ref(), kept, d.k, grads.k_norm.as_mut())?
             }
             None => d.k,
         };

@@ -6,11 +6,15 @@
 //! so the branch's input gradient is added to the stream's. In a parallel block both
 //! branches read x, so d_out reaches each branch and x gathers all three gradients.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use super::attention::{Attend, AttnGrads, AttnTape, CrossKv, Keys, MultiHeadAttention};
 use crate::error::{Error, Result};
-use crate::layers::{FeedForward, FeedForwardCache, Norm, NormCache};
+use crate::layers::{
+    maybe_norm, maybe_norm_backward, FeedForward, FeedForwardCache, Norm, NormCache, NormTape,
+};
 use crate::tensor::Tensor;
 
 /// Where each sub-layer's norm sits relative to its branch f and the residual.
@@ -27,6 +31,10 @@ pub enum Residual {
     /// (GPT-NeoX's `use_parallel_residual`, GPT-J); the stack ends with a final norm.
     /// No cross-attention.
     Parallel,
+    /// out = x + post(f(norm(x))): a second norm on each branch's output before the
+    /// residual (Gemma 2 and 3's `post_attention_layernorm` / `post_feedforward_layernorm`);
+    /// the stack ends with a final norm.
+    Sandwich,
 }
 
 crate::module! {
@@ -40,6 +48,9 @@ crate::module! {
         pub cross: Option<MultiHeadAttention>,
         pub ffn_norm: Norm,
         pub ffn: FeedForward,
+        /// the norms on the branches' outputs, present exactly in a sandwich block
+        pub attn_post_norm: Option<Norm>,
+        pub ffn_post_norm: Option<Norm>,
     }
 }
 
@@ -78,6 +89,9 @@ pub struct BlockTape {
     attn: (ResTape, AttnTape),
     cross: Option<(ResTape, AttnTape)>,
     ffn: (ResTape, FeedForwardCache),
+    /// a sandwich block's post norms: their inputs (the branches' outputs) and statistics
+    attn_post: Option<NormTape>,
+    ffn_post: Option<NormTape>,
 }
 
 /// One layer's forward results.
@@ -122,7 +136,7 @@ fn sublayer<T>(
     let a = norm.forward_impl(&x, stats.as_mut())?;
     let (mut out, inner) = f(&a)?;
     match residual {
-        Residual::PreNorm => out.add_assign(&x)?,
+        Residual::PreNorm | Residual::Sandwich => out.add_assign(&x)?,
         Residual::PreNormFromNormed => out.add_assign(&a)?,
         // (post-norm returned above)
         Residual::Parallel | Residual::PostNorm => {}
@@ -158,8 +172,8 @@ fn sublayer_backward(
             dx.add_assign(&d_r)?;
             dx
         }
-        Residual::PreNorm => {
-            // out = x + f(a), a = norm(x)
+        Residual::PreNorm | Residual::Sandwich => {
+            // out = x + f(a), a = norm(x) (a sandwich's f ends with its post norm)
             let d_a = f_back(branch_in, &d_out)?;
             let mut dx = norm.backward(&d_a, norm_in, stats, grads)?;
             dx.add_assign(&d_out)?;
@@ -176,6 +190,19 @@ fn sublayer_backward(
             let d_a = f_back(branch_in, &d_out)?;
             norm.backward(&d_a, norm_in, stats, grads)?
         }
+    })
+}
+
+/// Backward of a branch's post norm (a sandwich block's), or dy itself without one.
+fn post_backward<'a>(
+    norm: Option<&Norm>,
+    tape: Option<NormTape>,
+    dy: &'a Tensor,
+    grads: Option<&mut Norm>,
+) -> Result<Cow<'a, Tensor>> {
+    Ok(match norm {
+        None => Cow::Borrowed(dy),
+        Some(_) => Cow::Owned(maybe_norm_backward(norm, tape, dy.clone(), grads)?),
     })
 }
 
@@ -203,7 +230,8 @@ impl Block {
         let input = parallel.then(|| x.clone());
         let (x, attn_res, attn) = sublayer(&self.attn_norm, rule.residual, x, keep, |a| {
             let r = self.attn.attend(a, own, &rule.attend, keep)?;
-            Ok((r.y, (r.tape, r.weights)))
+            let (y, post) = maybe_norm(self.attn_post_norm.as_ref(), r.y, keep)?;
+            Ok((y, (r.tape, r.weights, post)))
         })?;
         let (x, cross_parts) = match (&self.cross_norm, &self.cross, cross) {
             (Some(norm), Some(layer), Some(kv)) => {
@@ -227,14 +255,16 @@ impl Block {
                     Some(c) => self.ffn.forward_with_cache(a, c)?,
                     None => self.ffn.forward(a)?,
                 };
-                Ok((y, cache))
+                let (y, post) = maybe_norm(self.ffn_post_norm.as_ref(), y, keep)?;
+                Ok((y, (cache, post)))
             })?;
         if let (Some(branch), Some(input)) = (attn_branch, residual_in) {
             // x + attn(norm₁(x)) + ffn(norm₂(x))
             x.add_assign(&branch)?;
             x.add_assign(&input)?;
         }
-        let (attn_tape, weights) = attn;
+        let (attn_tape, weights, attn_post) = attn;
+        let (ffn_cache, ffn_post) = ffn_cache;
         let (cross_tape, cross_weights) = match cross_parts {
             Some((res, (tape, w))) => (res.zip(tape), w),
             None => (None, None),
@@ -244,6 +274,8 @@ impl Block {
                 attn,
                 cross: cross_tape,
                 ffn,
+                attn_post,
+                ffn_post,
             }),
             _ => None,
         };
@@ -269,6 +301,8 @@ impl Block {
             attn,
             cross: cross_tape,
             ffn,
+            attn_post,
+            ffn_post,
         } = tape;
         let (ffn_res, ffn_cache) = ffn;
         let parallel = rule.residual == Residual::Parallel;
@@ -280,7 +314,11 @@ impl Block {
             &ffn_res,
             d_out,
             &mut grads.ffn_norm,
-            |a, dy| self.ffn.backward(dy, a, &ffn_cache, &mut grads.ffn),
+            |a, dy| {
+                let post = self.ffn_post_norm.as_ref();
+                let dy = post_backward(post, ffn_post, dy, grads.ffn_post_norm.as_mut())?;
+                self.ffn.backward(&dy, a, &ffn_cache, &mut grads.ffn)
+            },
         )?;
         let (mut dx, d_input) = match d_branch {
             Some(d_out) => (d_out, Some(d_ffn)),
@@ -311,9 +349,11 @@ impl Block {
             dx,
             &mut grads.attn_norm,
             |a, dy| {
+                let post = self.attn_post_norm.as_ref();
+                let dy = post_backward(post, attn_post, dy, grads.attn_post_norm.as_mut())?;
                 let r =
                     self.attn
-                        .backward(a, None, &rule.attend, attn_tape, dy, &mut grads.attn)?;
+                        .backward(a, None, &rule.attend, attn_tape, &dy, &mut grads.attn)?;
                 dbias = r.dbias;
                 Ok(r.dx)
             },

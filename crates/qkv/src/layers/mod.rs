@@ -10,4 +10,4 @@ pub mod norm;
 pub use embedding::Embedding;
 pub use ffn::{FeedForward, FeedForwardCache};
 pub use linear::Linear;
-pub use norm::{Norm, NormCache, NormKind};
+pub use norm::{maybe_norm, maybe_norm_backward, Norm, NormCache, NormKind, NormTape};

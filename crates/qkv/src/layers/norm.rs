@@ -35,6 +35,8 @@ pub struct Norm {
     pub bias: Option<Tensor>,
     pub eps: f32,
     pub kind: NormKind,
+    /// The scale is 1 + weight, not weight (Gemma's RMSNorm, whose weights start at 0).
+    pub unit_offset: bool,
 }
 
 crate::module!(Norm { weight, bias });
@@ -87,7 +89,25 @@ impl Norm {
             bias,
             eps,
             kind,
+            unit_offset: false,
         })
+    }
+
+    /// The same norm scaling by 1 + weight (Gemma): a fresh one gets weights 0.
+    pub fn with_unit_offset(mut self) -> Self {
+        if !self.unit_offset {
+            self.weight.data_mut().iter_mut().for_each(|w| *w -= 1.0);
+        }
+        self.unit_offset = true;
+        self
+    }
+
+    /// The scale each column is multiplied by: the weight, or 1 + weight.
+    fn scale(&self) -> std::borrow::Cow<'_, [f32]> {
+        match self.unit_offset {
+            false => std::borrow::Cow::Borrowed(self.weight.data()),
+            true => self.weight.data().iter().map(|w| 1.0 + w).collect(),
+        }
     }
 
     /// `layer_norm {what}` or `rms_norm {what}`, naming a tensor in an error.
@@ -98,7 +118,7 @@ impl Norm {
         }
     }
 
-    /// Weight 1, bias 0 (when `bias`), as a freshly initialised layer.
+    /// Weight 1, bias 0 (when `bias`), as a freshly initialised layer (a scale of 1).
     pub fn identity(kind: NormKind, c: usize, bias: bool, eps: f32) -> Result<Self> {
         let ones = Tensor::from_fn(&[c], |_| 1.0);
         Norm::new(kind, ones, bias.then(|| Tensor::zeros(&[c])), eps)
@@ -124,7 +144,8 @@ impl Norm {
             cache.rstd.clear();
         }
         let mut y = x.clone();
-        let w = self.weight.data();
+        let scale = self.scale();
+        let w = &scale[..];
         let bias = self.bias.as_ref().map(Tensor::data);
         let row_stats = |row: &mut [f32]| {
             let (mean, r) = match self.kind {
@@ -213,7 +234,9 @@ impl Norm {
                 grads.weight.shape(),
             ));
         }
-        let w = self.weight.data();
+        // d(1 + w)/dw = 1: the weight's gradient is the scale's
+        let scale = self.scale();
+        let w = &scale[..];
         let (xs, gs) = (x.data(), dy.data());
         let mut dx = Tensor::zeros(x.shape());
         // dx row by row, then dw and db column block by column block: each row's and
@@ -298,6 +321,41 @@ impl Norm {
             }
         }
         Ok(dx)
+    }
+}
+
+/// What [`maybe_norm`] keeps for the backward: the norm's input and statistics.
+pub type NormTape = (Tensor, NormCache);
+
+/// `x` through `norm` when there is one (else `x` itself); with `keep`, also what
+/// [`maybe_norm_backward`] needs.
+pub fn maybe_norm(
+    norm: Option<&Norm>,
+    x: Tensor,
+    keep: bool,
+) -> Result<(Tensor, Option<NormTape>)> {
+    let Some(norm) = norm else {
+        return Ok((x, None));
+    };
+    let mut stats = keep.then(NormCache::default);
+    let y = norm.forward_impl(&x, stats.as_mut())?;
+    Ok((y, stats.map(|s| (x, s))))
+}
+
+/// Backward of [`maybe_norm`] (with `keep`): dy → dx; **accumulates** into `grads`.
+pub fn maybe_norm_backward(
+    norm: Option<&Norm>,
+    tape: Option<NormTape>,
+    dy: Tensor,
+    grads: Option<&mut Norm>,
+) -> Result<Tensor> {
+    match (norm, tape, grads) {
+        (None, _, _) => Ok(dy),
+        (Some(norm), Some((x, stats)), Some(grads)) => norm.backward(&dy, &x, &stats, grads),
+        (Some(n), _, _) => Err(Error::invalid(
+            n.label("backward"),
+            "needs the forward's input and statistics (run it with keep) and a gradient tree with the norm",
+        )),
     }
 }
 

@@ -70,9 +70,25 @@ impl ModelInfo {
         let mut position = position;
         if let Some(w) = a.window {
             position.push_str(&format!(", sliding window {w}"));
-            if a.window_from_layer > 0 {
-                position.push_str(&format!(" from layer {}", a.window_from_layer));
+            match &a.local_layers {
+                Some(flags) => {
+                    let layers: Vec<String> = (0..flags.len())
+                        .filter(|&l| a.is_local(l))
+                        .map(|l| l.to_string())
+                        .collect();
+                    position.push_str(&format!(" on layers {}", layers.join(",")));
+                }
+                None if a.window_from_layer > 0 => {
+                    position.push_str(&format!(" from layer {}", a.window_from_layer));
+                }
+                None => {}
             }
+        }
+        if let Some(theta) = a.local_rope_theta {
+            position.push_str(&format!(", local layers' RoPE θ={theta}"));
+        }
+        if let Some(cap) = a.softcap {
+            position.push_str(&format!(", scores soft-capped at {cap}"));
         }
         if a.scale == Some(1.0) {
             position.push_str(", unscaled scores");
@@ -88,6 +104,7 @@ impl ModelInfo {
                 Residual::PostNorm => "post-norm",
                 Residual::PreNormFromNormed => "pre-norm (residual after the norm)",
                 Residual::Parallel => "pre-norm, parallel attention and FFN",
+                Residual::Sandwich => "pre- and post-norm on each sub-layer",
             },
             if arch.embed.norm {
                 ", embedding norm"

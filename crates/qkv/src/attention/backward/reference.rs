@@ -4,7 +4,7 @@
 //! forward saved and checks the tiled kernel's use of the saved log-sum-exp.
 
 use super::super::reference::dot;
-use super::super::spec::Scorer;
+use super::super::spec::{softcap_backward, Scorer};
 use super::super::HeadsView;
 use super::grads::AttentionGrads;
 use crate::ops::softmax_rows;
@@ -35,6 +35,8 @@ pub(super) fn backward(
 
     let mut p = vec![0.0f32; t * s];
     let mut ds = vec![0.0f32; t * s];
+    // the scaled scores before a soft cap, for its derivative
+    let mut raw = vec![0.0f32; if scorer.softcap().is_some() { t * s } else { 0 }];
     for b in 0..dims.b {
         for h in 0..h_n {
             let g = dims.kv_head(h);
@@ -43,6 +45,9 @@ pub(super) fn backward(
                 let row = &mut p[i * s..(i + 1) * s];
                 for (j, x) in row.iter_mut().enumerate() {
                     *x = scale * dot(q.vector(b, i, h), k.vector(b, j, g));
+                }
+                if !raw.is_empty() {
+                    raw[i * s..(i + 1) * s].copy_from_slice(row);
                 }
                 scorer.apply_row(b, h, i, 0, row);
             }
@@ -63,6 +68,21 @@ pub(super) fn backward(
                 }
             }
 
+            // dbias = dS, summed over the axes the bias is broadcast along (the bias is
+            // added after the soft cap).
+            if let Some(db) = dbias.as_mut() {
+                let [bm, hm, _, _] = db.shape().try_into().expect("4-d bias");
+                let (bb, hh) = (if bm == 1 { 0 } else { b }, if hm == 1 { 0 } else { h });
+                let dst = &mut db.data_mut()[(bb * hm + hh) * t * s..][..t * s];
+                for (a, x) in dst.iter_mut().zip(&ds) {
+                    *a += x;
+                }
+            }
+            // dS of the raw scores, through the cap: cap·tanh(s/cap)
+            if let Some(cap) = scorer.softcap() {
+                softcap_backward(cap, &raw, &mut ds);
+            }
+
             for i in 0..t {
                 let p_row = &p[i * s..(i + 1) * s];
                 let ds_row = &ds[i * s..(i + 1) * s];
@@ -80,16 +100,6 @@ pub(super) fn backward(
                     // dV_j += P_ij · dO_i  (from O = P·V)
                     let dv_j = &mut dv_t.data_mut()[((b * s + j) * g_n + g) * dv..][..dv];
                     axpy(dv_j, p_row[j], d_o);
-                }
-            }
-
-            // dbias = dS, summed over the axes the bias is broadcast along.
-            if let Some(db) = dbias.as_mut() {
-                let [bm, hm, _, _] = db.shape().try_into().expect("4-d bias");
-                let (bb, hh) = (if bm == 1 { 0 } else { b }, if hm == 1 { 0 } else { h });
-                let dst = &mut db.data_mut()[(bb * hm + hh) * t * s..][..t * s];
-                for (a, x) in dst.iter_mut().zip(&ds) {
-                    *a += x;
                 }
             }
         }

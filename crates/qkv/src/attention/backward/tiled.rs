@@ -27,7 +27,7 @@ use rayon::prelude::*;
 use super::super::micro::{self, MulAcc, Scores, Strided, PANEL};
 use super::super::output::AttentionOutput;
 use super::super::packed::{Panels, Rows};
-use super::super::spec::{Dims, Scorer};
+use super::super::spec::{softcap_backward, Dims, Scorer};
 use super::super::view::HeadsView;
 use super::grads::AttentionGrads;
 use crate::tensor::Tensor;
@@ -41,6 +41,8 @@ struct Scratch {
     p: Vec<f32>,
     /// [BLOCK_Q, BLOCK_K]: dP, then dS, of the current tile
     ds: Vec<f32>,
+    /// [BLOCK_Q, BLOCK_K]: the tile's scaled scores before a soft cap (empty without one)
+    raw: Vec<f32>,
     /// [BLOCK_Q, D]: dQ of the current query block
     dq: Vec<f32>,
     /// [BLOCK_Q, D] and [BLOCK_Q, Dv]: the query block's rows of Q and dO, contiguous.
@@ -103,6 +105,14 @@ pub(super) fn backward(
         || Scratch {
             p: vec![0.0; BLOCK_Q * BLOCK_K],
             ds: vec![0.0; BLOCK_Q * BLOCK_K],
+            raw: vec![
+                0.0;
+                if scorer.softcap().is_some() {
+                    BLOCK_Q * BLOCK_K
+                } else {
+                    0
+                }
+            ],
             dq: vec![0.0; BLOCK_Q * d],
             q_rows: vec![0.0; BLOCK_Q * d],
             do_rows: vec![0.0; BLOCK_Q * dv],
@@ -218,9 +228,12 @@ fn query_block(
             out_stride: BLOCK_K,
         });
         // (2) P = exp(S − lse): the softmax, normalised by the forward's saved sum
-        let whole = j0 >= lo_last && j0 + cols <= hi_first && !scorer.has_mask_or_bias();
+        let whole = j0 >= lo_last && j0 + cols <= hi_first && !scorer.needs_row_pass();
         for r in 0..rows {
             let row = &mut sc.p[r * BLOCK_K..r * BLOCK_K + cols];
+            if !sc.raw.is_empty() {
+                sc.raw[r * BLOCK_K..r * BLOCK_K + cols].copy_from_slice(row);
+            }
             if !whole {
                 scorer.apply_row(b, h, i0 + r, j0, row);
             }
@@ -246,6 +259,20 @@ fn query_block(
             let ds_row = &mut sc.ds[r * BLOCK_K..r * BLOCK_K + cols];
             for (x, &pij) in ds_row.iter_mut().zip(p_row) {
                 *x = pij * (*x - dl);
+            }
+        }
+        // dbias = dS, from (1) S = cap(…) + bias
+        if let Some(dst) = ds_rows.as_deref_mut() {
+            for r in 0..rows {
+                dst[r * dims.s + j0..r * dims.s + j0 + cols]
+                    .copy_from_slice(&sc.ds[r * BLOCK_K..r * BLOCK_K + cols]);
+            }
+        }
+        // dS of the raw scores, through the cap: cap·tanh(s/cap)
+        if let Some(cap) = scorer.softcap() {
+            for r in 0..rows {
+                let span = r * BLOCK_K..r * BLOCK_K + cols;
+                softcap_backward(cap, &sc.raw[span.clone()], &mut sc.ds[span]);
             }
         }
         let p_t = Strided {
@@ -300,13 +327,6 @@ fn query_block(
             acc: &mut sc.dq,
             acc_stride: d,
         });
-        // dbias = dS, from (1) S = … + bias
-        if let Some(dst) = ds_rows.as_deref_mut() {
-            for r in 0..rows {
-                dst[r * dims.s + j0..r * dims.s + j0 + cols]
-                    .copy_from_slice(&sc.ds[r * BLOCK_K..r * BLOCK_K + cols]);
-            }
-        }
         j0 += cols;
     }
 }

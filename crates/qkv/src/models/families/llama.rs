@@ -281,27 +281,7 @@ fn window(cfg: &LlamaConfig, dir: &Path, variant: Variant) -> Result<(Option<usi
     }
     let layers = cfg.num_hidden_layers;
     let sliding: Vec<bool> = match &cfg.layer_types {
-        Some(types) => {
-            if types.len() != layers {
-                return Err(bad_field(
-                    dir,
-                    "layer_types",
-                    format!("lists {} layers, the model has {layers}", types.len()),
-                ));
-            }
-            types
-                .iter()
-                .map(|t| match t.as_str() {
-                    "full_attention" => Ok(false),
-                    "sliding_attention" => Ok(true),
-                    other => Err(bad_field(
-                        dir,
-                        "layer_types",
-                        format!("unknown layer type `{other}` (full_attention, sliding_attention)"),
-                    )),
-                })
-                .collect::<Result<_>>()?
-        }
+        Some(types) => sliding_layers(dir, types, layers)?,
         None => {
             let from = cfg.max_window_layers.unwrap_or(28);
             (0..layers).map(|l| l >= from).collect()
@@ -315,6 +295,30 @@ fn window(cfg: &LlamaConfig, dir: &Path, variant: Variant) -> Result<(Option<usi
         )));
     }
     Ok((if from < layers { size } else { None }, from))
+}
+
+/// transformers' `layer_types` (one of `full_attention`, `sliding_attention` per
+/// layer) as flags, true for sliding layers; errors name the field.
+pub(super) fn sliding_layers(dir: &Path, types: &[String], layers: usize) -> Result<Vec<bool>> {
+    if types.len() != layers {
+        return Err(bad_field(
+            dir,
+            "layer_types",
+            format!("lists {} layers, the model has {layers}", types.len()),
+        ));
+    }
+    types
+        .iter()
+        .map(|t| match t.as_str() {
+            "full_attention" => Ok(false),
+            "sliding_attention" => Ok(true),
+            other => Err(bad_field(
+                dir,
+                "layer_types",
+                format!("unknown layer type `{other}` (full_attention, sliding_attention)"),
+            )),
+        })
+        .collect()
 }
 
 /// Whether `arch` is exactly a Llama (so it saves as `LlamaForCausalLM`).

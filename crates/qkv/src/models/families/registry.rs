@@ -6,18 +6,20 @@ use serde_json::Value;
 
 use super::def::FamilyDef;
 use super::names::{self, Loc};
-use super::{bert, bloom, gpt2, gpt_neox, llama, marian, native, t5};
+use super::{bert, bloom, gemma, gpt2, gpt_neox, llama, marian, native, t5};
 use crate::error::Result;
 use crate::models::net::arch::Arch;
 
 /// The families, in the order `SUPPORTED` lists their architectures.
-static FAMILIES: [&FamilyDef; 11] = [
+static FAMILIES: [&FamilyDef; 13] = [
     &bert::BERT,
     &gpt2::GPT2,
     &llama::LLAMA,
     &llama::MISTRAL,
     &llama::QWEN2,
     &llama::QWEN3,
+    &gemma::GEMMA2,
+    &gemma::GEMMA3,
     &bloom::BLOOM,
     &gpt_neox::GPT_NEOX,
     &marian::MARIAN,
@@ -67,7 +69,7 @@ impl Family {
         Family(FAMILIES.iter().find(fits).copied().unwrap_or(&native::QKV))
     }
 
-    /// `bert`, `gpt2`, `llama`, `mistral`, `qwen2`, `qwen3`, `bloom`, `gpt_neox`, `marian`, `t5`, `qkv`.
+    /// `bert`, `gpt2`, `llama`, `mistral`, `qwen2`, `qwen3`, `gemma2`, `gemma3_text`, `bloom`, `gpt_neox`, `marian`, `t5`, `qkv`.
     pub fn name(self) -> &'static str {
         self.0.name
     }

@@ -34,6 +34,10 @@ pub struct Arch {
     pub ffn: FfnArch,
     pub embed: EmbedArch,
     pub head: Head,
+    /// The head's logits soft-capped to (−cap, cap): cap·tanh(z/cap) (Gemma 2's
+    /// `final_logit_softcapping`).
+    #[serde(default)]
+    pub logit_softcap: Option<f32>,
 }
 
 /// One stack's sizes.
@@ -115,9 +119,12 @@ pub struct NormSpec {
     pub eps: f32,
     /// LayerNorm with a bias
     pub bias: bool,
+    /// Each norm scales by 1 + weight (Gemma's RMSNorm)
+    #[serde(default)]
+    pub unit_offset: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AttentionArch {
     /// Biases on W_Q, W_K, W_V.
     pub qkv_bias: bool,
@@ -139,6 +146,29 @@ pub struct AttentionArch {
     /// projections, before RoPE (Qwen3's `q_norm` / `k_norm`).
     #[serde(default)]
     pub qk_norm: bool,
+    /// Scores soft-capped to (−cap, cap) after scaling: cap·tanh(s/cap) (Gemma 2's
+    /// `attn_logit_softcapping`).
+    #[serde(default)]
+    pub softcap: Option<f32>,
+    /// Which decoder layers are local, one flag per layer: they attend through the
+    /// sliding window (and with the local RoPE base when there is one). `None`: the
+    /// layers from `window_from_layer` up. (Gemma's alternating layers.)
+    #[serde(default)]
+    pub local_layers: Option<Vec<bool>>,
+    /// The RoPE base of local layers, when it differs from the global one (Gemma 3's
+    /// `rope_local_base_freq`).
+    #[serde(default)]
+    pub local_rope_theta: Option<f32>,
+}
+
+impl AttentionArch {
+    /// Whether decoder layer `l` is local (sliding window, local RoPE base).
+    pub fn is_local(&self, l: usize) -> bool {
+        match &self.local_layers {
+            Some(flags) => flags.get(l).copied().unwrap_or(false),
+            None => l >= self.window_from_layer,
+        }
+    }
 }
 
 /// The feed-forward network: `W₂·act(W₁x)`, or gated `W₂·(act(W₁x) ⊙ W₃x)`.
@@ -228,6 +258,7 @@ impl Arch {
                 kind: NormKind::LayerNorm,
                 eps: 1e-5,
                 bias: true,
+                unit_offset: false,
             },
             residual: Residual::PreNorm,
             attention: AttentionArch {
@@ -238,6 +269,9 @@ impl Arch {
                 window: None,
                 window_from_layer: 0,
                 qk_norm: false,
+                softcap: None,
+                local_layers: None,
+                local_rope_theta: None,
             },
             ffn: FfnArch {
                 activation: Activation::GeluTanh,
@@ -246,6 +280,7 @@ impl Arch {
             },
             embed: EmbedArch::default(),
             head: Head::lm(true),
+            logit_softcap: None,
         }
     }
 
@@ -276,6 +311,7 @@ impl Arch {
             kind: NormKind::RmsNorm,
             eps: 1e-6,
             bias: false,
+            unit_offset: false,
         };
         a.attention.qkv_bias = false;
         a.attention.out_bias = false;
@@ -444,6 +480,38 @@ impl Arch {
                 return bad("attention.scale", format!("must be finite, got {s}"));
             }
         }
+        for (field, v) in [
+            ("attention.softcap", self.attention.softcap),
+            ("logit_softcap", self.logit_softcap),
+        ] {
+            if v.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+                return bad(field, format!("must be finite and > 0, got {v:?}"));
+            }
+        }
+        if matches!(self.residual, Residual::Parallel | Residual::Sandwich)
+            && self.kind() == ModelKind::EncoderDecoder
+        {
+            return bad(
+                "residual",
+                "parallel and sandwich layers have no place for cross-attention".into(),
+            );
+        }
+        if let Some(t) = self.attention.local_rope_theta {
+            if !(t.is_finite() && t > 1.0 && matches!(self.position, Position::Rope { .. })) {
+                return bad(
+                    "attention.local_rope_theta",
+                    format!("a RoPE base, finite and > 1, for a RoPE model; got {t}"),
+                );
+            }
+        }
+        if let (Some(flags), Some(d)) = (&self.attention.local_layers, self.decoder) {
+            if flags.len() != d.layers {
+                return bad(
+                    "attention.local_layers",
+                    format!("{} flags for {} decoder layers", flags.len(), d.layers),
+                );
+            }
+        }
         if self.src_vocab.is_some() && self.kind() != ModelKind::EncoderDecoder {
             return bad(
                 "src_vocab",
@@ -466,14 +534,20 @@ impl Arch {
     }
 
     /// A decoder-only model with plain token embeddings, a plain LM head (tied or not)
-    /// and none of the block options the newer families added (per-head q/k norms):
-    /// what GPT-2's and Llama's configs can describe.
+    /// and none of the block options the newer families added (per-head q/k norms,
+    /// soft caps, norms scaling by 1 + w, per-layer windows and RoPE bases): what
+    /// GPT-2's and Llama's configs can describe.
     pub fn plain_decoder(&self) -> bool {
         self.encoder.is_none()
             && self.decoder.is_some()
             && self.embed == EmbedArch::default()
             && self.head == Head::lm(self.head.tied())
+            && self.logit_softcap.is_none()
+            && !self.norm.unit_offset
             && !self.attention.qk_norm
+            && self.attention.softcap.is_none()
+            && self.attention.local_layers.is_none()
+            && self.attention.local_rope_theta.is_none()
     }
 
     /// What kind of model this is.

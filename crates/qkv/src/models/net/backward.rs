@@ -87,6 +87,20 @@ impl Net<'_> {
     /// Backward of [`Net::head`]: dlogits `[B,T,V]` → dh `[B,T,C]`.
     fn head_backward(&self, tape: HeadTape, dl: &Tensor, g: &mut Weights) -> Result<Tensor> {
         let hw = &self.w.head;
+        // logits = cap·tanh(z/cap): dz = dl·(1 − (logits/cap)²)
+        let uncapped;
+        let dl = match (self.arch.logit_softcap, &tape.capped) {
+            (Some(cap), Some(capped)) => {
+                let mut dz = dl.clone();
+                for (g, &y) in dz.data_mut().iter_mut().zip(capped.data()) {
+                    let t = y / cap;
+                    *g *= 1.0 - t * t;
+                }
+                uncapped = dz;
+                &uncapped
+            }
+            _ => dl,
+        };
         let table = &self.w.embed_tokens.weight;
         match (self.arch.head, tape.mlm) {
             (Head::None, _) => Ok(dl.clone()),

@@ -14,7 +14,7 @@ use crate::batch::limit_positions;
 use crate::block::{Attend, BlockTape, CrossKv, Keys, LayerRule};
 use crate::error::{Error, Result};
 use crate::layers::linear::product_into;
-use crate::layers::{Embedding, Norm, NormCache};
+use crate::layers::{maybe_norm, Embedding, NormCache};
 use crate::models::net::arch::{Arch, Head, Position, StackDims};
 use crate::models::net::weights::{Stack, Weights};
 use crate::position::sinusoidal::sinusoidal_value;
@@ -107,11 +107,15 @@ pub(crate) struct HeadTape {
     /// masked LM: the dense output (before the activation), the norm's input and
     /// statistics, and the norm's output (what meets the table)
     pub mlm: Option<(Tensor, Tensor, NormCache, Tensor)>,
+    /// `[B,T,V]` the soft-capped logits, for the cap's derivative
+    pub capped: Option<Tensor>,
 }
 
 /// Owned values that a stack's attention rules borrow.
 pub(crate) struct Env {
     rope: Option<Rope>,
+    /// local layers' RoPE, when their base differs (Gemma 3)
+    local_rope: Option<Rope>,
     slopes: Vec<f32>,
     /// `[1, H, T, S]` a dense score bias (T5's relative bias, an encoder's ALiBi)
     dense: Option<Tensor>,
@@ -213,8 +217,23 @@ impl<'m> Net<'m> {
             }
             _ => None,
         };
+        // local layers rotate with their own base and no scaling (Gemma 3's
+        // `rope_local_base_freq`, as transformers builds its local rotary embedding)
+        let local_rope = match (self.arch.position, self.arch.attention.local_rope_theta) {
+            (Position::Rope { rotary_dim, .. }, Some(theta)) => {
+                let rotary = rotary_dim.unwrap_or(dims.head_dim);
+                Some(Rope::partial(
+                    dims.head_dim,
+                    rotary,
+                    theta,
+                    RopeLayout::HalfSplit,
+                )?)
+            }
+            _ => None,
+        };
         Ok(Env {
             rope,
+            local_rope,
             slopes: alibi_slopes(dims.heads),
             dense,
         })
@@ -239,6 +258,7 @@ impl<'m> Net<'m> {
         }
         let base = AttentionSpec {
             scale,
+            softcap: a.softcap,
             want_weights: weights,
             kernel: self.kernel,
             ..Default::default()
@@ -250,22 +270,23 @@ impl<'m> Net<'m> {
             }),
             _ => None,
         };
+        let local = side == Side::Decoder && a.is_local(l);
         let spec = AttentionSpec {
             causal: (side == Side::Decoder).then_some(CausalAlign::BottomRight),
-            window: if side == Side::Decoder && l >= a.window_from_layer {
-                a.window
-            } else {
-                None
-            },
+            window: if local { a.window } else { None },
             key_padding: real_keys(&input.key_padding),
             bias,
             ..base
+        };
+        let rope = match (&env.local_rope, local) {
+            (Some(r), true) => Some(r),
+            _ => env.rope.as_ref(),
         };
         Ok(LayerRule {
             residual: self.arch.residual,
             attend: Attend {
                 spec,
-                rope: env.rope.as_ref().map(|r| (r, input.positions.as_slice())),
+                rope: rope.map(|r| (r, input.positions.as_slice())),
                 bias_grad: matches!(self.arch.position, Position::Relative { .. }),
             },
             cross: Attend {
@@ -292,7 +313,7 @@ impl<'m> Net<'m> {
         let stack = self.stack_weights(side);
         let (b, t, c) = (input.b, input.t, self.arch.d_model);
         let x = self.embed(side, &input)?;
-        let (x, embed_norm) = norm_keep(stack.embed_norm.as_ref(), x, keep)?;
+        let (x, embed_norm) = maybe_norm(stack.embed_norm.as_ref(), x, keep)?;
         let mut x = x.reshape(&[b, t, c])?;
         let env = self.env(side, &input)?;
         let cross_padding = enc.map(|e| e.key_padding.as_slice());
@@ -320,7 +341,7 @@ impl<'m> Net<'m> {
             out.weights.extend(r.weights);
             out.cross_weights.extend(r.cross_weights);
         }
-        let (x, final_norm) = norm_keep(stack.final_norm.as_ref(), x, keep)?;
+        let (x, final_norm) = maybe_norm(stack.final_norm.as_ref(), x, keep)?;
         out.h = x;
         out.tape = keep.then_some(StackTape {
             input,
@@ -427,7 +448,14 @@ impl<'m> Net<'m> {
         if let Some(b) = self.logits_bias {
             add_rows(&mut logits, b);
         }
-        let tape = keep.then_some(HeadTape { h, mlm });
+        if let Some(cap) = self.arch.logit_softcap {
+            logits
+                .data_mut()
+                .iter_mut()
+                .for_each(|z| *z = cap * (*z / cap).tanh());
+        }
+        let capped = (keep && self.arch.logit_softcap.is_some()).then(|| logits.clone());
+        let tape = keep.then_some(HeadTape { h, mlm, capped });
         Ok((logits, tape))
     }
 }
@@ -435,20 +463,6 @@ impl<'m> Net<'m> {
 /// A key padding mask, or none when every key is real (so the kernels skip the test).
 fn real_keys(mask: &[bool]) -> Option<&[bool]> {
     mask.contains(&false).then_some(mask)
-}
-
-/// x through `norm` when there is one, with its input and statistics kept when `keep`.
-fn norm_keep(
-    norm: Option<&Norm>,
-    x: Tensor,
-    keep: bool,
-) -> Result<(Tensor, Option<(Tensor, NormCache)>)> {
-    let Some(norm) = norm else {
-        return Ok((x, None));
-    };
-    let mut stats = keep.then(NormCache::default);
-    let y = norm.forward_impl(&x, stats.as_mut())?;
-    Ok((y, stats.map(|s| (x, s))))
 }
 
 /// s·h·Wᵀ: h `[.., C]`, W `[V, C]` (read transposed in place) → `[.., V]`.

@@ -88,7 +88,14 @@ impl Weights {
     pub fn new(arch: &Arch) -> Result<Self> {
         let c = arch.d_model;
         let table = |rows: usize| Embedding::new(Tensor::zeros(&[rows, c]));
-        let norm = || Norm::identity(arch.norm.kind, c, arch.norm.bias, arch.norm.eps);
+        let norm_of = |width: usize| {
+            let n = Norm::identity(arch.norm.kind, width, arch.norm.bias, arch.norm.eps)?;
+            Ok::<_, crate::error::Error>(match arch.norm.unit_offset {
+                true => n.with_unit_offset(),
+                false => n,
+            })
+        };
+        let norm = || norm_of(c);
         let linear = |out: usize, inp: usize, bias: bool| {
             Linear::new(
                 Tensor::zeros(&[out, inp]),
@@ -99,7 +106,7 @@ impl Weights {
             let Some(s) = dims else { return Ok(None) };
             let (h, g, d) = (s.heads, s.kv_heads, s.head_dim);
             let a = &arch.attention;
-            let head_norm = || Norm::identity(arch.norm.kind, d, arch.norm.bias, arch.norm.eps);
+            let head_norm = || norm_of(d);
             let attention = || {
                 let mha = MultiHeadAttention::new(
                     linear(h * d, c, a.qkv_bias)?,
@@ -115,6 +122,7 @@ impl Weights {
                 }
             };
             let f = &arch.ffn;
+            let sandwich = arch.residual == crate::block::Residual::Sandwich;
             let layers = (0..s.layers)
                 .map(|_| {
                     Ok(Block {
@@ -123,6 +131,8 @@ impl Weights {
                         cross_norm: cross.then(norm).transpose()?,
                         cross: cross.then(attention).transpose()?,
                         ffn_norm: norm()?,
+                        attn_post_norm: sandwich.then(norm).transpose()?,
+                        ffn_post_norm: sandwich.then(norm).transpose()?,
                         ffn: FeedForward::new(
                             linear(s.ffn_dim, c, f.bias)?,
                             f.gated.then(|| linear(s.ffn_dim, c, f.bias)).transpose()?,
@@ -216,6 +226,11 @@ impl Weights {
                 if cross { norm } else { Some(0) },
                 if cross { attention } else { Some(0) },
                 norm,
+                if arch.residual == crate::block::Residual::Sandwich {
+                    norm?.checked_mul(2)
+                } else {
+                    Some(0)
+                },
                 up,
                 if f.gated { up } else { Some(0) },
                 linear(c, s.ffn_dim, f.bias),

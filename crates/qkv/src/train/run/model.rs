@@ -123,11 +123,13 @@ pub fn arch(request: &RunRequest, vocab: usize, len: usize) -> Result<Arch> {
                 kind: NormKind::LayerNorm,
                 eps: 1e-5,
                 bias: a.attention.qkv_bias,
+                unit_offset: false,
             },
             NormChoice::RmsNorm => NormSpec {
                 kind: NormKind::RmsNorm,
                 eps: 1e-6,
                 bias: false,
+                unit_offset: false,
             },
         };
     }

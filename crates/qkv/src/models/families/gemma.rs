@@ -1,0 +1,247 @@
+//! Gemma 2 and Gemma 3's text model (`Gemma2ForCausalLM`, `Gemma3ForCausalLM`): a
+//! Llama-like decoder with its own choices at almost every step.
+//!
+//! - token embeddings multiplied by √C;
+//! - RMSNorm scaling by 1 + w (its weights start at 0);
+//! - a norm before and after each sub-layer (`input_layernorm`, `post_attention_layernorm`,
+//!   `pre_feedforward_layernorm`, `post_feedforward_layernorm`);
+//! - GeGLU (`gelu_pytorch_tanh`) in the feed-forward block;
+//! - scores scaled by `query_pre_attn_scalar`^−½ rather than D^−½;
+//! - local (sliding-window) and global layers by `layer_types`, alternating in Gemma 2
+//!   and five local to one global in Gemma 3;
+//! - Gemma 2 soft-caps the attention scores (`attn_logit_softcapping`) and the final
+//!   logits (`final_logit_softcapping`);
+//! - Gemma 3 normalises each query and key head (`q_norm`, `k_norm`, also 1 + w) and
+//!   rotates local layers with their own base (`rope_local_base_freq`, unscaled), global
+//!   ones with `rope_theta` and `rope_scaling`.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::def::{as_given, no_aliases, FamilyDef, ReadConfig};
+use super::llama::{rope_settings, sliding_layers, RopeFields};
+use super::names::{same, Name};
+use super::special::TokenIds;
+use crate::block::Residual;
+use crate::error::{Error, Result};
+use crate::io::{bad_field, epsilon, read_config};
+use crate::models::net::arch::{Arch, Head, Position, StackDims};
+use crate::ops::Activation;
+use crate::position::rope_scaling::HfRopeConfig;
+
+pub(crate) static GEMMA2: FamilyDef = gemma("gemma2", &["Gemma2ForCausalLM"], |dir, _, _| {
+    read(dir, Version::Two)
+});
+
+pub(crate) static GEMMA3: FamilyDef = gemma("gemma3_text", &["Gemma3ForCausalLM"], |dir, _, _| {
+    read(dir, Version::Three)
+});
+
+const fn gemma(
+    name: &'static str,
+    architectures: &'static [&'static str],
+    read: ReadConfig,
+) -> FamilyDef {
+    FamilyDef {
+        name,
+        architectures,
+        read,
+        names,
+        prefix: "model.",
+        aliases: no_aliases,
+        special: as_given,
+        fresh: None,
+        native: false,
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Version {
+    Two,
+    Three,
+}
+
+/// `config.json` of Gemma 2 (`Gemma2Config`) or Gemma 3's text model
+/// (`Gemma3TextConfig`), with transformers' defaults where the file is silent.
+#[derive(Deserialize)]
+struct GemmaConfig {
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    #[serde(default = "default_head_dim")]
+    head_dim: usize,
+    /// `hidden_act` in the first Gemma configs
+    #[serde(alias = "hidden_act")]
+    hidden_activation: Option<String>,
+    max_position_embeddings: Option<usize>,
+    #[serde(default = "crate::io::eps::<6>")]
+    rms_norm_eps: f64,
+    #[serde(default = "crate::io::yes")]
+    tie_word_embeddings: bool,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<HfRopeConfig>,
+    rope_parameters: Option<HfRopeConfig>,
+    rope_local_base_freq: Option<f64>,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default = "default_head_dim")]
+    query_pre_attn_scalar: usize,
+    sliding_window: Option<usize>,
+    layer_types: Option<Vec<String>>,
+    /// Gemma 3's period of local and global layers when `layer_types` is absent
+    sliding_window_pattern: Option<usize>,
+    final_logit_softcapping: Option<f64>,
+    attn_logit_softcapping: Option<f64>,
+    #[serde(default)]
+    use_bidirectional_attention: bool,
+    #[serde(flatten)]
+    tokens: TokenIds,
+}
+
+fn default_head_dim() -> usize {
+    256
+}
+
+/// `dir/config.json` as an [`Arch`], checked; errors name the field at fault.
+fn read(dir: &Path, version: Version) -> Result<(Arch, TokenIds)> {
+    let cfg: GemmaConfig = read_config(dir)?;
+    crate::positive!(dir, cfg; vocab_size, hidden_size, intermediate_size, num_attention_heads, head_dim, query_pre_attn_scalar)?;
+    if cfg.use_bidirectional_attention {
+        return Err(Error::Unsupported(format!(
+            "bidirectional Gemma 3 (EmbeddingGemma) ({}, field `use_bidirectional_attention`)",
+            dir.join("config.json").display()
+        )));
+    }
+    let (heads, layers) = (cfg.num_attention_heads, cfg.num_hidden_layers);
+    let kv_heads = cfg.num_key_value_heads.unwrap_or(heads);
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        return Err(bad_field(
+            dir,
+            "num_key_value_heads",
+            format!("{kv_heads} key/value heads must divide num_attention_heads = {heads}"),
+        ));
+    }
+    if !cfg.head_dim.is_multiple_of(2) {
+        return Err(bad_field(
+            dir,
+            "head_dim",
+            format!("RoPE needs an even head width, got {}", cfg.head_dim),
+        ));
+    }
+    let max_positions = cfg.max_position_embeddings.unwrap_or(match version {
+        Version::Two => 8192,
+        Version::Three => 131_072,
+    });
+    let rope = RopeFields {
+        theta: cfg.rope_theta,
+        scaling: cfg.rope_scaling.as_ref(),
+        parameters: cfg.rope_parameters.as_ref(),
+    };
+    let (theta, scaling) = rope_settings(rope, dir, max_positions)?;
+    let mut arch = Arch::llama(cfg.vocab_size, cfg.hidden_size, layers, heads, kv_heads, 0);
+    arch.decoder = Some(StackDims {
+        layers,
+        heads,
+        kv_heads,
+        head_dim: cfg.head_dim,
+        ffn_dim: cfg.intermediate_size,
+    });
+    arch.position = Position::Rope {
+        theta,
+        scaling,
+        max_len: Some(max_positions),
+        rotary_dim: None,
+    };
+    arch.norm.eps = epsilon(dir, "rms_norm_eps", cfg.rms_norm_eps)?;
+    arch.norm.unit_offset = true;
+    arch.residual = Residual::Sandwich;
+    arch.embed.scale = true;
+    arch.embed.padding_idx = cfg.tokens.pad();
+    let a = &mut arch.attention;
+    a.qkv_bias = cfg.attention_bias;
+    a.out_bias = cfg.attention_bias;
+    a.scale = Some((cfg.query_pre_attn_scalar as f64).powf(-0.5) as f32);
+    let cap = |field: &str, v: Option<f64>| match v {
+        Some(c) if !(c.is_finite() && c > 0.0) => Err(bad_field(
+            dir,
+            field,
+            format!("a soft cap must be finite and > 0, got {c}"),
+        )),
+        v => Ok(v.map(|c| c as f32)),
+    };
+    a.softcap = cap("attn_logit_softcapping", cfg.attn_logit_softcapping)?;
+    arch.logit_softcap = cap("final_logit_softcapping", cfg.final_logit_softcapping)?;
+    let local = match (&cfg.layer_types, version) {
+        (Some(types), _) => sliding_layers(dir, types, layers)?,
+        // transformers' defaults: every other layer from the first (Gemma 2), five of
+        // every six (Gemma 3)
+        (None, Version::Two) => (0..layers).map(|l| (l + 1) % 2 != 0).collect(),
+        (None, Version::Three) => {
+            let period = cfg.sliding_window_pattern.unwrap_or(6).max(1);
+            (0..layers).map(|l| (l + 1) % period != 0).collect()
+        }
+    };
+    let window = cfg.sliding_window.unwrap_or(4096);
+    if window == 0 {
+        return Err(bad_field(dir, "sliding_window", "must be at least 1"));
+    }
+    let a = &mut arch.attention;
+    a.window = local.contains(&true).then_some(window);
+    a.local_layers = Some(local);
+    if version == Version::Three {
+        a.qk_norm = true;
+        let base = cfg.rope_local_base_freq.unwrap_or(10_000.0);
+        if !(base.is_finite() && base > 1.0) {
+            return Err(bad_field(
+                dir,
+                "rope_local_base_freq",
+                format!("must be finite and > 1, got {base}"),
+            ));
+        }
+        a.local_rope_theta = Some(base as f32);
+    }
+    let act = cfg
+        .hidden_activation
+        .as_deref()
+        .unwrap_or("gelu_pytorch_tanh");
+    arch.ffn.activation = Activation::from_hf_name(act)
+        .map_err(|e| bad_field(dir, "hidden_activation", e.to_string()))?;
+    arch.head = Head::lm(cfg.tie_word_embeddings);
+    Ok((arch, cfg.tokens))
+}
+
+/// The name table: qkv's modules → Gemma's (see [`Name`]).
+fn names(_: &Arch) -> Vec<Name> {
+    let mut t = vec![
+        same("embed_tokens", "model.embed_tokens"),
+        same("head.lm_head", "lm_head"),
+        same("decoder.final_norm", "model.norm"),
+    ];
+    let layer = [
+        ("attn_norm", "input_layernorm"),
+        ("attn_post_norm", "post_attention_layernorm"),
+        ("ffn_norm", "pre_feedforward_layernorm"),
+        ("ffn_post_norm", "post_feedforward_layernorm"),
+        ("attn.q", "self_attn.q_proj"),
+        ("attn.k", "self_attn.k_proj"),
+        ("attn.v", "self_attn.v_proj"),
+        ("attn.o", "self_attn.o_proj"),
+        ("attn.q_norm", "self_attn.q_norm"),
+        ("attn.k_norm", "self_attn.k_norm"),
+        // FeedForward's `up` is the activated branch: Gemma's gate_proj
+        ("ffn.up", "mlp.gate_proj"),
+        ("ffn.gate_up", "mlp.up_proj"),
+        ("ffn.down", "mlp.down_proj"),
+    ];
+    for (qkv, hf) in layer {
+        t.push(same(
+            &format!("decoder.layers.{{l}}.{qkv}"),
+            &format!("model.layers.{{l}}.{hf}"),
+        ));
+    }
+    t
+}
