@@ -44,6 +44,38 @@ impl TokenBatch {
         })
     }
 
+    /// These rows with `next`'s columns after them (as many rows).
+    pub fn append(&self, next: &TokenBatch) -> Result<TokenBatch> {
+        if next.batch != self.batch {
+            return Err(Error::invalid(
+                "input_ids",
+                format!("{} rows to append to {}", next.batch, self.batch),
+            ));
+        }
+        let len = self.len + next.len;
+        let (mut ids, mut mask) = (Vec::with_capacity(self.batch * len), Vec::new());
+        for r in 0..self.batch {
+            ids.extend_from_slice(&self.ids[r * self.len..][..self.len]);
+            ids.extend_from_slice(&next.ids[r * next.len..][..next.len]);
+            mask.extend_from_slice(&self.mask[r * self.len..][..self.len]);
+            mask.extend_from_slice(&next.mask[r * next.len..][..next.len]);
+        }
+        TokenBatch::new(ids, Some(mask), self.batch, len)
+    }
+
+    /// Row `rows[i]` of these as row i (a beam search keeping its best beams).
+    pub fn select_rows(&self, rows: &[usize]) -> Result<TokenBatch> {
+        let (mut ids, mut mask) = (Vec::new(), Vec::new());
+        for &r in rows {
+            if r >= self.batch {
+                return Err(Error::invalid("rows", format!("row {r} of {}", self.batch)));
+            }
+            ids.extend_from_slice(&self.ids[r * self.len..][..self.len]);
+            mask.extend_from_slice(&self.mask[r * self.len..][..self.len]);
+        }
+        TokenBatch::new(ids, Some(mask), rows.len(), self.len)
+    }
+
     /// One unpadded row.
     pub fn single(ids: Vec<usize>) -> Result<Self> {
         let len = ids.len();

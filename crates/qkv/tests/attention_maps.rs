@@ -49,6 +49,7 @@ fn self_attention_weights_match_transformers() {
         "gpt_neox",
         "gemma2",
         "gemma3",
+        "phi3",
         "bloom",
     ] {
         let m = load(name);

@@ -72,7 +72,7 @@ fn check_rope_scaled(case: &str) {
     let scaling = config.resolve(max_positions).unwrap();
     let rope = Rope::new(d, base, RopeLayout::HalfSplit)
         .unwrap()
-        .with_scaling(scaling)
+        .with_scaling(scaling.clone())
         .unwrap();
     let max_pos = *positions(&f).iter().max().unwrap();
     assert_close(

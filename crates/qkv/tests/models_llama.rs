@@ -166,13 +166,13 @@ fn load_error(dir: &EditedFixture) -> Error {
 #[test]
 fn unknown_rope_scaling_type_is_unsupported_and_named() {
     let v4 = EditedFixture::new("llama_gqa", |c| {
-        c["rope_scaling"] = serde_json::json!({"rope_type": "longrope", "factor": 4.0});
+        c["rope_scaling"] = serde_json::json!({"rope_type": "ntk_by_parts", "factor": 4.0});
     });
     let err = load_error(&v4);
     let msg = err.to_string();
     assert!(matches!(err, Error::Unsupported(_)), "{msg}");
     assert!(
-        msg.contains("`longrope`") && msg.contains("rope_scaling"),
+        msg.contains("`ntk_by_parts`") && msg.contains("rope_scaling"),
         "{msg}"
     );
 
@@ -208,6 +208,21 @@ fn incomplete_or_bad_scaling_parameters_name_the_field() {
         (
             serde_json::json!({"rope_type": "dynamic"}),
             "rope_scaling.factor",
+        ),
+        (
+            serde_json::json!({"rope_type": "longrope", "long_factor": [1.0, 1.0, 1.0, 1.0]}),
+            "rope_scaling.short_factor",
+        ),
+        // heads of 8 rotate 4 pairs
+        (
+            serde_json::json!({"rope_type": "longrope", "short_factor": [1.0, 1.0, 1.0],
+                               "long_factor": [1.0, 1.0, 1.0, 1.0]}),
+            "rope_scaling.short_factor",
+        ),
+        (
+            serde_json::json!({"rope_type": "longrope", "short_factor": [1.0, 1.0, 1.0, 0.0],
+                               "long_factor": [1.0, 1.0, 1.0, 1.0]}),
+            "rope_scaling.short_factor[3]",
         ),
         // a ramp that runs backwards (transformers warns and runs it)
         (

@@ -80,7 +80,7 @@ fn layout(dir: &Path) -> BTreeMap<String, Vec<usize>> {
         .collect()
 }
 
-const HF_FOLDERS: [(&str, &str); 30] = [
+const HF_FOLDERS: [(&str, &str); 32] = [
     ("models", "bert"),
     ("models", "gpt2"),
     ("models", "gpt2_sharded"),
@@ -98,6 +98,7 @@ const HF_FOLDERS: [(&str, &str); 30] = [
     ("models", "gpt_neox_seq"),
     ("models", "gemma2"),
     ("models", "gemma3"),
+    ("models", "phi3"),
     ("models", "bloom"),
     ("models", "marian"),
     ("models", "t5"),
@@ -108,6 +109,7 @@ const HF_FOLDERS: [(&str, &str); 30] = [
     ("train_model", "qwen3"),
     ("train_model", "gpt_neox"),
     ("train_model", "gemma2"),
+    ("train_model", "phi3"),
     ("train_model", "marian"),
     ("train_model", "t5"),
     ("train_model", "t5_gated"),

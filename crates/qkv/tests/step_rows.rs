@@ -106,6 +106,7 @@ fn gpt_neox_sequences_stepped_together_equal_each_alone() {
     check("gpt_neox");
     check("gemma2");
     check("gemma3");
+    check("phi3");
 }
 
 #[test]

@@ -298,6 +298,13 @@ fn gemma2_trains_as_pytorch() {
     check_against_pytorch("gemma2");
 }
 
+/// Fused QKV and gate/up projections, LongRoPE's long factors and attention factor
+/// (every position of the batch is past the pre-training length of 4), partial rotary.
+#[test]
+fn phi3_trains_as_pytorch() {
+    check_against_pytorch("phi3");
+}
+
 #[test]
 fn bloom_trains_as_pytorch() {
     check_against_pytorch("bloom");

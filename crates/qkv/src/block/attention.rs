@@ -436,9 +436,15 @@ impl MultiHeadAttention {
             Keys::Cross(_) => (None, None),
         };
         if let Some((rope, positions)) = rule.rope {
-            rope.apply(&mut q, positions)?;
+            // sequences decoded side by side are each a call of their own
+            let per_row = matches!(keys, Keys::OwnPerRow(_));
+            let apply = |x: &mut Tensor| match per_row {
+                true => rope.apply_rows(x, positions),
+                false => rope.apply(x, positions),
+            };
+            apply(&mut q)?;
             if let Some((k, _)) = &mut own {
-                rope.apply(k, positions)?;
+                apply(k)?;
             }
         }
         let qv = HeadsView::of(&q, "q")?;

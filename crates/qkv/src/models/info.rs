@@ -38,7 +38,7 @@ impl ModelInfo {
     pub(crate) fn describe(arch: &Arch, family: Family, architecture: String) -> Self {
         let first = arch.encoder.or(arch.decoder).expect("validated: a stack");
         let a = &arch.attention;
-        let position = match arch.position {
+        let position = match &arch.position {
             Position::None => "none".to_string(),
             Position::Learned { .. } if arch.embed.token_types > 0 => {
                 format!("learned absolute + {} token types", arch.embed.token_types)
@@ -58,7 +58,7 @@ impl ModelInfo {
                 let part = rotary_dim.map_or(String::new(), |r| format!(", first {r} dims"));
                 format!(
                     "RoPE (half-split, θ={theta}{part}){}",
-                    scaling_words(&scaling)
+                    scaling_words(scaling)
                 )
             }
             Position::Alibi => "ALiBi".into(),
@@ -143,7 +143,7 @@ impl ModelInfo {
 
 /// ", llama3 scaling ×8 (from 8192 positions)" and the like; empty without scaling.
 fn scaling_words(scaling: &RopeScaling) -> String {
-    match *scaling {
+    match scaling {
         RopeScaling::None => String::new(),
         RopeScaling::Linear { factor } => format!(", linear scaling ×{factor}"),
         RopeScaling::Llama3(l) => format!(
@@ -157,5 +157,9 @@ fn scaling_words(scaling: &RopeScaling) -> String {
         RopeScaling::Dynamic { factor, max_len } => {
             format!(", dynamic NTK scaling ×{factor} past {max_len} positions")
         }
+        RopeScaling::LongRope(l) => format!(
+            ", LongRoPE (long factors past {} positions, attention factor {})",
+            l.original_max, l.attention_factor
+        ),
     }
 }

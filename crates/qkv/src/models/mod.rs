@@ -16,6 +16,7 @@
 //! | [`llama`] | `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` | RoPE (and its scalings), RMSNorm, SwiGLU, GQA, sliding window, Q/K/V biases, per-head q/k norms |
 //! | [`bloom`] | `BloomForCausalLM` | ALiBi, fused per-head QKV, embedding LayerNorm |
 //! | [`gemma`] | `Gemma2ForCausalLM`, `Gemma3ForCausalLM` | √C embeddings, 1 + w RMSNorm, sandwich norms, GeGLU, soft caps, local/global layers, per-layer RoPE bases, q/k norms |
+//! | [`phi3`] | `Phi3ForCausalLM` | fused QKV and gate/up blocks, LongRoPE, partial rotary |
 //! | [`gpt_neox`] | `GPTNeoXForCausalLM` | parallel residual, partial rotary, fused per-head QKV |
 //! | [`marian`] | `MarianMTModel` | the original encoder-decoder: sinusoidal, post-norm, cross-attention |
 //! | [`t5`] | `T5ForConditionalGeneration` | relative position buckets, unscaled scores, gated FFN |
@@ -33,7 +34,7 @@ mod rows;
 pub mod sentence;
 mod transformer;
 
-pub use families::{bert, bloom, gemma, gpt2, gpt_neox, llama, marian, t5};
+pub use families::{bert, bloom, gemma, gpt2, gpt_neox, llama, marian, phi3, t5};
 pub use families::{supported, Family, Loc, SpecialTokens, NATIVE_ARCHITECTURE};
 pub use folder::{load, load_in};
 pub use generate::{config as generation_config, request};

@@ -211,6 +211,18 @@ impl Transformer {
 
     /// An empty KV cache for `batch` rows of the decoder, storing its rows in
     /// [`Transformer::kv_dtype`].
+    /// A LongRoPE model's pre-training length, at which its generation recomputes the
+    /// sequence with the long factors (see `generate`).
+    pub fn long_rope_switch(&self) -> Option<usize> {
+        match &self.arch.position {
+            crate::models::net::arch::Position::Rope {
+                scaling: crate::position::RopeScaling::LongRope(l),
+                ..
+            } => Some(l.original_max),
+            _ => None,
+        }
+    }
+
     pub fn new_cache(&self, batch: usize) -> KvCache {
         let d = self.arch.stack();
         KvCache::new_as(

@@ -76,6 +76,7 @@ impl Rope {
     /// yarn, dynamic; see [`RopeScaling`]).
     pub fn with_scaling(mut self, scaling: RopeScaling) -> Result<Self> {
         scaling.check("rope_scaling")?;
+        scaling.check_width("rope_scaling", self.rotary_dim)?;
         self.inv_freq = scaling.inv_freq(self.base, self.rotary_dim, 0);
         self.scaling = scaling;
         Ok(self)
@@ -86,13 +87,18 @@ impl Rope {
         &self.inv_freq
     }
 
+    /// The length past which a call uses other frequencies (dynamic, LongRoPE).
+    pub fn call_threshold(&self) -> Option<usize> {
+        self.scaling.call_threshold()
+    }
+
     /// This RoPE as a call at `positions` uses it: itself, or with dynamic scaling and
     /// a position past the trained length, the frequencies for that call's length
     /// (transformers recomputes them at every call whose length grew; a call never
     /// sees its own earlier lengths, so one decode step after another agree with it).
     fn for_call(&self, positions: &[usize]) -> Cow<'_, Rope> {
-        match self.scaling {
-            RopeScaling::Dynamic { max_len, .. } => {
+        match self.scaling.call_threshold() {
+            Some(max_len) => {
                 let max_pos = positions.iter().copied().max().unwrap_or(0);
                 if max_pos < max_len {
                     return Cow::Borrowed(self);
@@ -101,7 +107,7 @@ impl Rope {
                 longer.inv_freq = self.scaling.inv_freq(self.base, self.rotary_dim, max_pos);
                 Cow::Owned(longer)
             }
-            _ => Cow::Borrowed(self),
+            None => Cow::Borrowed(self),
         }
     }
 
@@ -136,6 +142,28 @@ impl Rope {
     /// each token (rows may differ, e.g. left-padded batches or a decode offset).
     pub fn apply(&self, x: &mut Tensor, positions: &[usize]) -> Result<()> {
         self.turn(x, positions, "rope input", 1.0)
+    }
+
+    /// Like [`Rope::apply`], with each of the B rows a call of its own (sequences
+    /// decoded side by side): a scaling that depends on the call's length (dynamic,
+    /// LongRoPE) looks at each row's positions alone.
+    pub fn apply_rows(&self, x: &mut Tensor, positions: &[usize]) -> Result<()> {
+        x.expect_shape("rope input", &[None, None, None, Some(self.head_dim)])?;
+        let b = x.shape()[0];
+        if b == 0 || self.scaling.call_threshold().is_none() {
+            return self.apply(x, positions);
+        }
+        let shape = x.shape().to_vec();
+        let row = x.numel() / b;
+        let t = positions.len() / b;
+        let mut rows = Vec::with_capacity(x.numel());
+        for (r, chunk) in x.data().chunks_exact(row).enumerate() {
+            let mut one = Tensor::new(&[1, shape[1], shape[2], shape[3]], chunk.to_vec())?;
+            self.apply(&mut one, &positions[r * t..(r + 1) * t])?;
+            rows.extend_from_slice(one.data());
+        }
+        *x = Tensor::new(&shape, rows)?;
+        Ok(())
     }
 
     /// Like [`Rope::apply`] with every row at positions offset..offset+T.

@@ -12,14 +12,17 @@
 //!   interpolated), and cos/sin multiplied by an attention factor 0.1·ln(factor) + 1;
 //! - dynamic (NTK-aware): while a call's positions stay below `max_len` nothing changes;
 //!   past it the base becomes base·(factor·L/max_len − (factor − 1))^(R/(R−2)) for the
-//!   call's length L = largest position + 1.
+//!   call's length L = largest position + 1;
+//! - longrope (Phi-3): θ_i / s_i, with one factor s_i per frequency, `short_factor`
+//!   while a call's length stays within the pre-training length and `long_factor` past
+//!   it; cos/sin multiplied by √(1 + ln(max/original) / ln(original)).
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
 /// The kinds of RoPE scaling, with their parameters resolved (see the module docs).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "rope_type", rename_all = "snake_case")]
 pub enum RopeScaling {
     #[default]
@@ -34,6 +37,19 @@ pub enum RopeScaling {
         /// `max_position_embeddings`: no change up to this length
         max_len: usize,
     },
+    LongRope(LongRopeScaling),
+}
+
+/// Phi-3's LongRoPE (module docs).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LongRopeScaling {
+    /// R/2 factors each: within the pre-training length, and past it
+    pub short_factor: Vec<f32>,
+    pub long_factor: Vec<f32>,
+    /// the pre-training length (`original_max_position_embeddings`)
+    pub original_max: usize,
+    /// cos and sin are multiplied by this
+    pub attention_factor: f32,
 }
 
 /// Llama 3.1's scaling (module docs).
@@ -79,6 +95,8 @@ pub struct HfRopeConfig {
     pub mscale: Option<f64>,
     pub mscale_all_dim: Option<f64>,
     pub truncate: Option<bool>,
+    pub short_factor: Option<Vec<f64>>,
+    pub long_factor: Option<Vec<f64>>,
 }
 
 impl HfRopeConfig {
@@ -145,9 +163,34 @@ impl HfRopeConfig {
                 factor: needs(self.factor, "factor")? as f32,
                 max_len: max_positions,
             },
+            Some("longrope") => {
+                let factors = |v: &Option<Vec<f64>>, name: &str| {
+                    v.as_ref()
+                        .map(|v| v.iter().map(|&x| x as f32).collect::<Vec<f32>>())
+                        .ok_or_else(|| Error::invalid(name, format!("longrope RoPE scaling needs {name}")))
+                };
+                // a pre-training length makes the factor the ratio of the two lengths
+                // (Phi-3 writes it beside max_position_embeddings); without one, the
+                // entry's own factor
+                let (original_max, factor) = match self.original_max_position_embeddings {
+                    Some(n) if n > 0 => (n, max_positions as f64 / n as f64),
+                    _ => (max_positions, self.factor.unwrap_or(1.0)),
+                };
+                let attention_factor = match self.attention_factor {
+                    Some(a) => a,
+                    None if factor <= 1.0 => 1.0,
+                    None => (1.0 + factor.ln() / (original_max as f64).ln()).sqrt(),
+                };
+                RopeScaling::LongRope(LongRopeScaling {
+                    short_factor: factors(&self.short_factor, "short_factor")?,
+                    long_factor: factors(&self.long_factor, "long_factor")?,
+                    original_max,
+                    attention_factor: attention_factor as f32,
+                })
+            }
             Some(other) => {
                 return Err(Error::Unsupported(format!(
-                    "RoPE scaling type `{other}`; supported: default, linear, llama3, yarn, dynamic"
+                    "RoPE scaling type `{other}`; supported: default, linear, llama3, yarn, dynamic, longrope"
                 )))
             }
         };
@@ -192,9 +235,9 @@ impl RopeScaling {
                 Err(Error::invalid(entry(name), "must be at least 1"))
             }
         };
-        match *self {
+        match self {
             RopeScaling::None => Ok(()),
-            RopeScaling::Linear { factor } => positive("factor", factor),
+            &RopeScaling::Linear { factor } => positive("factor", factor),
             RopeScaling::Llama3(l) => {
                 positive("factor", l.factor)?;
                 positive("low_freq_factor", l.low_freq_factor)?;
@@ -229,31 +272,89 @@ impl RopeScaling {
                 positive("attention_factor", y.attention_factor)?;
                 length("original_max_position_embeddings", y.original_max)
             }
-            RopeScaling::Dynamic { factor, max_len } => {
+            &RopeScaling::Dynamic { factor, max_len } => {
                 positive("factor", factor)?;
                 length("max_position_embeddings", max_len)
+            }
+            RopeScaling::LongRope(l) => {
+                for (name, factors) in [
+                    ("short_factor", &l.short_factor),
+                    ("long_factor", &l.long_factor),
+                ] {
+                    for (i, &f) in factors.iter().enumerate() {
+                        positive(&format!("{name}[{i}]"), f)?;
+                    }
+                }
+                positive("attention_factor", l.attention_factor)?;
+                length("original_max_position_embeddings", l.original_max)
             }
         }
     }
 
+    /// Errors unless the scaling fits a rotary width of R (LongRoPE gives R/2 factors).
+    pub fn check_width(&self, field: &str, rotary_dim: usize) -> Result<()> {
+        if let RopeScaling::LongRope(l) = self {
+            for (name, factors) in [
+                ("short_factor", &l.short_factor),
+                ("long_factor", &l.long_factor),
+            ] {
+                if factors.len() != rotary_dim / 2 {
+                    return Err(Error::invalid(
+                        match field {
+                            "" => name.to_string(),
+                            _ => format!("{field}.{name}"),
+                        },
+                        format!(
+                            "{} factors for a rotary width of {rotary_dim}: one per pair, {}",
+                            factors.len(),
+                            rotary_dim / 2
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The multiplier of cos and sin (YaRN's attention factor; 1 otherwise).
     pub fn attention_factor(&self) -> f32 {
-        match *self {
+        match self {
             RopeScaling::Yarn(y) => y.attention_factor,
+            RopeScaling::LongRope(l) => l.attention_factor,
             _ => 1.0,
         }
     }
 
+    /// The length up to which a call uses the frequencies of a call within the trained
+    /// length, for the kinds that depend on the call's length (dynamic, longrope).
+    pub fn call_threshold(&self) -> Option<usize> {
+        match self {
+            RopeScaling::Dynamic { max_len, .. } => Some(*max_len),
+            RopeScaling::LongRope(l) => Some(l.original_max),
+            _ => None,
+        }
+    }
+
     /// The R/2 frequencies for base θ and rotary width R, for a call whose largest
-    /// position is `max_pos` (only the dynamic kind looks at it).
+    /// position is `max_pos` (only the dynamic and longrope kinds look at it).
     pub fn inv_freq(&self, base: f32, rotary_dim: usize, max_pos: usize) -> Vec<f32> {
         let plain = || default_inv_freq(base, rotary_dim);
-        match *self {
+        match self {
             RopeScaling::None => plain(),
-            RopeScaling::Linear { factor } => plain().into_iter().map(|f| f / factor).collect(),
+            &RopeScaling::Linear { factor } => plain().into_iter().map(|f| f / factor).collect(),
             RopeScaling::Llama3(l) => l.inv_freq(&plain()),
             RopeScaling::Yarn(y) => y.inv_freq(base, rotary_dim),
-            RopeScaling::Dynamic { factor, max_len } => {
+            RopeScaling::LongRope(l) => {
+                let ext = match max_pos + 1 > l.original_max {
+                    true => &l.long_factor,
+                    false => &l.short_factor,
+                };
+                // 1 / (s_i · base^(2i/R)), a float32 computation in transformers
+                (0..rotary_dim / 2)
+                    .map(|i| 1.0 / (ext[i] * base.powf((2 * i) as f32 / rotary_dim as f32)))
+                    .collect()
+            }
+            &RopeScaling::Dynamic { factor, max_len } => {
                 let len = max_pos + 1;
                 if len <= max_len {
                     // transformers' initial table: the base rescaled in Python floats,

@@ -140,6 +140,8 @@ fn read(dir: &Path, version: Version) -> Result<(Arch, TokenIds)> {
         theta: cfg.rope_theta,
         scaling: cfg.rope_scaling.as_ref(),
         parameters: cfg.rope_parameters.as_ref(),
+        original_max: None,
+        rotary_dim: cfg.head_dim,
     };
     let (theta, scaling) = rope_settings(rope, dir, max_positions)?;
     let mut arch = Arch::llama(cfg.vocab_size, cfg.hidden_size, layers, heads, kv_heads, 0);

@@ -96,6 +96,8 @@ pub(super) fn read(dir: &Path) -> Result<(Arch, TokenIds)> {
         theta: cfg.rope_theta.or(cfg.rotary_emb_base),
         scaling: cfg.rope_scaling.as_ref(),
         parameters: cfg.rope_parameters.as_ref(),
+        original_max: None,
+        rotary_dim: rotary,
     };
     let (theta, scaling) = rope_settings(rope, dir, max_positions)?;
     let mut arch = Arch::gpt2(cfg.vocab_size, c, cfg.num_hidden_layers, heads, 1);

@@ -121,6 +121,11 @@ pub(super) struct RopeFields<'c> {
     pub theta: Option<f64>,
     pub scaling: Option<&'c HfRopeConfig>,
     pub parameters: Option<&'c HfRopeConfig>,
+    /// the config's top-level `original_max_position_embeddings` (Phi-3), which a
+    /// LongRoPE entry without its own reads
+    pub original_max: Option<usize>,
+    /// R, the dimensions of a head that rotate (LongRoPE has a factor per pair)
+    pub rotary_dim: usize,
 }
 
 /// Base θ and the scaling from whichever layout the config uses, resolved as
@@ -149,7 +154,15 @@ pub(super) fn rope_settings(
     let Some(rope) = rope else {
         return Ok((theta as f32, RopeScaling::None));
     };
-    let scaling = rope.resolve(max_positions).map_err(|e| match e {
+    let mut entry = rope.clone();
+    if entry.original_max_position_embeddings.is_none() {
+        entry.original_max_position_embeddings = cfg.original_max;
+    }
+    let scaling = entry.resolve(max_positions).and_then(|s| {
+        s.check_width("", cfg.rotary_dim)?;
+        Ok(s)
+    });
+    let scaling = scaling.map_err(|e| match e {
         Error::Invalid {
             field: entry,
             reason,
@@ -220,6 +233,8 @@ pub(super) fn read(dir: &Path, variant: Variant) -> Result<(Arch, TokenIds)> {
         theta: cfg.rope_theta,
         scaling: cfg.rope_scaling.as_ref(),
         parameters: cfg.rope_parameters.as_ref(),
+        original_max: None,
+        rotary_dim: head_dim,
     };
     let (theta, scaling) = rope_settings(rope, dir, max_positions)?;
     let activation = Activation::from_hf_name(&cfg.hidden_act)
@@ -340,10 +355,10 @@ pub(super) fn fits(arch: &Arch) -> bool {
         && a.window.is_none()
         && arch.ffn.gated
         && arch.ffn.activation == Activation::Silu
-        && match arch.position {
+        && match &arch.position {
             Position::Rope {
                 scaling, max_len, ..
-            } => scaling_json(&scaling, max_len.unwrap_or(2048)).is_some(),
+            } => scaling_json(scaling, max_len.unwrap_or(2048)).is_some(),
             _ => false,
         }
 }
@@ -353,9 +368,9 @@ pub(super) fn fits(arch: &Arch) -> bool {
 /// dynamic threshold or a YaRN factor at odds with that length), and `Null` for none.
 fn scaling_json(scaling: &RopeScaling, max_positions: usize) -> Option<Value> {
     let f = crate::io::json_f32;
-    Some(match *scaling {
+    Some(match scaling {
         RopeScaling::None => Value::Null,
-        RopeScaling::Linear { factor } => json!({"rope_type": "linear", "factor": f(factor)}),
+        &RopeScaling::Linear { factor } => json!({"rope_type": "linear", "factor": f(factor)}),
         RopeScaling::Llama3(l) => json!({
             "rope_type": "llama3",
             "factor": f(l.factor),
@@ -381,23 +396,24 @@ fn scaling_json(scaling: &RopeScaling, max_positions: usize) -> Option<Value> {
             }
             v
         }
-        RopeScaling::Dynamic { factor, max_len } if max_len == max_positions => {
+        &RopeScaling::Dynamic { factor, max_len } if max_len == max_positions => {
             json!({"rope_type": "dynamic", "factor": f(factor)})
         }
-        RopeScaling::Dynamic { .. } => return None,
+        // a fresh model with LongRoPE saves as qkv's own folder
+        RopeScaling::Dynamic { .. } | RopeScaling::LongRope(_) => return None,
     })
 }
 
 /// `config.json` of a Llama folder for `arch` (which [`fits`]).
 pub(super) fn config_json(arch: &Arch) -> Value {
     let d = arch.stack();
-    let (theta, scaling, max_len) = match arch.position {
+    let (theta, scaling, max_len) = match &arch.position {
         Position::Rope {
             theta,
             scaling,
             max_len,
             ..
-        } => (theta, scaling, max_len.unwrap_or(2048)),
+        } => (*theta, scaling.clone(), max_len.unwrap_or(2048)),
         _ => (10_000.0, RopeScaling::None, 2048),
     };
     json!({

@@ -12,6 +12,7 @@ pub mod llama;
 pub mod marian;
 pub(crate) mod names;
 mod native;
+pub mod phi3;
 mod registry;
 pub(crate) mod special;
 pub mod t5;

@@ -1,7 +1,8 @@
 //! Where each parameter lives in a checkpoint. A family's name table maps qkv's path of a
 //! parameter (`decoder.layers.0.attn.q.weight`) to a [`Loc`]: a tensor stored as it is,
 //! stored transposed (GPT-2's `Conv1D`), or one of several row blocks of a fused tensor
-//! (GPT-2's `c_attn`, BLOOM's per-head `query_key_value`). Reading and writing both go
+//! (GPT-2's `c_attn`, BLOOM's per-head `query_key_value`, Phi-3's `qkv_proj` with its
+//! unequal Q, K and V blocks). Reading and writing both go
 //! through the table, so a folder is saved exactly as it was read.
 
 use std::collections::{HashMap, HashSet};
@@ -19,12 +20,13 @@ pub enum Loc {
     Same(String),
     /// The tensor `name` holds the transpose (`Conv1D` stores `[in, out]`).
     Transposed(String),
-    /// Part `part` of `parts` equal row sets of the tensor `name` (after transposing it
-    /// when `transposed`): contiguous blocks when `group` is `None`, else interleaved
-    /// groups of `group` rows (BLOOM: per head, rows `[H, 3, D]`).
+    /// Part `part` of the row sets of the tensor `name` (after transposing it when
+    /// `transposed`), part k holding `shares[k]` of every Σ shares rows: contiguous
+    /// blocks when `group` is `None`, else (equal shares) interleaved groups of `group`
+    /// rows (BLOOM: per head, rows `[H, 3, D]`).
     Part {
         name: String,
-        parts: usize,
+        shares: Vec<usize>,
         part: usize,
         group: Option<usize>,
         transposed: bool,
@@ -50,11 +52,24 @@ pub(crate) trait Place {
     fn stored(&mut self, param: &mut Tensor, name: &str) -> Result<bool>;
 }
 
-/// The first axis of `t` is split into parts: row r of part `part` (`n` rows each) is
-/// row `(r / g)·parts·g + part·g + r % g` of the whole, with g = group or n.
-fn part_row(r: usize, n: usize, parts: usize, part: usize, group: Option<usize>) -> usize {
-    let g = group.unwrap_or(n);
-    (r / g) * parts * g + part * g + r % g
+/// The first axis of a tensor of `rows` rows is split into parts by `shares`: the row
+/// of the whole that is row r of part `part`. Blocks: the part's rows follow the
+/// earlier parts' (unit = rows / Σ shares rows a share). Groups of g (equal shares):
+/// row `(r / g)·parts·g + part·g + r % g`.
+fn part_row(r: usize, rows: usize, shares: &[usize], part: usize, group: Option<usize>) -> usize {
+    match group {
+        Some(g) => (r / g) * shares.len() * g + part * g + r % g,
+        None => {
+            let unit = rows / shares.iter().sum::<usize>();
+            shares[..part].iter().sum::<usize>() * unit + r
+        }
+    }
+}
+
+/// Rows of part `part` of a tensor of `rows` rows split by `shares`, when they divide it.
+fn part_rows(rows: usize, shares: &[usize], part: usize) -> Option<usize> {
+    let total: usize = shares.iter().sum();
+    (total > 0 && rows.is_multiple_of(total)).then(|| rows / total * shares[part])
 }
 
 /// `[r, c]` → `[c, r]`.
@@ -104,26 +119,27 @@ pub(crate) fn read(
             Loc::Same(_) => whole,
             Loc::Transposed(_) if whole.rank() == 2 => transpose(&whole),
             Loc::Part {
-                parts,
+                shares,
                 part,
                 group,
                 transposed,
                 ..
             } if whole.rank() > usize::from(*transposed)
-                && whole.shape()[usize::from(*transposed)] % parts == 0 =>
+                && part_rows(whole.shape()[usize::from(*transposed)], shares, *part).is_some() =>
             {
                 let whole = if *transposed && whole.rank() == 2 {
                     transpose(&whole)
                 } else {
                     whole
                 };
-                let n = whole.shape()[0] / parts;
+                let rows = whole.shape()[0];
+                let n = part_rows(rows, shares, *part).expect("checked above");
                 let w = row_width(&whole);
                 let mut shape = whole.shape().to_vec();
                 shape[0] = n;
                 let mut data = Vec::with_capacity(n * w);
                 for r in 0..n {
-                    let src = part_row(r, n, *parts, *part, *group);
+                    let src = part_row(r, rows, shares, *part, *group);
                     data.extend_from_slice(&whole.data()[src * w..(src + 1) * w]);
                 }
                 Tensor::new(&shape, data)?
@@ -164,22 +180,25 @@ pub(crate) fn export(
             Loc::Same(name) => out.push((name, t.clone())),
             Loc::Transposed(name) => out.push((name, transpose(t))),
             Loc::Part {
-                name, parts, part, ..
+                name, shares, part, ..
             } => {
                 let entry = fused.entry(name.clone()).or_insert_with(|| {
                     out.push((name.clone(), Tensor::zeros(&[0])));
-                    (out.len() - 1, vec![None; parts])
+                    (out.len() - 1, vec![None; shares.len()])
                 });
                 entry.1[part] = Some(t.clone());
                 if entry.1.iter().all(Option::is_some) {
                     let pieces: Vec<Tensor> = entry.1.iter().flatten().cloned().collect();
                     let Loc::Part {
-                        group, transposed, ..
+                        shares,
+                        group,
+                        transposed,
+                        ..
                     } = locate(&path)?
                     else {
                         unreachable!("the same path locates the same way")
                     };
-                    out[entry.0].1 = join_parts(&pieces, group, transposed)?;
+                    out[entry.0].1 = join_parts(&pieces, &shares, group, transposed)?;
                 }
             }
         }
@@ -197,15 +216,20 @@ pub(crate) fn export(
 }
 
 /// The inverse of reading [`Loc::Part`]s: the whole tensor from its parts.
-fn join_parts(parts: &[Tensor], group: Option<usize>, transposed: bool) -> Result<Tensor> {
-    let n = parts[0].shape()[0];
+fn join_parts(
+    parts: &[Tensor],
+    shares: &[usize],
+    group: Option<usize>,
+    transposed: bool,
+) -> Result<Tensor> {
+    let rows: usize = parts.iter().map(|p| p.shape()[0]).sum();
     let w = row_width(&parts[0]);
     let mut shape = parts[0].shape().to_vec();
-    shape[0] = n * parts.len();
-    let mut data = vec![0.0; n * parts.len() * w];
+    shape[0] = rows;
+    let mut data = vec![0.0; rows * w];
     for (k, p) in parts.iter().enumerate() {
-        for r in 0..n {
-            let dst = part_row(r, n, parts.len(), k, group);
+        for r in 0..p.shape()[0] {
+            let dst = part_row(r, rows, shares, k, group);
             data[dst * w..(dst + 1) * w].copy_from_slice(&p.data()[r * w..(r + 1) * w]);
         }
     }
@@ -214,14 +238,17 @@ fn join_parts(parts: &[Tensor], group: Option<usize>, transposed: bool) -> Resul
 }
 
 /// How one module's tensors are stored: as they are, `Conv1D`-transposed (the weight;
-/// the bias as it is), or as part `k` of 3 fused row sets, in blocks (GPT-2's
-/// `c_attn`, also Conv1D) or interleaved per head of `D` rows (BLOOM).
+/// the bias as it is), or as part `k` of fused row sets: of 3 equal blocks (GPT-2's
+/// `c_attn`, also Conv1D), of 3 interleaved per head of `D` rows (BLOOM), or of up to
+/// 3 blocks in the proportions given, a zero share being no part (Phi-3's `qkv_proj`:
+/// H, G and G heads; `gate_up_proj`: 1, 1, 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum How {
     Same,
     Conv1d,
     Conv1dPart(usize),
     HeadPart(usize, usize),
+    Blocks(usize, [usize; 3]),
 }
 
 /// One row of a family's name table: a module path of qkv's tree (`{l}` for a layer's
@@ -283,16 +310,23 @@ pub(crate) fn locate(table: &[Name], family: &str, path: &str) -> Result<Loc> {
         How::Conv1d => Loc::Same(name),
         How::Conv1dPart(part) => Loc::Part {
             name,
-            parts: 3,
+            shares: vec![1; 3],
             part,
             group: None,
             transposed: weight,
         },
         How::HeadPart(part, d) => Loc::Part {
             name,
-            parts: 3,
+            shares: vec![1; 3],
             part,
             group: Some(d),
+            transposed: false,
+        },
+        How::Blocks(part, shares) => Loc::Part {
+            name,
+            shares: shares.into_iter().filter(|&s| s > 0).collect(),
+            part,
+            group: None,
             transposed: false,
         },
     })
@@ -304,24 +338,29 @@ mod tests {
 
     #[test]
     fn parts_round_trip_in_both_layouts() {
-        let whole = Tensor::from_fn(&[6, 2], |i| i as f32);
-        for group in [None, Some(1)] {
-            let parts: Vec<Tensor> = (0..3)
+        let whole = Tensor::from_fn(&[8, 2], |i| i as f32);
+        for (shares, group) in [(&[1, 1][..], None), (&[1, 1], Some(1)), (&[2, 1, 1], None)] {
+            let parts: Vec<Tensor> = (0..shares.len())
                 .map(|p| {
-                    let rows: Vec<f32> = (0..2)
+                    let n = part_rows(8, shares, p).unwrap();
+                    let rows: Vec<f32> = (0..n)
                         .flat_map(|r| {
-                            let s = part_row(r, 2, 3, p, group);
+                            let s = part_row(r, 8, shares, p, group);
                             whole.data()[s * 2..s * 2 + 2].to_vec()
                         })
                         .collect();
-                    Tensor::new(&[2, 2], rows).unwrap()
+                    Tensor::new(&[n, 2], rows).unwrap()
                 })
                 .collect();
-            assert_eq!(join_parts(&parts, group, false).unwrap(), whole);
+            assert_eq!(join_parts(&parts, shares, group, false).unwrap(), whole);
         }
-        // blocks: part 1 is rows 2..4; groups of 1: part 1 is rows 1 and 4
-        assert_eq!(part_row(0, 2, 3, 1, None), 2);
-        assert_eq!(part_row(1, 2, 3, 1, Some(1)), 4);
+        // equal blocks of 6 rows: part 1 is rows 2..4; groups of 1: part 1 is rows 1, 4;
+        // shares 2, 1, 1 of 8 rows: part 1 is rows 4..6
+        assert_eq!(part_row(0, 6, &[1, 1, 1], 1, None), 2);
+        assert_eq!(part_row(1, 6, &[1, 1, 1], 1, Some(1)), 4);
+        assert_eq!(part_row(0, 8, &[2, 1, 1], 1, None), 4);
+        assert_eq!(part_rows(8, &[2, 1, 1], 0), Some(4));
+        assert_eq!(part_rows(7, &[2, 1, 1], 0), None);
     }
 
     #[test]
@@ -344,7 +383,7 @@ mod tests {
             loc("decoder.layers.0.attn.k.weight"),
             Loc::Part {
                 name: "h.0.c_attn.weight".into(),
-                parts: 3,
+                shares: vec![1; 3],
                 part: 1,
                 group: None,
                 transposed: true

@@ -6,12 +6,12 @@ use serde_json::Value;
 
 use super::def::FamilyDef;
 use super::names::{self, Loc};
-use super::{bert, bloom, gemma, gpt2, gpt_neox, llama, marian, native, t5};
+use super::{bert, bloom, gemma, gpt2, gpt_neox, llama, marian, native, phi3, t5};
 use crate::error::Result;
 use crate::models::net::arch::Arch;
 
 /// The families, in the order `SUPPORTED` lists their architectures.
-static FAMILIES: [&FamilyDef; 13] = [
+static FAMILIES: [&FamilyDef; 14] = [
     &bert::BERT,
     &gpt2::GPT2,
     &llama::LLAMA,
@@ -20,6 +20,7 @@ static FAMILIES: [&FamilyDef; 13] = [
     &llama::QWEN3,
     &gemma::GEMMA2,
     &gemma::GEMMA3,
+    &phi3::PHI3,
     &bloom::BLOOM,
     &gpt_neox::GPT_NEOX,
     &marian::MARIAN,
@@ -69,7 +70,7 @@ impl Family {
         Family(FAMILIES.iter().find(fits).copied().unwrap_or(&native::QKV))
     }
 
-    /// `bert`, `gpt2`, `llama`, `mistral`, `qwen2`, `qwen3`, `gemma2`, `gemma3_text`, `bloom`, `gpt_neox`, `marian`, `t5`, `qkv`.
+    /// `bert`, `gpt2`, `llama`, `mistral`, `qwen2`, `qwen3`, `gemma2`, `gemma3_text`, `phi3`, `bloom`, `gpt_neox`, `marian`, `t5`, `qkv`.
     pub fn name(self) -> &'static str {
         self.0.name
     }

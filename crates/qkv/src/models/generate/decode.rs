@@ -7,6 +7,7 @@
 use super::beam;
 use super::options::{check, GenerateOptions, Sampling};
 use super::sampling::choose;
+use crate::attention::KvCache;
 use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
 use crate::models::net::arch::ModelKind;
@@ -100,19 +101,64 @@ pub fn generate_causal_each(
         return each_row(&prefixes, on_token, |prefix| {
             let n = opts.search.num_beams;
             let rows = TokenBatch::new(prefix.repeat(n), None, n, prefix.len())?;
-            let mut cache = model.new_cache(n);
-            let first = model.prefill(&rows, &mut cache)?;
+            let mut cached = Cached::new(model, &rows)?;
+            let first = model.prefill(&rows, &mut cached.cache)?;
             beam::search(opts, prefix, first, |tokens, from| {
-                cache = cache.select_rows(from)?;
-                model.forward_cached(&TokenBatch::new(tokens.to_vec(), None, n, 1)?, &mut cache)
+                cached.select_rows(from)?;
+                cached.step(&TokenBatch::new(tokens.to_vec(), None, n, 1)?)
             })
         });
     }
-    let mut cache = model.new_cache(prompt.batch);
-    let first = model.prefill(prompt, &mut cache)?;
+    let mut cached = Cached::new(model, prompt)?;
+    let first = model.prefill(prompt, &mut cached.cache)?;
     decode_loop(first, &prefixes, opts, on_token, |tokens| {
-        model.forward_cached(tokens, &mut cache)
+        cached.step(tokens)
     })
+}
+
+/// A causal model's cache through decoding. transformers' Phi-3 generation
+/// (`prepare_inputs_for_generation`) drops the cache when a LongRoPE model's sequence
+/// first passes its pre-training length and recomputes the whole sequence, so that
+/// every key, not only the later ones, rotates with the long factors; for such a model
+/// the tokens seen so far are kept to do the same.
+struct Cached<'m> {
+    model: &'m Transformer,
+    cache: KvCache,
+    /// the pre-training length and the tokens so far (prompt included), for LongRoPE
+    seen: Option<(usize, TokenBatch)>,
+}
+
+impl<'m> Cached<'m> {
+    fn new(model: &'m Transformer, prompt: &TokenBatch) -> Result<Self> {
+        Ok(Cached {
+            model,
+            cache: model.new_cache(prompt.batch),
+            seen: model.long_rope_switch().map(|at| (at, prompt.clone())),
+        })
+    }
+
+    /// Logits of `tokens` (one column) after the cached ones.
+    fn step(&mut self, tokens: &TokenBatch) -> Result<Tensor> {
+        if let Some((at, seen)) = &mut self.seen {
+            *seen = seen.append(tokens)?;
+            // the cache holds exactly the pre-training length: the new token is the
+            // first past it
+            if self.cache.len() == *at {
+                self.cache = self.model.new_cache(seen.batch);
+                return self.model.forward_cached(seen, &mut self.cache);
+            }
+        }
+        self.model.forward_cached(tokens, &mut self.cache)
+    }
+
+    /// Keeps rows `from` (a beam search's survivors), in that order.
+    fn select_rows(&mut self, from: &[usize]) -> Result<()> {
+        self.cache = self.cache.select_rows(from)?;
+        if let Some((_, seen)) = &mut self.seen {
+            *seen = seen.select_rows(from)?;
+        }
+        Ok(())
+    }
 }
 
 /// Row `r`'s real tokens (its padding left out).

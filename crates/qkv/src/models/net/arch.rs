@@ -55,7 +55,7 @@ pub struct StackDims {
 }
 
 /// How token order enters the model.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Position {
     /// No position information: only the causal mask tells positions apart.
@@ -432,9 +432,9 @@ impl Arch {
         if self.norm.bias && self.norm.kind == NormKind::RmsNorm {
             return bad("norm.bias", "RMSNorm has no bias".into());
         }
-        match self.position {
+        match &self.position {
             Position::Learned { max_len } | Position::Sinusoidal { max_len, .. }
-                if max_len == 0 =>
+                if *max_len == 0 =>
             {
                 return bad("position.max_len", "must be at least 1".into())
             }
@@ -445,7 +445,8 @@ impl Arch {
                 ..
             } => {
                 let widths = [self.encoder, self.decoder].into_iter().flatten();
-                if let Some(r) = rotary_dim {
+                let theta = *theta;
+                if let Some(r) = *rotary_dim {
                     if r == 0 || !r.is_multiple_of(2) || widths.clone().any(|s| r > s.head_dim) {
                         return bad(
                             "position.rotary_dim",
@@ -464,7 +465,7 @@ impl Arch {
             Position::Relative {
                 buckets,
                 max_distance,
-            } if buckets < 2 || max_distance == 0 => {
+            } if *buckets < 2 || *max_distance == 0 => {
                 return bad(
                     "position.buckets",
                     "need at least 2 buckets and a positive max_distance".into(),

@@ -193,9 +193,10 @@ impl Net<'_> {
             dbias,
             &stack.rel_bias,
             gs.rel_bias.as_mut(),
-            self.arch.position,
+            &self.arch.position,
         ) {
-            let rel = RelativeBias::new(table.weight.clone(), side == Side::Encoder, max_distance)?;
+            let rel =
+                RelativeBias::new(table.weight.clone(), side == Side::Encoder, *max_distance)?;
             rel.backward(&db, input.past, &mut gt.weight)?;
         }
         let c = self.arch.d_model;

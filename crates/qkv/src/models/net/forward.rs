@@ -204,7 +204,7 @@ impl<'m> Net<'m> {
             }
             _ => None,
         };
-        let rope = match self.arch.position {
+        let rope = match &self.arch.position {
             Position::Rope {
                 theta,
                 scaling,
@@ -212,14 +212,14 @@ impl<'m> Net<'m> {
                 ..
             } => {
                 let rotary = rotary_dim.unwrap_or(dims.head_dim);
-                let rope = Rope::partial(dims.head_dim, rotary, theta, RopeLayout::HalfSplit)?;
-                Some(rope.with_scaling(scaling)?)
+                let rope = Rope::partial(dims.head_dim, rotary, *theta, RopeLayout::HalfSplit)?;
+                Some(rope.with_scaling(scaling.clone())?)
             }
             _ => None,
         };
         // local layers rotate with their own base and no scaling (Gemma 3's
         // `rope_local_base_freq`, as transformers builds its local rotary embedding)
-        let local_rope = match (self.arch.position, self.arch.attention.local_rope_theta) {
+        let local_rope = match (&self.arch.position, self.arch.attention.local_rope_theta) {
             (Position::Rope { rotary_dim, .. }, Some(theta)) => {
                 let rotary = rotary_dim.unwrap_or(dims.head_dim);
                 Some(Rope::partial(
@@ -263,7 +263,7 @@ impl<'m> Net<'m> {
             kernel: self.kernel,
             ..Default::default()
         };
-        let bias = match (&env.dense, self.arch.position, side) {
+        let bias = match (&env.dense, &self.arch.position, side) {
             (Some(t), _, _) => Some(Bias::Dense(t.as_broadcast()?)),
             (None, Position::Alibi, Side::Decoder) => Some(Bias::Alibi {
                 slopes: &env.slopes,
