@@ -50,6 +50,8 @@ fn self_attention_weights_match_transformers() {
         "gemma2",
         "gemma3",
         "phi3",
+        "roberta",
+        "xlm_roberta",
         "bloom",
     ] {
         let m = load(name);

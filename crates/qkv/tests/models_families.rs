@@ -15,6 +15,9 @@
 //! Phi-3: fused `qkv_proj` and `gate_up_proj`, RoPE on 6 of 8 dimensions, LongRoPE
 //! switching to its long factors past `original_max_position_embeddings` (16) during
 //! greedy generation.
+//!
+//! RoBERTa and XLM-RoBERTa: BERT's encoder with positions counted from
+//! `padding_idx + 1`, so a padded row equals the row alone.
 
 #![cfg(feature = "models")]
 
@@ -161,6 +164,31 @@ fn phi3_longrope_matches_hf_past_the_pretraining_length() {
         input = TokenBatch::new(vec![next], None, 1, 1).unwrap();
     }
     assert!(switched, "the steps cross the switch");
+}
+
+#[test]
+fn roberta_and_xlm_roberta_match_hf_with_padding() {
+    for (name, family) in [("roberta", "roberta"), ("xlm_roberta", "xlm-roberta")] {
+        let f = reference(name);
+        let m = common::models::load_encoder(name);
+        assert_eq!(m.family.name(), family);
+        assert_eq!(m.arch.embed.position_offset, 2, "{name}: padding_idx 1 + 1");
+        let tokens = batch(&f, "input_ids", Some("attention_mask"));
+        let got = m.hidden_states(&tokens, None).unwrap();
+        let want = f.t("last_hidden_state");
+        common::models::assert_real_close(name, &got, &want, &tokens.mask);
+        // row 1 alone (6 tokens, no padding) gives its states in the batch
+        let (t, c) = (tokens.len, got.last_dim());
+        let alone = TokenBatch::single(tokens.ids[t..t + 6].to_vec()).unwrap();
+        let one = m.hidden_states(&alone, None).unwrap();
+        common::assert_close(
+            &format!("{name} row 1 alone"),
+            one.data(),
+            &got.data()[t * c..(t + 6) * c],
+            1e-5,
+            1e-5,
+        );
+    }
 }
 
 /// A share of the head that rotates an odd number of dimensions (or none) is refused

@@ -80,7 +80,7 @@ fn layout(dir: &Path) -> BTreeMap<String, Vec<usize>> {
         .collect()
 }
 
-const HF_FOLDERS: [(&str, &str); 32] = [
+const HF_FOLDERS: [(&str, &str); 35] = [
     ("models", "bert"),
     ("models", "gpt2"),
     ("models", "gpt2_sharded"),
@@ -99,6 +99,8 @@ const HF_FOLDERS: [(&str, &str); 32] = [
     ("models", "gemma2"),
     ("models", "gemma3"),
     ("models", "phi3"),
+    ("models", "roberta"),
+    ("models", "xlm_roberta"),
     ("models", "bloom"),
     ("models", "marian"),
     ("models", "t5"),
@@ -110,6 +112,7 @@ const HF_FOLDERS: [(&str, &str); 32] = [
     ("train_model", "gpt_neox"),
     ("train_model", "gemma2"),
     ("train_model", "phi3"),
+    ("train_model", "roberta"),
     ("train_model", "marian"),
     ("train_model", "t5"),
     ("train_model", "t5_gated"),
@@ -264,10 +267,7 @@ fn transformers_loads_saved_folders() {
     ];
     for (i, (group, name)) in HF_FOLDERS.iter().enumerate() {
         // transformers 4.57 reads neither `rope_parameters` nor `scale_decoder_outputs`
-        if name.ends_with("v5")
-            || name.ends_with("v5_untied")
-            || *name == "bert" && *group == "models"
-        {
+        if name.ends_with("v5") || name.ends_with("v5_untied") {
             continue;
         }
         let mut m = Transformer::load(&fixture(group, name)).unwrap();

@@ -305,6 +305,12 @@ fn phi3_trains_as_pytorch() {
     check_against_pytorch("phi3");
 }
 
+/// RoBERTa's positions from padding_idx + 1 (padding at padding_idx) and its lm_head.
+#[test]
+fn roberta_masked_lm_trains_as_pytorch() {
+    check_against_pytorch("roberta");
+}
+
 #[test]
 fn bloom_trains_as_pytorch() {
     check_against_pytorch("bloom");

@@ -168,6 +168,13 @@ pub(super) fn names(arch: &Arch) -> Vec<Name> {
         same("head.dense", "cls.predictions.transform.dense"),
         same("head.norm", "cls.predictions.transform.LayerNorm"),
     ];
+    t.extend(layer_names(b));
+    t
+}
+
+/// The encoder layers' rows of the name table, under the prefix `b` (RoBERTa's are
+/// BERT's).
+pub(super) fn layer_names(b: &str) -> Vec<Name> {
     let layer = [
         ("attn.q", "attention.self.query"),
         ("attn.k", "attention.self.key"),
@@ -179,11 +186,13 @@ pub(super) fn names(arch: &Arch) -> Vec<Name> {
         ("ffn.down", "output.dense"),
         ("ffn_norm", "output.LayerNorm"),
     ];
-    for (qkv, hf) in layer {
-        t.push(same(
-            &format!("encoder.layers.{{l}}.{qkv}"),
-            &format!("{b}encoder.layer.{{l}}.{hf}"),
-        ));
-    }
-    t
+    layer
+        .iter()
+        .map(|(qkv, hf)| {
+            same(
+                &format!("encoder.layers.{{l}}.{qkv}"),
+                &format!("{b}encoder.layer.{{l}}.{hf}"),
+            )
+        })
+        .collect()
 }

@@ -14,6 +14,7 @@ pub(crate) mod names;
 mod native;
 pub mod phi3;
 mod registry;
+pub mod roberta;
 pub(crate) mod special;
 pub mod t5;
 

@@ -195,6 +195,10 @@ pub struct EmbedArch {
     /// computed as if alone.
     #[serde(default)]
     pub slot_positions: bool,
+    /// Real tokens' positions start here and padding sits one below (RoBERTa's
+    /// `padding_idx + 1`, position ids made from the mask); 0: from 0.
+    #[serde(default)]
+    pub position_offset: usize,
     /// Lookups of this id give the token table no gradient (PyTorch's `padding_idx`,
     /// which BERT, Llama and Marian set to the pad token).
     pub padding_idx: Option<usize>,

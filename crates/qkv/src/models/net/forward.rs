@@ -164,6 +164,13 @@ impl<'m> Net<'m> {
         } else {
             crate::batch::real_positions(mask, t, starts)
         };
+        let offset = self.arch.embed.position_offset;
+        if offset > 0 {
+            // RoBERTa: padding_idx + 1 + count for a real token, padding_idx for padding
+            for (p, &real) in p.iter_mut().zip(mask) {
+                *p = if real { *p + offset } else { offset - 1 };
+            }
+        }
         if let Some(max) = self.arch.max_positions() {
             let all = vec![true; mask.len()];
             let real = if self.arch.embed.slot_positions {
