@@ -52,6 +52,7 @@ fn self_attention_weights_match_transformers() {
         "phi3",
         "roberta",
         "xlm_roberta",
+        "distilbert",
         "bloom",
     ] {
         let m = load(name);

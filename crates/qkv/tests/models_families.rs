@@ -17,7 +17,8 @@
 //! greedy generation.
 //!
 //! RoBERTa and XLM-RoBERTa: BERT's encoder with positions counted from
-//! `padding_idx + 1`, so a padded row equals the row alone.
+//! `padding_idx + 1`, so a padded row equals the row alone. DistilBERT: BERT's
+//! encoder under its own names, without token types.
 
 #![cfg(feature = "models")]
 
@@ -167,12 +168,19 @@ fn phi3_longrope_matches_hf_past_the_pretraining_length() {
 }
 
 #[test]
-fn roberta_and_xlm_roberta_match_hf_with_padding() {
-    for (name, family) in [("roberta", "roberta"), ("xlm_roberta", "xlm-roberta")] {
+fn roberta_xlm_roberta_and_distilbert_match_hf_with_padding() {
+    for (name, family, offset) in [
+        ("roberta", "roberta", 2),
+        ("xlm_roberta", "xlm-roberta", 2),
+        ("distilbert", "distilbert", 0),
+    ] {
         let f = reference(name);
         let m = common::models::load_encoder(name);
         assert_eq!(m.family.name(), family);
-        assert_eq!(m.arch.embed.position_offset, 2, "{name}: padding_idx 1 + 1");
+        assert_eq!(
+            m.arch.embed.position_offset, offset,
+            "{name}: padding_idx + 1"
+        );
         let tokens = batch(&f, "input_ids", Some("attention_mask"));
         let got = m.hidden_states(&tokens, None).unwrap();
         let want = f.t("last_hidden_state");

@@ -80,7 +80,7 @@ fn layout(dir: &Path) -> BTreeMap<String, Vec<usize>> {
         .collect()
 }
 
-const HF_FOLDERS: [(&str, &str); 35] = [
+const HF_FOLDERS: [(&str, &str); 37] = [
     ("models", "bert"),
     ("models", "gpt2"),
     ("models", "gpt2_sharded"),
@@ -101,6 +101,7 @@ const HF_FOLDERS: [(&str, &str); 35] = [
     ("models", "phi3"),
     ("models", "roberta"),
     ("models", "xlm_roberta"),
+    ("models", "distilbert"),
     ("models", "bloom"),
     ("models", "marian"),
     ("models", "t5"),
@@ -113,6 +114,7 @@ const HF_FOLDERS: [(&str, &str); 35] = [
     ("train_model", "gemma2"),
     ("train_model", "phi3"),
     ("train_model", "roberta"),
+    ("train_model", "distilbert"),
     ("train_model", "marian"),
     ("train_model", "t5"),
     ("train_model", "t5_gated"),

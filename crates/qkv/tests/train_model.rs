@@ -311,6 +311,12 @@ fn roberta_masked_lm_trains_as_pytorch() {
     check_against_pytorch("roberta");
 }
 
+/// DistilBERT's names, no token types, its vocab_transform / vocab_projector head.
+#[test]
+fn distilbert_masked_lm_trains_as_pytorch() {
+    check_against_pytorch("distilbert");
+}
+
 #[test]
 fn bloom_trains_as_pytorch() {
     check_against_pytorch("bloom");

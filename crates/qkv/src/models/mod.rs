@@ -13,6 +13,7 @@
 //! |---|---|---|
 //! | [`bert`] | `BertModel`, `BertForMaskedLM`, … | encoder, learned positions, token types, post-norm, masked-LM head |
 //! | [`roberta`] | `RobertaModel`, `XLMRobertaModel`, their `…ForMaskedLM` | BERT with positions counted from `padding_idx + 1` |
+//! | [`distilbert`] | `DistilBertModel`, `DistilBertForMaskedLM` | BERT without token types, its own names |
 //! | [`gpt2`] | `GPT2LMHeadModel` | decoder-only, causal, learned positions, pre-norm, Conv1D weights |
 //! | [`llama`] | `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` | RoPE (and its scalings), RMSNorm, SwiGLU, GQA, sliding window, Q/K/V biases, per-head q/k norms |
 //! | [`bloom`] | `BloomForCausalLM` | ALiBi, fused per-head QKV, embedding LayerNorm |
@@ -35,7 +36,9 @@ mod rows;
 pub mod sentence;
 mod transformer;
 
-pub use families::{bert, bloom, gemma, gpt2, gpt_neox, llama, marian, phi3, roberta, t5};
+pub use families::{
+    bert, bloom, distilbert, gemma, gpt2, gpt_neox, llama, marian, phi3, roberta, t5,
+};
 pub use families::{supported, Family, Loc, SpecialTokens, NATIVE_ARCHITECTURE};
 pub use folder::{load, load_in};
 pub use generate::{config as generation_config, request};

@@ -5,6 +5,7 @@
 pub mod bert;
 pub mod bloom;
 mod def;
+pub mod distilbert;
 pub mod gemma;
 pub mod gpt2;
 pub mod gpt_neox;
