@@ -18,11 +18,10 @@ use serde::Deserialize;
 use super::def::{as_given, FamilyDef};
 use super::names::{same, Name};
 use super::special::TokenIds;
-use crate::block::Residual;
 use crate::error::{Error, Result};
 use crate::io::Checkpoint;
 use crate::io::{bad_field, check_heads, read_config};
-use crate::models::net::arch::{Arch, Head, Position, StackDims};
+use crate::models::net::arch::{Arch, Head, Position};
 use crate::ops::Activation;
 
 pub(crate) static BERT: FamilyDef = FamilyDef {
@@ -119,22 +118,17 @@ pub(super) fn read(dir: &Path, masked_lm: bool) -> Result<(Arch, TokenIds)> {
     }
     let activation = Activation::from_hf_name(&cfg.hidden_act)
         .map_err(|e| bad_field(dir, "hidden_act", e.to_string()))?;
-    let eps = cfg.layer_norm_eps as f32;
-    let mut arch = Arch::gpt2(cfg.vocab_size, c, 0, heads, cfg.max_position_embeddings);
-    arch.encoder = Some(StackDims {
-        layers: cfg.num_hidden_layers,
+    let mut arch = Arch::bert(
+        cfg.vocab_size,
+        c,
+        cfg.num_hidden_layers,
         heads,
-        kv_heads: heads,
-        head_dim: c / heads,
-        ffn_dim: cfg.intermediate_size,
-    });
-    arch.decoder = None;
-    arch.norm.eps = eps;
-    arch.residual = Residual::PostNorm;
-    arch.ffn.activation = activation;
-    arch.embed.norm = true;
+        cfg.intermediate_size,
+        cfg.max_position_embeddings,
+        activation,
+        cfg.layer_norm_eps as f32,
+    );
     arch.embed.token_types = cfg.type_vocab_size;
-    arch.embed.slot_positions = true;
     arch.embed.padding_idx = cfg.tokens.pad();
     arch.head = if masked_lm {
         Head::MaskedLm { activation }
@@ -153,6 +147,18 @@ pub(super) fn names(arch: &Arch) -> Vec<Name> {
     } else {
         ""
     };
+    let head = [
+        ("head", "cls.predictions"),
+        ("head.dense", "cls.predictions.transform.dense"),
+        ("head.norm", "cls.predictions.transform.LayerNorm"),
+    ];
+    encoder_names(b, head)
+}
+
+/// BERT's layout of an encoder under the prefix `b`, with a masked-LM head's modules
+/// (`head`: its bias, `head.dense`, `head.norm`) where `head` says (RoBERTa's is
+/// BERT's with its own head).
+pub(super) fn encoder_names(b: &str, head: [(&str, &str); 3]) -> Vec<Name> {
     let mut t = vec![
         same("embed_tokens", &format!("{b}embeddings.word_embeddings")),
         same(
@@ -164,17 +170,14 @@ pub(super) fn names(arch: &Arch) -> Vec<Name> {
             &format!("{b}embeddings.token_type_embeddings"),
         ),
         same("encoder.embed_norm", &format!("{b}embeddings.LayerNorm")),
-        same("head", "cls.predictions"),
-        same("head.dense", "cls.predictions.transform.dense"),
-        same("head.norm", "cls.predictions.transform.LayerNorm"),
     ];
+    t.extend(head.map(|(qkv, hf)| same(qkv, hf)));
     t.extend(layer_names(b));
     t
 }
 
-/// The encoder layers' rows of the name table, under the prefix `b` (RoBERTa's are
-/// BERT's).
-pub(super) fn layer_names(b: &str) -> Vec<Name> {
+/// The encoder layers' rows of the name table, under the prefix `b`.
+fn layer_names(b: &str) -> Vec<Name> {
     let layer = [
         ("attn.q", "attention.self.query"),
         ("attn.k", "attention.self.key"),

@@ -54,6 +54,28 @@ pub(crate) struct Fresh {
     pub config_json: fn(&Arch) -> Value,
 }
 
+/// A Hugging Face family with no quirks beyond its reader and names: no old spellings,
+/// the special tokens as given, never what a fresh model is saved as.
+pub(crate) const fn hf_family(
+    name: &'static str,
+    architectures: &'static [&'static str],
+    read: ReadConfig,
+    names: fn(&Arch) -> Vec<Name>,
+    prefix: &'static str,
+) -> FamilyDef {
+    FamilyDef {
+        name,
+        architectures,
+        read,
+        names,
+        prefix,
+        aliases: no_aliases,
+        special: as_given,
+        fresh: None,
+        native: false,
+    }
+}
+
 /// A family without other spellings of its tensors' names.
 pub(crate) fn no_aliases(_name: &str) -> Vec<String> {
     Vec::new()

@@ -8,30 +8,25 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::def::{as_given, no_aliases, FamilyDef};
+use super::def::{hf_family, FamilyDef};
 use super::names::{same, Name};
 use super::special::TokenIds;
-use crate::block::Residual;
 use crate::error::{Error, Result};
 use crate::io::{bad_field, check_heads, read_config, Checkpoint};
-use crate::models::net::arch::{Arch, Head, StackDims};
+use crate::models::net::arch::{Arch, Head};
 use crate::ops::Activation;
 
-pub(crate) static DISTILBERT: FamilyDef = FamilyDef {
-    name: "distilbert",
-    architectures: &[
+pub(crate) static DISTILBERT: FamilyDef = hf_family(
+    "distilbert",
+    &[
         "DistilBertForMaskedLM",
         "DistilBertModel",
         "DistilBertForSequenceClassification",
     ],
-    read: read_folder,
+    read_folder,
     names,
-    prefix: "distilbert.",
-    aliases: no_aliases,
-    special: as_given,
-    fresh: None,
-    native: false,
-};
+    "distilbert.",
+);
 
 /// `DistilBertConfig`, with its defaults (distilbert-base) where the file is silent.
 #[derive(Deserialize)]
@@ -79,20 +74,16 @@ fn read_folder(dir: &Path, architecture: &str, ckpt: &Checkpoint) -> Result<(Arc
     let activation = Activation::from_hf_name(&cfg.activation)
         .map_err(|e| bad_field(dir, "activation", e.to_string()))?;
     let (c, heads) = (cfg.dim, cfg.n_heads);
-    let mut arch = Arch::gpt2(cfg.vocab_size, c, 0, heads, cfg.max_position_embeddings);
-    arch.encoder = Some(StackDims {
-        layers: cfg.n_layers,
+    let mut arch = Arch::bert(
+        cfg.vocab_size,
+        c,
+        cfg.n_layers,
         heads,
-        kv_heads: heads,
-        head_dim: c / heads,
-        ffn_dim: cfg.hidden_dim,
-    });
-    arch.decoder = None;
-    arch.norm.eps = 1e-12;
-    arch.residual = Residual::PostNorm;
-    arch.ffn.activation = activation;
-    arch.embed.norm = true;
-    arch.embed.slot_positions = true;
+        cfg.hidden_dim,
+        cfg.max_position_embeddings,
+        activation,
+        1e-12,
+    );
     arch.embed.padding_idx = cfg.tokens.pad();
     let masked = architecture == "DistilBertForMaskedLM" && ckpt.has("vocab_transform.weight");
     arch.head = match masked {

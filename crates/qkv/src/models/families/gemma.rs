@@ -19,42 +19,35 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::def::{as_given, no_aliases, FamilyDef, ReadConfig};
-use super::llama::{rope_settings, sliding_layers, RopeFields};
-use super::names::{same, Name};
+use super::checks::DecoderSizes;
+use super::def::{hf_family, FamilyDef};
+use super::llama::{
+    model_ends, rope_position, sliding_layers, RopeFields, ATTENTION_ROWS, GATED_MLP_ROWS,
+};
+use super::names::{layer_rows, Name};
 use super::special::TokenIds;
 use crate::block::Residual;
 use crate::error::{Error, Result};
 use crate::io::{bad_field, epsilon, read_config};
-use crate::models::net::arch::{Arch, Head, Position, StackDims};
+use crate::models::net::arch::{Arch, Head};
 use crate::ops::Activation;
 use crate::position::rope_scaling::HfRopeConfig;
 
-pub(crate) static GEMMA2: FamilyDef = gemma("gemma2", &["Gemma2ForCausalLM"], |dir, _, _| {
-    read(dir, Version::Two)
-});
+pub(crate) static GEMMA2: FamilyDef = hf_family(
+    "gemma2",
+    &["Gemma2ForCausalLM"],
+    |dir, _, _| read(dir, Version::Two),
+    names,
+    "model.",
+);
 
-pub(crate) static GEMMA3: FamilyDef = gemma("gemma3_text", &["Gemma3ForCausalLM"], |dir, _, _| {
-    read(dir, Version::Three)
-});
-
-const fn gemma(
-    name: &'static str,
-    architectures: &'static [&'static str],
-    read: ReadConfig,
-) -> FamilyDef {
-    FamilyDef {
-        name,
-        architectures,
-        read,
-        names,
-        prefix: "model.",
-        aliases: no_aliases,
-        special: as_given,
-        fresh: None,
-        native: false,
-    }
-}
+pub(crate) static GEMMA3: FamilyDef = hf_family(
+    "gemma3_text",
+    &["Gemma3ForCausalLM"],
+    |dir, _, _| read(dir, Version::Three),
+    names,
+    "model.",
+);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Version {
@@ -66,12 +59,8 @@ enum Version {
 /// (`Gemma3TextConfig`), with transformers' defaults where the file is silent.
 #[derive(Deserialize)]
 struct GemmaConfig {
-    vocab_size: usize,
-    hidden_size: usize,
-    intermediate_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
-    num_key_value_heads: Option<usize>,
+    #[serde(flatten)]
+    sizes: DecoderSizes,
     #[serde(default = "default_head_dim")]
     head_dim: usize,
     /// `hidden_act` in the first Gemma configs
@@ -109,22 +98,15 @@ fn default_head_dim() -> usize {
 /// `dir/config.json` as an [`Arch`], checked; errors name the field at fault.
 fn read(dir: &Path, version: Version) -> Result<(Arch, TokenIds)> {
     let cfg: GemmaConfig = read_config(dir)?;
-    crate::positive!(dir, cfg; vocab_size, hidden_size, intermediate_size, num_attention_heads, head_dim, query_pre_attn_scalar)?;
+    crate::positive!(dir, cfg; head_dim, query_pre_attn_scalar)?;
     if cfg.use_bidirectional_attention {
         return Err(Error::Unsupported(format!(
             "bidirectional Gemma 3 (EmbeddingGemma) ({}, field `use_bidirectional_attention`)",
             dir.join("config.json").display()
         )));
     }
-    let (heads, layers) = (cfg.num_attention_heads, cfg.num_hidden_layers);
-    let kv_heads = cfg.num_key_value_heads.unwrap_or(heads);
-    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-        return Err(bad_field(
-            dir,
-            "num_key_value_heads",
-            format!("{kv_heads} key/value heads must divide num_attention_heads = {heads}"),
-        ));
-    }
+    let heads = cfg.sizes.heads(dir)?;
+    let layers = cfg.sizes.num_hidden_layers;
     if !cfg.head_dim.is_multiple_of(2) {
         return Err(bad_field(
             dir,
@@ -143,21 +125,9 @@ fn read(dir: &Path, version: Version) -> Result<(Arch, TokenIds)> {
         original_max: None,
         rotary_dim: cfg.head_dim,
     };
-    let (theta, scaling) = rope_settings(rope, dir, max_positions)?;
-    let mut arch = Arch::llama(cfg.vocab_size, cfg.hidden_size, layers, heads, kv_heads, 0);
-    arch.decoder = Some(StackDims {
-        layers,
-        heads,
-        kv_heads,
-        head_dim: cfg.head_dim,
-        ffn_dim: cfg.intermediate_size,
-    });
-    arch.position = Position::Rope {
-        theta,
-        scaling,
-        max_len: Some(max_positions),
-        rotary_dim: None,
-    };
+    let position = rope_position(rope, dir, max_positions, cfg.head_dim, Some(max_positions))?;
+    let mut arch = cfg.sizes.llama(heads, cfg.head_dim);
+    arch.position = position;
     arch.norm.eps = epsilon(dir, "rms_norm_eps", cfg.rms_norm_eps)?;
     arch.norm.unit_offset = true;
     arch.residual = Residual::Sandwich;
@@ -218,32 +188,18 @@ fn read(dir: &Path, version: Version) -> Result<(Arch, TokenIds)> {
 
 /// The name table: qkv's modules → Gemma's (see [`Name`]).
 fn names(_: &Arch) -> Vec<Name> {
-    let mut t = vec![
-        same("embed_tokens", "model.embed_tokens"),
-        same("head.lm_head", "lm_head"),
-        same("decoder.final_norm", "model.norm"),
-    ];
-    let layer = [
-        ("attn_norm", "input_layernorm"),
-        ("attn_post_norm", "post_attention_layernorm"),
-        ("ffn_norm", "pre_feedforward_layernorm"),
-        ("ffn_post_norm", "post_feedforward_layernorm"),
-        ("attn.q", "self_attn.q_proj"),
-        ("attn.k", "self_attn.k_proj"),
-        ("attn.v", "self_attn.v_proj"),
-        ("attn.o", "self_attn.o_proj"),
-        ("attn.q_norm", "self_attn.q_norm"),
-        ("attn.k_norm", "self_attn.k_norm"),
-        // FeedForward's `up` is the activated branch: Gemma's gate_proj
-        ("ffn.up", "mlp.gate_proj"),
-        ("ffn.gate_up", "mlp.up_proj"),
-        ("ffn.down", "mlp.down_proj"),
-    ];
-    for (qkv, hf) in layer {
-        t.push(same(
-            &format!("decoder.layers.{{l}}.{qkv}"),
-            &format!("model.layers.{{l}}.{hf}"),
-        ));
-    }
+    let mut t = model_ends();
+    t.extend(layer_rows(
+        "decoder",
+        "model.layers.{l}.",
+        &[
+            ("attn_norm", "input_layernorm"),
+            ("attn_post_norm", "post_attention_layernorm"),
+            ("ffn_norm", "pre_feedforward_layernorm"),
+            ("ffn_post_norm", "post_feedforward_layernorm"),
+        ],
+    ));
+    t.extend(layer_rows("decoder", "model.layers.{l}.", &ATTENTION_ROWS));
+    t.extend(layer_rows("decoder", "model.layers.{l}.", &GATED_MLP_ROWS));
     t
 }

@@ -12,28 +12,25 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::def::{as_given, no_aliases, FamilyDef};
-use super::llama::{rope_settings, RopeFields};
-use super::names::{same, stored, How, Name};
+use super::checks;
+use super::def::{hf_family, FamilyDef};
+use super::llama::{rope_position, RopeFields};
+use super::names::{layer_rows, same, stored, How, Name};
 use super::special::TokenIds;
 use crate::block::Residual;
 use crate::error::Result;
 use crate::io::{bad_field, check_heads, epsilon, read_config};
-use crate::models::net::arch::{Arch, Head, Position, StackDims};
+use crate::models::net::arch::{Arch, Head};
 use crate::ops::Activation;
 use crate::position::rope_scaling::HfRopeConfig;
 
-pub(crate) static GPT_NEOX: FamilyDef = FamilyDef {
-    name: "gpt_neox",
-    architectures: &["GPTNeoXForCausalLM"],
-    read: |dir, _, _| read(dir),
+pub(crate) static GPT_NEOX: FamilyDef = hf_family(
+    "gpt_neox",
+    &["GPTNeoXForCausalLM"],
+    |dir, _, _| read(dir),
     names,
-    prefix: "gpt_neox.",
-    aliases: no_aliases,
-    special: as_given,
-    fresh: None,
-    native: false,
-};
+    "gpt_neox.",
+);
 
 /// Hugging Face `GPTNeoXConfig`. Released Pythia configs name the rotary share and
 /// base `rotary_pct` and `rotary_emb_base`; transformers 4.57 also writes them as
@@ -82,15 +79,7 @@ pub(super) fn read(dir: &Path) -> Result<(Arch, TokenIds)> {
         (None, Some(p)) => ("rotary_pct", p),
         (None, None) => ("rotary_pct", 0.25),
     };
-    // transformers: int(head_size * rotary_pct)
-    let rotary = (head_dim as f64 * share) as usize;
-    if !(share > 0.0 && share <= 1.0) || rotary < 2 || !rotary.is_multiple_of(2) {
-        return Err(bad_field(
-            dir,
-            share_field,
-            format!("{share} of a head of {head_dim} rotates {rotary} dimensions: RoPE needs an even number, at least 2"),
-        ));
-    }
+    let rotary = checks::rotary_dims(dir, share_field, head_dim, share)?;
     let max_positions = cfg.max_position_embeddings.unwrap_or(2048);
     let rope = RopeFields {
         theta: cfg.rope_theta.or(cfg.rotary_emb_base),
@@ -99,21 +88,10 @@ pub(super) fn read(dir: &Path) -> Result<(Arch, TokenIds)> {
         original_max: None,
         rotary_dim: rotary,
     };
-    let (theta, scaling) = rope_settings(rope, dir, max_positions)?;
-    let mut arch = Arch::gpt2(cfg.vocab_size, c, cfg.num_hidden_layers, heads, 1);
-    arch.decoder = Some(StackDims {
-        layers: cfg.num_hidden_layers,
-        heads,
-        kv_heads: heads,
-        head_dim,
-        ffn_dim: cfg.intermediate_size,
-    });
-    arch.position = Position::Rope {
-        theta,
-        scaling,
-        max_len: Some(max_positions),
-        rotary_dim: (rotary < head_dim).then_some(rotary),
-    };
+    let position = rope_position(rope, dir, max_positions, head_dim, Some(max_positions))?;
+    let mut arch = Arch::gpt2(cfg.vocab_size, c, cfg.num_hidden_layers, heads, 1)
+        .with_widths(head_dim, cfg.intermediate_size);
+    arch.position = position;
     arch.norm.eps = epsilon(dir, "layer_norm_eps", cfg.layer_norm_eps)?;
     if cfg.use_parallel_residual {
         arch.residual = Residual::Parallel;
@@ -133,15 +111,18 @@ pub(super) fn names(arch: &Arch) -> Vec<Name> {
         same("embed_tokens", "gpt_neox.embed_in"),
         same("head.lm_head", "embed_out"),
         same("decoder.final_norm", "gpt_neox.final_layer_norm"),
-        same("decoder.layers.{l}.attn_norm", &layer("input_layernorm")),
-        same(
-            "decoder.layers.{l}.ffn_norm",
-            &layer("post_attention_layernorm"),
-        ),
-        same("decoder.layers.{l}.attn.o", &layer("attention.dense")),
-        same("decoder.layers.{l}.ffn.up", &layer("mlp.dense_h_to_4h")),
-        same("decoder.layers.{l}.ffn.down", &layer("mlp.dense_4h_to_h")),
     ];
+    t.extend(layer_rows(
+        "decoder",
+        "gpt_neox.layers.{l}.",
+        &[
+            ("attn_norm", "input_layernorm"),
+            ("ffn_norm", "post_attention_layernorm"),
+            ("attn.o", "attention.dense"),
+            ("ffn.up", "mlp.dense_h_to_4h"),
+            ("ffn.down", "mlp.dense_4h_to_h"),
+        ],
+    ));
     let d = arch.stack().head_dim;
     for (k, p) in ["q", "k", "v"].iter().enumerate() {
         t.push(stored(

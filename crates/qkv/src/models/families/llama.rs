@@ -16,12 +16,13 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::checks::DecoderSizes;
 use super::def::{as_given, no_aliases, FamilyDef, Fresh, ReadConfig};
-use super::names::{same, Name};
+use super::names::{layer_rows, same, Name};
 use super::special::TokenIds;
 use crate::error::{Error, Result};
 use crate::io::{bad_field, epsilon, read_config};
-use crate::models::net::arch::{Arch, Head, Position, StackDims};
+use crate::models::net::arch::{Arch, Head, Position};
 use crate::ops::Activation;
 use crate::position::rope_scaling::{HfRopeConfig, RopeScaling};
 
@@ -69,13 +70,8 @@ const fn llama_like(
 /// `config.json` of a Llama or Mistral checkpoint, as transformers writes it.
 #[derive(Deserialize)]
 struct LlamaConfig {
-    vocab_size: usize,
-    hidden_size: usize,
-    intermediate_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
-    /// Absent means multi-head attention (G = H).
-    num_key_value_heads: Option<usize>,
+    #[serde(flatten)]
+    sizes: DecoderSizes,
     /// Absent or null means hidden_size / num_attention_heads.
     head_dim: Option<usize>,
     #[serde(default = "crate::io::eps::<6>")]
@@ -128,14 +124,29 @@ pub(super) struct RopeFields<'c> {
     pub rotary_dim: usize,
 }
 
-/// Base θ and the scaling from whichever layout the config uses, resolved as
-/// transformers' `rope_init_fn`s resolve them. `max_positions` is the config's
-/// `max_position_embeddings` (or the family's default when absent).
-pub(super) fn rope_settings(
+/// RoPE as the config describes it, for heads of `head_dim`: base θ and the scaling
+/// (see [`rope_settings`]), `rotary_dim` of them rotating, `max_len` the trained context.
+pub(super) fn rope_position(
     cfg: RopeFields,
     dir: &Path,
     max_positions: usize,
-) -> Result<(f32, RopeScaling)> {
+    head_dim: usize,
+    max_len: Option<usize>,
+) -> Result<Position> {
+    let rotary = cfg.rotary_dim;
+    let (theta, scaling) = rope_settings(cfg, dir, max_positions)?;
+    Ok(Position::Rope {
+        theta,
+        scaling,
+        max_len,
+        rotary_dim: (rotary < head_dim).then_some(rotary),
+    })
+}
+
+/// Base θ and the scaling from whichever layout the config uses, resolved as
+/// transformers' `rope_init_fn`s resolve them. `max_positions` is the config's
+/// `max_position_embeddings` (or the family's default when absent).
+fn rope_settings(cfg: RopeFields, dir: &Path, max_positions: usize) -> Result<(f32, RopeScaling)> {
     let (field, rope) = match (cfg.parameters, cfg.scaling) {
         (Some(p), _) => ("rope_parameters", Some(p)),
         (None, s) => ("rope_scaling", s),
@@ -189,29 +200,20 @@ pub(super) enum Variant {
 /// window applies to Mistral only: transformers ignores the field on Llama, so do we.
 pub(super) fn read(dir: &Path, variant: Variant) -> Result<(Arch, TokenIds)> {
     let cfg: LlamaConfig = read_config(dir)?;
-    crate::positive!(dir, cfg; vocab_size, hidden_size, intermediate_size, num_attention_heads)?;
-    let heads = cfg.num_attention_heads;
-    let kv_heads = cfg.num_key_value_heads.unwrap_or(heads);
-    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-        return Err(bad_field(
-            dir,
-            "num_key_value_heads",
-            format!("{kv_heads} key/value heads must divide num_attention_heads = {heads}"),
-        ));
-    }
+    let heads = cfg.sizes.heads(dir)?;
+    let (h, c) = (heads.0, cfg.sizes.hidden_size);
     let head_dim = match cfg.head_dim {
         Some(d) => d,
         // Qwen3Config's default, whatever the width
         None if variant == Variant::Qwen3 => 128,
-        None if cfg.hidden_size.is_multiple_of(heads) => cfg.hidden_size / heads,
+        None if c.is_multiple_of(h) => c / h,
         None => {
             return Err(bad_field(
                 dir,
                 "hidden_size",
                 format!(
-                "{} is not a multiple of num_attention_heads = {heads} (and no head_dim is given)",
-                cfg.hidden_size
-            ),
+                    "{c} is not a multiple of num_attention_heads = {h} (and no head_dim is given)"
+                ),
             ))
         }
     };
@@ -236,30 +238,17 @@ pub(super) fn read(dir: &Path, variant: Variant) -> Result<(Arch, TokenIds)> {
         original_max: None,
         rotary_dim: head_dim,
     };
-    let (theta, scaling) = rope_settings(rope, dir, max_positions)?;
+    let position = rope_position(
+        rope,
+        dir,
+        max_positions,
+        head_dim,
+        cfg.max_position_embeddings,
+    )?;
     let activation = Activation::from_hf_name(&cfg.hidden_act)
         .map_err(|e| bad_field(dir, "hidden_act", e.to_string()))?;
-    let mut arch = Arch::llama(
-        cfg.vocab_size,
-        cfg.hidden_size,
-        cfg.num_hidden_layers,
-        heads,
-        kv_heads,
-        cfg.max_position_embeddings.unwrap_or(0),
-    );
-    arch.decoder = Some(StackDims {
-        layers: cfg.num_hidden_layers,
-        heads,
-        kv_heads,
-        head_dim,
-        ffn_dim: cfg.intermediate_size,
-    });
-    arch.position = Position::Rope {
-        theta,
-        scaling,
-        max_len: cfg.max_position_embeddings,
-        rotary_dim: None,
-    };
+    let mut arch = cfg.sizes.llama(heads, head_dim);
+    arch.position = position;
     arch.norm.eps = epsilon(dir, "rms_norm_eps", cfg.rms_norm_eps)?;
     let (window, window_from_layer) = window(&cfg, dir, variant)?;
     arch.attention.qkv_bias = cfg.attention_bias || variant == Variant::Qwen2;
@@ -294,7 +283,7 @@ fn window(cfg: &LlamaConfig, dir: &Path, variant: Variant) -> Result<(Option<usi
     if variant == Variant::Mistral || size.is_none() {
         return Ok((size, 0));
     }
-    let layers = cfg.num_hidden_layers;
+    let layers = cfg.sizes.num_hidden_layers;
     let sliding: Vec<bool> = match &cfg.layer_types {
         Some(types) => sliding_layers(dir, types, layers)?,
         None => {
@@ -443,30 +432,43 @@ pub(super) fn config_json(arch: &Arch) -> Value {
 
 /// The name table: qkv's modules → Llama's, Mistral's and the Qwens' (see [`Name`]).
 pub(super) fn names() -> Vec<Name> {
-    let mut t = vec![
+    let mut t = model_ends();
+    t.extend(layer_rows("decoder", "model.layers.{l}.", &PRE_NORM_ROWS));
+    t.extend(layer_rows("decoder", "model.layers.{l}.", &ATTENTION_ROWS));
+    t.extend(layer_rows("decoder", "model.layers.{l}.", &GATED_MLP_ROWS));
+    t
+}
+
+/// The token table, head and final norm of a decoder in Llama's layout (`model.`).
+pub(super) fn model_ends() -> Vec<Name> {
+    vec![
         same("embed_tokens", "model.embed_tokens"),
         same("head.lm_head", "lm_head"),
         same("decoder.final_norm", "model.norm"),
-    ];
-    let layer = [
-        ("attn_norm", "input_layernorm"),
-        ("ffn_norm", "post_attention_layernorm"),
-        ("attn.q", "self_attn.q_proj"),
-        ("attn.k", "self_attn.k_proj"),
-        ("attn.v", "self_attn.v_proj"),
-        ("attn.o", "self_attn.o_proj"),
-        ("attn.q_norm", "self_attn.q_norm"),
-        ("attn.k_norm", "self_attn.k_norm"),
-        // FeedForward's `up` is the activated branch: Hugging Face's gate_proj
-        ("ffn.up", "mlp.gate_proj"),
-        ("ffn.gate_up", "mlp.up_proj"),
-        ("ffn.down", "mlp.down_proj"),
-    ];
-    for (qkv, hf) in layer {
-        t.push(same(
-            &format!("decoder.layers.{{l}}.{qkv}"),
-            &format!("model.layers.{{l}}.{hf}"),
-        ));
-    }
-    t
+    ]
 }
+
+/// A layer's two norms in Llama's layout, after `model.layers.{l}.`.
+pub(super) const PRE_NORM_ROWS: [(&str, &str); 2] = [
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+];
+
+/// A layer's attention in Llama's layout, after `model.layers.{l}.` (the q/k norms
+/// exactly where the model has them).
+pub(super) const ATTENTION_ROWS: [(&str, &str); 6] = [
+    ("attn.q", "self_attn.q_proj"),
+    ("attn.k", "self_attn.k_proj"),
+    ("attn.v", "self_attn.v_proj"),
+    ("attn.o", "self_attn.o_proj"),
+    ("attn.q_norm", "self_attn.q_norm"),
+    ("attn.k_norm", "self_attn.k_norm"),
+];
+
+/// A layer's gated MLP in Llama's layout. FeedForward's `up` is the activated branch:
+/// Hugging Face's gate_proj.
+pub(super) const GATED_MLP_ROWS: [(&str, &str); 3] = [
+    ("ffn.up", "mlp.gate_proj"),
+    ("ffn.gate_up", "mlp.up_proj"),
+    ("ffn.down", "mlp.down_proj"),
+];

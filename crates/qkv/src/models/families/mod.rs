@@ -4,6 +4,7 @@
 
 pub mod bert;
 pub mod bloom;
+mod checks;
 mod def;
 pub mod distilbert;
 pub mod gemma;

@@ -264,6 +264,19 @@ pub(crate) fn same(qkv: &str, hf: &str) -> Name {
     stored(qkv, hf, How::Same)
 }
 
+/// Rows for every layer: qkv's module `decoder.layers.{l}.<qkv>` (or the `stack`'s) →
+/// `<hf_layer><hf>`, each stored as it is; `hf_layer` ends with `{l}.`.
+pub(crate) fn layer_rows(stack: &str, hf_layer: &str, rows: &[(&str, &str)]) -> Vec<Name> {
+    rows.iter()
+        .map(|(qkv, hf)| {
+            same(
+                &format!("{stack}.layers.{{l}}.{qkv}"),
+                &format!("{hf_layer}{hf}"),
+            )
+        })
+        .collect()
+}
+
 /// A table row with a storage quirk.
 pub(crate) fn stored(qkv: &str, hf: &str, how: How) -> Name {
     Name {

@@ -13,14 +13,14 @@
 
 use std::path::Path;
 
-use super::def::{as_given, no_aliases, FamilyDef, ReadConfig};
-use super::names::{same, Name};
+use super::def::{hf_family, FamilyDef};
+use super::names::Name;
 use super::special::TokenIds;
 use crate::error::Result;
 use crate::io::{bad_field, Checkpoint};
 use crate::models::net::arch::{Arch, Head};
 
-pub(crate) static ROBERTA: FamilyDef = roberta(
+pub(crate) static ROBERTA: FamilyDef = hf_family(
     "roberta",
     &[
         "RobertaForMaskedLM",
@@ -28,9 +28,11 @@ pub(crate) static ROBERTA: FamilyDef = roberta(
         "RobertaForSequenceClassification",
     ],
     |dir, architecture, ckpt| read(dir, architecture, ckpt, "RobertaForMaskedLM"),
+    names,
+    "roberta.",
 );
 
-pub(crate) static XLM_ROBERTA: FamilyDef = roberta(
+pub(crate) static XLM_ROBERTA: FamilyDef = hf_family(
     "xlm-roberta",
     &[
         "XLMRobertaForMaskedLM",
@@ -38,25 +40,9 @@ pub(crate) static XLM_ROBERTA: FamilyDef = roberta(
         "XLMRobertaForSequenceClassification",
     ],
     |dir, architecture, ckpt| read(dir, architecture, ckpt, "XLMRobertaForMaskedLM"),
+    names,
+    "roberta.",
 );
-
-const fn roberta(
-    name: &'static str,
-    architectures: &'static [&'static str],
-    read: ReadConfig,
-) -> FamilyDef {
-    FamilyDef {
-        name,
-        architectures,
-        read,
-        names,
-        prefix: "roberta.",
-        aliases: no_aliases,
-        special: as_given,
-        fresh: None,
-        native: false,
-    }
-}
 
 /// BERT's reading, with RoBERTa's positions; a masked-LM folder keeps its head when
 /// the checkpoint has it.
@@ -88,21 +74,10 @@ fn names(arch: &Arch) -> Vec<Name> {
     } else {
         ""
     };
-    let mut t = vec![
-        same("embed_tokens", &format!("{b}embeddings.word_embeddings")),
-        same(
-            "encoder.embed_positions",
-            &format!("{b}embeddings.position_embeddings"),
-        ),
-        same(
-            "encoder.embed_types",
-            &format!("{b}embeddings.token_type_embeddings"),
-        ),
-        same("encoder.embed_norm", &format!("{b}embeddings.LayerNorm")),
-        same("head", "lm_head"),
-        same("head.dense", "lm_head.dense"),
-        same("head.norm", "lm_head.layer_norm"),
+    let head = [
+        ("head", "lm_head"),
+        ("head.dense", "lm_head.dense"),
+        ("head.norm", "lm_head.layer_norm"),
     ];
-    t.extend(super::bert::layer_names(b));
-    t
+    super::bert::encoder_names(b, head)
 }

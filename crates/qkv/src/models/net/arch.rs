@@ -328,6 +328,32 @@ impl Arch {
         a
     }
 
+    /// BERT's encoder: learned positions in slots 0..T (`max_len` of them), an
+    /// embedding LayerNorm, post-norm layers with biases, `activation` in an F-wide FFN,
+    /// no head; `layers` layers of `heads` heads over C.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bert(
+        vocab: usize,
+        d_model: usize,
+        layers: usize,
+        heads: usize,
+        ffn_dim: usize,
+        max_len: usize,
+        activation: Activation,
+        eps: f32,
+    ) -> Self {
+        let mut a = Arch::gpt2(vocab, d_model, layers, heads, max_len)
+            .with_widths(d_model / heads.max(1), ffn_dim);
+        a.encoder = a.decoder.take();
+        a.norm.eps = eps;
+        a.residual = Residual::PostNorm;
+        a.ffn.activation = activation;
+        a.embed.norm = true;
+        a.embed.slot_positions = true;
+        a.head = Head::None;
+        a
+    }
+
     /// The base Transformer of "Attention Is All You Need" at any size: one shared
     /// vocabulary and table (tied to the head) scaled by √C, sinusoidal positions,
     /// post-norm LayerNorm (eps 1e-5), a 4·C ReLU FFN, biases, `layers` in each stack.
@@ -349,6 +375,16 @@ impl Arch {
         a.ffn.activation = Activation::Relu;
         a.embed.scale = true;
         a
+    }
+
+    /// The same with each head D wide and an FFN F wide in its stack (the decoder's, or
+    /// an encoder-only model's).
+    pub fn with_widths(mut self, head_dim: usize, ffn_dim: usize) -> Self {
+        if let Some(s) = self.decoder.as_mut().or(self.encoder.as_mut()) {
+            s.head_dim = head_dim;
+            s.ffn_dim = ffn_dim;
+        }
+        self
     }
 
     /// Rows of the largest token table: a tokenizer for this model must produce ids
