@@ -80,7 +80,7 @@ fn layout(dir: &Path) -> BTreeMap<String, Vec<usize>> {
         .collect()
 }
 
-const HF_FOLDERS: [(&str, &str); 37] = [
+const HF_FOLDERS: [(&str, &str); 38] = [
     ("models", "bert"),
     ("models", "gpt2"),
     ("models", "gpt2_sharded"),
@@ -112,6 +112,7 @@ const HF_FOLDERS: [(&str, &str); 37] = [
     ("train_model", "qwen3"),
     ("train_model", "gpt_neox"),
     ("train_model", "gemma2"),
+    ("train_model", "gemma3"),
     ("train_model", "phi3"),
     ("train_model", "roberta"),
     ("train_model", "distilbert"),

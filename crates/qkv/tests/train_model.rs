@@ -317,6 +317,13 @@ fn distilbert_masked_lm_trains_as_pytorch() {
     check_against_pytorch("distilbert");
 }
 
+/// Per-head q/k norms scaling by 1 + w, a local layer rotating with its own RoPE base
+/// beside a global one with linear scaling, sandwich norms.
+#[test]
+fn gemma3_trains_as_pytorch() {
+    check_against_pytorch("gemma3");
+}
+
 #[test]
 fn bloom_trains_as_pytorch() {
     check_against_pytorch("bloom");
