@@ -40,6 +40,8 @@ enum Command {
     Attention(Box<cmd::attention::AttentionArgs>),
     /// Sentence embeddings following the folder's sentence-transformers files
     Embed(cmd::embed::EmbedArgs),
+    /// Labels and scores of a sequence classifier (or cross-encoder) for texts or text pairs
+    Classify(cmd::classify::ClassifyArgs),
     /// Describe a checkpoint: family, sizes, position encoding, norm, FFN, parameters
     Inspect(cmd::inspect::InspectArgs),
     /// Write a model folder as a GGUF file (f32, f16, bf16, q8_0, q4_0) that llama.cpp loads
@@ -76,6 +78,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Generate(args) => cmd::generate::run(args, &mut out)?,
         Command::Attention(args) => cmd::attention::run(args)?,
         Command::Embed(args) => cmd::embed::run(args, &mut out)?,
+        Command::Classify(args) => cmd::classify::run(args, &mut out)?,
         Command::Inspect(args) => cmd::inspect::run(args, &mut out)?,
         Command::Convert(args) => cmd::convert::run(args, &mut out)?,
         Command::Train(args) => cmd::train::run(args)?,

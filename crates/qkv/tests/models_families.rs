@@ -19,6 +19,11 @@
 //! RoBERTa and XLM-RoBERTa: BERT's encoder with positions counted from
 //! `padding_idx + 1`, so a padded row equals the row alone. DistilBERT: BERT's
 //! encoder under its own names, without token types.
+//!
+//! Sequence classification (`tools/fixtures/gen_classify.py`): BERT's pooler head as a
+//! one-output cross-encoder on text pairs (logits, `CrossEncoder.predict`, the
+//! pipeline's scores), DistilBERT's `pre_classifier` on texts, XLM-R's
+//! `classifier.dense`/`out_proj` on padded ids.
 
 #![cfg(feature = "models")]
 
@@ -213,4 +218,155 @@ fn gpt_neox_refuses_a_rotary_share_that_rotates_no_pairs() {
             "{name}: {err}"
         );
     }
+}
+
+/// A classification fixture's folder and reference.
+fn classifier(name: &str) -> (qkv::models::SequenceClassifier, common::Fixture) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/classify")
+        .join(name);
+    let m = qkv::models::SequenceClassifier::load(&dir, qkv::ops::DType::F32)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    (m, common::fixture("classify", &format!("{name}/reference")))
+}
+
+fn strings(f: &common::Fixture, key: &str) -> Vec<String> {
+    serde_json::from_value(f.params[key].clone()).expect("a list of strings")
+}
+
+#[test]
+fn bert_cross_encoder_scores_pairs_as_sentence_transformers() {
+    let (m, f) = classifier("bert_reranker");
+    let (queries, docs) = (strings(&f, "queries"), strings(&f, "docs"));
+    assert_eq!(m.max_len(), 16);
+    assert_eq!(m.labels(), ["LABEL_0"]);
+    // the tokenizer's pairs, cut longest first, and their segments
+    let pairs: Vec<(&str, Option<&str>)> = queries
+        .iter()
+        .zip(&docs)
+        .map(|(q, d)| (q.as_str(), Some(d.as_str())))
+        .collect();
+    let logits = m.classify(&pairs).unwrap();
+    let want = f.t("logits");
+    let got: Vec<f32> = logits.concat();
+    common::assert_close("bert_reranker logits", &got, want.data(), 1e-5, 0.0);
+    let scores: Vec<f32> = logits.iter().flat_map(|l| m.scoring().apply(l)).collect();
+    common::assert_close(
+        "bert_reranker pipeline scores",
+        &scores,
+        f.t("pipeline_scores").data(),
+        1e-6,
+        0.0,
+    );
+    // one query against each document: the first pair's query stands for all three
+    for (i, q) in queries.iter().enumerate() {
+        let ranked = m.rerank(q, &[docs[i].as_str()]).unwrap();
+        common::assert_close(
+            "bert_reranker CrossEncoder.predict",
+            &ranked,
+            &f.t("cross_encoder_scores").data()[i..i + 1],
+            1e-6,
+            0.0,
+        );
+    }
+    // the ids the tokenizer gave transformers, fed as ids
+    let tokens = batch(&f, "input_ids", Some("attention_mask"));
+    let types: Vec<usize> = f
+        .ints("token_type_ids")
+        .1
+        .iter()
+        .map(|&t| t as usize)
+        .collect();
+    assert!(types.contains(&1), "the fixture has second segments");
+    let from_ids = m.logits(&tokens, Some(&types)).unwrap();
+    common::assert_close(
+        "bert_reranker logits from ids",
+        from_ids.data(),
+        want.data(),
+        1e-5,
+        0.0,
+    );
+}
+
+#[test]
+fn distilbert_classifier_scores_texts_as_the_pipeline() {
+    let (m, f) = classifier("distilbert_sst");
+    assert_eq!(m.labels(), strings(&f, "labels"));
+    assert_eq!(m.scoring(), qkv::models::Scoring::Softmax);
+    let texts = strings(&f, "texts");
+    let inputs: Vec<(&str, Option<&str>)> = texts.iter().map(|t| (t.as_str(), None)).collect();
+    let logits = m.classify(&inputs).unwrap();
+    common::assert_close(
+        "distilbert_sst logits",
+        &logits.concat(),
+        f.t("logits").data(),
+        1e-5,
+        0.0,
+    );
+    let scores: Vec<f32> = logits.iter().flat_map(|l| m.scoring().apply(l)).collect();
+    common::assert_close(
+        "distilbert_sst scores",
+        &scores,
+        f.t("pipeline_scores").data(),
+        1e-6,
+        0.0,
+    );
+    let err = m.rerank("a", &["b"]).unwrap_err().to_string();
+    assert!(
+        err.contains("one output") && err.contains("POSITIVE"),
+        "{err}"
+    );
+}
+
+#[test]
+fn xlm_roberta_classifier_matches_on_padded_ids() {
+    let (m, f) = classifier("xlm_roberta_nli");
+    assert_eq!(m.labels(), strings(&f, "labels"));
+    let tokens = batch(&f, "input_ids", Some("attention_mask"));
+    let logits = m.logits(&tokens, None).unwrap();
+    common::assert_close(
+        "xlm_roberta_nli logits",
+        logits.data(),
+        f.t("logits").data(),
+        1e-5,
+        0.0,
+    );
+    let scores: Vec<f32> = logits
+        .data()
+        .chunks(3)
+        .flat_map(|l| m.scoring().apply(l))
+        .collect();
+    common::assert_close(
+        "xlm_roberta_nli softmax",
+        &scores,
+        f.t("softmax").data(),
+        1e-6,
+        0.0,
+    );
+    // left padding would hand the head a pad token
+    let left = qkv::models::TokenBatch::left_padded(&[vec![0, 5, 6], vec![0, 7]], 1).unwrap();
+    let err = m.logits(&left, None).unwrap_err().to_string();
+    assert!(err.contains("row 1 starts with padding"), "{err}");
+}
+
+#[test]
+fn a_folder_without_a_classification_head_is_refused_by_name() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models");
+    let err = |name: &str| match qkv::models::SequenceClassifier::load(
+        &dir.join(name),
+        qkv::ops::DType::F32,
+    ) {
+        Ok(_) => panic!("{name}: loaded as a classifier"),
+        Err(e) => e.to_string(),
+    };
+    let base = err("roberta");
+    assert!(
+        base.contains("`classifier.dense.weight` not found"),
+        "{base}"
+    );
+    let decoder = err("gpt2");
+    assert!(
+        decoder.contains("no sequence-classification head"),
+        "{decoder}"
+    );
 }

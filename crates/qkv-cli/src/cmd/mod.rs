@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod bench;
+pub mod classify;
 pub mod convert;
 pub mod embed;
 pub mod experiment;

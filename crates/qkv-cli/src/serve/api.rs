@@ -292,3 +292,35 @@ impl Usage {
         }
     }
 }
+
+/// The fields of [`RerankRequest`] (Cohere's and Jina's `/v1/rerank`).
+pub const RERANK: &[&str] = &["model", "query", "documents", "top_n", "return_documents"];
+
+#[derive(Debug, Deserialize)]
+pub struct RerankRequest {
+    pub model: String,
+    pub query: String,
+    pub documents: Vec<String>,
+    /// The best this many, all when absent.
+    pub top_n: Option<usize>,
+    #[serde(default)]
+    pub return_documents: bool,
+}
+
+/// The fields of [`ClassifyRequest`].
+pub const CLASSIFY: &[&str] = &["model", "input"];
+
+#[derive(Debug, Deserialize)]
+pub struct ClassifyRequest {
+    pub model: String,
+    pub input: ClassifyInput,
+}
+
+/// A text, texts, or pairs of texts read together (`[["query", "document"], …]`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ClassifyInput {
+    Text(String),
+    Texts(Vec<String>),
+    Pairs(Vec<(String, String)>),
+}

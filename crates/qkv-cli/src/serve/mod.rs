@@ -1,14 +1,17 @@
 //! `qkv serve`: an OpenAI-compatible HTTP server over one model folder. A decoder (or
 //! an encoder-decoder, which translates) answers `/v1/completions` and, with a chat
-//! template, `/v1/chat/completions`; a sentence encoder answers `/v1/embeddings`.
+//! template, `/v1/chat/completions`; a sentence encoder answers `/v1/embeddings`; a
+//! `…ForSequenceClassification` encoder answers `/v1/classify`, and `/v1/rerank` when
+//! it is a cross-encoder of one output.
 //!
 //! Three parts, each its own file: the routes (HTTP, validation, OpenAI's JSON, server-
-//! sent events) on a one-thread tokio runtime; the scheduler (continuous batching) or
-//! the embedder (batches across clients) on a thread of its own; and the engine, the
-//! library calls the CLI makes, on the rayon pool.
+//! sent events) on a one-thread tokio runtime; the scheduler (continuous batching), the
+//! embedder (batches across clients) or the classifier on a thread of its own; and the
+//! engine, the library calls the CLI makes, on the rayon pool.
 
 mod api;
 mod attentions;
+mod classifier;
 mod embedder;
 mod metrics;
 mod routes;
@@ -27,15 +30,17 @@ use axum::routing::{get, post};
 use axum::Router;
 use qkv::models::generate::config::GenerationConfig;
 use qkv::models::sentence::SentenceEncoder;
-use qkv::models::{ModelKind, Transformer};
+use qkv::models::{ModelKind, SequenceClassifier, Transformer};
 use qkv::text::{ChatTemplate, Tokenizer};
 
 use metrics::Metrics;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    /// Hugging Face model folder: a decoder or encoder-decoder (text generation) or a
-    /// sentence-transformers / encoder folder (embeddings, mean pooling by default)
+    /// Hugging Face model folder: a decoder or encoder-decoder (text generation), a
+    /// sentence-transformers / encoder folder (embeddings, mean pooling by default), or
+    /// a `…ForSequenceClassification` encoder (classification; reranking for a
+    /// cross-encoder)
     #[arg(long)]
     model: PathBuf,
     /// Address to listen on (loopback by default: give 0.0.0.0 to serve the network)
@@ -94,6 +99,11 @@ pub struct Embedder {
     queue: embedder::EmbedQueue,
 }
 
+pub struct Classifier {
+    model: Arc<SequenceClassifier>,
+    queue: classifier::ClassifyQueue,
+}
+
 /// Bounds on what one request may ask.
 #[derive(Clone, Copy)]
 struct RequestLimits {
@@ -110,6 +120,7 @@ pub struct AppState {
     limits: RequestLimits,
     generator: Option<Generator>,
     embedder: Option<Embedder>,
+    classifier: Option<Classifier>,
     ids: AtomicU64,
 }
 
@@ -159,7 +170,23 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     };
     let mut loaded = crate::cmd::load_model(&args.model, args.dtype.dtype)?;
     let mut threads = Vec::new();
-    let (generator, embedder) = match loaded.model.kind() {
+    let classifies = loaded.model.kind() == ModelKind::Encoder
+        && loaded
+            .model
+            .info()
+            .architecture
+            .ends_with("ForSequenceClassification");
+    let (generator, embedder, classifier) = match loaded.model.kind() {
+        ModelKind::Encoder if classifies => {
+            drop(loaded);
+            let model = Arc::new(
+                SequenceClassifier::load(&args.model, args.dtype.dtype)
+                    .with_context(|| format!("loading {}", args.model.display()))?,
+            );
+            let (queue, t) = classifier::start(model.clone(), args.max_queue, metrics.clone())?;
+            threads.push(t);
+            (None, None, Some(Classifier { model, queue }))
+        }
         ModelKind::Encoder => {
             drop(loaded);
             let encoder = Arc::new(
@@ -173,7 +200,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 metrics.clone(),
             )?;
             threads.push(t);
-            (None, Some(Embedder { encoder, queue }))
+            (None, Some(Embedder { encoder, queue }), None)
         }
         _ => {
             loaded.model.kv_dtype = args.kv_dtype.kv_dtype;
@@ -204,7 +231,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 template,
                 queue,
             };
-            (Some(g), None)
+            (Some(g), None, None)
         }
     };
     let state = Arc::new(AppState {
@@ -216,6 +243,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         limits,
         generator,
         embedder,
+        classifier,
         ids: AtomicU64::new(0),
     });
     let app = Router::new()
@@ -225,6 +253,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         .route("/v1/completions", post(routes::completions))
         .route("/v1/chat/completions", post(routes::chat))
         .route("/v1/embeddings", post(routes::embeddings))
+        .route("/v1/rerank", post(routes::rerank))
+        .route("/v1/classify", post(routes::classify))
         .route("/tokenize", post(routes::tokenize))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)

@@ -3,7 +3,8 @@
 //! each still equals its own run, every bad request gets OpenAI's error shape with the
 //! right status while the server keeps serving, a client that goes away frees its
 //! sequence, a full queue answers 503, SIGTERM lets a stream finish and exits 0,
-//! embeddings equal `qkv embed`, and the folder written as GGUF serves as well.
+//! embeddings equal `qkv embed`, reranking and classification equal `qkv classify`,
+//! and the folder written as GGUF serves as well.
 //!
 //! The model: a tiny random Llama (`qkv bench llama --save`) with the Qwen2 byte-level
 //! test tokenizer and Qwen2.5's chat template.
@@ -783,4 +784,138 @@ fn base64_decode(s: &str) -> Vec<u8> {
         }
     }
     out
+}
+
+/// A classification fixture folder (`tools/fixtures/gen_classify.py`).
+fn classify_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../qkv/tests/fixtures/classify")
+        .join(name)
+}
+
+#[test]
+fn rerank_and_classify_equal_qkv_classify_and_bad_requests_get_4xx() {
+    let dir = classify_fixture("bert_reranker");
+    let query = "the animal was too tired";
+    let docs = [
+        "a cat sat on the mat",
+        "The animal didn't cross the street because it was too tired.",
+        "queries, keys and values",
+    ];
+    // qkv classify on each (query, document) pair: one logit, its sigmoid the score
+    let mut args = vec!["classify", "--model", dir.to_str().unwrap(), "--json"];
+    for d in docs {
+        args.extend(["--text", query, "--pair", d]);
+    }
+    let cli: Value = serde_json::from_str(&qkv(&args)).unwrap();
+    let cli_score = |i: usize| cli[i][0]["score"].as_f64().unwrap();
+    let s = Server::start(&dir, &["--name", "ce"]);
+    let r = s
+        .post(
+            "/v1/rerank",
+            &json!({"model": "ce", "query": query, "documents": docs, "return_documents": true}),
+        )
+        .json();
+    let results = r["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3);
+    let mut seen = Vec::new();
+    for (k, res) in results.iter().enumerate() {
+        let i = res["index"].as_u64().unwrap() as usize;
+        let got = res["relevance_score"].as_f64().unwrap();
+        assert!(
+            (got - cli_score(i)).abs() < 1e-6,
+            "document {i}: {got} vs {}",
+            cli_score(i)
+        );
+        assert_eq!(res["document"]["text"], docs[i]);
+        if k > 0 {
+            let before = results[k - 1]["relevance_score"].as_f64().unwrap();
+            assert!(before >= got, "results are sorted best first");
+        }
+        seen.push(i);
+    }
+    seen.sort();
+    assert_eq!(seen, [0, 1, 2]);
+    assert!(r["usage"]["total_tokens"].as_u64().unwrap() > 0);
+    let top = s
+        .post(
+            "/v1/rerank",
+            &json!({"model": "ce", "query": query, "documents": docs, "top_n": 1}),
+        )
+        .json();
+    assert_eq!(top["results"].as_array().unwrap().len(), 1);
+    assert_eq!(top["results"][0]["index"], results[0]["index"]);
+    assert!(top["results"][0].get("document").is_none());
+    let c = s
+        .post(
+            "/v1/classify",
+            &json!({"model": "ce", "input": [[query, docs[1]]]}),
+        )
+        .json();
+    assert_eq!(c["data"][0]["labels"][0]["label"], "LABEL_0");
+    let got = c["data"][0]["labels"][0]["score"].as_f64().unwrap();
+    assert!((got - cli_score(1)).abs() < 1e-6);
+    // bad requests: 4xx naming the field, and the server goes on
+    for (body, status, param) in [
+        (
+            json!({"model": "ce", "query": query, "documents": []}),
+            400,
+            "documents",
+        ),
+        (
+            json!({"model": "ce", "query": query, "documents": docs, "top_n": 0}),
+            400,
+            "top_n",
+        ),
+        (
+            json!({"model": "ce", "query": query, "documents": docs, "rank": 1}),
+            400,
+            "",
+        ),
+        (
+            json!({"model": "ce", "query": 3, "documents": docs}),
+            400,
+            "query",
+        ),
+        (
+            json!({"model": "other", "query": query, "documents": docs}),
+            404,
+            "model",
+        ),
+    ] {
+        let e = s.post("/v1/rerank", &body);
+        assert_eq!(e.status, status, "{body}: {}", e.json());
+        if !param.is_empty() {
+            assert_eq!(e.json()["error"]["param"], param, "{body}");
+        }
+    }
+    assert_eq!(
+        s.post("/v1/embeddings", &json!({"model": "ce", "input": "x"}))
+            .status,
+        404
+    );
+    let again = s
+        .post(
+            "/v1/rerank",
+            &json!({"model": "ce", "query": query, "documents": [docs[1]]}),
+        )
+        .json();
+    let got = again["results"][0]["relevance_score"].as_f64().unwrap();
+    assert!((got - cli_score(1)).abs() < 1e-6);
+    // a classifier of two labels classifies, and is no reranker
+    let two = Server::start(&classify_fixture("distilbert_sst"), &["--name", "sst"]);
+    let r = two.post(
+        "/v1/rerank",
+        &json!({"model": "sst", "query": query, "documents": docs}),
+    );
+    assert_eq!(r.status, 404, "{}", r.json());
+    let c = two
+        .post(
+            "/v1/classify",
+            &json!({"model": "sst", "input": "a cat sat"}),
+        )
+        .json();
+    let labels = c["data"][0]["labels"].as_array().unwrap();
+    let total: f64 = labels.iter().map(|l| l["score"].as_f64().unwrap()).sum();
+    assert!((total - 1.0).abs() < 1e-5, "softmax scores sum to 1");
 }

@@ -24,6 +24,7 @@
 //! | [`t5`] | `T5ForConditionalGeneration` | relative position buckets, unscaled scores, gated FFN |
 //! | qkv | `QkvTransformer` | any [`Arch`] no Hugging Face class has (ALiBi + post-norm, …) |
 
+mod classify;
 pub mod families;
 mod folder;
 pub mod generate;
@@ -36,6 +37,7 @@ mod rows;
 pub mod sentence;
 mod transformer;
 
+pub use classify::{Scoring, SequenceClassifier};
 pub use families::{
     bert, bloom, distilbert, gemma, gpt2, gpt_neox, llama, marian, phi3, roberta, t5,
 };

@@ -300,6 +300,76 @@ impl Tokenizer {
         TokenBatch::new(ids, Some(mask), rows.len(), len)
     }
 
+    /// Texts, or text pairs, as one right-padded batch with its segment ids `[B·T]`
+    /// (0 on the first text, 1 on the second where the post-processor says so, as
+    /// BERT's `[CLS] A [SEP] B [SEP]` does; 0 on padding). Each input is cut to `max_len`
+    /// ids, special tokens included, longest text first, as transformers'
+    /// `truncation=True` (`longest_first`) does for a pair.
+    pub fn encode_pairs(
+        &self,
+        inputs: &[(&str, Option<&str>)],
+        pad_id: usize,
+        max_len: usize,
+    ) -> Result<(TokenBatch, Vec<usize>)> {
+        if self.marian.is_some() {
+            return Err(Error::Tokenizer(format!(
+                "{}: a Marian tokenizer encodes single texts, not pairs",
+                self.path.display()
+            )));
+        }
+        let rows = inputs
+            .iter()
+            .map(|&(a, b)| self.encode_pair(a, b, max_len))
+            .collect::<Result<Vec<_>>>()?;
+        let len = rows.iter().map(|(ids, _)| ids.len()).max().unwrap_or(0);
+        let (mut ids, mut types, mut mask) = (Vec::new(), Vec::new(), Vec::new());
+        for (row, segments) in &rows {
+            let pad = len - row.len();
+            ids.extend(row.iter().copied().chain(std::iter::repeat_n(pad_id, pad)));
+            types.extend(segments.iter().copied().chain(std::iter::repeat_n(0, pad)));
+            mask.extend((0..len).map(|i| i < row.len()));
+        }
+        Ok((TokenBatch::new(ids, Some(mask), rows.len(), len)?, types))
+    }
+
+    /// One input of [`Tokenizer::encode_pairs`]: its ids and segment ids.
+    fn encode_pair(
+        &self,
+        a: &str,
+        b: Option<&str>,
+        max_len: usize,
+    ) -> Result<(Vec<usize>, Vec<usize>)> {
+        use tokenizers::utils::truncation::{
+            truncate_encodings, TruncationDirection, TruncationParams, TruncationStrategy,
+        };
+        let err = |e| Error::Tokenizer(format!("{}: encoding {a:?}: {e}", self.path.display()));
+        let first = self.inner.encode(a, false).map_err(err)?;
+        let second = b
+            .map(|t| self.inner.encode(t, false))
+            .transpose()
+            .map_err(err)?;
+        let added = self
+            .inner
+            .get_post_processor()
+            .map_or(0, |p| p.added_tokens(second.is_some()));
+        if max_len <= added {
+            return Err(Error::invalid(
+                "max_len",
+                format!("{max_len} leaves no room for text beside the {added} special tokens"),
+            ));
+        }
+        let params = TruncationParams {
+            direction: TruncationDirection::Right,
+            max_length: max_len - added,
+            strategy: TruncationStrategy::LongestFirst,
+            stride: 0,
+        };
+        let (first, second) = truncate_encodings(first, second, &params).map_err(err)?;
+        let enc = self.inner.post_process(first, second, true).map_err(err)?;
+        let to_usize = |v: &[u32]| v.iter().map(|&i| i as usize).collect();
+        Ok((to_usize(enc.get_ids()), to_usize(enc.get_type_ids())))
+    }
+
     /// Text of `ids`, without special tokens.
     pub fn decode(&self, ids: &[usize]) -> Result<String> {
         self.decode_keeping(ids, false)

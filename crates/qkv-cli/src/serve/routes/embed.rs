@@ -3,7 +3,6 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
 use base64::Engine as _;
@@ -19,12 +18,7 @@ use crate::serve::embedder::EmbedJob;
 pub async fn embeddings(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
     let req: EmbeddingRequest = parse(&body_json(&b, &[EMBEDDING])?)?;
-    let e = s.embedder.as_ref().ok_or_else(|| {
-        ApiError::status(
-            StatusCode::NOT_FOUND,
-            format!("`{}` generates text: POST /v1/completions", s.name),
-        )
-    })?;
+    let e = s.embedder.as_ref().ok_or_else(|| s.elsewhere())?;
     s.check_model(&req.model)?;
     let base64 = match req.encoding_format.as_deref() {
         None | Some("float") => false,
@@ -97,8 +91,8 @@ pub async fn embeddings(State(s): Shared, b: Result<Bytes, BytesRejection>) -> R
 pub async fn tokenize(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
     let req: TokenizeRequest = parse(&body_json(&b, &[TOKENIZE])?)?;
-    let tokens = match (&s.generator, &s.embedder) {
-        (Some(g), _) => {
+    let tokens = match (&s.generator, &s.embedder, &s.classifier) {
+        (Some(g), _, _) => {
             let tok = g
                 .tokenizer
                 .as_ref()
@@ -106,19 +100,33 @@ pub async fn tokenize(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Rep
             tok.encode(&req.content, req.add_special)
                 .map_err(|e| ApiError::invalid("content", e.to_string()))?
         }
-        (None, Some(e)) => {
+        (None, Some(e), _) => {
             let b = e
                 .encoder
                 .tokenize(&[req.content.as_str()])
                 .map_err(|err| ApiError::invalid("content", err.to_string()))?;
-            b.ids
-                .iter()
-                .zip(&b.mask)
-                .filter(|(_, &m)| m)
-                .map(|(&i, _)| i)
-                .collect()
+            real_ids(&b)
         }
-        (None, None) => unreachable!("a server serves a generator or an embedder"),
+        (None, None, Some(c)) => {
+            let (b, _) = c
+                .model
+                .tokenize(&[(req.content.as_str(), None)])
+                .map_err(|err| ApiError::invalid("content", err.to_string()))?;
+            real_ids(&b)
+        }
+        (None, None, None) => {
+            unreachable!("a server serves a generator, an embedder or a classifier")
+        }
     };
     Ok(Json(json!({"tokens": tokens})).into_response())
+}
+
+/// The ids of a batch's real tokens, row after row.
+fn real_ids(b: &qkv::models::TokenBatch) -> Vec<usize> {
+    b.ids
+        .iter()
+        .zip(&b.mask)
+        .filter(|(_, &m)| m)
+        .map(|(&i, _)| i)
+        .collect()
 }

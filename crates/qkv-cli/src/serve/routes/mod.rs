@@ -1,11 +1,13 @@
 //! The HTTP side: each endpoint validates its request, turns it into a job for the
-//! scheduler (or the embedder) and answers in OpenAI's shapes, streamed as server-sent
+//! scheduler (or the embedder, or the classifier) and answers in OpenAI's shapes, streamed as server-sent
 //! events when asked. No model math runs here.
 
+mod classify;
 mod embed;
 mod generate;
 mod shared;
 
+pub use classify::{classify, rerank};
 pub use embed::{embeddings, tokenize};
 pub use generate::{chat, completions};
 
@@ -76,6 +78,8 @@ pub async fn log(State(s): Shared, req: Request, next: Next) -> Response {
         | "/v1/completions"
         | "/v1/chat/completions"
         | "/v1/embeddings"
+        | "/v1/rerank"
+        | "/v1/classify"
         | "/tokenize"
         | "/metrics" => path.as_str(),
         _ => "other",

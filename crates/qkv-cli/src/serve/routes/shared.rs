@@ -55,12 +55,17 @@ impl AppState {
     }
 
     pub fn generator(&self) -> Result<&crate::serve::Generator, ApiError> {
-        self.generator.as_ref().ok_or_else(|| {
-            ApiError::status(
-                StatusCode::NOT_FOUND,
-                format!("`{}` is an embedding model: POST /v1/embeddings", self.name),
-            )
-        })
+        self.generator.as_ref().ok_or_else(|| self.elsewhere())
+    }
+
+    /// 404 for an endpoint this server's model does not answer, naming the one it does.
+    pub fn elsewhere(&self) -> ApiError {
+        let serves = match (&self.generator, &self.embedder) {
+            (Some(_), _) => "generates text: POST /v1/completions",
+            (None, Some(_)) => "is an embedding model: POST /v1/embeddings",
+            (None, None) => "is a classifier: POST /v1/classify (or /v1/rerank)",
+        };
+        ApiError::status(StatusCode::NOT_FOUND, format!("`{}` {serves}", self.name))
     }
 
     /// A job for `ids` under `settings`; `default_max`: the length when the request

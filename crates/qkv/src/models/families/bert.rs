@@ -15,7 +15,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::def::{as_given, FamilyDef};
+use super::def::{as_given, ClassifierLayout, FamilyDef, PoolActivation};
 use super::names::{same, Name};
 use super::special::TokenIds;
 use crate::error::{Error, Result};
@@ -38,6 +38,11 @@ pub(crate) static BERT: FamilyDef = FamilyDef {
     special: as_given,
     fresh: None,
     native: false,
+    classifier: Some(ClassifierLayout {
+        dense: "bert.pooler.dense",
+        activation: PoolActivation::Tanh,
+        out: "classifier",
+    }),
 };
 
 /// A masked-LM folder keeps its head when the checkpoint has it.

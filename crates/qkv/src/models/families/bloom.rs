@@ -31,6 +31,7 @@ pub(crate) static BLOOM: FamilyDef = FamilyDef {
     special: as_given,
     fresh: None,
     native: false,
+    classifier: None,
 };
 
 /// Hugging Face `BloomConfig`. Released configs disagree on names (`bloom-560m` writes

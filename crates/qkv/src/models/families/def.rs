@@ -41,6 +41,20 @@ pub(crate) struct FamilyDef {
     /// qkv's own folder: the [`Arch`] itself in `config.json` and every tensor under
     /// its qkv path; no Hugging Face config to keep.
     pub native: bool,
+    /// Where the family's `…ForSequenceClassification` checkpoints keep their head.
+    pub classifier: Option<ClassifierLayout>,
+}
+
+/// A sequence-classification head as BERT-family checkpoints store it: the first
+/// token's last hidden state `[C]` → `dense` (C→C) → `activation` → `out` (C→labels).
+/// BERT's `dense` is its pooler; RoBERTa's and DistilBERT's are the head's own.
+#[derive(Clone, Copy, Debug)]
+pub struct ClassifierLayout {
+    /// The dense layer's checkpoint name (`bert.pooler.dense`), without `.weight`.
+    pub dense: &'static str,
+    pub activation: PoolActivation,
+    /// The output layer's checkpoint name (`classifier`).
+    pub out: &'static str,
 }
 
 /// A family's `config.json` reader: the folder, the architecture name it gave, and its
@@ -73,6 +87,35 @@ pub(crate) const fn hf_family(
         special: as_given,
         fresh: None,
         native: false,
+        classifier: None,
+    }
+}
+
+/// The activation after a classification head's dense layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolActivation {
+    /// BERT's pooler, RoBERTa's head.
+    Tanh,
+    /// DistilBERT's `pre_classifier`.
+    Relu,
+}
+
+impl PoolActivation {
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            PoolActivation::Tanh => x.tanh(),
+            PoolActivation::Relu => x.max(0.0),
+        }
+    }
+}
+
+impl FamilyDef {
+    /// This family with its sequence-classification head stored as `layout` says.
+    pub(crate) const fn classifying(self, layout: ClassifierLayout) -> FamilyDef {
+        FamilyDef {
+            classifier: Some(layout),
+            ..self
+        }
     }
 }
 

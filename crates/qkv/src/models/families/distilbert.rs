@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::def::{hf_family, FamilyDef};
+use super::def::{hf_family, ClassifierLayout, FamilyDef, PoolActivation};
 use super::names::{same, Name};
 use super::special::TokenIds;
 use crate::error::{Error, Result};
@@ -26,7 +26,12 @@ pub(crate) static DISTILBERT: FamilyDef = hf_family(
     read_folder,
     names,
     "distilbert.",
-);
+)
+.classifying(ClassifierLayout {
+    dense: "pre_classifier",
+    activation: PoolActivation::Relu,
+    out: "classifier",
+});
 
 /// `DistilBertConfig`, with its defaults (distilbert-base) where the file is silent.
 #[derive(Deserialize)]

@@ -34,6 +34,7 @@ pub(crate) static GPT2: FamilyDef = FamilyDef {
     special: as_given,
     fresh: Some(Fresh { fits, config_json }),
     native: false,
+    classifier: None,
 };
 
 /// Hugging Face `GPT2Config`. Sizes are required; the alternative names are those of

@@ -36,6 +36,7 @@ pub(crate) static LLAMA: FamilyDef = FamilyDef {
     special: as_given,
     fresh: Some(Fresh { fits, config_json }),
     native: false,
+    classifier: None,
 };
 
 pub(crate) static MISTRAL: FamilyDef =

@@ -38,6 +38,7 @@ pub(crate) static MARIAN: FamilyDef = FamilyDef {
     special: as_given,
     fresh: None,
     native: false,
+    classifier: None,
 };
 
 /// Older Marian checkpoints keep the shared table under the encoder.

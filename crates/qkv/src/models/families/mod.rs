@@ -20,6 +20,7 @@ pub mod roberta;
 pub(crate) mod special;
 pub mod t5;
 
+pub use def::{ClassifierLayout, PoolActivation};
 pub use names::Loc;
 pub use native::NATIVE_ARCHITECTURE;
 pub use registry::{supported, Family};

@@ -26,6 +26,7 @@ pub(crate) static QKV: FamilyDef = FamilyDef {
     special: as_given,
     fresh: None,
     native: true,
+    classifier: None,
 };
 
 #[derive(serde::Deserialize)]

@@ -13,7 +13,7 @@
 
 use std::path::Path;
 
-use super::def::{hf_family, FamilyDef};
+use super::def::{hf_family, ClassifierLayout, FamilyDef, PoolActivation};
 use super::names::Name;
 use super::special::TokenIds;
 use crate::error::Result;
@@ -30,7 +30,8 @@ pub(crate) static ROBERTA: FamilyDef = hf_family(
     |dir, architecture, ckpt| read(dir, architecture, ckpt, "RobertaForMaskedLM"),
     names,
     "roberta.",
-);
+)
+.classifying(ROBERTA_HEAD);
 
 pub(crate) static XLM_ROBERTA: FamilyDef = hf_family(
     "xlm-roberta",
@@ -42,7 +43,15 @@ pub(crate) static XLM_ROBERTA: FamilyDef = hf_family(
     |dir, architecture, ckpt| read(dir, architecture, ckpt, "XLMRobertaForMaskedLM"),
     names,
     "roberta.",
-);
+)
+.classifying(ROBERTA_HEAD);
+
+/// `RobertaClassificationHead`: the head's own dense layer and tanh on `<s>`.
+const ROBERTA_HEAD: ClassifierLayout = ClassifierLayout {
+    dense: "classifier.dense",
+    activation: PoolActivation::Tanh,
+    out: "classifier.out_proj",
+};
 
 /// BERT's reading, with RoBERTa's positions; a masked-LM folder keeps its head when
 /// the checkpoint has it.

@@ -41,6 +41,7 @@ pub(crate) static T5: FamilyDef = FamilyDef {
     special: start_from_bos,
     fresh: None,
     native: false,
+    classifier: None,
 };
 
 /// Without a decoder start token, generation starts from BOS, as Hugging Face's

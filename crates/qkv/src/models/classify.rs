@@ -1,0 +1,353 @@
+//! Sequence classification as `*ForSequenceClassification` computes it: the encoder's
+//! last hidden state of the first token (`[CLS]`, `<s>`), a dense layer and its
+//! activation, then one logit per label. Cross-encoder rerankers (the ms-marco MiniLM
+//! ones) are such models with one label, read on a query and a document together.
+//!
+//! Scores follow the tool a user would compare with:
+//! - [`SequenceClassifier::classify`] scores as transformers' text-classification
+//!   pipeline: no function for `problem_type: regression`, a sigmoid for multi-label
+//!   models or one label, else a softmax;
+//! - [`SequenceClassifier::rerank`] as sentence-transformers' `CrossEncoder.predict`:
+//!   the config's `sentence_transformers.activation_fn` where it names one, else a
+//!   sigmoid for one label.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::families::{ClassifierLayout, PoolActivation};
+use super::folder::load_in;
+use super::net::arch::ModelKind;
+use super::transformer::Transformer;
+use crate::batch::TokenBatch;
+use crate::error::{Error, Result};
+use crate::io::{bad_field, read_config, read_json_or_default, Checkpoint};
+use crate::layers::Linear;
+use crate::ops::DType;
+use crate::tensor::Tensor;
+use crate::text::Tokenizer;
+
+/// Inputs per forward pass, the pipeline's and `CrossEncoder`'s default batch.
+const BATCH: usize = 32;
+
+/// The function that turns a row of logits into scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scoring {
+    Softmax,
+    Sigmoid,
+    /// The logits themselves (regression).
+    Identity,
+}
+
+impl Scoring {
+    /// `logits` `[L]` → scores `[L]`.
+    pub fn apply(self, logits: &[f32]) -> Vec<f32> {
+        match self {
+            Scoring::Identity => logits.to_vec(),
+            Scoring::Sigmoid => logits.iter().map(|z| 1.0 / (1.0 + (-z).exp())).collect(),
+            Scoring::Softmax => {
+                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let e: Vec<f32> = logits.iter().map(|z| (z - max).exp()).collect();
+                let sum: f32 = e.iter().sum();
+                e.iter().map(|x| x / sum).collect()
+            }
+        }
+    }
+}
+
+/// An encoder with a sequence-classification head, and the folder's tokenizer.
+pub struct SequenceClassifier {
+    dir: std::path::PathBuf,
+    model: Transformer,
+    tokenizer: Option<Tokenizer>,
+    pad_id: usize,
+    max_len: usize,
+    /// `[C] → [C]`, BERT's pooler or the head's own dense layer
+    dense: Linear,
+    activation: PoolActivation,
+    /// `[C] → [L]`
+    out: Linear,
+    labels: Vec<String>,
+    scoring: Scoring,
+    rerank_scoring: Scoring,
+}
+
+/// The fields of `config.json` the head's outputs are named and scored by.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct HeadConfig {
+    id2label: std::collections::BTreeMap<String, String>,
+    problem_type: Option<String>,
+    sentence_transformers: Option<CrossEncoderConfig>,
+    /// sentence-transformers before 4.0 kept the activation here
+    sbert_ce_default_activation_function: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct CrossEncoderConfig {
+    activation_fn: Option<String>,
+}
+
+/// `tokenizer_config.json`'s length limit, where it gives a real one.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct LengthOnly {
+    model_max_length: Option<f64>,
+}
+
+impl SequenceClassifier {
+    /// Loads the `…ForSequenceClassification` folder `dir`, its encoder's linear layers
+    /// in `dtype` ([`crate::models::load_in`]).
+    pub fn load(dir: &Path, dtype: DType) -> Result<Self> {
+        if crate::io::gguf::is_gguf(dir) {
+            return Err(Error::Unsupported(format!(
+                "{}: a GGUF file holds no sequence-classification head; give the Hugging Face folder",
+                dir.display()
+            )));
+        }
+        let model = load_in(dir, dtype)?.model;
+        let family = model.family;
+        let layout = family
+            .def()
+            .classifier
+            .filter(|_| model.kind() == ModelKind::Encoder);
+        let Some(layout) = layout else {
+            return Err(Error::Unsupported(format!(
+                "{}: `{}` has no sequence-classification head qkv reads (BERT, RoBERTa, XLM-RoBERTa and DistilBERT have)",
+                dir.display(),
+                model.info().architecture
+            )));
+        };
+        let c = model.arch.d_model;
+        let (dense, out) = read_head(dir, &layout, c)?;
+        let labels = read_labels(dir, out.out_features())?;
+        let cfg: HeadConfig = read_config(dir)?;
+        let scoring = match cfg.problem_type.as_deref() {
+            Some("regression") => Scoring::Identity,
+            Some("multi_label_classification") => Scoring::Sigmoid,
+            _ if labels.len() == 1 => Scoring::Sigmoid,
+            _ => Scoring::Softmax,
+        };
+        let named = cfg
+            .sentence_transformers
+            .and_then(|s| s.activation_fn)
+            .or(cfg.sbert_ce_default_activation_function);
+        let rerank_scoring = match named.as_deref() {
+            None if labels.len() == 1 => Scoring::Sigmoid,
+            None => Scoring::Identity,
+            Some(name) => cross_encoder_activation(dir, name)?,
+        };
+        let tokenizer = Tokenizer::optional(dir)?
+            .map(|t| t.fitting(model.arch.token_rows()))
+            .transpose()?;
+        let positions = model.arch.max_positions().map_or(usize::MAX, |n| {
+            n.saturating_sub(model.arch.embed.position_offset)
+        });
+        let limit: LengthOnly = read_json_or_default(&dir.join("tokenizer_config.json"))?;
+        let max_len = limit
+            .model_max_length
+            .filter(|&n| n >= 1.0 && n < positions as f64)
+            .map_or(positions, |n| n as usize);
+        let pad_id = model.special_tokens().pad.unwrap_or(0);
+        Ok(SequenceClassifier {
+            dir: dir.to_path_buf(),
+            model,
+            tokenizer,
+            pad_id,
+            max_len,
+            dense,
+            activation: layout.activation,
+            out,
+            labels,
+            scoring,
+            rerank_scoring,
+        })
+    }
+
+    /// The label of each output, from `id2label` (`LABEL_i` where the config has none).
+    pub fn labels(&self) -> &[String] {
+        &self.labels
+    }
+
+    /// How [`SequenceClassifier::classify`] scores: transformers' pipeline's rule.
+    pub fn scoring(&self) -> Scoring {
+        self.scoring
+    }
+
+    /// Inputs are cut to this many tokens, special tokens included.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    pub fn encoder(&self) -> &Transformer {
+        &self.model
+    }
+
+    /// Logits `[B, L]` of a right-padded batch whose rows each start with the token the
+    /// head reads (`[CLS]`, `<s>`); `types` `[B·T]` are segment ids, for a model that
+    /// has token types.
+    pub fn logits(&self, batch: &TokenBatch, types: Option<&[usize]>) -> Result<Tensor> {
+        if let Some(b) = (0..batch.batch).find(|&b| !batch.mask[b * batch.len]) {
+            return Err(Error::invalid(
+                "attention_mask",
+                format!("row {b} starts with padding; the head reads the first token, so pad on the right"),
+            ));
+        }
+        let types = types.filter(|_| self.model.arch.embed.token_types > 0);
+        let h = self.model.hidden_states(batch, types)?;
+        let c = self.model.arch.d_model;
+        // [B,T,C] → [B,C]: each row's first token
+        let first: Vec<f32> = h
+            .data()
+            .chunks_exact(batch.len * c)
+            .flat_map(|row| &row[..c])
+            .copied()
+            .collect();
+        let mut z = self
+            .dense
+            .forward(&Tensor::new(&[batch.batch, c], first)?)?;
+        z.data_mut()
+            .iter_mut()
+            .for_each(|x| *x = self.activation.apply(*x));
+        self.out.forward(&z)
+    }
+
+    /// Logits, one row of [`SequenceClassifier::labels`]' length per input: a text, or
+    /// a pair read together (`[CLS] A [SEP] B [SEP]`), each cut to
+    /// [`SequenceClassifier::max_len`] tokens longest text first.
+    pub fn classify(&self, inputs: &[(&str, Option<&str>)]) -> Result<Vec<Vec<f32>>> {
+        let mut rows = Vec::with_capacity(inputs.len());
+        for chunk in inputs.chunks(BATCH) {
+            let (batch, types) = self.tokenize(chunk)?;
+            let logits = self.logits(&batch, Some(&types))?;
+            rows.extend(
+                logits
+                    .data()
+                    .chunks_exact(self.labels.len())
+                    .map(<[f32]>::to_vec),
+            );
+        }
+        Ok(rows)
+    }
+
+    /// The batch and segment ids [`SequenceClassifier::classify`] runs for `inputs`.
+    pub fn tokenize(&self, inputs: &[(&str, Option<&str>)]) -> Result<(TokenBatch, Vec<usize>)> {
+        let tokenizer = self.tokenizer.as_ref().ok_or_else(|| {
+            Error::Tokenizer(format!(
+                "{}: no tokenizer (tokenizer.json) in the folder; it scores token ids only",
+                self.dir.display()
+            ))
+        })?;
+        tokenizer.encode_pairs(inputs, self.pad_id, self.max_len)
+    }
+
+    /// Relevance of each document to `query`, as `CrossEncoder.predict` scores the pairs
+    /// (query, document). The model must have one output.
+    pub fn rerank(&self, query: &str, docs: &[&str]) -> Result<Vec<f32>> {
+        self.check_reranker()?;
+        let pairs: Vec<(&str, Option<&str>)> = docs.iter().map(|d| (query, Some(*d))).collect();
+        Ok(self.relevance(&self.classify(&pairs)?))
+    }
+
+    /// Refuses a model of several labels as a reranker: its relevance is no one number.
+    pub fn check_reranker(&self) -> Result<()> {
+        match self.labels.len() {
+            1 => Ok(()),
+            n => Err(Error::Unsupported(format!(
+                "reranking needs a cross-encoder of one output; this model has {n} labels ({})",
+                self.labels.join(", ")
+            ))),
+        }
+    }
+
+    /// Each row of one-output logits as a relevance score, under `CrossEncoder`'s
+    /// activation (see the module docs).
+    pub fn relevance(&self, logits: &[Vec<f32>]) -> Vec<f32> {
+        logits
+            .iter()
+            .map(|row| self.rerank_scoring.apply(&row[..1])[0])
+            .collect()
+    }
+}
+
+/// The head's two layers, checked against the hidden size `c`.
+fn read_head(dir: &Path, layout: &ClassifierLayout, c: usize) -> Result<(Linear, Linear)> {
+    let ckpt = Checkpoint::open(dir)?;
+    let get = |name: String| -> Result<Tensor> {
+        match ckpt.has(&name) {
+            true => ckpt.tensor(&name),
+            false => Err(Error::Unsupported(format!(
+                "{}: tensor `{name}` not found: not a sequence-classification checkpoint (`…ForSequenceClassification`)",
+                dir.display()
+            ))),
+        }
+    };
+    let shaped = |name: String, shape: &[usize]| -> Result<Tensor> {
+        let t = get(name.clone())?;
+        match t.shape() == shape && shape.iter().all(|&n| n > 0) {
+            true => Ok(t),
+            false => Err(Error::Shape {
+                tensor: format!("{} in {}", name, dir.display()),
+                expected: format!("{shape:?}"),
+                got: t.shape().to_vec(),
+            }),
+        }
+    };
+    let dense = Linear::new(
+        shaped(format!("{}.weight", layout.dense), &[c, c])?,
+        Some(shaped(format!("{}.bias", layout.dense), &[c])?),
+    )?;
+    let out_weight = format!("{}.weight", layout.out);
+    let labels = get(out_weight.clone())?
+        .shape()
+        .first()
+        .copied()
+        .unwrap_or(0);
+    let out = Linear::new(
+        shaped(out_weight, &[labels, c])?,
+        Some(shaped(format!("{}.bias", layout.out), &[labels])?),
+    )?;
+    Ok((dense, out))
+}
+
+/// `id2label` as a list of `n` names, `LABEL_i` where the config gives none; a map of
+/// another size or with other keys is an error naming the field.
+fn read_labels(dir: &Path, n: usize) -> Result<Vec<String>> {
+    let cfg: HeadConfig = read_config(dir)?;
+    if cfg.id2label.is_empty() {
+        return Ok((0..n).map(|i| format!("LABEL_{i}")).collect());
+    }
+    (0..n)
+        .map(|i| {
+            cfg.id2label.get(&i.to_string()).cloned().ok_or_else(|| {
+                bad_field(
+                    dir,
+                    "id2label",
+                    format!("no name for label {i} of the head's {n} outputs"),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>>>()
+        .and_then(|names| match cfg.id2label.len() == n {
+            true => Ok(names),
+            false => Err(bad_field(
+                dir,
+                "id2label",
+                format!("{} names for a head of {n} outputs", cfg.id2label.len()),
+            )),
+        })
+}
+
+/// The activation a cross-encoder's config names by its torch path.
+fn cross_encoder_activation(dir: &Path, name: &str) -> Result<Scoring> {
+    match name.rsplit('.').next() {
+        Some("Sigmoid") => Ok(Scoring::Sigmoid),
+        Some("Identity") => Ok(Scoring::Identity),
+        _ => Err(bad_field(
+            dir,
+            "sentence_transformers.activation_fn",
+            format!("`{name}`: qkv scores with torch's Sigmoid or Identity"),
+        )),
+    }
+}
