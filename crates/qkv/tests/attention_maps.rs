@@ -53,6 +53,7 @@ fn self_attention_weights_match_transformers() {
         "roberta",
         "xlm_roberta",
         "distilbert",
+        "modernbert",
         "bloom",
     ] {
         let m = load(name);
@@ -81,7 +82,10 @@ fn self_attention_weights_match_transformers() {
             ModelKind::Encoder => &out.attentions.encoder,
             _ => &out.attentions.decoder,
         };
-        assert_eq!(maps.len(), 2, "{name}");
+        let layers = (0..)
+            .take_while(|l| f.has(&format!("attentions.{l}")))
+            .count();
+        assert_eq!(maps.len(), layers, "{name}");
         check(name, "attentions", maps, &f, &tokens.mask);
     }
 }

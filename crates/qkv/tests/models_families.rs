@@ -18,7 +18,9 @@
 //!
 //! RoBERTa and XLM-RoBERTa: BERT's encoder with positions counted from
 //! `padding_idx + 1`, so a padded row equals the row alone. DistilBERT: BERT's
-//! encoder under its own names, without token types.
+//! encoder under its own names, without token types. ModernBERT: a pre-norm encoder
+//! with RoPE whose middle layer is local (|i − j| ≤ 2 of 9 positions, its own RoPE
+//! base), GeGLU, no biases, and no attention norm in the first layer.
 //!
 //! Sequence classification (`tools/fixtures/gen_classify.py`): BERT's pooler head as a
 //! one-output cross-encoder on text pairs (logits, `CrossEncoder.predict`, the
@@ -173,11 +175,12 @@ fn phi3_longrope_matches_hf_past_the_pretraining_length() {
 }
 
 #[test]
-fn roberta_xlm_roberta_and_distilbert_match_hf_with_padding() {
+fn roberta_xlm_roberta_distilbert_and_modernbert_match_hf_with_padding() {
     for (name, family, offset) in [
         ("roberta", "roberta", 2),
         ("xlm_roberta", "xlm-roberta", 2),
         ("distilbert", "distilbert", 0),
+        ("modernbert", "modernbert", 0),
     ] {
         let f = reference(name);
         let m = common::models::load_encoder(name);
@@ -202,6 +205,31 @@ fn roberta_xlm_roberta_and_distilbert_match_hf_with_padding() {
             1e-5,
         );
     }
+}
+
+/// ModernBERT's local layer: its window and its RoPE base each change the states (so the
+/// fixture checks both), and a config whose local layers see no key is refused.
+#[test]
+fn modernbert_local_layers_matter_and_bad_windows_are_refused() {
+    let f = reference("modernbert");
+    let tokens = batch(&f, "input_ids", Some("attention_mask"));
+    let want = f.t("last_hidden_state");
+    let differs = |edit: fn(&mut serde_json::Value)| {
+        let dir = EditedFixture::new("modernbert", edit);
+        let m = qkv::models::load(dir.path()).unwrap().model;
+        let got = m.hidden_states(&tokens, None).unwrap();
+        common::tensors::max_abs_diff(got.data(), want.data())
+    };
+    assert!(differs(|c| c["local_attention"] = serde_json::json!(64)) > 1e-3);
+    assert!(differs(|c| c["local_rope_theta"] = serde_json::json!(160000.0)) > 1e-3);
+    let dir = EditedFixture::new("modernbert", |c| {
+        c["local_attention"] = serde_json::json!(1)
+    });
+    let err = qkv::models::load(dir.path())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("local_attention"), "{err}");
 }
 
 /// A share of the head that rotates an odd number of dimensions (or none) is refused

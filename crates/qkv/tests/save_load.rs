@@ -80,7 +80,7 @@ fn layout(dir: &Path) -> BTreeMap<String, Vec<usize>> {
         .collect()
 }
 
-const HF_FOLDERS: [(&str, &str); 38] = [
+const HF_FOLDERS: [(&str, &str); 40] = [
     ("models", "bert"),
     ("models", "gpt2"),
     ("models", "gpt2_sharded"),
@@ -102,6 +102,7 @@ const HF_FOLDERS: [(&str, &str); 38] = [
     ("models", "roberta"),
     ("models", "xlm_roberta"),
     ("models", "distilbert"),
+    ("models", "modernbert"),
     ("models", "bloom"),
     ("models", "marian"),
     ("models", "t5"),
@@ -116,6 +117,7 @@ const HF_FOLDERS: [(&str, &str); 38] = [
     ("train_model", "phi3"),
     ("train_model", "roberta"),
     ("train_model", "distilbert"),
+    ("train_model", "modernbert"),
     ("train_model", "marian"),
     ("train_model", "t5"),
     ("train_model", "t5_gated"),

@@ -173,8 +173,40 @@ fn variants() -> Vec<(&'static str, Arch)> {
     a.ffn.activation = Activation::Gelu;
     a.head = Head::MaskedLm {
         activation: Activation::Gelu,
+        dense_bias: true,
     };
     out.push(("bert_masked_lm", a));
+
+    // ModernBERT: a pre-norm encoder without biases whose first layer has no attention
+    // norm, RoPE with a local base, a window on both sides of the query in the local
+    // layer, GeGLU, a masked-LM head without a dense bias
+    let mut a = tiny_gpt2();
+    a.encoder = a.decoder.take();
+    set_norm(&mut a, NormKind::LayerNorm, false);
+    a.attention.qkv_bias = false;
+    a.attention.out_bias = false;
+    a.embed.norm = true;
+    a.embed.slot_positions = true;
+    a.embed.first_attn_unnormed = true;
+    a.position = Position::Rope {
+        theta: 160.0,
+        scaling: qkv::position::RopeScaling::None,
+        max_len: None,
+        rotary_dim: None,
+    };
+    a.attention.window = Some(2);
+    a.attention.local_layers = Some(vec![false, true]);
+    a.attention.local_rope_theta = Some(10.0);
+    a.ffn = qkv::models::arch::FfnArch {
+        activation: Activation::Gelu,
+        gated: true,
+        bias: false,
+    };
+    a.head = Head::MaskedLm {
+        activation: Activation::Gelu,
+        dense_bias: false,
+    };
+    out.push(("modernbert_style_local_encoder", a));
 
     // the original Transformer: shared scaled embeddings, sinusoids, post-norm
     let mut a = Arch::vaswani(V, 8, 2, 2, 6);

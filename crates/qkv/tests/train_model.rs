@@ -317,6 +317,14 @@ fn distilbert_masked_lm_trains_as_pytorch() {
     check_against_pytorch("distilbert");
 }
 
+/// ModernBERT: a local layer windowed on both sides of the query with its own RoPE
+/// base, GeGLU, no biases, no attention norm in the first layer, a head whose dense
+/// layer has no bias.
+#[test]
+fn modernbert_masked_lm_trains_as_pytorch() {
+    check_against_pytorch("modernbert");
+}
+
 /// Per-head q/k norms scaling by 1 + w, a local layer rotating with its own RoPE base
 /// beside a global one with linear scaling, sandwich norms.
 #[test]

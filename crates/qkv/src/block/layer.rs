@@ -41,7 +41,8 @@ crate::module! {
     /// One layer's parameters.
     #[derive(Clone, Debug)]
     pub struct Block {
-        pub attn_norm: Norm,
+        /// absent in ModernBERT's first layer, whose input is the embeddings' norm
+        pub attn_norm: Option<Norm>,
         pub attn: MultiHeadAttention,
         /// present exactly in a decoder that reads an encoder
         pub cross_norm: Option<Norm>,
@@ -110,9 +111,10 @@ pub struct LayerOut {
 /// rule asks for it).
 pub type LayerGrads = AttnGrads;
 
-/// Runs one sub-layer: the norm and residual around `f` (x → (y, branch results)).
+/// Runs one sub-layer: the norm and residual around `f` (x → (y, branch results)); no
+/// norm is the identity.
 fn sublayer<T>(
-    norm: &Norm,
+    norm: Option<&Norm>,
     residual: Residual,
     x: Tensor,
     keep: bool,
@@ -123,7 +125,7 @@ fn sublayer<T>(
         // r = x + f(x); out = norm(r)
         let (mut r, inner) = f(&x)?;
         r.add_assign(&x)?;
-        let out = norm.forward_impl(&r, stats.as_mut())?;
+        let out = normed(norm, &r, stats.as_mut())?;
         let tape = stats.map(|stats| ResTape {
             norm_in: r,
             stats,
@@ -133,7 +135,7 @@ fn sublayer<T>(
     }
     // a = norm(x); out = x + f(a), or a + f(a), or f(a) alone (a parallel block adds
     // its branches to x itself)
-    let a = norm.forward_impl(&x, stats.as_mut())?;
+    let a = normed(norm, &x, stats.as_mut())?;
     let (mut out, inner) = f(&a)?;
     match residual {
         Residual::PreNorm | Residual::Sandwich => out.add_assign(&x)?,
@@ -149,14 +151,22 @@ fn sublayer<T>(
     Ok((out, tape, inner))
 }
 
+/// norm(x), or x itself without a norm.
+fn normed(norm: Option<&Norm>, x: &Tensor, stats: Option<&mut NormCache>) -> Result<Tensor> {
+    match norm {
+        Some(n) => n.forward_impl(x, stats),
+        None => Ok(x.clone()),
+    }
+}
+
 /// Backward of [`sublayer`]: d_out → dx, with `f_back` mapping (branch input, dy) to
 /// the branch input's gradient. **Accumulates** into the norm's gradient.
 fn sublayer_backward(
-    norm: &Norm,
+    norm: Option<&Norm>,
     residual: Residual,
     tape: &ResTape,
     d_out: Tensor,
-    grads: &mut Norm,
+    grads: Option<&mut Norm>,
     f_back: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
     let ResTape {
@@ -164,10 +174,15 @@ fn sublayer_backward(
         stats,
         branch_in,
     } = tape;
+    // the norm's backward, or the identity's
+    let norm = |dy: &Tensor| match (norm, grads) {
+        (Some(n), Some(g)) => n.backward(dy, norm_in, stats, g),
+        _ => Ok(dy.clone()),
+    };
     Ok(match residual {
         Residual::PostNorm => {
             // out = norm(r), r = x + f(x)
-            let d_r = norm.backward(&d_out, norm_in, stats, grads)?;
+            let d_r = norm(&d_out)?;
             let mut dx = f_back(branch_in, &d_r)?;
             dx.add_assign(&d_r)?;
             dx
@@ -175,7 +190,7 @@ fn sublayer_backward(
         Residual::PreNorm | Residual::Sandwich => {
             // out = x + f(a), a = norm(x) (a sandwich's f ends with its post norm)
             let d_a = f_back(branch_in, &d_out)?;
-            let mut dx = norm.backward(&d_a, norm_in, stats, grads)?;
+            let mut dx = norm(&d_a)?;
             dx.add_assign(&d_out)?;
             dx
         }
@@ -183,12 +198,12 @@ fn sublayer_backward(
             // out = a + f(a), a = norm(x)
             let mut d_a = f_back(branch_in, &d_out)?;
             d_a.add_assign(&d_out)?;
-            norm.backward(&d_a, norm_in, stats, grads)?
+            norm(&d_a)?
         }
         Residual::Parallel => {
             // out = f(a), a = norm(x): the branch alone
             let d_a = f_back(branch_in, &d_out)?;
-            norm.backward(&d_a, norm_in, stats, grads)?
+            norm(&d_a)?
         }
     })
 }
@@ -228,14 +243,14 @@ impl Block {
         }
         // a parallel block's FFN reads the layer's input, which its output adds to
         let input = parallel.then(|| x.clone());
-        let (x, attn_res, attn) = sublayer(&self.attn_norm, rule.residual, x, keep, |a| {
+        let (x, attn_res, attn) = sublayer(self.attn_norm.as_ref(), rule.residual, x, keep, |a| {
             let r = self.attn.attend(a, own, &rule.attend, keep)?;
             let (y, post) = maybe_norm(self.attn_post_norm.as_ref(), r.y, keep)?;
             Ok((y, (r.tape, r.weights, post)))
         })?;
         let (x, cross_parts) = match (&self.cross_norm, &self.cross, cross) {
             (Some(norm), Some(layer), Some(kv)) => {
-                let (x, res, inner) = sublayer(norm, rule.residual, x, keep, |a| {
+                let (x, res, inner) = sublayer(Some(norm), rule.residual, x, keep, |a| {
                     let r = layer.attend(a, Keys::Cross(kv), &rule.cross, keep)?;
                     Ok((r.y, (r.tape, r.weights)))
                 })?;
@@ -249,7 +264,7 @@ impl Block {
         };
         let residual_in = attn_branch.is_some().then(|| ffn_in.clone());
         let (mut x, ffn_res, ffn_cache) =
-            sublayer(&self.ffn_norm, rule.residual, ffn_in, keep, |a| {
+            sublayer(Some(&self.ffn_norm), rule.residual, ffn_in, keep, |a| {
                 let mut cache = keep.then(FeedForwardCache::default);
                 let y = match &mut cache {
                     Some(c) => self.ffn.forward_with_cache(a, c)?,
@@ -309,11 +324,11 @@ impl Block {
         // a parallel block: d_out reaches the FFN branch, the attention branch and x
         let d_branch = parallel.then(|| d_out.clone());
         let d_ffn = sublayer_backward(
-            &self.ffn_norm,
+            Some(&self.ffn_norm),
             rule.residual,
             &ffn_res,
             d_out,
-            &mut grads.ffn_norm,
+            Some(&mut grads.ffn_norm),
             |a, dy| {
                 let post = self.ffn_post_norm.as_ref();
                 let dy = post_backward(post, ffn_post, dy, grads.ffn_post_norm.as_mut())?;
@@ -333,7 +348,7 @@ impl Block {
             grads.cross_norm.as_mut(),
             cross,
         ) {
-            dx = sublayer_backward(norm, rule.residual, &res, dx, gn, |a, dy| {
+            dx = sublayer_backward(Some(norm), rule.residual, &res, dx, Some(gn), |a, dy| {
                 let r = layer.backward(a, Some(kv), &rule.cross, t, dy, g)?;
                 d_cross = r.d_cross;
                 Ok(r.dx)
@@ -343,11 +358,11 @@ impl Block {
         let mut dbias = None;
         let d_stream = d_input.as_ref().map(|_| dx.clone());
         let mut dx = sublayer_backward(
-            &self.attn_norm,
+            self.attn_norm.as_ref(),
             rule.residual,
             &attn_res,
             dx,
-            &mut grads.attn_norm,
+            grads.attn_norm.as_mut(),
             |a, dy| {
                 let post = self.attn_post_norm.as_ref();
                 let dy = post_backward(post, attn_post, dy, grads.attn_post_norm.as_mut())?;

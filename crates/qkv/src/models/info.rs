@@ -1,7 +1,7 @@
 //! [`ModelInfo`]: what `qkv inspect` reports, derived from an [`Arch`] for display.
 
 use super::families::Family;
-use super::net::arch::{Arch, Position};
+use super::net::arch::{Arch, ModelKind, Position};
 use crate::block::Residual;
 use crate::layers::NormKind;
 use crate::ops::Activation;
@@ -69,7 +69,11 @@ impl ModelInfo {
         };
         let mut position = position;
         if let Some(w) = a.window {
-            position.push_str(&format!(", sliding window {w}"));
+            // an encoder's window reaches both ways: keys within w − 1 of the query
+            match arch.kind() {
+                ModelKind::Encoder => position.push_str(&format!(", window ±{}", w - 1)),
+                _ => position.push_str(&format!(", sliding window {w}")),
+            }
             match &a.local_layers {
                 Some(flags) => {
                     let layers: Vec<String> = (0..flags.len())

@@ -14,6 +14,7 @@
 //! | [`bert`] | `BertModel`, `BertForMaskedLM`, … | encoder, learned positions, token types, post-norm, masked-LM head |
 //! | [`roberta`] | `RobertaModel`, `XLMRobertaModel`, their `…ForMaskedLM` | BERT with positions counted from `padding_idx + 1` |
 //! | [`distilbert`] | `DistilBertModel`, `DistilBertForMaskedLM` | BERT without token types, its own names |
+//! | [`modernbert`] | `ModernBertModel`, `ModernBertForMaskedLM` | a pre-norm encoder with RoPE, local layers windowed on both sides, GeGLU, no biases |
 //! | [`gpt2`] | `GPT2LMHeadModel` | decoder-only, causal, learned positions, pre-norm, Conv1D weights |
 //! | [`llama`] | `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` | RoPE (and its scalings), RMSNorm, SwiGLU, GQA, sliding window, Q/K/V biases, per-head q/k norms |
 //! | [`bloom`] | `BloomForCausalLM` | ALiBi, fused per-head QKV, embedding LayerNorm |
@@ -39,7 +40,7 @@ mod transformer;
 
 pub use classify::{Scoring, SequenceClassifier};
 pub use families::{
-    bert, bloom, distilbert, gemma, gpt2, gpt_neox, llama, marian, phi3, roberta, t5,
+    bert, bloom, distilbert, gemma, gpt2, gpt_neox, llama, marian, modernbert, phi3, roberta, t5,
 };
 pub use families::{supported, Family, Loc, SpecialTokens, NATIVE_ARCHITECTURE};
 pub use folder::{load, load_in};

@@ -136,7 +136,10 @@ pub(super) fn read(dir: &Path, masked_lm: bool) -> Result<(Arch, TokenIds)> {
     arch.embed.token_types = cfg.type_vocab_size;
     arch.embed.padding_idx = cfg.tokens.pad();
     arch.head = if masked_lm {
-        Head::MaskedLm { activation }
+        Head::MaskedLm {
+            activation,
+            dense_bias: true,
+        }
     } else {
         Head::None
     };

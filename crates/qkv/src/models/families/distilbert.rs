@@ -92,7 +92,10 @@ fn read_folder(dir: &Path, architecture: &str, ckpt: &Checkpoint) -> Result<(Arc
     arch.embed.padding_idx = cfg.tokens.pad();
     let masked = architecture == "DistilBertForMaskedLM" && ckpt.has("vocab_transform.weight");
     arch.head = match masked {
-        true => Head::MaskedLm { activation },
+        true => Head::MaskedLm {
+            activation,
+            dense_bias: true,
+        },
         false => Head::None,
     };
     Ok((arch, cfg.tokens))

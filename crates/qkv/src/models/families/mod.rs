@@ -12,6 +12,7 @@ pub mod gpt2;
 pub mod gpt_neox;
 pub mod llama;
 pub mod marian;
+pub mod modernbert;
 pub(crate) mod names;
 mod native;
 pub mod phi3;

@@ -7,17 +7,19 @@ use serde_json::Value;
 use super::def::FamilyDef;
 use super::names::{self, Loc};
 use super::{
-    bert, bloom, distilbert, gemma, gpt2, gpt_neox, llama, marian, native, phi3, roberta, t5,
+    bert, bloom, distilbert, gemma, gpt2, gpt_neox, llama, marian, modernbert, native, phi3,
+    roberta, t5,
 };
 use crate::error::Result;
 use crate::models::net::arch::Arch;
 
 /// The families, in the order `SUPPORTED` lists their architectures.
-static FAMILIES: [&FamilyDef; 17] = [
+static FAMILIES: [&FamilyDef; 18] = [
     &bert::BERT,
     &roberta::ROBERTA,
     &roberta::XLM_ROBERTA,
     &distilbert::DISTILBERT,
+    &modernbert::MODERNBERT,
     &gpt2::GPT2,
     &llama::LLAMA,
     &llama::MISTRAL,
@@ -75,7 +77,7 @@ impl Family {
         Family(FAMILIES.iter().find(fits).copied().unwrap_or(&native::QKV))
     }
 
-    /// `bert`, `roberta`, `xlm-roberta`, `distilbert`, `gpt2`, `llama`, `mistral`, `qwen2`, `qwen3`, `gemma2`, `gemma3_text`, `phi3`, `bloom`, `gpt_neox`, `marian`, `t5`, `qkv`.
+    /// `bert`, `roberta`, `xlm-roberta`, `distilbert`, `modernbert`, `gpt2`, `llama`, `mistral`, `qwen2`, `qwen3`, `gemma2`, `gemma3_text`, `phi3`, `bloom`, `gpt_neox`, `marian`, `t5`, `qkv`.
     pub fn name(self) -> &'static str {
         self.0.name
     }

@@ -136,7 +136,8 @@ pub struct AttentionArch {
     /// `scale_attn_by_inverse_layer_idx`).
     #[serde(default)]
     pub scale_by_layer: bool,
-    /// Sliding window of the causal self-attention (Mistral, Qwen2).
+    /// Sliding window of the self-attention: causal (Mistral, Qwen2), or on both sides
+    /// of the query in an encoder (ModernBERT's |i − j| < w).
     pub window: Option<usize>,
     /// The window applies to decoder layers l ≥ this one only (Qwen2's
     /// `max_window_layers`); 0: to every layer.
@@ -150,9 +151,10 @@ pub struct AttentionArch {
     /// `attn_logit_softcapping`).
     #[serde(default)]
     pub softcap: Option<f32>,
-    /// Which decoder layers are local, one flag per layer: they attend through the
-    /// sliding window (and with the local RoPE base when there is one). `None`: the
-    /// layers from `window_from_layer` up. (Gemma's alternating layers.)
+    /// Which layers are local, one flag per layer of the stack (a decoder-only or an
+    /// encoder-only model's): they attend through the sliding window (and with the
+    /// local RoPE base when there is one). `None`: the layers from `window_from_layer`
+    /// up. (Gemma's and ModernBERT's alternating layers.)
     #[serde(default)]
     pub local_layers: Option<Vec<bool>>,
     /// The RoPE base of local layers, when it differs from the global one (Gemma 3's
@@ -162,7 +164,7 @@ pub struct AttentionArch {
 }
 
 impl AttentionArch {
-    /// Whether decoder layer `l` is local (sliding window, local RoPE base).
+    /// Whether layer `l` is local (sliding window, local RoPE base).
     pub fn is_local(&self, l: usize) -> bool {
         match &self.local_layers {
             Some(flags) => flags.get(l).copied().unwrap_or(false),
@@ -187,6 +189,10 @@ pub struct EmbedArch {
     /// A norm after the embeddings (BERT, BLOOM).
     #[serde(default)]
     pub norm: bool,
+    /// Layer 0's attention reads the embedding norm's output as it is, with no norm
+    /// of its own (ModernBERT's first `attn_norm` is the identity).
+    #[serde(default)]
+    pub first_attn_unnormed: bool,
     /// Rows of a token-type table added to the embeddings (BERT's segments); 0: none.
     #[serde(default)]
     pub token_types: usize,
@@ -220,9 +226,19 @@ pub enum Head {
         #[serde(default)]
         logits_bias: bool,
     },
-    /// BERT's masked-LM head: dense C→C, activation, norm, then the tied token table
-    /// plus a trained bias.
-    MaskedLm { activation: Activation },
+    /// BERT's masked-LM head: dense C→C (with a bias when `dense_bias`), activation,
+    /// norm, then the tied token table plus a trained bias.
+    MaskedLm {
+        activation: Activation,
+        /// ModernBERT's `head.dense` has none (`classifier_bias: false`)
+        #[serde(default = "crate::models::net::arch::yes")]
+        dense_bias: bool,
+    },
+}
+
+/// serde's default of a flag that older configs leave out and that was true then.
+pub(crate) fn yes() -> bool {
+    true
 }
 
 impl Head {

@@ -118,7 +118,7 @@ impl Net<'_> {
                     _ => project_backward(&tape.h, table, s, dl, &mut g.embed_tokens.weight),
                 }
             }
-            (Head::MaskedLm { activation }, Some((z, a, stats, n))) => {
+            (Head::MaskedLm { activation, .. }, Some((z, a, stats, n))) => {
                 let (dense, norm) = (hw.dense.as_ref(), hw.norm.as_ref());
                 let (dense, norm) = dense.zip(norm).expect("a masked-LM arch builds its head");
                 // logits = n·Eᵀ + bias

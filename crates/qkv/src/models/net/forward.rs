@@ -277,7 +277,8 @@ impl<'m> Net<'m> {
             }),
             _ => None,
         };
-        let local = side == Side::Decoder && a.is_local(l);
+        // one stack per model that has local layers: a decoder's, or an encoder's
+        let local = a.is_local(l);
         let spec = AttentionSpec {
             causal: (side == Side::Decoder).then_some(CausalAlign::BottomRight),
             window: if local { a.window } else { None },
@@ -436,7 +437,7 @@ impl<'m> Net<'m> {
                 };
                 (logits, None)
             }
-            Head::MaskedLm { activation } => {
+            Head::MaskedLm { activation, .. } => {
                 let (dense, norm) = match (&hw.dense, &hw.norm) {
                     (Some(d), Some(n)) => (d, n),
                     _ => unreachable!("a masked-LM arch builds its transform"),

@@ -124,9 +124,11 @@ impl Weights {
             let f = &arch.ffn;
             let sandwich = arch.residual == crate::block::Residual::Sandwich;
             let layers = (0..s.layers)
-                .map(|_| {
+                .map(|l| {
                     Ok(Block {
-                        attn_norm: norm()?,
+                        attn_norm: (l > 0 || !arch.embed.first_attn_unnormed)
+                            .then(norm)
+                            .transpose()?,
                         attn: attention()?,
                         cross_norm: cross.then(norm).transpose()?,
                         cross: cross.then(attention).transpose()?,
@@ -165,7 +167,10 @@ impl Weights {
                     .transpose()?,
             }))
         };
-        let masked = matches!(arch.head, Head::MaskedLm { .. });
+        let (masked, dense_bias) = match arch.head {
+            Head::MaskedLm { dense_bias, .. } => (true, dense_bias),
+            _ => (false, false),
+        };
         Ok(Weights {
             embed_tokens: table(arch.vocab)?,
             src_embed_tokens: arch.src_vocab.map(table).transpose()?,
@@ -176,7 +181,7 @@ impl Weights {
                     Head::Lm { tied: false, .. } => Some(linear(arch.vocab, c, false)?),
                     _ => None,
                 },
-                dense: masked.then(|| linear(c, c, true)).transpose()?,
+                dense: masked.then(|| linear(c, c, dense_bias)).transpose()?,
                 norm: masked.then(norm).transpose()?,
                 bias: masked.then(|| Tensor::zeros(&[arch.vocab])),
             },
@@ -236,7 +241,13 @@ impl Weights {
                 linear(c, s.ffn_dim, f.bias),
             ]);
             sum(&[
-                layer?.checked_mul(s.layers),
+                // ModernBERT's first layer has no attention norm
+                layer?.checked_mul(s.layers)?.checked_sub(
+                    match arch.embed.first_attn_unnormed && s.layers > 0 {
+                        true => norm?,
+                        false => 0,
+                    },
+                ),
                 match arch.position {
                     Position::Learned { max_len } => table(max_len),
                     _ => Some(0),
@@ -254,7 +265,10 @@ impl Weights {
                 },
             ])
         };
-        let masked = matches!(arch.head, Head::MaskedLm { .. });
+        let (masked, dense_bias) = match arch.head {
+            Head::MaskedLm { dense_bias, .. } => (true, dense_bias),
+            _ => (false, false),
+        };
         sum(&[
             table(arch.vocab),
             arch.src_vocab.map_or(Some(0), table),
@@ -265,7 +279,7 @@ impl Weights {
                 _ => Some(0),
             },
             if masked {
-                sum(&[linear(c, c, true), norm, Some(arch.vocab)])
+                sum(&[linear(c, c, dense_bias), norm, Some(arch.vocab)])
             } else {
                 Some(0)
             },
