@@ -398,3 +398,22 @@ fn a_folder_without_a_classification_head_is_refused_by_name() {
         "{decoder}"
     );
 }
+
+/// sentence-transformers folders (`tools/fixtures/gen_sentence.py`, written by
+/// sentence-transformers 5.7.0 in its current layout) embed as `SentenceTransformer.encode`.
+#[test]
+fn sentence_transformers_folders_on_the_new_encoders_embed_as_encode() {
+    for name in ["modernbert_cls"] {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/sentence")
+            .join(name);
+        let f = common::fixture("sentence", &format!("{name}/reference"));
+        let texts = strings(&f, "texts");
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let encoder = qkv::models::sentence::SentenceEncoder::load(&dir)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(encoder.max_seq_length(), f.param_usize("max_seq_length").unwrap());
+        let got = encoder.embed(&refs).unwrap().concat();
+        common::assert_close(name, &got, f.t("embeddings").data(), 1e-5, 0.0);
+    }
+}

@@ -5,7 +5,7 @@
 //!
 //! | module | files | what qkv does |
 //! |---|---|---|
-//! | `Transformer` | `sentence_bert_config.json` (`max_seq_length`, `do_lower_case`) + the HF model folder | tokenise (strip, optional lower-case, truncate keeping `[CLS]`/`[SEP]`), [`Transformer::hidden_states`] |
+//! | `Transformer` | `sentence_bert_config.json` (`max_seq_length`, `do_lower_case`) + the HF model folder | tokenise (optional lower-case, truncate keeping `[CLS]`/`[SEP]`), [`Transformer::hidden_states`] |
 //! | `Pooling` | `<path>/config.json` | cls / max / mean / mean_sqrt_len_tokens / weightedmean / lasttoken, concatenated when several are set |
 //! | `Normalize` | — | x / max(‖x‖₂, 1e-12) |
 //!
@@ -159,19 +159,17 @@ impl SentenceEncoder {
         &self.model
     }
 
-    /// The batch the encoder sees for `texts`: each text stripped of surrounding
-    /// whitespace, lower-cased if `do_lower_case`, tokenised with special tokens, cut to
-    /// `max_seq_length` and right-padded: [B, T].
+    /// The batch the encoder sees for `texts`: each text lower-cased if
+    /// `do_lower_case`, tokenised with special tokens, cut to `max_seq_length` and
+    /// right-padded: [B, T]. Surrounding whitespace is kept, as sentence-transformers 5.7
+    /// keeps it (earlier versions stripped it; only tokenizers that encode spaces, such
+    /// as byte-level BPE, tell the two apart).
     pub fn tokenize(&self, texts: &[&str]) -> Result<TokenBatch> {
         let prepared: Vec<String> = texts
             .iter()
-            .map(|t| {
-                let t = t.trim();
-                if self.lower_case {
-                    t.to_lowercase()
-                } else {
-                    t.to_string()
-                }
+            .map(|t| match self.lower_case {
+                true => t.to_lowercase(),
+                false => t.to_string(),
             })
             .collect();
         let refs: Vec<&str> = prepared.iter().map(String::as_str).collect();
