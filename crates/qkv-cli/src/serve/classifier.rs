@@ -2,14 +2,13 @@
 //! request already batches its inputs (32 per forward pass), and a bounded queue
 //! answers 503 past `--max-queue` as the other endpoints do.
 
-use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Instant;
 
 use qkv::models::SequenceClassifier;
 use tokio::sync::oneshot;
 
-use super::api::ApiError;
 use super::metrics::Metrics;
 
 /// One request's inputs (texts, or pairs read together), and where its logits go.
@@ -18,15 +17,7 @@ pub struct ClassifyJob {
     pub reply: oneshot::Sender<Result<Vec<Vec<f32>>, String>>,
 }
 
-pub struct ClassifyQueue {
-    tx: SyncSender<ClassifyJob>,
-}
-
-impl ClassifyQueue {
-    pub fn submit(&self, job: ClassifyJob, metrics: &Metrics) -> Result<(), ApiError> {
-        super::scheduler::enqueue(&self.tx, job, metrics)
-    }
-}
+pub type ClassifyQueue = super::scheduler::Queue<ClassifyJob>;
 
 /// Starts the classifier's thread, `max_queue` requests waiting at most.
 pub fn start(
@@ -38,7 +29,7 @@ pub fn start(
     let handle = std::thread::Builder::new()
         .name("qkv-classifier".into())
         .spawn(move || run(&model, &rx, &metrics))?;
-    Ok((ClassifyQueue { tx }, handle))
+    Ok((ClassifyQueue::new(tx), handle))
 }
 
 fn run(model: &SequenceClassifier, rx: &Receiver<ClassifyJob>, metrics: &Metrics) {

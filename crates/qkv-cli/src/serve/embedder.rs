@@ -2,14 +2,13 @@
 //! waiting request up to a budget of tokens and embeds their texts in one call, which
 //! sorts them by length into forward passes of 32.
 
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
 use qkv::models::sentence::SentenceEncoder;
 use tokio::sync::oneshot;
 
-use super::api::ApiError;
 use super::metrics::Metrics;
 
 /// One request's texts, and where its vectors go.
@@ -20,15 +19,7 @@ pub struct EmbedJob {
     pub reply: oneshot::Sender<Result<Vec<Vec<f32>>, String>>,
 }
 
-pub struct EmbedQueue {
-    tx: SyncSender<EmbedJob>,
-}
-
-impl EmbedQueue {
-    pub fn submit(&self, job: EmbedJob, metrics: &Metrics) -> Result<(), ApiError> {
-        super::scheduler::enqueue(&self.tx, job, metrics)
-    }
-}
+pub type EmbedQueue = super::scheduler::Queue<EmbedJob>;
 
 /// Starts the embedding thread: `budget` tokens per call at most (one request alone may
 /// exceed it), `max_queue` requests waiting.
@@ -42,7 +33,7 @@ pub fn start(
     let handle = std::thread::Builder::new()
         .name("qkv-embedder".into())
         .spawn(move || run(&encoder, budget, &rx, &metrics))?;
-    Ok((EmbedQueue { tx }, handle))
+    Ok((EmbedQueue::new(tx), handle))
 }
 
 fn run(encoder: &SentenceEncoder, budget: usize, rx: &Receiver<EmbedJob>, metrics: &Metrics) {

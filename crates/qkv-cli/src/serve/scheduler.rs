@@ -52,36 +52,36 @@ pub enum Event {
 }
 
 /// The handlers' side of the queue.
-pub struct Queue {
-    tx: SyncSender<Job>,
+/// A bounded queue of jobs for a worker thread: the scheduler's, the embedder's or the
+/// classifier's.
+pub struct Queue<T = Job> {
+    tx: SyncSender<T>,
 }
 
-impl Queue {
-    /// Queues a job, or answers 503 (with `Retry-After`) when the queue is full.
-    pub fn submit(&self, job: Job, metrics: &Metrics) -> Result<(), ApiError> {
-        enqueue(&self.tx, job, metrics)
+impl<T> Queue<T> {
+    pub fn new(tx: SyncSender<T>) -> Self {
+        Queue { tx }
     }
-}
 
-/// Puts a job on a bounded queue (the scheduler's or the embedder's), or answers 503:
-/// with `Retry-After` when it is full.
-pub fn enqueue<T>(tx: &SyncSender<T>, job: T, metrics: &Metrics) -> Result<(), ApiError> {
-    match tx.try_send(job) {
-        Ok(()) => {
-            metrics.queued(1);
-            Ok(())
-        }
-        Err(TrySendError::Full(_)) => Err(ApiError {
-            retry_after: Some(1),
-            ..ApiError::status(
+    /// Queues a job, or answers 503 (with `Retry-After`) when the queue is full.
+    pub fn submit(&self, job: T, metrics: &Metrics) -> Result<(), ApiError> {
+        match self.tx.try_send(job) {
+            Ok(()) => {
+                metrics.queued(1);
+                Ok(())
+            }
+            Err(TrySendError::Full(_)) => Err(ApiError {
+                retry_after: Some(1),
+                ..ApiError::status(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the server's queue is full; retry later",
+                )
+            }),
+            Err(TrySendError::Disconnected(_)) => Err(ApiError::status(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "the server's queue is full; retry later",
-            )
-        }),
-        Err(TrySendError::Disconnected(_)) => Err(ApiError::status(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the server is shutting down",
-        )),
+                "the server is shutting down",
+            )),
+        }
     }
 }
 

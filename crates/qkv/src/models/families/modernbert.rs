@@ -20,7 +20,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::def::{hf_family, FamilyDef};
-use super::names::{layer_rows, same, stored, How, Name};
+use super::names::{fused_gated_rows, fused_qkv_rows, layer_rows, same, Name};
 use super::special::TokenIds;
 use crate::error::{Error, Result};
 use crate::io::{bad_field, check_heads, epsilon, read_config, Checkpoint};
@@ -203,23 +203,12 @@ fn names(arch: &Arch) -> Vec<Name> {
         ],
     ));
     let s = arch.stack();
-    let fused = |m: &str| format!("{layer}{m}");
-    // Wqkv: H, then G, then G heads of rows
-    let qkv_shares = [s.heads, s.kv_heads, s.kv_heads];
-    for (k, p) in ["q", "k", "v"].iter().enumerate() {
-        t.push(stored(
-            &format!("encoder.layers.{{l}}.attn.{p}"),
-            &fused("attn.Wqkv"),
-            How::Blocks(k, qkv_shares),
-        ));
-    }
-    // Wi: the activated half (FeedForward's `up`), then the gate
-    for (k, p) in ["up", "gate_up"].iter().enumerate() {
-        t.push(stored(
-            &format!("encoder.layers.{{l}}.ffn.{p}"),
-            &fused("mlp.Wi"),
-            How::Blocks(k, [1, 1, 0]),
-        ));
-    }
+    t.extend(fused_qkv_rows(
+        "encoder",
+        &format!("{layer}attn.Wqkv"),
+        s.heads,
+        s.kv_heads,
+    ));
+    t.extend(fused_gated_rows("encoder", &format!("{layer}mlp.Wi")));
     t
 }

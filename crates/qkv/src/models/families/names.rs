@@ -277,6 +277,40 @@ pub(crate) fn layer_rows(stack: &str, hf_layer: &str, rows: &[(&str, &str)]) -> 
         .collect()
 }
 
+/// Rows of the Q, K and V projections stored as one tensor (`hf`, after its layer
+/// prefix with `{l}`), one block after another: `heads`, then `kv_heads`, then
+/// `kv_heads` heads of rows (Phi-3's `qkv_proj`, ModernBERT's `Wqkv`).
+pub(crate) fn fused_qkv_rows(stack: &str, hf: &str, heads: usize, kv_heads: usize) -> Vec<Name> {
+    ["q", "k", "v"]
+        .iter()
+        .enumerate()
+        .map(|(k, p)| {
+            stored(
+                &format!("{stack}.layers.{{l}}.attn.{p}"),
+                hf,
+                How::Blocks(k, [heads, kv_heads, kv_heads]),
+            )
+        })
+        .collect()
+}
+
+/// Rows of a gated FFN's two input projections stored as one tensor (`hf`): the
+/// activated half (FeedForward's `up`) first, then the gate (Phi-3's `gate_up_proj`,
+/// ModernBERT's `Wi`).
+pub(crate) fn fused_gated_rows(stack: &str, hf: &str) -> Vec<Name> {
+    ["up", "gate_up"]
+        .iter()
+        .enumerate()
+        .map(|(k, p)| {
+            stored(
+                &format!("{stack}.layers.{{l}}.ffn.{p}"),
+                hf,
+                How::Blocks(k, [1, 1, 0]),
+            )
+        })
+        .collect()
+}
+
 /// A table row with a storage quirk.
 pub(crate) fn stored(qkv: &str, hf: &str, how: How) -> Name {
     Name {

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use super::checks::{self, DecoderSizes};
 use super::def::{hf_family, FamilyDef};
 use super::llama::{model_ends, rope_position, RopeFields, PRE_NORM_ROWS};
-use super::names::{layer_rows, stored, How, Name};
+use super::names::{fused_gated_rows, fused_qkv_rows, layer_rows, Name};
 use super::special::TokenIds;
 use crate::error::Result;
 use crate::io::{bad_field, epsilon, read_config};
@@ -109,22 +109,12 @@ fn names(arch: &Arch) -> Vec<Name> {
             ("ffn.down", "mlp.down_proj"),
         ],
     ));
-    // qkv_proj: H, then G, then G heads of rows
-    let qkv_shares = [s.heads, s.kv_heads, s.kv_heads];
-    for (k, p) in ["q", "k", "v"].iter().enumerate() {
-        t.push(stored(
-            &format!("decoder.layers.{{l}}.attn.{p}"),
-            &layer("self_attn.qkv_proj"),
-            How::Blocks(k, qkv_shares),
-        ));
-    }
-    // gate_up_proj: the activated half (FeedForward's `up`), then the gating one
-    for (k, p) in ["up", "gate_up"].iter().enumerate() {
-        t.push(stored(
-            &format!("decoder.layers.{{l}}.ffn.{p}"),
-            &layer("mlp.gate_up_proj"),
-            How::Blocks(k, [1, 1, 0]),
-        ));
-    }
+    t.extend(fused_qkv_rows(
+        "decoder",
+        &layer("self_attn.qkv_proj"),
+        s.heads,
+        s.kv_heads,
+    ));
+    t.extend(fused_gated_rows("decoder", &layer("mlp.gate_up_proj")));
     t
 }
