@@ -412,7 +412,10 @@ fn sentence_transformers_folders_on_the_new_encoders_embed_as_encode() {
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
         let encoder = qkv::models::sentence::SentenceEncoder::load(&dir)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(encoder.max_seq_length(), f.param_usize("max_seq_length").unwrap());
+        assert_eq!(
+            encoder.max_seq_length(),
+            f.param_usize("max_seq_length").unwrap()
+        );
         let got = encoder.embed(&refs).unwrap().concat();
         common::assert_close(name, &got, f.t("embeddings").data(), 1e-5, 0.0);
     }
