@@ -220,8 +220,9 @@ fn one_split(
                 scorer.scale,
             );
             for (x, row) in scores.chunks_exact_mut(n).enumerate() {
-                if scorer.needs_row_pass() {
-                    scorer.apply_row(b, g * hg + x, i, j0, row);
+                match scorer.needs_row_pass() {
+                    true => scorer.apply_row(b, g * hg + x, i, j0, row),
+                    false => scorer.cap_row(row),
                 }
                 let st = &mut state[i * hg + x];
                 let (m, l) = (

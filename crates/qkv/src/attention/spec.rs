@@ -4,6 +4,7 @@
 
 use super::HeadsView;
 use crate::error::{Error, Result};
+use crate::ops::fastmath;
 use crate::tensor::{check_finite, Tensor};
 
 /// Where the causal diagonal sits when the query and key lengths differ.
@@ -256,7 +257,7 @@ pub(crate) fn validate_inner<E>(
 /// have ds = 0 already.
 pub(crate) fn softcap_backward(cap: f32, raw: &[f32], ds: &mut [f32]) {
     for (g, &s) in ds.iter_mut().zip(raw) {
-        let t = (s / cap).tanh();
+        let t = fastmath::tanh(s / cap);
         *g *= 1.0 - t * t;
     }
 }
@@ -308,13 +309,19 @@ impl<'s> Scorer<'s> {
         (lo, hi.max(lo))
     }
 
-    /// Whether any score needs more than the causal and window rules: key padding, a
-    /// mask, a bias or a soft cap.
+    /// Whether any score needs more than the causal and window rules and the soft cap:
+    /// key padding, a mask or a bias. A row without them needs [`Scorer::cap_row`] alone.
     pub fn needs_row_pass(&self) -> bool {
-        self.spec.key_padding.is_some()
-            || self.spec.mask.is_some()
-            || self.spec.bias.is_some()
-            || self.spec.softcap.is_some()
+        self.spec.key_padding.is_some() || self.spec.mask.is_some() || self.spec.bias.is_some()
+    }
+
+    /// The soft cap alone over a row of scores every one of which is allowed (what
+    /// [`Scorer::apply_row`] does to such a row, in a loop that vectorises).
+    pub fn cap_row(&self, row: &mut [f32]) {
+        if let Some(cap) = self.spec.softcap {
+            row.iter_mut()
+                .for_each(|x| *x = cap * fastmath::tanh(*x / cap));
+        }
     }
 
     /// The soft cap, if the scores have one.
@@ -348,7 +355,7 @@ impl<'s> Scorer<'s> {
                 continue;
             }
             if let Some(cap) = self.spec.softcap {
-                *x = cap * (*x / cap).tanh();
+                *x = cap * fastmath::tanh(*x / cap);
             }
             if let Some(d) = dense {
                 *x += d[j];

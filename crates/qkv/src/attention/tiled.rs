@@ -152,10 +152,11 @@ fn query_block(
             out_stride: BLOCK_K,
         });
         let whole = j0 >= lo_last && j0 + cols <= hi_first && !scorer.needs_row_pass();
-        if !whole {
-            for r in 0..rows {
-                let row = &mut scratch.tile[r * BLOCK_K..r * BLOCK_K + cols];
-                scorer.apply_row(b, h, i0 + r, j0, row);
+        for r in 0..rows {
+            let row = &mut scratch.tile[r * BLOCK_K..r * BLOCK_K + cols];
+            match whole {
+                true => scorer.cap_row(row),
+                false => scorer.apply_row(b, h, i0 + r, j0, row),
             }
         }
         let (m, l, corr) = (&mut scratch.m, &mut scratch.l, &mut scratch.corr);

@@ -116,9 +116,10 @@ pub(super) fn query_block(
             .expect("operands sized from the block");
         tile.iter_mut().for_each(|s| *s *= scorer.scale);
         let whole = j0 >= lo_last && j0 + cols <= hi_first && !scorer.needs_row_pass();
-        if !whole {
-            for (r, row) in tile.chunks_exact_mut(cols).enumerate() {
-                scorer.apply_row(b, h, i0 + r, j0, row);
+        for (r, row) in tile.chunks_exact_mut(cols).enumerate() {
+            match whole {
+                true => scorer.cap_row(row),
+                false => scorer.apply_row(b, h, i0 + r, j0, row),
             }
         }
         let (m, l, corr) = (&mut scratch.m, &mut scratch.l, &mut scratch.corr);

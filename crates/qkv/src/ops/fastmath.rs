@@ -32,11 +32,33 @@ pub fn exp(x: f32) -> f32 {
     }
 }
 
-/// tanh x = 1 − 2 / (e^{2x} + 1). Absolute error below 3e-7 (relative accuracy is lost
-/// only for |x| < 1e-3, where the result is tiny; callers such as GELU add it to 1).
+/// tanh x: its odd Taylor series to x¹⁷ where |x| < 0.55 (truncated there below 3e-9),
+/// and 1 − 2 / (e^{2x} + 1) beyond, where that form keeps its absolute error below 3e-7
+/// on a value of at least 0.5. Relative error below 1e-6 everywhere, so a soft cap
+/// cap·tanh(s/cap) of small scores stays as exact as the scores themselves. Both forms
+/// are computed and one is selected, which keeps slice loops vectorised.
 #[inline(always)]
 pub fn tanh(x: f32) -> f32 {
-    1.0 - 2.0 / (exp(2.0 * x) + 1.0)
+    let far = 1.0 - 2.0 / (exp(2.0 * x) + 1.0);
+    let x2 = x * x;
+    // coefficients of x³, x⁵, …, x¹⁷: −1/3, 2/15, −17/315, 62/2835, −1382/155925,
+    // 21844/6081075, −929569/638512875, 6404582/10854718875
+    let p = ((((((5.900_274e-4 * x2 - 1.455_834_4e-3) * x2 + 3.592_128e-3) * x2
+        - 8.863_235_5e-3)
+        * x2
+        + 2.186_949e-2)
+        * x2
+        - 5.396_825_4e-2)
+        * x2
+        + 1.333_333_4e-1)
+        * x2
+        - 3.333_333_4e-1;
+    let near = x + x * x2 * p;
+    if x.abs() < 0.55 {
+        near
+    } else {
+        far
+    }
 }
 
 #[cfg(test)]
@@ -61,6 +83,22 @@ mod tests {
         assert_eq!(exp(-100.0), 0.0);
         assert_eq!(exp(0.0), 1.0);
         assert!(exp(100.0).is_finite());
+    }
+
+    #[test]
+    fn tanh_matches_std_in_relative_terms() {
+        let worst = inputs()
+            .chain((1..2000).map(|i| i as f32 * 1e-6))
+            .filter(|&x| x != 0.0)
+            .map(|x| {
+                let want = (x as f64).tanh();
+                ((tanh(x) as f64 - want) / want).abs()
+            })
+            .fold(0f64, f64::max);
+        assert!(worst < 1e-6, "worst relative error {worst:e}");
+        assert_eq!(tanh(0.0), 0.0);
+        assert_eq!(tanh(f32::INFINITY), 1.0);
+        assert_eq!(tanh(f32::NEG_INFINITY), -1.0);
     }
 
     #[test]

@@ -234,8 +234,9 @@ fn query_block(
             if !sc.raw.is_empty() {
                 sc.raw[r * BLOCK_K..r * BLOCK_K + cols].copy_from_slice(row);
             }
-            if !whole {
-                scorer.apply_row(b, h, i0 + r, j0, row);
+            match whole {
+                true => scorer.cap_row(row),
+                false => scorer.apply_row(b, h, i0 + r, j0, row),
             }
             kernels.exp_shift(row, lse[row0 + r]);
         }

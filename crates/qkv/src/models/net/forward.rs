@@ -460,7 +460,7 @@ impl<'m> Net<'m> {
             logits
                 .data_mut()
                 .iter_mut()
-                .for_each(|z| *z = cap * (*z / cap).tanh());
+                .for_each(|z| *z = cap * crate::ops::fastmath::tanh(*z / cap));
         }
         let capped = (keep && self.arch.logit_softcap.is_some()).then(|| logits.clone());
         let tape = keep.then_some(HeadTape { h, mlm, capped });
