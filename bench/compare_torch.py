@@ -9,6 +9,7 @@
     python3 bench/compare_torch.py minilm [--model DIR] [--sentences 256] [--batch 32]
     python3 bench/compare_torch.py llama [--d-model 512] [--layers 8] [--heads 8] [--kv-heads 4]
                                          [--vocab 32000] [--prefill 512] [--decode 128]
+    python3 bench/compare_torch.py families [--family qwen3,gemma2,gemma3,phi3,gpt_neox] [the llama options]
     python3 bench/compare_torch.py matmul [--shapes 2048x384x1536,13x384x384]
   every command first and last prints the machine's limits (`qkv bench machine`: the f32
   FMA peak and the memory read bandwidth on --threads threads)
@@ -42,14 +43,23 @@ What is compared:
              prefill (one forward of the prompt with the cache on) and greedy generate of
              --decode new tokens from a 16-token prompt (min_new_tokens = max_new_tokens). The
              logits of both are checked equal first (`qkv forward` on a short prompt).
+  families   the llama workload, checks included, on other decoder families: a random
+             Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (text), Phi3ForCausalLM and
+             GPTNeoXForCausalLM with the llama options' sizes (qkv bench llama's FFN width, 8C/3;
+             --kv-heads where the family has GQA) and the family's usual settings (family_config),
+             initialised by transformers after torch.manual_seed(--seed) and saved to a folder
+             that both sides load: `qkv bench llama --model DIR`, and AutoModelForCausalLM (sdpa;
+             eager for Gemma 2, the one implementation that soft-caps its attention scores).
+             Not part of `all`.
   matmul     y = x·Wᵀ with W stored [N, K], as a linear layer: qkv::layers::linear::product_into
              against torch.nn.functional.linear, on MxKxN shapes (--shapes). GFLOP/s: 2·M·K·N.
 
 Number types. --dtype (default f32) is the type both sides run in: PyTorch's model (or
 matmul operands) cast with .to(torch.bfloat16), qkv's `--dtype` of the same name (its linear
 layers' weights; norms, softmax and the residual stream stay f32). --qkv-dtype gives qkv another
-type than PyTorch's, e.g. `--dtype bf16 --qkv-dtype int8`. Only minilm, llama and matmul take a
-type below f32 (qkv bench attention and decode have none); `all` runs just those three then.
+type than PyTorch's, e.g. `--dtype bf16 --qkv-dtype int8`. Only minilm, llama (and families)
+and matmul take a type below f32 (qkv bench attention and decode have none); `all` runs just
+those three then.
 With either side below f32, the equality check gives way to accuracy against PyTorch f32,
 measured first and printed for each side:
   minilm     the least cosine to the f32 embeddings of the --sentences sentences (qkv embed
@@ -119,6 +129,8 @@ SMOKE = {
     "llama": dict(d_model=128, layers=2, heads=4, kv_heads=2, vocab=1000, prefill=32, decode=8),
     "matmul": dict(shapes=["64x32x48", "3x32x48"]),
 }
+# The decoder families of `families`, each at the llama case's sizes (family_config).
+FAMILIES = ("qwen3", "gemma2", "gemma3", "phi3", "gpt_neox")
 
 
 # ---- environment -----------------------------------------------------------------
@@ -347,19 +359,19 @@ class MiniLM:
         return rows
 
 
-class Llama:
+class CausalLM:
+    """A causal LM folder on both sides: transformers' AutoModelForCausalLM with the `attention`
+    implementation, qkv's `forward` and `generate` (and `bench llama`, in the workload's args)."""
+
     DECODE_PROMPT = 16
 
-    def __init__(self, opts, case, qkv, folder: Path):
+    def __init__(self, opts, case, folder: Path, attention: str = "sdpa"):
         import torch
-        from transformers import LlamaForCausalLM
+        from transformers import AutoModelForCausalLM
 
         self.opts, self.folder, self.decode = opts, folder, case["decode"]
-        run_qkv(qkv, ["bench", "llama", *llama_args(case), "--seed", str(opts.seed), "--save", str(folder),
-                      "--prefill", "1", "--decode", "1", "--decode-prompt", "1",
-                      "--rounds", "1", "--warmup", "0", "--min-time", "0", "--json"])
-        load = lambda dtype: LlamaForCausalLM.from_pretrained(  # noqa: E731
-            str(folder), attn_implementation="sdpa", dtype=dtype).eval()
+        load = lambda dtype: AutoModelForCausalLM.from_pretrained(  # noqa: E731
+            str(folder), attn_implementation=attention, dtype=dtype).eval()
         # The f32 model is the reference below f32; the timed one is loaded in the type.
         self.reference = load(torch.float32)
         self.model = self.reference if opts.dtype == "f32" else load(torch_dtype(opts))
@@ -452,6 +464,46 @@ class Llama:
         return [measure(opts, prefill), measure(opts, decode)]
 
 
+def family_config(family: str, case: dict):
+    """The transformers config of `family` at the llama case's sizes, with the family's usual
+    settings (transformers' defaults for the rest), and the attention implementation to load it
+    with."""
+    import transformers as tf
+
+    d, heads, kv_heads = case["d_model"], case["heads"], case["kv_heads"]
+    sizes = dict(
+        vocab_size=case["vocab"], hidden_size=d, num_hidden_layers=case["layers"], num_attention_heads=heads,
+        # qkv bench llama's FFN width (Arch::llama): 8C/3 rounded up to a multiple of 8
+        intermediate_size=((8 * d + 2) // 3 + 7) // 8 * 8,
+        max_position_embeddings=2048,
+        # No special tokens, as the llama case's model: no end of sequence for qkv generate to
+        # stop at or min_new_tokens to mask, and no padding row past a small --vocab (Phi-3's
+        # default pad id is 32000).
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+    # Qwen3 and Gemma default to heads of their own width (128, 256) rather than C / H.
+    gqa = dict(num_key_value_heads=kv_heads, head_dim=d // heads)
+    if family == "qwen3":
+        # q/k norms are Qwen3's own; tied and rope_theta as the small released checkpoints (0.6B-4B)
+        return tf.Qwen3Config(**sizes, **gqa, rope_theta=1e6, tie_word_embeddings=True), "sdpa"
+    if family == "gemma2":
+        # Gemma 2's soft caps, and local layers alternating with global ones, their window wider
+        # than the prompts here. Eager attention: transformers 4.57 soft-caps the scores there
+        # only (SDPA would compute another model).
+        return tf.Gemma2Config(**sizes, **gqa, query_pre_attn_scalar=d // heads, sliding_window=4096,
+                               attn_logit_softcapping=50.0, final_logit_softcapping=30.0), "eager"
+    if family == "gemma3":
+        # q/k norms; five local layers to one global, the local ones rotated with their own base
+        return tf.Gemma3TextConfig(**sizes, **gqa, query_pre_attn_scalar=d // heads, sliding_window=4096,
+                                   rope_theta=1e6, rope_local_base_freq=1e4), "sdpa"
+    if family == "phi3":
+        # as Phi-4-mini (a Phi3ForCausalLM): RoPE over 3/4 of each head, a tied head
+        return tf.Phi3Config(**sizes, num_key_value_heads=kv_heads, partial_rotary_factor=0.75,
+                             tie_word_embeddings=True), "sdpa"
+    # as Pythia: all heads keep their keys and values, parallel residual, RoPE over 1/4 of each head
+    return tf.GPTNeoXConfig(**sizes, use_parallel_residual=True, rotary_pct=0.25), "sdpa"
+
+
 # ---- the qkv side ------------------------------------------------------------------
 
 
@@ -474,7 +526,7 @@ def llama_args(case) -> list[str]:
 # ---- number types ------------------------------------------------------------------
 
 # The workloads whose both sides take a number type below f32.
-TYPED = ("minilm", "llama", "matmul")
+TYPED = ("minilm", "llama", "matmul", "families")
 
 
 def qkv_dtype(opts) -> str:
@@ -558,14 +610,39 @@ def minilm_workload(opts, case, qkv) -> Workload:
 
 
 def llama_workload(opts, case, qkv, folder) -> Workload:
-    m = Llama(opts, case, qkv, folder)
-    args = ["bench", "llama", *llama_args(case), "--prefill", str(case["prefill"]), "--decode", str(case["decode"]),
-            "--decode-prompt", str(Llama.DECODE_PROMPT), *dtype_args(opts)]
-    title = dtype_title(opts, f"Llama d{case['d_model']} L{case['layers']} H{case['heads']} G{case['kv_heads']} "
-                              f"V{case['vocab']} (random weights)")
+    run_qkv(qkv, ["bench", "llama", *llama_args(case), "--seed", str(opts.seed), "--save", str(folder),
+                  "--prefill", "1", "--decode", "1", "--decode-prompt", "1",
+                  "--rounds", "1", "--warmup", "0", "--min-time", "0", "--json"])
+    title = (f"Llama d{case['d_model']} L{case['layers']} H{case['heads']} G{case['kv_heads']} "
+             f"V{case['vocab']} (random weights)")
+    return causal_lm_workload(opts, case, qkv, CausalLM(opts, case, folder), llama_args(case), title)
+
+
+def family_workload(opts, case, qkv, family, folder) -> Workload:
+    """A random model of `family` (transformers' initialisation, seeded) written to `folder`,
+    which both sides load."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config, attention = family_config(family, case)
+    torch.manual_seed(opts.seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(str(folder))
+    kv_heads = getattr(config, "num_key_value_heads", case["heads"])
+    title = (f"{type(model).__name__} d{case['d_model']} L{case['layers']} H{case['heads']} G{kv_heads} "
+             f"V{case['vocab']} (random weights{', eager attention' if attention == 'eager' else ''})")
+    return causal_lm_workload(opts, case, qkv, CausalLM(opts, case, folder, attention),
+                              ["--model", str(folder)], title)
+
+
+def causal_lm_workload(opts, case, qkv, m: CausalLM, model_args: list[str], title: str) -> Workload:
+    """Prefill and greedy decode of `m`, qkv's side `qkv bench llama` on its `model_args`."""
+    args = ["bench", "llama", *model_args, "--prefill", str(case["prefill"]), "--decode", str(case["decode"]),
+            "--decode-prompt", str(CausalLM.DECODE_PROMPT), *dtype_args(opts)]
     rate = lambda r: ((r["tokens"] if r["mode"] == "prefill" else r["new_tokens"]), "tokens/s")  # noqa: E731
     labels = [f"prefill {case['prefill']} tokens", f"greedy decode {case['decode']} tokens"]
-    return Workload(title, args, lambda rows: m.run(opts, case, rows), labels, rate, check=lambda: m.check(qkv))
+    return Workload(dtype_title(opts, title), args, lambda rows: m.run(opts, case, rows), labels, rate,
+                    check=lambda: m.check(qkv))
 
 
 def compare(opts, qkv: Path, w: Workload) -> list[dict]:
@@ -714,6 +791,13 @@ def parse(argv):
     for k, v in ALL["llama"].items():
         ll.add_argument(f"--{k.replace('_', '-')}", type=int, default=v)
     ll.add_argument("--save", help="keep the model folder here (default: a temporary folder)")
+    fa = sub.add_parser("families", parents=[common],
+                        help="random Qwen3, Gemma 2, Gemma 3, Phi-3, GPT-NeoX of the llama sizes against transformers")
+    fa.add_argument("--family", type=family_list, default=list(FAMILIES),
+                    help=f"comma-separated, of {','.join(FAMILIES)} (default: all)")
+    for k, v in ALL["llama"].items():
+        fa.add_argument(f"--{k.replace('_', '-')}", type=int, default=v)
+    fa.add_argument("--save", help="keep the model folders here, one per family (default: a temporary folder)")
     mm = sub.add_parser("matmul", parents=[common], help="y = x·Wᵀ (a linear layer) against F.linear")
     mm.add_argument("--shapes", type=lambda s: s.split(","), default=ALL["matmul"]["shapes"],
                     help="MxKxN,... (default: training, batch, one-sentence and decode shapes)")
@@ -729,6 +813,14 @@ def parse(argv):
         p.error(f"--dtype/--qkv-dtype below f32: qkv bench {opts.workload} has no number type "
                 f"(only {', '.join(TYPED)} do)")
     return opts
+
+
+def family_list(s: str) -> list[str]:
+    names = s.split(",")
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)} (known: {', '.join(FAMILIES)})")
+    return names
 
 
 def main() -> None:
@@ -780,7 +872,7 @@ def main() -> None:
     report_limits(opts, qkv, "before")
     tmp = tempfile.mkdtemp(prefix="qkv-compare-")
     try:
-        for w in workloads(opts, qkv, Path(opts.save) if getattr(opts, "save", None) else Path(tmp) / "llama"):
+        for w in workloads(opts, qkv, Path(opts.save) if getattr(opts, "save", None) else Path(tmp) / "model"):
             rows = compare(opts, qkv, w)
             if opts.json:
                 for r in rows:
@@ -811,13 +903,15 @@ def report_limits(opts, qkv: Path, when: str) -> None:
               flush=True)
 
 
-def workloads(opts, qkv, llama_folder):
-    """The workloads to run, built lazily (loading a model happens when its turn comes)."""
+def workloads(opts, qkv, folder):
+    """The workloads to run, built lazily (loading a model happens when its turn comes); a
+    model's folder is `folder` (`families`: a folder in it per family)."""
     if opts.workload == "all":
         sizes = SMOKE if opts.smoke else ALL
         if below_f32(opts):
             print(f"--dtype/--qkv-dtype below f32: attention and decode are left out (qkv bench has no number "
-                  f"type for them); running {', '.join(TYPED)}", file=sys.stderr, flush=True)
+                  f"type for them); running {', '.join(w for w in TYPED if w in ALL)}", file=sys.stderr,
+                  flush=True)
         else:
             # The issue's head shapes per workload.
             for case in sizes["attention"]:
@@ -826,7 +920,7 @@ def workloads(opts, qkv, llama_folder):
             yield decode_workload(argparse.Namespace(**vars(opts), heads=32, kv_heads=8, dim=128, batch=1),
                                   sizes["decode"])
         yield minilm_workload(opts, sizes["minilm"], qkv)
-        yield llama_workload(opts, sizes["llama"], qkv, llama_folder)
+        yield llama_workload(opts, sizes["llama"], qkv, folder)
         yield matmul_workload(opts, sizes["matmul"])
     elif opts.workload == "attention":
         yield attention_workload(opts, dict(n=opts.n, causal=opts.causal, backward=opts.backward))
@@ -835,7 +929,11 @@ def workloads(opts, qkv, llama_folder):
     elif opts.workload == "minilm":
         yield minilm_workload(opts, dict(sentences=opts.sentences, batch=opts.batch), qkv)
     elif opts.workload == "llama":
-        yield llama_workload(opts, {k: getattr(opts, k) for k in ALL["llama"]}, qkv, llama_folder)
+        yield llama_workload(opts, {k: getattr(opts, k) for k in ALL["llama"]}, qkv, folder)
+    elif opts.workload == "families":
+        case = {k: getattr(opts, k) for k in ALL["llama"]}
+        for family in opts.family:
+            yield family_workload(opts, case, qkv, family, folder / family)
     elif opts.workload == "matmul":
         yield matmul_workload(opts, dict(shapes=opts.shapes))
 
