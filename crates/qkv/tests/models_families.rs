@@ -403,7 +403,7 @@ fn a_folder_without_a_classification_head_is_refused_by_name() {
 /// sentence-transformers 5.7.0 in its current layout) embed as `SentenceTransformer.encode`.
 #[test]
 fn sentence_transformers_folders_on_the_new_encoders_embed_as_encode() {
-    for name in ["modernbert_cls"] {
+    for name in ["xlm_roberta_mean", "modernbert_cls"] {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/sentence")
             .join(name);

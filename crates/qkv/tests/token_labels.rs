@@ -26,8 +26,10 @@ struct Case {
 }
 
 /// The fixture tokenizers with a tokenizer.json, one per way of spelling word
-/// boundaries and of adding special tokens.
-const SCHEMES: [&str; 7] = [
+/// boundaries and of adding special tokens; `gemma_spm` and `xlmr_unigram` are laid out
+/// as Gemma's and XLM-RoBERTa's (converted from SentencePiece by transformers), checked
+/// on English, Chinese, code and whitespace.
+const SCHEMES: [&str; 9] = [
     "wordpiece",
     "bytelevel",
     "sentencepiece_bpe",
@@ -35,6 +37,8 @@ const SCHEMES: [&str; 7] = [
     "sentencepiece_unigram",
     "qwen2_bytelevel",
     "llama3_bytelevel",
+    "gemma_spm",
+    "xlmr_unigram",
 ];
 
 #[derive(serde::Deserialize)]
