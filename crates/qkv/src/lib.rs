@@ -32,6 +32,7 @@
 //! ```
 
 pub mod attention;
+pub mod attribution;
 pub mod batch;
 pub mod block;
 pub mod error;

@@ -3,6 +3,7 @@
 //! right-padded batch: BERT, GPT-2, Llama (GQA), Mistral (sliding window), BLOOM
 //! (ALiBi), and T5 and Marian (encoder, decoder and cross-attention). Rows of padded
 //! queries are unspecified and skipped; every key of a real query row is compared.
+//! Attention rollout and flow over those maps equal their PyTorch and networkx references.
 
 #![cfg(feature = "models")]
 
@@ -123,4 +124,70 @@ fn weights_do_not_change_the_logits() {
     let without = m.forward(&input, false).unwrap();
     assert_eq!(with.logits, without.logits);
     assert!(without.attentions.decoder.is_empty());
+}
+
+/// One sequence's maps `[B=1,H,T,T]` per layer as [`qkv::attribution`] takes them.
+fn one_sequence(maps: &[Tensor]) -> Vec<Tensor> {
+    maps.iter()
+        .map(|m| m.clone().reshape(&m.shape()[1..]).unwrap())
+        .collect()
+}
+
+/// Rollout and attention flow over the maps of the tiny fixtures equal the PyTorch and
+/// networkx references (`tools/fixtures/gen_attribution.py`).
+#[test]
+fn rollout_and_flow_equal_the_references() {
+    for name in ["bert", "gpt2", "llama_gqa"] {
+        let m = load(name);
+        let f = common::fixture("attribution", name);
+        let ids: Vec<usize> = f.ints("input_ids").1.iter().map(|&i| i as usize).collect();
+        let tokens = qkv::models::TokenBatch::single(ids).unwrap();
+        let input = match m.kind() {
+            ModelKind::Encoder => Input {
+                source: Some(&tokens),
+                ..Default::default()
+            },
+            _ => Input {
+                target: Some(&tokens),
+                ..Default::default()
+            },
+        };
+        let att = m.forward(&input, true).unwrap().attentions;
+        let maps = one_sequence(match m.kind() {
+            ModelKind::Encoder => &att.encoder,
+            _ => &att.decoder,
+        });
+        for (method, got) in [
+            ("rollout", qkv::attribution::rollout(&maps).unwrap()),
+            ("flow", qkv::attribution::flow(&maps).unwrap()),
+        ] {
+            assert_eq!(got.len(), maps.len(), "{name} {method}");
+            for (l, g) in got.iter().enumerate() {
+                let want = f.t(&format!("{method}.{l}"));
+                common::assert_tensor_close(&format!("{name} {method}.{l}"), g, &want, 1e-5, 1e-4);
+            }
+        }
+    }
+}
+
+/// Maps that are not one sequence's self-attention, and flow past its length limit, are
+/// refused by name.
+#[test]
+fn attribution_refuses_maps_it_cannot_read() {
+    use qkv::attribution::{flow, rollout, MAX_FLOW_TOKENS};
+    let cross = Tensor::zeros(&[2, 3, 4]);
+    let err = rollout(&[cross]).unwrap_err().to_string();
+    assert!(err.contains("maps[0]"), "{err}");
+    let a = Tensor::from_fn(&[1, 3, 3], |_| 1.0 / 3.0);
+    let b = Tensor::from_fn(&[1, 4, 4], |_| 0.25);
+    let err = flow(&[a, b]).unwrap_err().to_string();
+    assert!(err.contains("maps[1]"), "{err}");
+    assert!(rollout(&[]).is_err());
+    let t = MAX_FLOW_TOKENS + 1;
+    let long = Tensor::from_fn(&[1, t, t], |_| 1.0 / t as f32);
+    let err = flow(&[long]).unwrap_err().to_string();
+    assert!(err.contains("rollout"), "{err}");
+    let mut nan = Tensor::from_fn(&[1, 2, 2], |_| 0.5);
+    nan.data_mut()[1] = f32::NAN;
+    assert!(rollout(&[nan]).is_err());
 }

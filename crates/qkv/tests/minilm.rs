@@ -298,3 +298,35 @@ fn attention_weights_on_the_animal_sentence_match_transformers() {
     let weight = f.params["strongest_weight"].as_f64().unwrap() as f32;
     assert!((best.0 - weight).abs() < 1e-5, "{} vs {weight}", best.0);
 }
+
+/// Rollout and attention flow of the articles' sentence equal the PyTorch and networkx
+/// references (`tools/fixtures/gen_attribution.py`), to 1e-4.
+#[test]
+#[ignore = "needs all-MiniLM-L6-v2: set QKV_MINILM_DIR (tools/fetch_minilm.sh DIR), as .ci/run does"]
+fn rollout_and_flow_of_the_animal_sentence_equal_the_references() {
+    let f = common::fixture("attribution", "minilm");
+    let ids: Vec<usize> = f.ints("input_ids").1.iter().map(|&i| i as usize).collect();
+    let model = qkv::models::load(&model_dir()).unwrap().model;
+    let batch = TokenBatch::single(ids).unwrap();
+    let input = Input {
+        source: Some(&batch),
+        ..Default::default()
+    };
+    let maps: Vec<qkv::Tensor> = model
+        .forward(&input, true)
+        .unwrap()
+        .attentions
+        .encoder
+        .into_iter()
+        .map(|m| m.clone().reshape(&m.shape()[1..]).unwrap())
+        .collect();
+    for (method, got) in [
+        ("rollout", qkv::attribution::rollout(&maps).unwrap()),
+        ("flow", qkv::attribution::flow(&maps).unwrap()),
+    ] {
+        for (l, g) in got.iter().enumerate() {
+            let want = f.t(&format!("{method}.{l}"));
+            common::assert_tensor_close(&format!("minilm {method}.{l}"), g, &want, 1e-4, 0.0);
+        }
+    }
+}
