@@ -191,3 +191,49 @@ fn attribution_refuses_maps_it_cannot_read() {
     nan.data_mut()[1] = f32::NAN;
     assert!(rollout(&[nan]).is_err());
 }
+
+/// d log p(next token) / d logits `[1,T,V]`: one-hot minus softmax at the last position,
+/// zero elsewhere; the token is the most likely one, as the fixture chose it.
+fn next_token_target(logits: &Tensor, token: usize) -> qkv::Result<Tensor> {
+    let (t, v) = (logits.shape()[1], logits.shape()[2]);
+    let last = &logits.data()[(t - 1) * v..];
+    let max = last.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = last.iter().map(|z| (z - max).exp()).sum();
+    let mut d = Tensor::zeros(logits.shape());
+    for (j, x) in d.data_mut()[(t - 1) * v..].iter_mut().enumerate() {
+        *x = f32::from(u8::from(j == token)) - (last[j] - max).exp() / sum;
+    }
+    Ok(d)
+}
+
+/// The gradient of the next token's log-probability with respect to every map, through
+/// the training backward, equals PyTorch's autograd through the eager attention; and
+/// gradient × attention (Chefer et al. 2021) over them equals its reference.
+#[test]
+fn map_gradients_and_gradient_rollout_equal_autograd() {
+    for name in ["gpt2", "llama_gqa"] {
+        let m = load(name);
+        let f = common::fixture("attribution", name);
+        let ids: Vec<usize> = f.ints("input_ids").1.iter().map(|&i| i as usize).collect();
+        let token = f.param_usize("target_token").unwrap();
+        let tokens = qkv::models::TokenBatch::single(ids).unwrap();
+        let input = Input {
+            target: Some(&tokens),
+            ..Default::default()
+        };
+        let (maps, grads) = m
+            .attention_grads(&input, |logits| next_token_target(logits, token))
+            .unwrap();
+        let (maps, grads) = (one_sequence(&maps.decoder), one_sequence(&grads.decoder));
+        assert_eq!(grads.len(), maps.len(), "{name}");
+        for (l, g) in grads.iter().enumerate() {
+            let want = f.t(&format!("grad_maps.{l}"));
+            common::assert_tensor_close(&format!("{name} grad_maps.{l}"), g, &want, 1e-5, 1e-4);
+        }
+        let r = qkv::attribution::gradient_rollout(&maps, &grads).unwrap();
+        for (l, g) in r.iter().enumerate() {
+            let want = f.t(&format!("grad.{l}"));
+            common::assert_tensor_close(&format!("{name} grad.{l}"), g, &want, 1e-5, 1e-4);
+        }
+    }
+}

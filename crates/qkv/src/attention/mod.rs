@@ -19,7 +19,7 @@ mod tiled;
 mod tiled_bf16;
 mod view;
 
-pub use backward::{attention_backward, attention_backward_views, AttentionGrads};
+pub use backward::{attention_backward, attention_backward_views, weight_grads, AttentionGrads};
 pub use cache::{KvCache, KvDType, LayerKv, Step};
 pub use call::{attention, attention_views};
 pub use output::AttentionOutput;

@@ -11,11 +11,18 @@
 //! Both take one sequence's self-attention maps, `[H, T, T]` per layer from the first,
 //! and give one `[T, T]` per layer: row t, how much each input token reaches token t of
 //! that layer. Each row sums to 1.
+//!
+//! [`gradient_rollout`] (Chefer, Gur & Wolf 2021) weighs each head by the gradient of a
+//! target with respect to its map, which
+//! [`Transformer::attention_grads`](crate::models::Transformer::attention_grads)
+//! computes through the training backward.
 
 mod flow;
+mod gradient;
 mod rollout;
 
 pub use flow::{flow, MAX_FLOW_TOKENS};
+pub use gradient::gradient_rollout;
 pub use rollout::rollout;
 
 use crate::error::{Error, Result};

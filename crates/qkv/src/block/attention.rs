@@ -21,8 +21,8 @@
 //! `[B,T,H,D]` in row-major order, and so is the merge.
 
 use crate::attention::{
-    attention, attention_backward, attention_views, AttentionOutput, AttentionSpec, Bias,
-    HeadsView, LayerKv,
+    attention, attention_backward, attention_views, weight_grads, AttentionOutput, AttentionSpec,
+    Bias, HeadsView, LayerKv,
 };
 use crate::error::{Error, Result};
 use crate::layers::{maybe_norm, maybe_norm_backward};
@@ -76,6 +76,9 @@ pub struct Attend<'a> {
     /// The backward also returns the gradient of the spec's dense bias (T5's learned
     /// relative bias).
     pub bias_grad: bool,
+    /// The backward also returns the gradient of the softmax weights (attribution by
+    /// gradients reads them).
+    pub weight_grads: bool,
 }
 
 /// A cross-attention's keys `[B,S,G,D]` and values `[B,S,G,Dv]`, computed once per
@@ -138,6 +141,8 @@ pub struct AttnGrads {
     pub d_cross: Option<CrossKv>,
     /// The gradient of a dense bias, when asked for (T5's relative bias).
     pub dbias: Option<Tensor>,
+    /// `[B,H,T,S]`: the gradient of the softmax weights, when asked for.
+    pub d_weights: Option<Tensor>,
 }
 
 /// Refuses what a spec asks that attention run sequence by sequence cannot give: the
@@ -399,7 +404,7 @@ impl MultiHeadAttention {
         let rule = Attend {
             spec: *spec,
             rope: Some((rope, positions)),
-            bias_grad: false,
+            ..Default::default()
         };
         self.forward_output(x, Keys::Own(None), &rule)
     }
@@ -539,16 +544,13 @@ impl MultiHeadAttention {
                 ))
             }
         };
+        let d_merged = d_merged.reshape(&[b, t, h, dv_width])?;
+        let d_weights = match rule.weight_grads {
+            true => Some(weight_grads(&d_merged, v)?),
+            false => None,
+        };
         // merged = attention(q, k, v)
-        let ag = attention_backward(
-            &q,
-            k,
-            v,
-            &fwd,
-            &d_merged.reshape(&[b, t, h, dv_width])?,
-            &rule.spec,
-            rule.bias_grad,
-        )?;
+        let ag = attention_backward(&q, k, v, &fwd, &d_merged, &rule.spec, rule.bias_grad)?;
         let (mut dq, mut dk) = (ag.dq, ag.dk);
         // q, k = RoPE(·): rotate the gradients back
         if let Some((rope, positions)) = rule.rope {
@@ -583,6 +585,7 @@ impl MultiHeadAttention {
             dx,
             d_cross,
             dbias: ag.dbias,
+            d_weights,
         })
     }
 

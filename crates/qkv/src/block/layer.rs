@@ -10,7 +10,7 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use super::attention::{Attend, AttnGrads, AttnTape, CrossKv, Keys, MultiHeadAttention};
+use super::attention::{Attend, AttnTape, CrossKv, Keys, MultiHeadAttention};
 use crate::error::{Error, Result};
 use crate::layers::{
     maybe_norm, maybe_norm_backward, FeedForward, FeedForwardCache, Norm, NormCache, NormTape,
@@ -106,10 +106,19 @@ pub struct LayerOut {
     pub cross_weights: Option<Tensor>,
 }
 
-/// What a layer's backward returns besides the parameters' gradients: the three an
-/// attention's returns, for the layer's input (`dbias`: its self-attention's, when the
-/// rule asks for it).
-pub type LayerGrads = AttnGrads;
+/// What a layer's backward returns besides the parameters' gradients.
+pub struct LayerGrads {
+    /// `[B,T,C]`
+    pub dx: Tensor,
+    /// The cross-attention's keys' and values' gradients.
+    pub d_cross: Option<CrossKv>,
+    /// The self-attention's dense bias gradient, when the rule asks for it.
+    pub dbias: Option<Tensor>,
+    /// `[B,H,T,S]`: the gradients of the self-attention's and the cross-attention's
+    /// softmax weights, when the rule asks for them.
+    pub d_weights: Option<Tensor>,
+    pub d_cross_weights: Option<Tensor>,
+}
 
 /// Runs one sub-layer: the norm and residual around `f` (x → (y, branch results)); no
 /// norm is the identity.
@@ -339,7 +348,7 @@ impl Block {
             Some(d_out) => (d_out, Some(d_ffn)),
             None => (d_ffn, None),
         };
-        let mut d_cross = None;
+        let (mut d_cross, mut d_cross_weights) = (None, None);
         if let (Some((res, t)), Some(layer), Some(norm), Some(g), Some(gn), Some(kv)) = (
             cross_tape,
             &self.cross,
@@ -351,11 +360,12 @@ impl Block {
             dx = sublayer_backward(Some(norm), rule.residual, &res, dx, Some(gn), |a, dy| {
                 let r = layer.backward(a, Some(kv), &rule.cross, t, dy, g)?;
                 d_cross = r.d_cross;
+                d_cross_weights = r.d_weights;
                 Ok(r.dx)
             })?;
         }
         let (attn_res, attn_tape) = attn;
-        let mut dbias = None;
+        let (mut dbias, mut d_weights) = (None, None);
         let d_stream = d_input.as_ref().map(|_| dx.clone());
         let mut dx = sublayer_backward(
             self.attn_norm.as_ref(),
@@ -370,6 +380,7 @@ impl Block {
                     self.attn
                         .backward(a, None, &rule.attend, attn_tape, &dy, &mut grads.attn)?;
                 dbias = r.dbias;
+                d_weights = r.d_weights;
                 Ok(r.dx)
             },
         )?;
@@ -377,6 +388,12 @@ impl Block {
             dx.add_assign(&d_ffn)?;
             dx.add_assign(&d_out)?;
         }
-        Ok(LayerGrads { dx, d_cross, dbias })
+        Ok(LayerGrads {
+            dx,
+            d_cross,
+            dbias,
+            d_weights,
+            d_cross_weights,
+        })
     }
 }

@@ -159,6 +159,7 @@ impl Transformer {
             w: &self.weights,
             kernel: self.kernel,
             logits_bias: self.logits_bias.as_ref(),
+            map_grads: false,
         }
     }
 
@@ -554,6 +555,42 @@ impl Transformer {
         Ok((logits, tape.expect("a model with a head keeps its tape")))
     }
 
+    /// Every attention map of `input` and the gradient of a scalar target with respect
+    /// to each (attribution by gradients): the training forward keeping the maps, then
+    /// `target` turns its logits (a headless encoder's hidden states) into d target /
+    /// d logits, and the training backward carries that down, returning each layer's
+    /// d target / d A `[B,H,T,S]` on the way. The parameters' gradients go into a
+    /// scratch tree and are dropped: the model's own are untouched.
+    pub fn attention_grads(
+        &self,
+        input: &Input,
+        target: impl FnOnce(&Tensor) -> Result<Tensor>,
+    ) -> Result<(Attentions, Attentions)> {
+        self.expect_f32_weights("attention gradients")?;
+        let (logits, tape, maps) = on_pool(|| self.run(input, true, true))?;
+        let tape = tape.expect("a training forward keeps its tape");
+        let dlogits = target(&logits)?;
+        dlogits.expect_shape(
+            "d target / d logits",
+            &logits.shape().iter().map(|&n| Some(n)).collect::<Vec<_>>(),
+        )?;
+        dlogits.check_finite("d target / d logits")?;
+        let mut scratch = self.weights.zeros_like();
+        let net = Net {
+            map_grads: true,
+            ..self.net()
+        };
+        let grads = on_pool(|| net.backward(tape, &dlogits, &mut scratch))?;
+        Ok((
+            maps,
+            Attentions {
+                encoder: grads.encoder,
+                decoder: grads.decoder,
+                cross: grads.cross,
+            },
+        ))
+    }
+
     /// Backward from d loss / d logits `[B,T,V]` of a [`Transformer::forward_train`]:
     /// **accumulates** into the gradients (allocated, zero, on first use).
     pub fn backward(&mut self, tape: Tape, dlogits: &Tensor) -> Result<()> {
@@ -565,7 +602,7 @@ impl Transformer {
         let net = self.net();
         let result = on_pool(|| net.backward(tape, dlogits, &mut grads));
         self.grads = Some(grads);
-        result
+        result.map(|_| ())
     }
 
     fn run(

@@ -64,6 +64,42 @@ pub fn attention_backward(
     attention_backward_views(&q, &k, &v, fwd, d_out, spec, want_dbias)
 }
 
+/// The gradient of the softmax weights P `[B,H,T,S]` from the upstream gradient d_out
+/// `[B,T,H,Dv]` of the output O = P·V and the values v `[B,S,G,Dv]`: dP = dO·Vᵀ per batch
+/// row and head (query head h reads key/value head h·G/H). It is what attribution by
+/// gradients reads (the maps' gradients); the kernels form the same product tile by
+/// tile on their way to dS.
+pub fn weight_grads(d_out: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let [b, t, h, dv] = d_out.shape()[..] else {
+        return Err(Error::shape("d_out", "[B, T, H, Dv]", d_out.shape()));
+    };
+    v.expect_shape("v", &[Some(b), None, None, Some(dv)])?;
+    let (s, g) = (v.shape()[1], v.shape()[2]);
+    if g == 0 || h % g != 0 {
+        return Err(Error::shape(
+            "v",
+            "[B, S, G, Dv] with G dividing H",
+            v.shape(),
+        ));
+    }
+    let mut dp = Tensor::zeros(&[b, h, t, s]);
+    let out = dp.data_mut();
+    for bi in 0..b {
+        for head in 0..h {
+            let kv = head / (h / g);
+            for i in 0..t {
+                let d_o = &d_out.data()[((bi * t + i) * h + head) * dv..][..dv];
+                let row = &mut out[((bi * h + head) * t + i) * s..][..s];
+                for (j, x) in row.iter_mut().enumerate() {
+                    let v_j = &v.data()[((bi * s + j) * g + kv) * dv..][..dv];
+                    *x = d_o.iter().zip(v_j).map(|(a, c)| a * c).sum();
+                }
+            }
+        }
+    }
+    Ok(dp)
+}
+
 /// [`attention_backward`] over views, mirroring [`super::attention_views`].
 pub fn attention_backward_views(
     q: &HeadsView,

@@ -44,9 +44,27 @@ fn sum_rows_into(dy: &Tensor, db: &mut Tensor) {
     }
 }
 
+/// Every layer's attention-map gradients `[B,H,T,S]`, when the net asks for them: the
+/// encoder's self-attention, the decoder's, its cross-attention.
+#[derive(Default)]
+pub(crate) struct MapGrads {
+    pub encoder: Vec<Tensor>,
+    pub decoder: Vec<Tensor>,
+    pub cross: Vec<Tensor>,
+}
+
+/// What one stack's backward gives back: each layer's cross keys' and values'
+/// gradients, and its maps' gradients (self, cross) when asked.
+struct StackGrads {
+    d_cross: Vec<Option<CrossKv>>,
+    maps: Vec<Tensor>,
+    cross_maps: Vec<Tensor>,
+}
+
 impl Net<'_> {
-    /// The whole backward from d loss / d logits `[B,T,V]`.
-    pub fn backward(&self, tape: Tape, dlogits: &Tensor, g: &mut Weights) -> Result<()> {
+    /// The whole backward from d loss / d logits `[B,T,V]`; the maps' gradients when
+    /// the net asks for them (empty otherwise).
+    pub fn backward(&self, tape: Tape, dlogits: &Tensor, g: &mut Weights) -> Result<MapGrads> {
         let Tape {
             encoder,
             memory,
@@ -54,9 +72,12 @@ impl Net<'_> {
             head,
         } = tape;
         let dh = self.head_backward(head, dlogits, g)?;
+        let mut maps = MapGrads::default();
         let d_memory = match (decoder, &memory) {
             (Some(dec), mem) => {
-                let d_cross = self.stack_backward(Side::Decoder, dec, mem.as_ref(), dh, g)?;
+                let sg = self.stack_backward(Side::Decoder, dec, mem.as_ref(), dh, g)?;
+                (maps.decoder, maps.cross) = (sg.maps, sg.cross_maps);
+                let d_cross = sg.d_cross;
                 match mem {
                     // m feeds every decoder layer's cross keys and values: their
                     // gradients add up before the encoder's backward
@@ -79,9 +100,9 @@ impl Net<'_> {
             (None, _) => Some(dh),
         };
         if let (Some(enc), Some(dm)) = (encoder, d_memory) {
-            self.stack_backward(Side::Encoder, enc, None, dm, g)?;
+            maps.encoder = self.stack_backward(Side::Encoder, enc, None, dm, g)?.maps;
         }
-        Ok(())
+        Ok(maps)
     }
 
     /// Backward of [`Net::head`]: dlogits `[B,T,V]` → dh `[B,T,C]`.
@@ -137,7 +158,7 @@ impl Net<'_> {
     }
 
     /// Backward of [`Net::run_stack`] from dh `[B,T,C]`; returns each layer's cross
-    /// key/value gradients (decoder layers that read an encoder).
+    /// key/value gradients (decoder layers that read an encoder), and its maps'.
     fn stack_backward(
         &self,
         side: Side,
@@ -145,7 +166,7 @@ impl Net<'_> {
         enc: Option<&Encoded>,
         dh: Tensor,
         g: &mut Weights,
-    ) -> Result<Vec<Option<CrossKv>>> {
+    ) -> Result<StackGrads> {
         let StackTape {
             input,
             embed_norm,
@@ -174,6 +195,7 @@ impl Net<'_> {
         let env = self.env(side, &input)?;
         let cross_padding = enc.map(|e| e.key_padding.as_slice());
         let mut d_cross = Vec::with_capacity(layers.len());
+        let (mut maps, mut cross_maps) = (Vec::new(), Vec::new());
         let mut dbias: Option<Tensor> = None;
         for (l, layer_tape) in layers.into_iter().enumerate().rev() {
             let rule = self.rule(side, &env, &input, cross_padding, l, false)?;
@@ -181,6 +203,8 @@ impl Net<'_> {
             let r = stack.layers[l].backward(&rule, layer_tape, cross, dx, &mut gs.layers[l])?;
             dx = r.dx;
             d_cross.push(r.d_cross);
+            maps.extend(r.d_weights);
+            cross_maps.extend(r.d_cross_weights);
             match (&mut dbias, r.dbias) {
                 (Some(sum), Some(d)) => sum.add_assign(&d)?,
                 (sum, d) if sum.is_none() => *sum = d,
@@ -188,6 +212,8 @@ impl Net<'_> {
             }
         }
         d_cross.reverse();
+        maps.reverse();
+        cross_maps.reverse();
         // every layer's dense bias came from one relative-position table
         if let (Some(db), Some(table), Some(gt), Position::Relative { max_distance, .. }) = (
             dbias,
@@ -237,6 +263,10 @@ impl Net<'_> {
             _ => embed_tokens,
         };
         self.table(side).backward(&input.ids, &dx, g_table)?;
-        Ok(d_cross)
+        Ok(StackGrads {
+            d_cross,
+            maps,
+            cross_maps,
+        })
     }
 }

@@ -37,6 +37,8 @@ pub(crate) struct Net<'m> {
     pub kernel: Kernel,
     /// `[V]` a fixed bias added to the logits (Marian's `final_logits_bias`)
     pub logits_bias: Option<&'m Tensor>,
+    /// The backward also returns every attention map's gradient (attribution).
+    pub map_grads: bool,
 }
 
 /// The KV caches a stack run reads and extends.
@@ -296,12 +298,14 @@ impl<'m> Net<'m> {
                 spec,
                 rope: rope.map(|r| (r, input.positions.as_slice())),
                 bias_grad: matches!(self.arch.position, Position::Relative { .. }),
+                weight_grads: self.map_grads,
             },
             cross: Attend {
                 spec: AttentionSpec {
                     key_padding: cross_padding.and_then(real_keys),
                     ..base
                 },
+                weight_grads: self.map_grads,
                 ..Default::default()
             },
         })
@@ -417,7 +421,16 @@ impl<'m> Net<'m> {
         let hw = &self.w.head;
         let table = &self.w.embed_tokens.weight;
         let (logits, mlm) = match self.arch.head {
-            Head::None => return Ok((h, None)),
+            Head::None => {
+                // the hidden states are the output; a kept tape lets a gradient with
+                // respect to them flow back (attribution of a sentence encoder)
+                let tape = keep.then(|| HeadTape {
+                    h: h.clone(),
+                    mlm: None,
+                    capped: None,
+                });
+                return Ok((h, tape));
+            }
             Head::Lm { tied, rescale, .. } => {
                 let s = if rescale {
                     (self.arch.d_model as f32).powf(-0.5)

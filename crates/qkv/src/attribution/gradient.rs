@@ -1,0 +1,73 @@
+//! Gradient × attention (Chefer, Gur & Wolf 2021, "Generic attention-model
+//! explainability"): each layer's heads weighted by how the target's gradient says they
+//! matter, then accumulated with the residual: Ā_l = mean_h (∇A_l ⊙ A_l)⁺,
+//! R_0 = I, R_l = R_{l−1} + Ā_l·R_{l−1}.
+
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// R after every layer: `maps` and their gradients `grads` `[H, T, T]` per layer (one
+/// sequence's self-attention, from the first layer) → `[T, T]` per layer. Rows are not
+/// normalised, as in the authors' code.
+pub fn gradient_rollout(maps: &[Tensor], grads: &[Tensor]) -> Result<Vec<Tensor>> {
+    if maps.is_empty() || maps.len() != grads.len() {
+        return Err(Error::invalid(
+            "grads",
+            format!(
+                "{} maps and {} gradients: one of each per layer",
+                maps.len(),
+                grads.len()
+            ),
+        ));
+    }
+    let t = maps[0].shape().get(1).copied().unwrap_or(0);
+    let mut r: Vec<f64> = (0..t * t)
+        .map(|i| f64::from(u8::from(i / t == i % t)))
+        .collect();
+    let mut out = Vec::with_capacity(maps.len());
+    for (l, (a, g)) in maps.iter().zip(grads).enumerate() {
+        let [h, ti, si] = a.shape()[..] else {
+            return Err(Error::shape(format!("maps[{l}]"), "[H, T, T]", a.shape()));
+        };
+        if ti != t || si != t || h == 0 {
+            return Err(Error::shape(
+                format!("maps[{l}]"),
+                format!("[H, {t}, {t}]"),
+                a.shape(),
+            ));
+        }
+        if g.shape() != a.shape() {
+            return Err(Error::shape(
+                format!("grads[{l}]"),
+                format!("{:?}", a.shape()),
+                g.shape(),
+            ));
+        }
+        a.check_finite(&format!("maps[{l}]"))?;
+        g.check_finite(&format!("grads[{l}]"))?;
+        // Ā = mean over heads of the positive part of ∇A ⊙ A
+        let mut mean = vec![0f64; t * t];
+        for (head_a, head_g) in a
+            .data()
+            .chunks_exact(t * t)
+            .zip(g.data().chunks_exact(t * t))
+        {
+            for ((m, &x), &dx) in mean.iter_mut().zip(head_a).zip(head_g) {
+                *m += (f64::from(x) * f64::from(dx)).max(0.0) / h as f64;
+            }
+        }
+        // R += Ā·R
+        let mut add = vec![0f64; t * t];
+        for (add_row, mean_row) in add.chunks_exact_mut(t).zip(mean.chunks_exact(t)) {
+            for (&m, r_row) in mean_row.iter().zip(r.chunks_exact(t)) {
+                add_row
+                    .iter_mut()
+                    .zip(r_row)
+                    .for_each(|(x, &rv)| *x += m * rv);
+            }
+        }
+        r.iter_mut().zip(&add).for_each(|(x, a)| *x += a);
+        out.push(Tensor::from_fn(&[t, t], |i| r[i] as f32));
+    }
+    Ok(out)
+}
