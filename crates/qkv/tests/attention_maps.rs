@@ -237,3 +237,35 @@ fn map_gradients_and_gradient_rollout_equal_autograd() {
         }
     }
 }
+
+/// Norm-based attention (Kobayashi et al. 2020): each weight times the size of what its
+/// key's value adds through the head, equal to the PyTorch reference read from forward
+/// hooks on BERT, GPT-2 (fused QKV) and Llama (GQA).
+#[test]
+fn value_norms_equal_the_reference() {
+    for name in ["bert", "gpt2", "llama_gqa"] {
+        let m = load(name);
+        let f = common::fixture("attribution", name);
+        let ids: Vec<usize> = f.ints("input_ids").1.iter().map(|&i| i as usize).collect();
+        let tokens = qkv::models::TokenBatch::single(ids).unwrap();
+        let input = match m.kind() {
+            ModelKind::Encoder => Input {
+                source: Some(&tokens),
+                ..Default::default()
+            },
+            _ => Input {
+                target: Some(&tokens),
+                ..Default::default()
+            },
+        };
+        let norms = m.value_norms(&input).unwrap();
+        let got = one_sequence(match m.kind() {
+            ModelKind::Encoder => &norms.encoder,
+            _ => &norms.decoder,
+        });
+        for (l, g) in got.iter().enumerate() {
+            let want = f.t(&format!("value_norm.{l}"));
+            common::assert_tensor_close(&format!("{name} value_norm.{l}"), g, &want, 1e-5, 1e-4);
+        }
+    }
+}

@@ -299,11 +299,11 @@ fn attention_weights_on_the_animal_sentence_match_transformers() {
     assert!((best.0 - weight).abs() < 1e-5, "{} vs {weight}", best.0);
 }
 
-/// Rollout and attention flow of the articles' sentence equal the PyTorch and networkx
-/// references (`tools/fixtures/gen_attribution.py`), to 1e-4.
+/// Rollout, attention flow and norm-based attention of the articles' sentence equal the
+/// PyTorch and networkx references (`tools/fixtures/gen_attribution.py`), to 1e-4.
 #[test]
 #[ignore = "needs all-MiniLM-L6-v2: set QKV_MINILM_DIR (tools/fetch_minilm.sh DIR), as .ci/run does"]
-fn rollout_and_flow_of_the_animal_sentence_equal_the_references() {
+fn rollout_flow_and_value_norms_of_the_animal_sentence_equal_the_references() {
     let f = common::fixture("attribution", "minilm");
     let ids: Vec<usize> = f.ints("input_ids").1.iter().map(|&i| i as usize).collect();
     let model = qkv::models::load(&model_dir()).unwrap().model;
@@ -328,5 +328,11 @@ fn rollout_and_flow_of_the_animal_sentence_equal_the_references() {
             let want = f.t(&format!("{method}.{l}"));
             common::assert_tensor_close(&format!("minilm {method}.{l}"), g, &want, 1e-4, 0.0);
         }
+    }
+    let norms = model.value_norms(&input).unwrap().encoder;
+    for (l, n) in norms.iter().enumerate() {
+        let got = n.clone().reshape(&n.shape()[1..]).unwrap();
+        let want = f.t(&format!("value_norm.{l}"));
+        common::assert_tensor_close(&format!("minilm value_norm.{l}"), &got, &want, 1e-4, 0.0);
     }
 }

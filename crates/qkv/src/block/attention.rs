@@ -123,6 +123,13 @@ pub struct AttnTape {
     lse: Tensor,
 }
 
+impl AttnTape {
+    /// Self-attention's values `[B,S,G,Dv]` (a cross-attention's are the encoder's).
+    pub(crate) fn values(&self) -> Option<&Tensor> {
+        self.own_kv.as_ref().map(|(_, v)| v)
+    }
+}
+
 /// One forward's results.
 pub struct Attended {
     /// `[B,T,C]`
@@ -365,6 +372,44 @@ impl MultiHeadAttention {
     /// Dv
     pub fn value_dim(&self) -> usize {
         self.v.out_features() / self.kv_heads
+    }
+
+    /// The size of what each key's value adds to the output through each head, before
+    /// its weight: ‖W_O^h · v_{g,s}‖ for values v `[B,S,G,Dv]` (W_O^h: the columns of
+    /// W_O that read head h; g the key/value head h reads) → `[B,H,S]`. Kobayashi et
+    /// al. (2020) weigh the attention weights by it (the output bias, added whatever
+    /// the weights, is left out).
+    pub fn value_norms(&self, v: &Tensor) -> Result<Tensor> {
+        let (h, g, dv) = (self.heads, self.kv_heads, self.value_dim());
+        v.expect_shape("v", &[None, None, Some(g), Some(dv)])?;
+        let (b, s) = (v.shape()[0], v.shape()[1]);
+        let c = self.o.out_features();
+        let mut rows = vec![0f32; c * h * dv];
+        for (r, row) in rows.chunks_exact_mut(h * dv).enumerate() {
+            self.o.weight_row(r, row);
+        }
+        let mut out = Tensor::zeros(&[b, h, s]);
+        for bi in 0..b {
+            for head in 0..h {
+                let kv = head / (h / g);
+                for j in 0..s {
+                    let v_j = &v.data()[((bi * s + j) * g + kv) * dv..][..dv];
+                    let sq: f64 = rows
+                        .chunks_exact(h * dv)
+                        .map(|w| {
+                            let y: f32 = w[head * dv..][..dv]
+                                .iter()
+                                .zip(v_j)
+                                .map(|(a, x)| a * x)
+                                .sum();
+                            f64::from(y) * f64::from(y)
+                        })
+                        .sum();
+                    out.data_mut()[(bi * h + head) * s + j] = sq.sqrt() as f32;
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// x: `[B,T,C]` attends over `context`: `[B,S,Ckv]` (cross-attention), or over itself

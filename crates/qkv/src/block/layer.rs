@@ -95,6 +95,13 @@ pub struct BlockTape {
     ffn_post: Option<NormTape>,
 }
 
+impl BlockTape {
+    /// The self-attention's values `[B,S,G,Dv]`.
+    pub(crate) fn self_values(&self) -> Option<&Tensor> {
+        self.attn.1.values()
+    }
+}
+
 /// One layer's forward results.
 pub struct LayerOut {
     /// `[B,T,C]`

@@ -11,7 +11,7 @@ use super::info::ModelInfo;
 use super::net::arch::{Arch, Head, ModelKind};
 use super::net::backward::Tape;
 use super::net::footprint;
-use super::net::forward::{Caches, Encoded, Net, Side, StackInput};
+use super::net::forward::{Caches, Encoded, Net, Side, StackInput, StackTape};
 use super::net::weights::Weights;
 use crate::attention::{Kernel, KvCache, KvDType};
 use crate::batch::TokenBatch;
@@ -589,6 +589,66 @@ impl Transformer {
                 cross: grads.cross,
             },
         ))
+    }
+
+    /// Every attention map of `input` weighed by the size of what each key adds through
+    /// its head (Kobayashi et al. 2020, "Attention is not only a weight"): α_{h,t,s} ·
+    /// ‖W_O^h · v_{h,s}‖, `[B,H,T,S]` per layer of each kind, as the maps.
+    pub fn value_norms(&self, input: &Input) -> Result<Attentions> {
+        self.expect_f32_weights("value norms")?;
+        let (_, tape, maps) = on_pool(|| self.run(input, true, true))?;
+        let tape = tape.expect("a training forward keeps its tape");
+        let weigh = |map: &Tensor, norms: Tensor| -> Result<Tensor> {
+            // map [B,H,T,S] times norms [B,H,S] along the keys
+            let (t, s) = (map.shape()[2], map.shape()[3]);
+            let mut out = map.clone();
+            for (rows, n) in out
+                .data_mut()
+                .chunks_exact_mut(t * s)
+                .zip(norms.data().chunks_exact(s))
+            {
+                for row in rows.chunks_exact_mut(s) {
+                    row.iter_mut().zip(n).for_each(|(a, &w)| *a *= w);
+                }
+            }
+            Ok(out)
+        };
+        let stack =
+            |side: Side, tapes: &Option<StackTape>, maps: &[Tensor]| -> Result<Vec<Tensor>> {
+                let weights = match side {
+                    Side::Encoder => self.weights.encoder.as_ref(),
+                    Side::Decoder => self.weights.decoder.as_ref(),
+                };
+                let (Some(tapes), Some(stack)) = (tapes, weights) else {
+                    return Ok(Vec::new());
+                };
+                tapes
+                    .layers
+                    .iter()
+                    .zip(&stack.layers)
+                    .zip(maps)
+                    .map(|((lt, layer), map)| {
+                        let v = lt.self_values().expect("self-attention keeps its values");
+                        weigh(map, layer.attn.value_norms(v)?)
+                    })
+                    .collect()
+            };
+        let cross = match (&tape.memory, self.weights.decoder.as_ref()) {
+            (Some(memory), Some(dec)) => dec
+                .layers
+                .iter()
+                .zip(&memory.cross)
+                .zip(&maps.cross)
+                .filter_map(|((layer, kv), map)| layer.cross.as_ref().map(|c| (c, kv, map)))
+                .map(|(c, kv, map)| weigh(map, c.value_norms(&kv.v)?))
+                .collect::<Result<Vec<_>>>()?,
+            _ => Vec::new(),
+        };
+        Ok(Attentions {
+            encoder: stack(Side::Encoder, &tape.encoder, &maps.encoder)?,
+            decoder: stack(Side::Decoder, &tape.decoder, &maps.decoder)?,
+            cross,
+        })
     }
 
     /// Backward from d loss / d logits `[B,T,V]` of a [`Transformer::forward_train`]:
