@@ -7,7 +7,7 @@
 //! Maximum flows by Dinic's algorithm (the value is the same whatever the algorithm;
 //! the authors' code uses networkx's Edmonds–Karp).
 
-use super::{matrix, residual_means};
+use super::residual::{matrix, residual_means};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 

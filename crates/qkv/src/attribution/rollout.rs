@@ -1,6 +1,6 @@
 //! Attention rollout (Abnar & Zuidema 2020): R_1 = Â_1, R_l = Â_l · R_{l−1}.
 
-use super::{matrix, residual_means};
+use super::residual::{matrix, residual_means};
 use crate::error::Result;
 use crate::tensor::Tensor;
 

@@ -125,6 +125,7 @@ pub struct AttnTape {
 
 impl AttnTape {
     /// Self-attention's values `[B,S,G,Dv]` (a cross-attention's are the encoder's).
+    #[cfg_attr(not(feature = "models"), allow(dead_code))]
     pub(crate) fn values(&self) -> Option<&Tensor> {
         self.own_kv.as_ref().map(|(_, v)| v)
     }

@@ -97,6 +97,7 @@ pub struct BlockTape {
 
 impl BlockTape {
     /// The self-attention's values `[B,S,G,Dv]`.
+    #[cfg_attr(not(feature = "models"), allow(dead_code))]
     pub(crate) fn self_values(&self) -> Option<&Tensor> {
         self.attn.1.values()
     }
