@@ -133,6 +133,35 @@ fn one_sequence(maps: &[Tensor]) -> Vec<Tensor> {
         .collect()
 }
 
+/// The fixture's `input_ids` `[T]` as one row.
+fn fixture_tokens(f: &common::Fixture) -> qkv::models::TokenBatch {
+    let ids: Vec<usize> = f.ints("input_ids").1.iter().map(|&i| i as usize).collect();
+    qkv::models::TokenBatch::single(ids).unwrap()
+}
+
+/// `tokens` as the input of the model's own self-attention stack (an encoder's source,
+/// a decoder's target).
+fn own_input<'a>(m: &qkv::models::Transformer, tokens: &'a qkv::models::TokenBatch) -> Input<'a> {
+    match m.kind() {
+        ModelKind::Encoder => Input {
+            source: Some(tokens),
+            ..Default::default()
+        },
+        _ => Input {
+            target: Some(tokens),
+            ..Default::default()
+        },
+    }
+}
+
+/// The self-attention stack's maps (or anything shaped as them) of one sequence.
+fn own_maps(m: &qkv::models::Transformer, maps: &qkv::models::Attentions) -> Vec<Tensor> {
+    one_sequence(match m.kind() {
+        ModelKind::Encoder => &maps.encoder,
+        _ => &maps.decoder,
+    })
+}
+
 /// Rollout and attention flow over the maps of the tiny fixtures equal the PyTorch and
 /// networkx references (`tools/fixtures/gen_attribution.py`).
 #[test]
@@ -140,23 +169,9 @@ fn rollout_and_flow_equal_the_references() {
     for name in ["bert", "gpt2", "llama_gqa"] {
         let m = load(name);
         let f = common::fixture("attribution", name);
-        let ids: Vec<usize> = f.ints("input_ids").1.iter().map(|&i| i as usize).collect();
-        let tokens = qkv::models::TokenBatch::single(ids).unwrap();
-        let input = match m.kind() {
-            ModelKind::Encoder => Input {
-                source: Some(&tokens),
-                ..Default::default()
-            },
-            _ => Input {
-                target: Some(&tokens),
-                ..Default::default()
-            },
-        };
-        let att = m.forward(&input, true).unwrap().attentions;
-        let maps = one_sequence(match m.kind() {
-            ModelKind::Encoder => &att.encoder,
-            _ => &att.decoder,
-        });
+        let tokens = fixture_tokens(&f);
+        let input = own_input(&m, &tokens);
+        let maps = own_maps(&m, &m.forward(&input, true).unwrap().attentions);
         for (method, got) in [
             ("rollout", qkv::attribution::rollout(&maps).unwrap()),
             ("flow", qkv::attribution::flow(&maps).unwrap()),
@@ -246,23 +261,9 @@ fn value_norms_equal_the_reference() {
     for name in ["bert", "gpt2", "llama_gqa"] {
         let m = load(name);
         let f = common::fixture("attribution", name);
-        let ids: Vec<usize> = f.ints("input_ids").1.iter().map(|&i| i as usize).collect();
-        let tokens = qkv::models::TokenBatch::single(ids).unwrap();
-        let input = match m.kind() {
-            ModelKind::Encoder => Input {
-                source: Some(&tokens),
-                ..Default::default()
-            },
-            _ => Input {
-                target: Some(&tokens),
-                ..Default::default()
-            },
-        };
-        let norms = m.value_norms(&input).unwrap();
-        let got = one_sequence(match m.kind() {
-            ModelKind::Encoder => &norms.encoder,
-            _ => &norms.decoder,
-        });
+        let tokens = fixture_tokens(&f);
+        let input = own_input(&m, &tokens);
+        let got = own_maps(&m, &m.value_norms(&input).unwrap());
         for (l, g) in got.iter().enumerate() {
             let want = f.t(&format!("value_norm.{l}"));
             common::assert_tensor_close(&format!("{name} value_norm.{l}"), g, &want, 1e-5, 1e-4);

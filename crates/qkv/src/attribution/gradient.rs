@@ -3,6 +3,7 @@
 //! matter, then accumulated with the residual: Ā_l = mean_h (∇A_l ⊙ A_l)⁺,
 //! R_0 = I, R_l = R_{l−1} + Ā_l·R_{l−1}.
 
+use super::residual::product;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -57,15 +58,7 @@ pub fn gradient_rollout(maps: &[Tensor], grads: &[Tensor]) -> Result<Vec<Tensor>
             }
         }
         // R += Ā·R
-        let mut add = vec![0f64; t * t];
-        for (add_row, mean_row) in add.chunks_exact_mut(t).zip(mean.chunks_exact(t)) {
-            for (&m, r_row) in mean_row.iter().zip(r.chunks_exact(t)) {
-                add_row
-                    .iter_mut()
-                    .zip(r_row)
-                    .for_each(|(x, &rv)| *x += m * rv);
-            }
-        }
+        let add = product(t, &mean, &r);
         r.iter_mut().zip(&add).for_each(|(x, a)| *x += a);
         out.push(Tensor::from_fn(&[t, t], |i| r[i] as f32));
     }

@@ -60,3 +60,17 @@ pub(super) fn residual_means(maps: &[Tensor]) -> Result<(usize, Vec<Vec<f64>>)> 
 pub(super) fn matrix(t: usize, m: &[f64]) -> Tensor {
     Tensor::from_fn(&[t, t], |i| m[i] as f32)
 }
+
+/// a·b for row-major `[T, T]` matrices.
+pub(super) fn product(t: usize, a: &[f64], b: &[f64]) -> Vec<f64> {
+    let mut c = vec![0f64; t * t];
+    for (c_row, a_row) in c.chunks_exact_mut(t).zip(a.chunks_exact(t)) {
+        for (&a_ik, b_row) in a_row.iter().zip(b.chunks_exact(t)) {
+            c_row
+                .iter_mut()
+                .zip(b_row)
+                .for_each(|(c, &b)| *c += a_ik * b);
+        }
+    }
+    c
+}

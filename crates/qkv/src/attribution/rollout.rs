@@ -1,6 +1,6 @@
 //! Attention rollout (Abnar & Zuidema 2020): R_1 = Â_1, R_l = Â_l · R_{l−1}.
 
-use super::residual::{matrix, residual_means};
+use super::residual::{matrix, product, residual_means};
 use crate::error::Result;
 use crate::tensor::Tensor;
 
@@ -19,18 +19,4 @@ pub fn rollout(maps: &[Tensor]) -> Result<Vec<Tensor>> {
         joint = Some(next);
     }
     Ok(out)
-}
-
-/// a·b for row-major `[T, T]` matrices.
-fn product(t: usize, a: &[f64], b: &[f64]) -> Vec<f64> {
-    let mut c = vec![0f64; t * t];
-    for (c_row, a_row) in c.chunks_exact_mut(t).zip(a.chunks_exact(t)) {
-        for (&a_ik, b_row) in a_row.iter().zip(b.chunks_exact(t)) {
-            c_row
-                .iter_mut()
-                .zip(b_row)
-                .for_each(|(c, &b)| *c += a_ik * b);
-        }
-    }
-    c
 }
