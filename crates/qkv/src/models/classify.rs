@@ -46,10 +46,9 @@ impl Scoring {
             Scoring::Identity => logits.to_vec(),
             Scoring::Sigmoid => logits.iter().map(|z| 1.0 / (1.0 + (-z).exp())).collect(),
             Scoring::Softmax => {
-                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let e: Vec<f32> = logits.iter().map(|z| (z - max).exp()).collect();
-                let sum: f32 = e.iter().sum();
-                e.iter().map(|x| x / sum).collect()
+                let mut p = logits.to_vec();
+                crate::ops::softmax_rows(&mut p, logits.len());
+                p
             }
         }
     }
@@ -121,8 +120,8 @@ impl SequenceClassifier {
         };
         let c = model.arch.d_model;
         let (dense, out) = read_head(dir, &layout, c)?;
-        let labels = read_labels(dir, out.out_features())?;
         let cfg: HeadConfig = read_config(dir)?;
+        let labels = read_labels(dir, &cfg.id2label, out.out_features())?;
         let scoring = match cfg.problem_type.as_deref() {
             Some("regression") => Scoring::Identity,
             Some("multi_label_classification") => Scoring::Sigmoid,
@@ -141,9 +140,7 @@ impl SequenceClassifier {
         let tokenizer = Tokenizer::optional(dir)?
             .map(|t| t.fitting(model.arch.token_rows()))
             .transpose()?;
-        let positions = model.arch.max_positions().map_or(usize::MAX, |n| {
-            n.saturating_sub(model.arch.embed.position_offset)
-        });
+        let positions = model.info().max_positions.unwrap_or(usize::MAX);
         let limit: LengthOnly = read_json_or_default(&dir.join("tokenizer_config.json"))?;
         let max_len = limit
             .model_max_length
@@ -313,14 +310,24 @@ fn read_head(dir: &Path, layout: &ClassifierLayout, c: usize) -> Result<(Linear,
 
 /// `id2label` as a list of `n` names, `LABEL_i` where the config gives none; a map of
 /// another size or with other keys is an error naming the field.
-fn read_labels(dir: &Path, n: usize) -> Result<Vec<String>> {
-    let cfg: HeadConfig = read_config(dir)?;
-    if cfg.id2label.is_empty() {
+fn read_labels(
+    dir: &Path,
+    id2label: &std::collections::BTreeMap<String, String>,
+    n: usize,
+) -> Result<Vec<String>> {
+    if id2label.is_empty() {
         return Ok((0..n).map(|i| format!("LABEL_{i}")).collect());
+    }
+    if id2label.len() != n {
+        return Err(bad_field(
+            dir,
+            "id2label",
+            format!("{} names for a head of {n} outputs", id2label.len()),
+        ));
     }
     (0..n)
         .map(|i| {
-            cfg.id2label.get(&i.to_string()).cloned().ok_or_else(|| {
+            id2label.get(&i.to_string()).cloned().ok_or_else(|| {
                 bad_field(
                     dir,
                     "id2label",
@@ -328,15 +335,7 @@ fn read_labels(dir: &Path, n: usize) -> Result<Vec<String>> {
                 )
             })
         })
-        .collect::<Result<Vec<_>>>()
-        .and_then(|names| match cfg.id2label.len() == n {
-            true => Ok(names),
-            false => Err(bad_field(
-                dir,
-                "id2label",
-                format!("{} names for a head of {n} outputs", cfg.id2label.len()),
-            )),
-        })
+        .collect()
 }
 
 /// The activation a cross-encoder's config names by its torch path.

@@ -122,9 +122,12 @@ impl ModelInfo {
             (true, Activation::Silu) => "SwiGLU".into(),
             (true, act) => format!("gated {act}"),
         };
+        // RoBERTa's table starts its real tokens at padding_idx + 1: 514 rows hold 512
         let max_positions = match arch.position {
             Position::Rope { max_len, .. } => max_len,
-            _ => arch.max_positions(),
+            _ => arch
+                .max_positions()
+                .map(|n| n.saturating_sub(arch.embed.position_offset)),
         };
         ModelInfo {
             family: family.name().into(),
