@@ -11,6 +11,7 @@ mod common;
 
 use common::assert_close;
 use common::models::{batch, load, reference};
+use qkv::models::attribute::{attribute, Method, Target};
 use qkv::models::{Input, ModelKind};
 use qkv::Tensor;
 
@@ -207,50 +208,150 @@ fn attribution_refuses_maps_it_cannot_read() {
     assert!(rollout(&[nan]).is_err());
 }
 
-/// d log p(next token) / d logits `[1,T,V]`: one-hot minus softmax at the last position,
-/// zero elsewhere; the token is the most likely one, as the fixture chose it.
-fn next_token_target(logits: &Tensor, token: usize) -> qkv::Result<Tensor> {
-    let (t, v) = (logits.shape()[1], logits.shape()[2]);
-    let last = &logits.data()[(t - 1) * v..];
-    let max = last.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = last.iter().map(|z| (z - max).exp()).sum();
-    let mut d = Tensor::zeros(logits.shape());
-    for (j, x) in d.data_mut()[(t - 1) * v..].iter_mut().enumerate() {
-        *x = f32::from(u8::from(j == token)) - (last[j] - max).exp() / sum;
+/// The fixture's model and target: the tiny decoders' next token, and the masked-LM
+/// BERT's token at `mask_position` (`train_model/bert`).
+fn target_case(name: &str) -> (qkv::models::Transformer, common::Fixture, Target) {
+    let f = common::fixture("attribution", name);
+    match name {
+        "bert_mlm" => {
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/train_model/bert");
+            let m = qkv::models::load(&dir).unwrap().model;
+            let position = f.param_usize("mask_position").unwrap();
+            (
+                m,
+                f,
+                Target::Masked {
+                    position,
+                    token: None,
+                },
+            )
+        }
+        _ => (load(name), f, Target::NextToken(None)),
     }
-    Ok(d)
 }
 
-/// The gradient of the next token's log-probability with respect to every map, through
-/// the training backward, equals PyTorch's autograd through the eager attention; and
-/// gradient × attention (Chefer et al. 2021) over them equals its reference.
+/// The gradient of the target (the next token's log-probability, a masked token's)
+/// with respect to every map, through the training backward, equals PyTorch's autograd
+/// through the eager attention; gradient × attention (Chefer et al. 2021) over them
+/// equals its reference; and so does ablation, each key hidden through the mask.
 #[test]
-fn map_gradients_and_gradient_rollout_equal_autograd() {
-    for name in ["gpt2", "llama_gqa"] {
-        let m = load(name);
-        let f = common::fixture("attribution", name);
-        let ids: Vec<usize> = f.ints("input_ids").1.iter().map(|&i| i as usize).collect();
-        let token = f.param_usize("target_token").unwrap();
-        let tokens = qkv::models::TokenBatch::single(ids).unwrap();
-        let input = Input {
-            target: Some(&tokens),
-            ..Default::default()
-        };
-        let (maps, grads) = m
-            .attention_grads(&input, |logits| next_token_target(logits, token))
+fn map_gradients_gradient_rollout_and_ablation_equal_autograd() {
+    for name in ["gpt2", "llama_gqa", "bert_mlm"] {
+        let (m, f, target) = target_case(name);
+        let tokens = fixture_tokens(&f);
+        let input = own_input(&m, &tokens);
+        let (_, grads) = m
+            .attention_grads(&input, |logits| {
+                let fixed = target.resolve(logits, &vec![true; tokens.len])?;
+                fixed.target.gradient(logits)
+            })
             .unwrap();
-        let (maps, grads) = (one_sequence(&maps.decoder), one_sequence(&grads.decoder));
-        assert_eq!(grads.len(), maps.len(), "{name}");
+        let grads = own_maps(&m, &grads);
         for (l, g) in grads.iter().enumerate() {
             let want = f.t(&format!("grad_maps.{l}"));
             common::assert_tensor_close(&format!("{name} grad_maps.{l}"), g, &want, 1e-5, 1e-4);
         }
-        let r = qkv::attribution::gradient_rollout(&maps, &grads).unwrap();
+        let r = attribute(&m, &input, Method::Grad, Some(&target)).unwrap();
+        let fixed = r.target.as_ref().unwrap();
+        assert_eq!(fixed.token, f.param_usize("target_token"), "{name}");
+        let r = own_maps(&m, &r.maps);
+        assert_eq!(r.len(), grads.len(), "{name}");
         for (l, g) in r.iter().enumerate() {
             let want = f.t(&format!("grad.{l}"));
-            common::assert_tensor_close(&format!("{name} grad.{l}"), g, &want, 1e-5, 1e-4);
+            let g = g.clone().reshape(want.shape()).unwrap();
+            common::assert_tensor_close(&format!("{name} grad.{l}"), &g, &want, 1e-5, 1e-4);
+        }
+        let a = attribute(&m, &input, Method::Ablation, Some(&target)).unwrap();
+        let scores = Tensor::new(&[tokens.len], a.scores.unwrap()).unwrap();
+        common::assert_tensor_close(
+            &format!("{name} ablation"),
+            &scores,
+            &f.t("ablation"),
+            1e-4,
+            1e-3,
+        );
+        assert!(a.maps.decoder.is_empty() && a.maps.encoder.is_empty());
+    }
+}
+
+/// The library's driver runs every method on every fixture, and its maps are those of
+/// the functions it combines (rollout and flow checked above, value norms below).
+#[test]
+fn every_method_runs_with_and_without_a_target() {
+    for name in ["gpt2", "bert_mlm"] {
+        let (m, f, target) = target_case(name);
+        let tokens = fixture_tokens(&f);
+        let input = own_input(&m, &tokens);
+        let t = tokens.len;
+        for method in Method::ALL {
+            assert_eq!(Method::from_name(method.name()).unwrap(), method);
+            let with = attribute(&m, &input, method, Some(&target)).unwrap();
+            let scores = with.scores.unwrap();
+            assert_eq!(scores.len(), t, "{name} {}", method.name());
+            assert!(scores.iter().all(|x| x.is_finite()));
+            if method == Method::Ablation {
+                continue;
+            }
+            let maps = own_maps(&m, &with.maps);
+            let heads = if method.per_head() { m.info().heads } else { 1 };
+            assert_eq!(maps[0].shape(), &[heads, t, t], "{name} {}", method.name());
+            match method.needs_target() {
+                true => assert!(attribute(&m, &input, method, None).is_err()),
+                false => {
+                    let without = attribute(&m, &input, method, None).unwrap();
+                    assert!(without.scores.is_none() && without.target.is_none());
+                    assert_eq!(
+                        own_maps(&m, &without.maps),
+                        maps,
+                        "{name} {}",
+                        method.name()
+                    );
+                }
+            }
         }
     }
+    let err = Method::from_name("saliency").unwrap_err().to_string();
+    assert!(err.contains("value-norm"), "{err}");
+}
+
+/// Rollout and flow through the driver are the library's functions over the maps.
+#[test]
+fn driver_rollout_is_the_library_rollout() {
+    let m = load("llama_gqa");
+    let f = common::fixture("attribution", "llama_gqa");
+    let tokens = fixture_tokens(&f);
+    let input = own_input(&m, &tokens);
+    let r = attribute(&m, &input, Method::Rollout, None).unwrap();
+    for (l, g) in own_maps(&m, &r.maps).iter().enumerate() {
+        let want = f.t(&format!("rollout.{l}"));
+        let g = g.clone().reshape(want.shape()).unwrap();
+        common::assert_tensor_close(&format!("rollout.{l}"), &g, &want, 1e-5, 1e-4);
+    }
+}
+
+/// A batch of two rows, a padded row and a token out of the vocabulary are refused by
+/// name.
+#[test]
+fn the_driver_refuses_inputs_it_cannot_explain() {
+    let m = load("gpt2");
+    let two = qkv::models::TokenBatch::new(vec![1, 2, 3, 4], None, 2, 2).unwrap();
+    let input = own_input(&m, &two);
+    let err = attribute(&m, &input, Method::Weights, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("one unpadded sequence"), "{err}");
+    let one = qkv::models::TokenBatch::single(vec![1, 2, 3]).unwrap();
+    let input = own_input(&m, &one);
+    let err = attribute(
+        &m,
+        &input,
+        Method::Grad,
+        Some(&Target::NextToken(Some(1 << 20))),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("target token"), "{err}");
 }
 
 /// Norm-based attention (Kobayashi et al. 2020): each weight times the size of what its

@@ -336,3 +336,47 @@ fn rollout_flow_and_value_norms_of_the_animal_sentence_equal_the_references() {
         common::assert_tensor_close(&format!("minilm value_norm.{l}"), &got, &want, 1e-4, 0.0);
     }
 }
+
+/// Gradient × attention and ablation of the animal sentence for the cosine between its
+/// embedding and another sentence's (mean pooling, as sentence-transformers pools; the
+/// hidden key also left out of the mean) equal autograd and Hugging Face forwards with a
+/// hole in `attention_mask` (`tools/fixtures/gen_attribution.py`), to 1e-4.
+#[test]
+#[ignore = "needs all-MiniLM-L6-v2: set QKV_MINILM_DIR (tools/fetch_minilm.sh DIR), as .ci/run does"]
+fn gradient_and_ablation_of_a_sentence_cosine_equal_the_references() {
+    use qkv::models::attribute::{attribute, Method, Target};
+    let f = common::fixture("attribution", "minilm");
+    let ids: Vec<usize> = f.ints("input_ids").1.iter().map(|&i| i as usize).collect();
+    let encoder = load(&model_dir());
+    let compare = f.params["compare"].as_str().unwrap();
+    let target = Target::Cosine {
+        with: encoder.embed(&[compare]).unwrap().remove(0),
+        pooling: encoder.pooling().to_vec(),
+    };
+    let model = qkv::models::load(&model_dir()).unwrap().model;
+    let batch = TokenBatch::single(ids).unwrap();
+    let input = Input {
+        source: Some(&batch),
+        ..Default::default()
+    };
+    let (_, grads) = model
+        .attention_grads(&input, |h| {
+            let fixed = target.resolve(h, &vec![true; batch.len])?;
+            fixed.target.gradient(h)
+        })
+        .unwrap();
+    for (l, g) in grads.encoder.iter().enumerate() {
+        let got = g.clone().reshape(&g.shape()[1..]).unwrap();
+        let want = f.t(&format!("grad_maps.{l}"));
+        common::assert_tensor_close(&format!("minilm grad_maps.{l}"), &got, &want, 1e-4, 1e-3);
+    }
+    let r = attribute(&model, &input, Method::Grad, Some(&target)).unwrap();
+    for (l, g) in r.maps.encoder.iter().enumerate() {
+        let want = f.t(&format!("grad.{l}"));
+        let got = g.clone().reshape(want.shape()).unwrap();
+        common::assert_tensor_close(&format!("minilm grad.{l}"), &got, &want, 1e-4, 1e-3);
+    }
+    let a = attribute(&model, &input, Method::Ablation, Some(&target)).unwrap();
+    let scores = qkv::Tensor::new(&[batch.len], a.scores.unwrap()).unwrap();
+    common::assert_tensor_close("minilm ablation", &scores, &f.t("ablation"), 1e-4, 0.0);
+}

@@ -25,6 +25,7 @@
 //! | [`t5`] | `T5ForConditionalGeneration` | relative position buckets, unscaled scores, gated FFN |
 //! | qkv | `QkvTransformer` | any [`Arch`] no Hugging Face class has (ALiBi + post-norm, …) |
 
+pub mod attribute;
 mod classify;
 pub mod families;
 mod folder;

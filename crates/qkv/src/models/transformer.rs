@@ -520,7 +520,7 @@ impl Transformer {
             head: true,
             attentions,
         })?;
-        on_pool(|| self.run(input, false, attentions)).map(|(logits, _, a)| Output {
+        on_pool(|| self.run(input, false, attentions, None)).map(|(logits, _, a)| Output {
             logits,
             attentions: a,
         })
@@ -551,7 +551,7 @@ impl Transformer {
                 self.info.architecture
             )));
         }
-        let (logits, tape, _) = on_pool(|| self.run(input, true, false))?;
+        let (logits, tape, _) = on_pool(|| self.run(input, true, false, None))?;
         Ok((logits, tape.expect("a model with a head keeps its tape")))
     }
 
@@ -567,7 +567,7 @@ impl Transformer {
         target: impl FnOnce(&Tensor) -> Result<Tensor>,
     ) -> Result<(Attentions, Attentions)> {
         self.expect_f32_weights("attention gradients")?;
-        let (logits, tape, maps) = on_pool(|| self.run(input, true, true))?;
+        let (logits, tape, maps) = on_pool(|| self.run(input, true, true, None))?;
         let tape = tape.expect("a training forward keeps its tape");
         let dlogits = target(&logits)?;
         dlogits.expect_shape(
@@ -596,7 +596,7 @@ impl Transformer {
     /// ‖W_O^h · v_{h,s}‖, `[B,H,T,S]` per layer of each kind, as the maps.
     pub fn value_norms(&self, input: &Input) -> Result<Attentions> {
         self.expect_f32_weights("value norms")?;
-        let (_, tape, maps) = on_pool(|| self.run(input, true, true))?;
+        let (_, tape, maps) = on_pool(|| self.run(input, true, true, None))?;
         let tape = tape.expect("a training forward keeps its tape");
         let weigh = |map: &Tensor, norms: Tensor| -> Result<Tensor> {
             // map [B,H,T,S] times norms [B,H,S] along the keys
@@ -665,13 +665,59 @@ impl Transformer {
         result.map(|_| ())
     }
 
+    /// Logits (a headless encoder's hidden states) `[B, T, V]` with key `hidden[b]` of
+    /// row b's input text hidden from every attention that reads it: the self-attention
+    /// of its stack and, in an encoder-decoder, the cross-attention over the source.
+    /// Positions stay those of the whole text (as a Hugging Face forward with a hole in
+    /// `attention_mask` keeps them), so the one change is that no query sees the key:
+    /// the ablation that attribution compares its methods with. The input text is the
+    /// source of an encoder or encoder-decoder and the tokens of a decoder-only model.
+    pub fn forward_hiding(&self, input: &Input, hidden: &[usize]) -> Result<Tensor> {
+        let text = match self.kind() {
+            ModelKind::Decoder => input.target,
+            _ => input.source,
+        };
+        let rows = text.map_or(0, |t| t.batch);
+        let len = text.map_or(0, |t| t.len);
+        if hidden.len() != rows {
+            return Err(Error::invalid(
+                "hidden",
+                format!("{} keys for {rows} rows: one per row", hidden.len()),
+            ));
+        }
+        if let Some(&bad) = hidden.iter().find(|&&k| k >= len) {
+            return Err(Error::OutOfRange {
+                what: "hidden key".into(),
+                index: bad,
+                size: len,
+            });
+        }
+        let rows = |b: Option<&TokenBatch>| b.map_or((0, 0), |b| (b.batch, b.len));
+        let ((bs, source), (bt, target)) = (rows(input.source), rows(input.target));
+        self.check_memory(footprint::Shapes {
+            batch: bs.max(bt),
+            source,
+            target,
+            head: true,
+            attentions: false,
+        })?;
+        on_pool(|| self.run(input, false, false, Some(hidden))).map(|(logits, _, _)| logits)
+    }
+
     fn run(
         &self,
         input: &Input,
         keep: bool,
         weights: bool,
+        hidden: Option<&[usize]>,
     ) -> Result<(Tensor, Option<Tape>, Attentions)> {
         let net = self.net();
+        // the input text's key padding with row b's key hidden[b] hidden
+        let hide = |si: &mut StackInput| {
+            for (b, &k) in hidden.into_iter().flatten().enumerate() {
+                si.key_padding[b * si.t + k] = false;
+            }
+        };
         let mut attn = Attentions::default();
         let (source, target) = match self.kind() {
             ModelKind::Decoder => (None, input.target),
@@ -681,10 +727,12 @@ impl Transformer {
         let missing = |what| Error::invalid(what, format!("{} needs it", self.info.architecture));
         let (enc_tape, memory) = match (self.arch.encoder.is_some(), source) {
             (true, Some(src)) => {
-                let si = self.stack_input(Side::Encoder, src, input.token_types)?;
+                let mut si = self.stack_input(Side::Encoder, src, input.token_types)?;
+                hide(&mut si);
+                let mask = si.key_padding.clone();
                 let out = net.run_stack(Side::Encoder, si, Caches::None, None, keep, weights)?;
                 attn.encoder = out.weights;
-                (out.tape, Some((out.h, src.mask.clone())))
+                (out.tape, Some((out.h, mask)))
             }
             (true, None) => return Err(missing("source")),
             (false, _) => (None, None),
@@ -692,7 +740,10 @@ impl Transformer {
         let (h, dec_tape, memory) = match (self.arch.decoder.is_some(), target, memory) {
             (true, Some(tgt), memory) => {
                 let enc = memory.map(|(h, mask)| net.encoded(h, mask)).transpose()?;
-                let si = self.stack_input(Side::Decoder, tgt, None)?;
+                let mut si = self.stack_input(Side::Decoder, tgt, None)?;
+                if self.kind() == ModelKind::Decoder {
+                    hide(&mut si);
+                }
                 let out =
                     net.run_stack(Side::Decoder, si, Caches::None, enc.as_ref(), keep, weights)?;
                 attn.decoder = out.weights;
