@@ -8,12 +8,15 @@ system's, through Playwright) as a user would, and checks what they would see:
   sum to 1, and equal the weights in the page's own data;
 - hovering a cell of the matrix view shows that cell's exact weight;
 - picking another head, and another kind when the model has several, redraws the page
-  for it; the special-token toggle renormalises rows (they still sum to 1).
+  for it; the special-token toggle renormalises rows (they still sum to 1);
+- the method picker lists every method the page holds; picking one draws its maps (one
+  thumbnail per layer for a method that combines the heads) and its bars, one per token
+  with the document's score.
 
     python check_viewer.py PAGE.html SHOTS_DIR [--chromium /usr/bin/chromium]
                            [--open LAYER,HEAD] [--query N|LABEL]
 
-Saves model.png, head.png, matrix.png (and kind.png) in SHOTS_DIR. Prints one JSON object
+Saves model.png, head.png, matrix.png (and kind.png, method-NAME.png) in SHOTS_DIR. Prints one JSON object
 (what was measured and the problems found) and exits 1 when a check fails.
 """
 
@@ -51,7 +54,8 @@ def main() -> int:
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.on("request", lambda r: requests.append(r.url))
         page.goto(url, wait_until="load")
-        doc = json.loads(page.locator("#qkv-data").text_content())
+        docs = json.loads(page.locator("#qkv-data").text_content())
+        doc = docs[0]
         kinds = list(dict.fromkeys(m["kind"] for m in doc["layers"]))
         first = [m for m in doc["layers"] if m["kind"] == kinds[0]]
 
@@ -136,6 +140,27 @@ def main() -> int:
             check(thumbs == len(other) * len(other[0]["heads"]), f"{thumbs} thumbnails after switching to {kinds[-1]}")
             page.click("button[data-view=head]")
             page.screenshot(path=str(shots / "kind.png"), full_page=True)
+        # every method: its maps and its bars
+        found["methods"] = {}
+        for i, d in enumerate(docs):
+            page.select_option("#method", str(i))
+            page.click("button[data-view=model]") if d.get("layers") else None
+            seen = {"thumbnails": page.locator("canvas.thumb").count() if d.get("layers") else 0}
+            if d.get("layers"):
+                mine = [m for m in d["layers"] if m["kind"] == d["layers"][0]["kind"]]
+                heads = len(mine[0]["heads"]) if "heads" in mine[0] else 1
+                check(seen["thumbnails"] == len(mine) * heads,
+                      f"{d['method']}: {seen['thumbnails']} thumbnails for {len(mine)} layers × {heads}")
+            bars = page.eval_on_selector_all("#scores .score", "rs => rs.map(r => Number(r.dataset.score))")
+            seen["bars"] = len(bars)
+            if d.get("scores") is not None:
+                check(len(bars) == len(d["scores"]) and all(abs(a - b) < 1e-6 for a, b in zip(bars, d["scores"])),
+                      f"{d['method']}: the bars differ from the scores")
+                seen["top_bar"] = d["tokens"][max(range(len(bars)), key=bars.__getitem__)]
+            else:
+                check(not page.locator("#scores-panel").is_visible(), f"{d['method']}: bars without scores")
+            found["methods"][d["method"]] = seen
+            page.screenshot(path=str(shots / f"method-{d['method']}.png"), full_page=True)
         browser.close()
     problems += [f"console {m['type']}: {m['text']}" for m in console if m["type"] in ("error", "warning")]
     problems += [f"page error: {e}" for e in errors]

@@ -415,3 +415,149 @@ fn bad_input_fails_with_one_clear_line_and_no_file() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `[T][S]` rows of a document's combined map.
+fn rows(m: &Value) -> Vec<Vec<f32>> {
+    m["weights"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|w| w.as_f64().unwrap() as f32)
+                .collect()
+        })
+        .collect()
+}
+
+fn assert_all_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "{what}[{i}]: {got:?} vs {want:?}"
+        );
+    }
+}
+
+/// `--method rollout|flow|grad|ablation --json` on the tiny GPT-2 and Llama equal the
+/// PyTorch references of `tools/fixtures/gen_attribution.py` (rollout, flow, Chefer et
+/// al.'s relevance, and ablation for the most likely next token), in the shapes:
+/// one `[T][S]` per layer without heads, and `scores` `[S]` for ablation.
+#[test]
+fn methods_in_json_equal_the_references() {
+    let dir = scratch("attention-methods");
+    for name in ["gpt2", "llama_gqa"] {
+        let reference =
+            TensorFile::open(fixtures().join(format!("attribution/{name}.safetensors"))).unwrap();
+        let (_, ids) = reference.ints("input_ids").unwrap();
+        let ids = ids_arg(&ids);
+        let model = fixture(name);
+        let base = [
+            "attention",
+            "--model",
+            model.to_str().unwrap(),
+            "--input-ids",
+            &ids,
+        ];
+        let json = dir.join(format!("{name}.json"));
+        for method in ["rollout", "flow", "grad"] {
+            let mut args = base.to_vec();
+            args.extend(["--method", method]);
+            let doc = run_json(&args, &json);
+            assert_eq!(doc["method"], method);
+            assert_eq!(doc["target"]["kind"], "next_token");
+            let layers = doc["layers"].as_array().unwrap();
+            assert_eq!(layers.len(), 2, "{name} {method}");
+            for (l, m) in layers.iter().enumerate() {
+                assert!(
+                    m.get("heads").is_none(),
+                    "{name} {method}: heads are combined"
+                );
+                let want = reference.tensor(&format!("{method}.{l}")).unwrap();
+                let got: Vec<f32> = rows(m).concat();
+                assert_all_close(&format!("{name} {method}.{l}"), &got, want.data(), 1e-4);
+            }
+        }
+        let mut args = base.to_vec();
+        args.extend(["--method", "ablation"]);
+        let doc = run_json(&args, &json);
+        assert!(doc.get("layers").is_none());
+        let scores: Vec<f32> = doc["scores"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        let want = reference.tensor("ablation").unwrap();
+        assert_all_close(&format!("{name} ablation"), &scores, want.data(), 1e-3);
+        let params: Value = serde_json::from_str(&reference.metadata().unwrap()["params"]).unwrap();
+        let token = params["target_token"].as_u64().unwrap();
+        assert_eq!(doc["target"]["token"], token);
+        // another token is explained when named
+        let other = (token + 1).to_string();
+        args.extend(["--target-token", &other]);
+        let doc = run_json(&args, &json);
+        assert_eq!(doc["target"]["token"].as_u64(), Some(token + 1));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Methods and targets that cannot go together fail with one clear line and no file.
+#[test]
+fn methods_refuse_what_they_cannot_explain() {
+    let dir = scratch("attention-method-errors");
+    let out_svg = dir.join("out.svg");
+    let o = out_svg.to_str().unwrap();
+    let bert = fixture("bert");
+    let gpt2 = fixture("gpt2");
+    let t5 = fixture("t5");
+    let cases: Vec<(&Path, Vec<&str>, &str)> = vec![
+        (&gpt2, vec!["--method", "ablation", "--out", o], "not a map"),
+        (
+            &gpt2,
+            vec!["--method", "rollout", "--head", "1", "--out", o],
+            "combines the heads",
+        ),
+        (
+            &gpt2,
+            vec!["--method", "saliency", "--out", o],
+            "none of weights",
+        ),
+        (
+            &gpt2,
+            vec!["--method", "grad", "--target-token", "100000", "--out", o],
+            "outside the vocabulary",
+        ),
+        (
+            &bert,
+            vec!["--method", "grad", "--out", o],
+            "cosine with --compare",
+        ),
+        (&gpt2, vec!["--compare", "x", "--out", o], "need an encoder"),
+        (
+            &t5,
+            vec!["--method", "rollout", "--target-ids", "0,5", "--out", o],
+            "cross-attention",
+        ),
+    ];
+    for (model, args, expected) in cases {
+        let mut all = vec![
+            "attention",
+            "--model",
+            model.to_str().unwrap(),
+            "--input-ids",
+            "5,6,7",
+        ];
+        all.extend(&args);
+        let out = qkv(&all);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(expected), "{args:?}: {err}");
+        assert!(err.lines().count() <= 6, "{args:?}: {err}");
+        assert!(!out_svg.exists(), "{args:?} left {o}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -69,12 +69,28 @@ fn the_viewer_shows_minilm_linking_it_to_animal() {
         minilm.to_str().unwrap(),
         "--text",
         "The animal didn't cross the street because it was too tired.",
+        "--compare",
+        "The tired dog stayed on the pavement.",
     ];
     // layer 3, head 1: where `it` attends most to `animal` (tests/minilm.rs)
     let found = drive(&dir, "minilm", &args, &["--open", "3,1", "--query", "it"])["found"].clone();
     assert_eq!(found["thumbnails"], 6 * 12);
     assert_eq!(found["hovered_query"]["label"], "it");
     assert_eq!(found["heaviest_key"], "animal");
+    // every method is in the page, with a target (the cosine) for grad and ablation
+    let methods = &found["methods"];
+    for (name, thumbnails) in [
+        ("weights", 6 * 12),
+        ("value-norm", 6 * 12),
+        ("rollout", 6),
+        ("flow", 6),
+        ("grad", 6),
+        ("ablation", 0),
+    ] {
+        assert_eq!(methods[name]["thumbnails"], thumbnails, "{name}");
+        assert_eq!(methods[name]["bars"], 16, "{name}");
+    }
+    assert!(dir.join("minilm/method-ablation.png").is_file());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -97,6 +113,12 @@ fn the_viewer_switches_between_the_three_attentions_of_t5() {
         serde_json::json!(["encoder", "decoder", "cross"])
     );
     assert_eq!(report["found"]["kind_switch"]["thumbnails"], 2 * 4);
+    // an encoder-decoder's page: weights, value norms and ablation of the source for the
+    // next token (rollout, flow and grad combine one stack, and are listed as skipped)
+    let methods = report["found"]["methods"].as_object().unwrap();
+    let names: Vec<&str> = methods.keys().map(String::as_str).collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert_eq!(methods["ablation"]["bars"], 9);
     assert!(dir.join("t5/kind.png").is_file());
     std::fs::remove_dir_all(&dir).unwrap();
 }

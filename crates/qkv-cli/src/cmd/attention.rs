@@ -1,17 +1,22 @@
-//! `qkv attention`: the attention weights of a checkpoint on one text, as a heatmap
-//! (SVG, PNG), an offline viewer (HTML) or numbers (JSON).
+//! `qkv attention`: the attention weights of a checkpoint on one text, or what another
+//! attribution method credits each token with (`--method`), as a heatmap (SVG, PNG), an
+//! offline viewer (HTML, every method that applies) or numbers (JSON).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use qkv::attribution::MAX_FLOW_TOKENS;
 use qkv::io::write_atomic;
+use qkv::models::attribute::{attribute, Attribution, Method};
 use qkv::models::generate::generate_seq2seq;
 use qkv::models::generation_config::GenerationConfig;
 use qkv::models::request::Request;
+use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{Input, ModelKind, TokenBatch, Transformer};
 use qkv::text::Tokenizer;
 
+use crate::maps::target::{self, TargetDoc};
 use crate::maps::{check_count, expected_shapes, labels, viewer, Heads, Kind, Maps, Selection};
 use crate::report::{heatmap, raster};
 
@@ -64,6 +69,22 @@ pub struct AttentionArgs {
     /// mean for a heatmap)
     #[arg(long, value_parser = parse_head)]
     head: Option<Heads>,
+    /// What to show: `weights` (the attention weights), `value-norm` (each weight times
+    /// the size of what its key adds), `rollout` and `flow` (Abnar & Zuidema: through
+    /// the layers, heads combined), `grad` (gradient × attention, Chefer et al.) or
+    /// `ablation` (the target's change when a token is hidden from attention). A .html
+    /// page holds every method that applies and opens on this one
+    #[arg(long, value_parser = parse_method, default_value = "weights")]
+    method: Method,
+    /// The token whose log-probability grad and ablation explain: the next token of a
+    /// decoder or encoder-decoder, or the token at the first [MASK] of a masked-LM
+    /// encoder (default: the most likely one there)
+    #[arg(long)]
+    target_token: Option<usize>,
+    /// Sentence encoders: explain the cosine between the text's embedding and the
+    /// embedding of this text (pooled as the folder's sentence-transformers modules say)
+    #[arg(long)]
+    compare: Option<String>,
     /// Drop special tokens ([CLS], [SEP], BOS, …) from a heatmap and renormalise each
     /// row over the rest; in the viewer, start with its toggle on
     #[arg(long)]
@@ -94,6 +115,30 @@ fn parse_head(s: &str) -> std::result::Result<Heads, String> {
             .parse()
             .map(Heads::One)
             .map_err(|_| format!("`{s}` is neither a head number nor `mean`")),
+    }
+}
+
+fn parse_method(s: &str) -> std::result::Result<Method, String> {
+    Method::from_name(s).map_err(|e| e.to_string())
+}
+
+/// Most tokens of a text whose ablation a .html page runs by itself (one forward per
+/// token); `--method ablation` runs it at any length.
+const MAX_AUTO_ABLATION_TOKENS: usize = 64;
+
+/// The checkpoint: a model folder, or a sentence-transformers folder read as one (for a
+/// cosine target, which needs its pooling and tokenisation).
+enum Loaded {
+    Model(Box<qkv::models::Loaded>),
+    Sentence(Box<SentenceEncoder>),
+}
+
+impl Loaded {
+    fn model(&self) -> &Transformer {
+        match self {
+            Loaded::Model(l) => &l.model,
+            Loaded::Sentence(s) => s.encoder(),
+        }
     }
 }
 
@@ -234,22 +279,45 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
         on: args.progress || weight_bytes(&args.model) >= BIG_MODEL_BYTES,
         since: Instant::now(),
     };
+    if format.is_some_and(|f| f != Format::Html) && args.method == Method::Ablation {
+        bail!("--method ablation gives one score per token, not a map: write --json or a .html viewer");
+    }
+    if args.head.is_some() && !args.method.per_head() {
+        bail!(
+            "--head: --method {} combines the heads into one map per layer",
+            args.method.name()
+        );
+    }
     steps.step(&format!("loading {}", args.model.display()));
-    let loaded = super::load_model(&args.model, args.dtype.dtype)?;
-    let model = &loaded.model;
+    let loaded = match &args.compare {
+        Some(_) => Loaded::Sentence(Box::new(
+            SentenceEncoder::load_in(&args.model, args.dtype.dtype)
+                .with_context(|| format!("loading sentence encoder {}", args.model.display()))?,
+        )),
+        None => Loaded::Model(Box::new(super::load_model(&args.model, args.dtype.dtype)?)),
+    };
+    let model = loaded.model();
     steps.step("loaded");
     let tok = super::tokenizer(&args.model, model, args.text.is_some())?;
-    let ids = match (&args.text, &args.input_ids, &tok) {
-        (Some(text), _, Some(tok)) => tok.encode(text, true)?,
-        (_, Some(ids), _) => ids.clone(),
+    let ids = match (&args.text, &args.input_ids, &tok, &loaded) {
+        // as the sentence encoder reads it: lower-cased if it says so, cut to its length
+        (Some(text), _, _, Loaded::Sentence(se)) => se.tokenize(&[text])?.ids,
+        (Some(text), _, Some(tok), _) => tok.encode(text, true)?,
+        (_, Some(ids), _, _) => ids.clone(),
         _ => bail!("give --text or --input-ids"),
     };
+    if let Some(t) = args.target_token.filter(|&t| t >= model.info().vocab) {
+        bail!(
+            "--target-token {t} is outside the vocabulary of {}",
+            model.info().vocab
+        );
+    }
     let seq2seq = model.kind() == ModelKind::EncoderDecoder;
     if !seq2seq && (args.target.is_some() || args.target_ids.is_some()) {
         bail!(
             "--target and --target-ids are for encoder-decoders; {} is {}",
             args.model.display(),
-            loaded.model.info().architecture
+            model.info().architecture
         );
     }
     check_ids("the input", &ids, model)?;
@@ -281,7 +349,7 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
 
     // ---- what the outputs will hold, from the sizes alone ----------------------------
     let t_len = target.as_ref().map_or(ids.len(), Vec::len);
-    let shapes = expected_shapes(model, ids.len(), t_len);
+    let shapes = expected_shapes(model, ids.len(), t_len, args.method);
     let present: Vec<Kind> = shapes.iter().map(|(k, _)| *k).collect();
     if let Some(k) = args.kind.filter(|k| !present.contains(k)) {
         bail!(
@@ -291,13 +359,25 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
             k.describe()
         );
     }
-    let all = Selection {
+    let all = |method: Method| Selection {
         kinds: args.kind.map_or(present.clone(), |k| vec![k]),
         layer: args.layer,
-        heads: args.head.unwrap_or(Heads::All),
+        heads: match method.per_head() {
+            true => args.head.unwrap_or(Heads::All),
+            false => Heads::All,
+        },
+    };
+    let counted = |method: Method| -> Result<()> {
+        match method {
+            Method::Ablation => Ok(()),
+            _ => check_count(
+                &all(method),
+                &expected_shapes(model, ids.len(), t_len, method),
+            ),
+        }
     };
     if args.json.is_some() || format == Some(Format::Html) {
-        check_count(&all, &shapes)?;
+        counted(args.method)?;
     }
     // a heatmap: one layer (the last by default) of one kind, one head or their mean
     let one = match format {
@@ -316,9 +396,10 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
             let sel = Selection {
                 kinds: vec![kind],
                 layer: Some(args.layer.unwrap_or(shape.layers - 1)),
-                heads: match args.head {
-                    None | Some(Heads::All) => Heads::Mean,
-                    Some(h) => h,
+                heads: match (args.head, args.method.per_head()) {
+                    (_, false) => Heads::All,
+                    (None | Some(Heads::All), true) => Heads::Mean,
+                    (Some(h), true) => h,
                 },
             };
             check_count(&sel, &shapes)?;
@@ -327,7 +408,8 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
         _ => None,
     };
 
-    // ---- the forward (refused before it runs when larger than free memory) -----------
+    // ---- the target, then each method (a forward refused before it runs when larger
+    // than free memory) --------------------------------------------------------------
     let target_batch = target.clone().map(TokenBatch::single).transpose()?;
     let input = match model.kind() {
         ModelKind::Encoder => Input {
@@ -345,8 +427,56 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
             token_types: None,
         },
     };
-    let att = model.forward(&input, true)?.attentions;
-    steps.step(&format!("forward over {} tokens", ids.len()));
+    let compare = match (&args.compare, &loaded) {
+        (Some(text), Loaded::Sentence(se)) => {
+            let with = se.embed(&[text.as_str()])?.remove(0);
+            Some((with, se.pooling().to_vec()))
+        }
+        _ => None,
+    };
+    let goal = target::choose(
+        model,
+        tok.as_ref(),
+        &ids,
+        args.target_token,
+        compare,
+        args.method,
+    )?;
+    // the page holds every method that applies, opening on the one asked for
+    let methods: Vec<Method> = match format {
+        Some(Format::Html) => std::iter::once(args.method)
+            .chain(Method::ALL.into_iter().filter(|&m| m != args.method))
+            .collect(),
+        _ => vec![args.method],
+    };
+    let mut results = Vec::new();
+    let mut skipped = Vec::new();
+    for method in methods {
+        let asked = method == args.method;
+        let why = match method {
+            _ if asked => None,
+            _ if method.needs_target() && goal.is_none() => {
+                Some("it explains a target, and this text gives none".to_string())
+            }
+            Method::Flow if ids.len().max(t_len) > MAX_FLOW_TOKENS => Some(format!(
+                "it takes at most {MAX_FLOW_TOKENS} tokens; rollout is its fast approximation"
+            )),
+            Method::Ablation if ids.len() > MAX_AUTO_ABLATION_TOKENS => Some(format!(
+                "it runs a forward per token, which a page does by itself up to {MAX_AUTO_ABLATION_TOKENS} tokens: ask for it with --method ablation"
+            )),
+            _ => counted(method).err().map(|e| e.to_string()),
+        };
+        if let Some(why) = why {
+            skipped.push((method, why));
+            continue;
+        }
+        match attribute(model, &input, method, goal.as_ref()) {
+            Ok(a) => results.push(a),
+            Err(e) if !asked => skipped.push((method, e.to_string())),
+            Err(e) => return Err(e).with_context(|| format!("--method {}", method.name())),
+        }
+        steps.step(&format!("{} over {} tokens", method.name(), ids.len()));
+    }
 
     // ---- every output made, then written ----------------------------------------------
     let tokens = labels(tok.as_ref(), &ids, model)?;
@@ -360,31 +490,48 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| args.model.display().to_string());
-    let doc = |sel: &Selection| -> Result<Maps> {
+    let doc = |a: &Attribution, sel: &Selection| -> Result<Maps> {
         Ok(Maps {
             model: name.clone(),
             architecture: model.info().architecture.clone(),
             family: model.info().family.clone(),
             tokens: tokens.clone(),
             target_tokens: target_tokens.clone(),
-            layers: sel.take(&att)?,
+            method: a.method,
+            target: a
+                .target
+                .as_ref()
+                .map(|t| TargetDoc::new(t, model, tok.as_ref(), args.compare.as_deref()))
+                .transpose()?,
+            scores: a.scores.clone(),
+            layers: match a.method {
+                Method::Ablation => Vec::new(),
+                m => sel.take(&a.maps, !m.per_head())?,
+            },
         })
     };
+    let asked = &results[0];
     let json = match &args.json {
         Some(path) => {
-            let text = serde_json::to_string(&doc(&all)?)?;
+            let text = serde_json::to_string(&doc(asked, &all(asked.method))?)?;
             Some((path, format!("{text}\n").into_bytes()))
         }
         None => None,
     };
     let out = match (&args.out, format) {
-        (Some(path), Some(Format::Html)) => Some((
-            path,
-            viewer::html(&doc(&all)?, args.hide_special)?.into_bytes(),
-        )),
+        (Some(path), Some(Format::Html)) => {
+            let docs = results
+                .iter()
+                .map(|a| doc(a, &all(a.method)))
+                .collect::<Result<Vec<_>>>()?;
+            Some((
+                path,
+                viewer::html(&docs, &skipped, args.hide_special)?.into_bytes(),
+            ))
+        }
         (Some(path), Some(format)) => {
             let sel = one.as_ref().expect("a heatmap's selection");
-            let maps = doc(sel)?.heatmap(0, 0, args.hide_special);
+            let maps = doc(asked, sel)?.heatmap(0, 0, args.hide_special);
             let svg = heatmap::svg(&maps, heatmap::Layout::for_tokens(&maps))?;
             let bytes = match format {
                 Format::Svg => svg.into_bytes(),

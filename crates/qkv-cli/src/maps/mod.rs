@@ -1,24 +1,33 @@
-//! Attention maps of one input through a checkpoint: the weights of chosen layers and
-//! heads, with the tokens they relate. [`Maps`] serialises as the document that
-//! `qkv attention --json` writes and the viewer embeds:
+//! Attention maps of one input through a checkpoint, by one attribution method: the
+//! weights (or another method's credit) of chosen layers and heads, with the tokens
+//! they relate. [`Maps`] serialises as the document that `qkv attention --json` writes
+//! and the viewer embeds:
 //!
 //! ```text
-//! {"model", "architecture", "family",
+//! {"model", "architecture", "family", "method",
 //!  "tokens": [label], "token_details": [{id, piece, text, special, part}],
 //!  "target_tokens", "target_token_details"        (encoder-decoders only)
+//!  "target": {kind, position, token, token_label, compare, value, description}   (when one is set)
+//!  "scores": [S]                                   (with a target: the credit of each input token)
 //!  "layers": [{"kind": "encoder" | "decoder" | "cross", "layer", "heads": ["0", …] | ["mean"],
 //!              "queries": "tokens" | "target_tokens", "keys": …, "weights": [H][T][S]}]}
 //! ```
+//!
+//! `method` is `weights` (the attention weights), `value-norm` (per head, shaped as
+//! the weights) or `rollout`, `flow`, `grad`, whose layers combine the heads: no
+//! `heads`, and `weights` `[T][S]`. `ablation` has no layers, only `scores`.
 //!
 //! Encoders and encoder-decoders' encoders attend over `tokens`; a decoder-only model's
 //! causal self-attention too; an encoder-decoder's decoder attends over
 //! `target_tokens` (its input: the start token, then the target), and its
 //! cross-attention from `target_tokens` to `tokens`.
 
+pub mod target;
 pub mod viewer;
 
 use anyhow::{bail, Result};
 use qkv::experiments::{Heatmaps, Panel};
+use qkv::models::attribute::Method;
 use qkv::models::{Attentions, ModelKind, Transformer};
 use qkv::text::{TokenLabel, Tokenizer};
 use qkv::Tensor;
@@ -49,13 +58,21 @@ pub fn labels(
     })
 }
 
-/// The maps a forward over `s` source and `t` target tokens makes, by kind (known
-/// from the model's sizes before it runs).
-pub fn expected_shapes(model: &Transformer, s: usize, t: usize) -> Vec<(Kind, Shape)> {
+/// The maps `method` makes of a forward over `s` source and `t` target tokens, by kind
+/// (known from the model's sizes before it runs).
+pub fn expected_shapes(
+    model: &Transformer,
+    s: usize,
+    t: usize,
+    method: Method,
+) -> Vec<(Kind, Shape)> {
     let info = model.info();
     let shape = |layers, queries, keys| Shape {
         layers,
-        heads: info.heads,
+        heads: match method.per_head() {
+            true => info.heads,
+            false => 1,
+        },
         queries,
         keys,
     };
@@ -180,8 +197,11 @@ pub struct Map {
     pub queries: usize,
     /// Key tokens S (columns).
     pub keys: usize,
-    /// `[heads, T, S]`, each row summing to 1 over the keys it may see.
+    /// `[heads, T, S]`: attention weights sum to 1 over the keys a row may see.
     pub weights: Vec<f32>,
+    /// The heads are combined (rollout, flow, grad): one `[T, S]`, serialised without
+    /// a head level.
+    pub combined: bool,
 }
 
 impl Map {
@@ -200,6 +220,10 @@ pub struct Maps {
     pub family: String,
     pub tokens: Vec<TokenLabel>,
     pub target_tokens: Option<Vec<TokenLabel>>,
+    pub method: Method,
+    pub target: Option<target::TargetDoc>,
+    /// One score per input token (see the module's comment).
+    pub scores: Option<Vec<f32>>,
     pub layers: Vec<Map>,
 }
 
@@ -260,8 +284,9 @@ impl Selection {
         Ok(total)
     }
 
-    /// Takes the selection from `att` (a batch of one), checked as [`Selection::count`].
-    pub fn take(&self, att: &Attentions) -> Result<Vec<Map>> {
+    /// Takes the selection from `att` (a batch of one), checked as [`Selection::count`];
+    /// `combined` maps hold one `[T, S]` per layer.
+    pub fn take(&self, att: &Attentions, combined: bool) -> Result<Vec<Map>> {
         self.count(&Shape::of(att))?;
         let mut layers = Vec::new();
         for &kind in &self.kinds {
@@ -277,6 +302,7 @@ impl Selection {
                     queries: w.shape()[2],
                     keys: w.shape()[3],
                     weights,
+                    combined,
                 });
             }
         }
@@ -318,9 +344,10 @@ impl Maps {
                 }
             })
             .collect();
-        let head = match map.heads[h].as_str() {
-            "mean" => "mean of heads".to_string(),
-            n => format!("head {n}"),
+        let head = match (map.combined, map.heads.get(h).map(String::as_str)) {
+            (true, _) => format!("{}, heads combined", self.method.name()),
+            (false, Some("mean")) => "mean of heads".to_string(),
+            (false, n) => format!("head {}", n.unwrap_or("?")),
         };
         let names =
             |seq: &[TokenLabel], idx: &[usize]| idx.iter().map(|&j| seq[j].label()).collect();
@@ -371,10 +398,18 @@ impl Serialize for Map {
         let mut st = s.serialize_struct("Map", 6)?;
         st.serialize_field("kind", &self.kind)?;
         st.serialize_field("layer", &self.layer)?;
-        st.serialize_field("heads", &self.heads)?;
+        if !self.combined {
+            st.serialize_field("heads", &self.heads)?;
+        }
         st.serialize_field("queries", queries)?;
         st.serialize_field("keys", keys)?;
-        st.serialize_field("weights", &Nested(self))?;
+        match self.combined {
+            true => {
+                let rows: Vec<&[f32]> = self.head(0).chunks_exact(self.keys.max(1)).collect();
+                st.serialize_field("weights", &rows)?;
+            }
+            false => st.serialize_field("weights", &Nested(self))?,
+        }
         st.end()
     }
 }
@@ -382,17 +417,26 @@ impl Serialize for Map {
 impl Serialize for Maps {
     fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         let labels = |seq: &[TokenLabel]| seq.iter().map(TokenLabel::label).collect::<Vec<_>>();
-        let mut st = s.serialize_struct("Maps", 8)?;
+        let mut st = s.serialize_struct("Maps", 11)?;
         st.serialize_field("model", &self.model)?;
         st.serialize_field("architecture", &self.architecture)?;
         st.serialize_field("family", &self.family)?;
+        st.serialize_field("method", self.method.name())?;
         st.serialize_field("tokens", &labels(&self.tokens))?;
         st.serialize_field("token_details", &self.tokens)?;
         if let Some(t) = &self.target_tokens {
             st.serialize_field("target_tokens", &labels(t))?;
             st.serialize_field("target_token_details", t)?;
         }
-        st.serialize_field("layers", &self.layers)?;
+        if let Some(t) = &self.target {
+            st.serialize_field("target", t)?;
+        }
+        if let Some(scores) = &self.scores {
+            st.serialize_field("scores", scores)?;
+        }
+        if self.method != Method::Ablation {
+            st.serialize_field("layers", &self.layers)?;
+        }
         st.end()
     }
 }

@@ -1,10 +1,11 @@
 "use strict";
-// The attention viewer. Reads the maps document (see crates/qkv-cli/src/maps/mod.rs)
-// from #qkv-data; every view is drawn from one matrix: the picked kind, layer and head
-// (or the mean of the heads), with special tokens dropped and rows renormalised when
-// the toggle says so.
+// The attention viewer. Reads one maps document per method (see
+// crates/qkv-cli/src/maps/mod.rs) from #qkv-data; every view is drawn from one matrix:
+// the picked method, kind, layer and head (or the mean of the heads), with special
+// tokens dropped (and rows of weights renormalised) when the toggle says so. Below the
+// stage, bars give each token's credit for the target (the document's `scores`).
 (() => {
-  const doc = JSON.parse(document.getElementById("qkv-data").textContent);
+  const docs = JSON.parse(document.getElementById("qkv-data").textContent);
   const options = JSON.parse(document.getElementById("qkv-options").textContent);
   const $ = (id) => document.getElementById(id);
   const NAMES = {
@@ -12,28 +13,55 @@
     decoder: "Decoder self-attention",
     cross: "Cross-attention",
   };
+  const METHODS = {
+    weights: "Attention weights",
+    "value-norm": "Value norms",
+    rollout: "Attention rollout",
+    flow: "Attention flow",
+    grad: "Gradient × attention",
+    ablation: "Ablation",
+  };
+  const ABOUT = {
+    weights: "Each head's softmax weights: where a query looks, in one layer.",
+    "value-norm": "Each weight times the size of what its key adds through the head (Kobayashi et al. 2020).",
+    rollout: "How much each input token reaches a token after this layer, through every layer below and the residual (Abnar & Zuidema 2020).",
+    flow: "The maximum flow from a token after this layer down to each input token (Abnar & Zuidema 2020); rows sum to 1.",
+    grad: "Heads weighed by the target's gradient, accumulated through the layers (Chefer, Gur & Wolf 2021).",
+    ablation: "The target minus the target with one token hidden from every attention: what the model actually uses.",
+  };
+  // methods whose rows are distributions (they sum to 1), drawn on a fixed 0..1 scale
+  const PROBABILITIES = new Set(["weights", "rollout", "flow"]);
   const MEAN = -1;
   const SVG = "http://www.w3.org/2000/svg";
 
-  // Maps by kind, in layer order; each head's [T, S] weights as one flat array.
-  const kinds = [];
-  const byKind = {};
-  for (const m of doc.layers) {
-    if (!byKind[m.kind]) {
-      byKind[m.kind] = [];
-      kinds.push(m.kind);
+  // Each document's maps by kind, in layer order; each head's [T, S] as one flat array.
+  // Combined maps (rollout, flow, grad) become one head.
+  for (const d of docs) {
+    d.kinds = [];
+    d.byKind = {};
+    for (const m of d.layers || []) {
+      if (!m.heads) {
+        m.heads = ["combined"];
+        m.weights = [m.weights];
+      }
+      if (!d.byKind[m.kind]) {
+        d.byKind[m.kind] = [];
+        d.kinds.push(m.kind);
+      }
+      m.T = m.weights[0].length;
+      m.S = m.T ? m.weights[0][0].length : 0;
+      m.flat = m.weights.map((rows) => {
+        const a = new Float64Array(m.T * m.S);
+        rows.forEach((row, i) => a.set(row, i * m.S));
+        return a;
+      });
+      d.byKind[m.kind].push(m);
     }
-    m.T = m.weights[0].length;
-    m.S = m.T ? m.weights[0][0].length : 0;
-    m.flat = m.weights.map((rows) => {
-      const a = new Float64Array(m.T * m.S);
-      rows.forEach((row, i) => a.set(row, i * m.S));
-      return a;
-    });
-    byKind[m.kind].push(m);
   }
 
-  const state = { kind: kinds[0], layer: 0, head: 0, view: "model", hide: !!options.hide_special };
+  let doc = docs[0];
+  const state = { method: 0, kind: doc.kinds[0], layer: 0, head: 0, view: "model", hide: !!options.hide_special };
+  const probabilities = () => PROBABILITIES.has(doc.method);
 
   function sequence(name) {
     return { labels: doc[name], details: doc[name.replace("tokens", "token_details")] };
@@ -45,10 +73,11 @@
     return `rgb(${lerp(255, 8)},${lerp(255, 48)},${lerp(255, 107)})`;
   }
 
-  // The [rows × cols] weights of head h (or MEAN) of map m, over the shown tokens.
+  // The [rows × cols] weights of head h (or MEAN) of map m, over the shown tokens, and
+  // the value drawn darkest (1 for distributions, else the largest).
   const cache = new Map();
   function matrix(m, h) {
-    const key = `${m.kind}/${m.layer}/${h}/${state.hide}`;
+    const key = `${state.method}/${m.kind}/${m.layer}/${h}/${state.hide}`;
     if (cache.has(key)) return cache.get(key);
     const q = sequence(m.queries);
     const k = sequence(m.keys);
@@ -64,9 +93,14 @@
     rows.forEach((r, i) => {
       let sum = 0;
       cols.forEach((c, j) => (sum += w[i * cols.length + j] = src[r * m.S + c]));
-      if (state.hide && sum > 0) for (let j = 0; j < cols.length; j++) w[i * cols.length + j] /= sum;
+      if (state.hide && sum > 0 && probabilities()) for (let j = 0; j < cols.length; j++) w[i * cols.length + j] /= sum;
     });
-    const out = { rows, cols, w, q, k };
+    // gradient × attention starts from the identity: its diagonal is drawn saturated
+    // and the scale set by what attention added off it
+    const offDiagonal = (i, j) => doc.method !== "grad" || rows[i] !== cols[j];
+    let top = probabilities() ? 1 : 1e-12;
+    if (!probabilities()) w.forEach((v, at) => offDiagonal(Math.floor(at / cols.length), at % cols.length) && (top = Math.max(top, v)));
+    const out = { rows, cols, w, q, k, top };
     cache.set(key, out);
     return out;
   }
@@ -86,9 +120,10 @@
     return mat.rows.length ? total / mat.rows.length : 0;
   }
 
-  const maps = () => byKind[state.kind];
+  const maps = () => doc.byKind[state.kind];
   const current = () => maps()[state.layer];
-  const headName = (m, h) => (h === MEAN || m.heads[h] === "mean" ? "mean of heads" : `head ${m.heads[h]}`);
+  const headName = (m, h) =>
+    m.heads[0] === "combined" ? "heads combined" : h === MEAN || m.heads[h] === "mean" ? "mean of heads" : `head ${m.heads[h]}`;
 
   function option(select, value, text) {
     const o = document.createElement("option");
@@ -98,10 +133,16 @@
   }
 
   function fillControls() {
+    const method = $("method");
+    if (!method.options.length) docs.forEach((d, i) => option(method, i, METHODS[d.method] || d.method));
+    method.value = String(state.method);
+    $("method-about").textContent = ABOUT[doc.method] || "";
+    if (!doc.kinds.length) return;
     const kind = $("kind");
     const layer = $("layer");
     const head = $("head");
-    if (!kind.options.length) kinds.forEach((k) => option(kind, k, NAMES[k]));
+    kind.replaceChildren();
+    doc.kinds.forEach((k) => option(kind, k, NAMES[k]));
     kind.value = state.kind;
     layer.replaceChildren();
     maps().forEach((m, i) => option(layer, i, `layer ${m.layer}`));
@@ -109,7 +150,7 @@
     layer.value = String(state.layer);
     head.replaceChildren();
     const m = current();
-    m.heads.forEach((name, i) => option(head, i, name === "mean" ? "mean of heads" : `head ${name}`));
+    m.heads.forEach((name, i) => option(head, i, headName(m, i)));
     if (m.heads.length > 1) option(head, MEAN, "mean of heads");
     if (state.head !== MEAN) state.head = Math.min(state.head, m.heads.length - 1);
     if (state.head === MEAN && m.heads.length === 1) state.head = 0;
@@ -120,13 +161,14 @@
   // A heatmap at one canvas pixel per cell, scaled up by CSS (thumbnails).
   function thumbnail(canvas, mat) {
     const n = mat.cols.length;
+    const scale = 1 / mat.top;
     canvas.width = Math.max(1, n);
     canvas.height = Math.max(1, mat.rows.length);
     const ctx = canvas.getContext("2d");
     const img = ctx.createImageData(canvas.width, canvas.height);
     for (let i = 0; i < mat.rows.length; i++) {
       for (let j = 0; j < n; j++) {
-        const t = Math.min(1, Math.max(0, mat.w[i * n + j]));
+        const t = Math.min(1, Math.max(0, mat.w[i * n + j] * scale));
         const at = (i * n + j) * 4;
         img.data[at] = 255 + (8 - 255) * t;
         img.data[at + 1] = 255 + (48 - 255) * t;
@@ -144,7 +186,7 @@
     top.append(document.createElement("th"));
     maps()[0].heads.forEach((h) => {
       const th = document.createElement("th");
-      th.textContent = h === "mean" ? "mean" : name(h);
+      th.textContent = h === "mean" || h === "combined" ? h : name(h);
       top.append(th);
     });
     return table;
@@ -199,7 +241,7 @@
     const all = [];
     for (let i = 0; i < mat.rows.length; i++) {
       for (let j = 0; j < n; j++) {
-        const w = mat.w[i * n + j];
+        const w = mat.w[i * n + j] / mat.top;
         if (w < 0.005) continue;
         const line = document.createElementNS(SVG, "line");
         line.setAttribute("x1", String(xq + 6));
@@ -295,7 +337,7 @@
     ctx.fillRect(0, 0, canvas.width, canvas.height);
     for (let i = 0; i < mat.rows.length; i++) {
       for (let j = 0; j < n; j++) {
-        ctx.fillStyle = shade(mat.w[i * n + j]);
+        ctx.fillStyle = shade(mat.w[i * n + j] / mat.top);
         ctx.fillRect(left + j * cell, top + i * cell, cell, cell);
       }
     }
@@ -332,6 +374,11 @@
   }
 
   function drawEntropy() {
+    $("entropy-title").hidden = !probabilities();
+    if (!probabilities()) {
+      $("entropy").replaceChildren();
+      return;
+    }
     const table = headsTable((h) => h);
     const values = maps().map((m) => m.heads.map((_, h) => entropy(matrix(m, h))));
     const most = Math.max(1e-9, ...values.flat());
@@ -374,10 +421,52 @@
     });
   }
 
+  // Each input token's credit for the target, as a bar from zero (negative to the left).
+  function drawScores() {
+    const panel = $("scores-panel");
+    panel.hidden = !doc.scores;
+    if (!doc.scores) return;
+    const target = doc.target;
+    const what = doc.method === "ablation" ? "target − target without the token" : "the target's row of the last map";
+    $("scores-title").textContent = target
+      ? `Credit for ${target.description} = ${target.value.toFixed(4)} (${what})`
+      : `Credit per token (${what})`;
+    const top = Math.max(1e-12, ...doc.scores.map(Math.abs));
+    const rows = doc.scores.map((v, i) => {
+      const details = doc.token_details[i];
+      const row = document.createElement("div");
+      row.className = "score" + (details.special ? " special" : "");
+      row.dataset.index = String(i);
+      row.dataset.score = String(v);
+      const label = document.createElement("span");
+      label.className = "label";
+      label.textContent = doc.tokens[i];
+      const track = document.createElement("span");
+      track.className = "track";
+      const bar = document.createElement("span");
+      bar.className = v < 0 ? "bar neg" : "bar";
+      bar.style.width = `${(50 * Math.abs(v)) / top}%`;
+      track.append(bar);
+      const value = document.createElement("span");
+      value.className = "value";
+      value.textContent = v.toFixed(4);
+      row.append(label, track, value);
+      return row;
+    });
+    $("scores").replaceChildren(...rows);
+  }
+
   function render() {
     fillControls();
+    drawScores();
+    document.body.classList.toggle("scores-only", !doc.kinds.length);
+    if (!doc.kinds.length) {
+      $("current").textContent = METHODS[doc.method];
+      $("hint").textContent = "";
+      return;
+    }
     const m = current();
-    $("current").textContent = `${NAMES[state.kind]} · layer ${m.layer} · ${headName(m, state.head)}`;
+    $("current").textContent = `${METHODS[doc.method]} · ${NAMES[state.kind]} · layer ${m.layer} · ${headName(m, state.head)}`;
     document.querySelectorAll(".views button").forEach((b) => b.classList.toggle("on", b.dataset.view === state.view));
     document.querySelectorAll(".view").forEach((v) => v.classList.toggle("on", v.id === `${state.view}-view`));
     ({ model: drawModel, head: drawHead, matrix: drawMatrix })[state.view]();
@@ -386,6 +475,15 @@
   }
 
   $("model").textContent = doc.model;
+  $("skipped").textContent = (options.skipped || []).length
+    ? "Not computed: " + options.skipped.map((x) => `${METHODS[x.method] || x.method} (${x.reason})`).join("; ")
+    : "";
+  $("method").addEventListener("change", (e) => {
+    state.method = Number(e.target.value);
+    doc = docs[state.method];
+    if (doc.kinds.length && !doc.kinds.includes(state.kind)) state.kind = doc.kinds[0];
+    render();
+  });
   $("about").textContent = `${doc.architecture} (${doc.family}) · ${doc.tokens.length} tokens` +
     (doc.target_tokens ? ` → ${doc.target_tokens.length} target tokens` : "");
   $("kind").addEventListener("change", (e) => {

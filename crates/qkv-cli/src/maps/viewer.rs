@@ -9,8 +9,14 @@
 //!
 //! Beside them: each head's mean entropy (a sharp head has low entropy) and each
 //! query's most attended key. A toggle hides special tokens and renormalises rows.
+//!
+//! A method picker switches between the documents of the methods computed (weights,
+//! value norms, rollout, flow, gradient × attention, ablation): rollout, flow and grad
+//! have one combined matrix per layer; bars under the stage give each token's credit
+//! for the target (the `scores`), the whole of what ablation shows.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use qkv::models::attribute::Method;
 
 use super::Maps;
 
@@ -31,16 +37,23 @@ fn escape_html(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// The viewer of `maps`, with the special-token toggle on when `hide_special`.
-pub fn html(maps: &Maps, hide_special: bool) -> Result<String> {
-    let options = serde_json::json!({ "hide_special": hide_special });
+/// The viewer of `docs`, one per method (the picker lists them; the page opens on the
+/// first), with `skipped` the methods left out and why, and the special-token toggle on
+/// when `hide_special`.
+pub fn html(docs: &[Maps], skipped: &[(Method, String)], hide_special: bool) -> Result<String> {
+    let first = docs.first().context("the viewer needs one method's maps")?;
+    let skipped: Vec<_> = skipped
+        .iter()
+        .map(|(m, why)| serde_json::json!({"method": m.name(), "reason": why}))
+        .collect();
+    let options = serde_json::json!({ "hide_special": hide_special, "skipped": skipped });
     Ok(PAGE
-        .replace("{{TITLE}}", &escape_html(&maps.model))
+        .replace("{{TITLE}}", &escape_html(&first.model))
         .replace("{{STYLE}}", STYLE)
         .replace("{{OPTIONS}}", &script_json(&options)?)
         .replace("{{SCRIPT}}", SCRIPT)
         // last: the data may hold any text, including the placeholders above
-        .replace("{{DATA}}", &script_json(maps)?))
+        .replace("{{DATA}}", &script_json(&docs)?))
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! head), and with `"viewer": true` the offline viewer page holding them.
 
 use anyhow::Result;
+use qkv::models::attribute::Method;
 use qkv::models::{Input, ModelKind, TokenBatch, Transformer};
 use qkv::text::Tokenizer;
 use serde_json::Value;
@@ -35,7 +36,7 @@ pub fn check(model: &Transformer, o: &QkvOptions, tokens: usize) -> Result<(), A
         ));
     }
     let count = every_map()
-        .count(&expected_shapes(model, tokens, tokens))
+        .count(&expected_shapes(model, tokens, tokens, Method::Weights))
         .map_err(|e| ApiError::invalid("qkv.attentions", e.to_string()))?;
     if count > MAX_WEIGHTS {
         return Err(ApiError::invalid(
@@ -70,11 +71,14 @@ pub fn answer(
         family: model.info().family.clone(),
         tokens: labels(tok, ids, model)?,
         target_tokens: None,
-        layers: every_map().take(&att)?,
+        method: Method::Weights,
+        target: None,
+        scores: None,
+        layers: every_map().take(&att, false)?,
     };
     let mut out = serde_json::json!({"attentions": serde_json::to_value(&maps)?});
     if with_viewer {
-        out["viewer"] = Value::String(viewer::html(&maps, false)?);
+        out["viewer"] = Value::String(viewer::html(std::slice::from_ref(&maps), &[], false)?);
     }
     Ok(out)
 }

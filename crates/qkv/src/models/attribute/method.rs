@@ -86,7 +86,8 @@ pub struct Attribution {
     pub target: Option<TargetValue>,
     /// One score per key of the input text: ablation's, or for another method with a
     /// target the target's row(s) of its last map (heads averaged), the credit each
-    /// key gets for the target (see [`target_rows`]).
+    /// key gets for the target (see [`target_rows`]); for grad, of R − I, what the
+    /// layers' attention added to the identity it starts from.
     pub scores: Option<Vec<f32>>,
 }
 
@@ -140,8 +141,10 @@ pub fn target_rows(target: &Target, t: usize) -> Vec<(usize, f64)> {
     }
 }
 
-/// The target rows of `map` `[1, H, T, S]`, heads averaged: `[S]`.
-fn credit(map: &Tensor, rows: &[(usize, f64)]) -> Vec<f32> {
+/// The target rows of `map` `[1, H, T, S]`, heads averaged: `[S]`. With
+/// `minus_identity` (a self-attention map, T = S), the identity's rows are taken off
+/// first: gradient × attention starts from R = I, so that R − I is what attention added.
+fn credit(map: &Tensor, rows: &[(usize, f64)], minus_identity: bool) -> Vec<f32> {
     let [_, h, t, s] = map.shape()[..] else {
         unreachable!("maps are [1, H, T, S]")
     };
@@ -152,6 +155,9 @@ fn credit(map: &Tensor, rows: &[(usize, f64)]) -> Vec<f32> {
                 *o += w * x as f64 / h as f64;
             }
         }
+    }
+    if minus_identity {
+        rows.iter().for_each(|&(r, w)| out[r] -= w);
     }
     out.into_iter().map(|x| x as f32).collect()
 }
@@ -273,7 +279,7 @@ pub fn attribute(
         (Some(t), Method::Ablation) => Some(ablation(model, input, t)?),
         (Some(t), _) => scoring_map(model, &maps).map(|m| {
             let rows = target_rows(&t.target, m.shape()[2]);
-            credit(&m, &rows)
+            credit(&m, &rows, method == Method::Grad)
         }),
         (None, _) => None,
     };
