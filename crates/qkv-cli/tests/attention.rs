@@ -539,8 +539,17 @@ fn methods_refuse_what_they_cannot_explain() {
         (&gpt2, vec!["--compare", "x", "--out", o], "need an encoder"),
         (
             &t5,
-            vec!["--method", "rollout", "--target-ids", "0,5", "--out", o],
-            "cross-attention",
+            vec![
+                "--method",
+                "flow",
+                "--kind",
+                "cross",
+                "--target-ids",
+                "0,5",
+                "--out",
+                o,
+            ],
+            "flow runs over one stack's self-attention",
         ),
     ];
     for (model, args, expected) in cases {

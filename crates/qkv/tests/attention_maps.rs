@@ -371,3 +371,65 @@ fn value_norms_equal_the_reference() {
         }
     }
 }
+
+/// Every method over T5's encoder, decoder and cross-attention equals the references of
+/// `tools/fixtures/gen_attribution.py`: the maps' gradients (autograd), rollout and
+/// gradient × attention through the cross-attention, flow of each stack, value norms of
+/// the three attentions, and ablation of each source token for the next token.
+#[test]
+fn every_method_over_an_encoder_decoder_equals_the_references() {
+    let m = load("t5");
+    let f = common::fixture("attribution", "t5");
+    let ids = |name: &str| -> Vec<usize> { f.ints(name).1.iter().map(|&i| i as usize).collect() };
+    let source = qkv::models::TokenBatch::single(ids("input_ids")).unwrap();
+    let target = qkv::models::TokenBatch::single(ids("decoder_input_ids")).unwrap();
+    let input = Input {
+        source: Some(&source),
+        target: Some(&target),
+        token_types: None,
+    };
+    let goal = Target::NextToken(None);
+    let check = |method: &str, maps: &qkv::models::Attentions| {
+        for (kind, got) in [
+            ("encoder", &maps.encoder),
+            ("decoder", &maps.decoder),
+            ("cross", &maps.cross),
+        ] {
+            let names: Vec<String> = (0..2).map(|l| format!("{method}.{kind}.{l}")).collect();
+            if !f.has(&names[0]) {
+                assert!(got.is_empty(), "{method} {kind}: no reference, so no maps");
+                continue;
+            }
+            assert_eq!(got.len(), 2, "{method} {kind}");
+            for (g, name) in got.iter().zip(&names) {
+                let want = f.t(name);
+                let g = g.clone().reshape(want.shape()).unwrap();
+                common::assert_tensor_close(&format!("t5 {name}"), &g, &want, 1e-5, 1e-4);
+            }
+        }
+    };
+    let (_, grads) = m
+        .attention_grads(&input, |logits| {
+            let fixed = goal.resolve(logits, &vec![true; target.len])?;
+            fixed.target.gradient(logits)
+        })
+        .unwrap();
+    check("grad_maps", &grads);
+    for method in [
+        Method::Rollout,
+        Method::Flow,
+        Method::Grad,
+        Method::ValueNorm,
+    ] {
+        let a = attribute(&m, &input, method, Some(&goal)).unwrap();
+        assert_eq!(a.target.unwrap().token, f.param_usize("target_token"));
+        let name = match method {
+            Method::ValueNorm => "value_norm",
+            m => m.name(),
+        };
+        check(name, &a.maps);
+    }
+    let a = attribute(&m, &input, Method::Ablation, Some(&goal)).unwrap();
+    let scores = Tensor::new(&[source.len], a.scores.unwrap()).unwrap();
+    common::assert_tensor_close("t5 ablation", &scores, &f.t("ablation"), 1e-4, 1e-3);
+}

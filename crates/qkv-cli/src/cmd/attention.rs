@@ -351,6 +351,9 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
     let t_len = target.as_ref().map_or(ids.len(), Vec::len);
     let shapes = expected_shapes(model, ids.len(), t_len, args.method);
     let present: Vec<Kind> = shapes.iter().map(|(k, _)| *k).collect();
+    if args.method == Method::Flow && args.kind == Some(Kind::Cross) && seq2seq {
+        bail!("--kind cross: flow runs over one stack's self-attention graph; an encoder-decoder's cross-attention has rollout and grad");
+    }
     if let Some(k) = args.kind.filter(|k| !present.contains(k)) {
         bail!(
             "--kind {}: {} has no {}",
@@ -359,8 +362,15 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
             k.describe()
         );
     }
+    // every kind the method gives (flow: no cross-attention), or the one asked for
     let all = |method: Method| Selection {
-        kinds: args.kind.map_or(present.clone(), |k| vec![k]),
+        kinds: args.kind.map_or_else(
+            || {
+                let shapes = expected_shapes(model, ids.len(), t_len, method);
+                shapes.iter().map(|(k, _)| *k).collect()
+            },
+            |k| vec![k],
+        ),
         layer: args.layer,
         heads: match method.per_head() {
             true => args.head.unwrap_or(Heads::All),

@@ -81,11 +81,16 @@ pub fn expected_shapes(
         ModelKind::Decoder => vec![(Kind::Decoder, shape(info.layers, t, t))],
         ModelKind::EncoderDecoder => {
             let dec = info.decoder_layers.unwrap_or(info.layers);
-            vec![
+            let mut kinds = vec![
                 (Kind::Encoder, shape(info.layers, s, s)),
                 (Kind::Decoder, shape(dec, t, t)),
                 (Kind::Cross, shape(dec, t, s)),
-            ]
+            ];
+            // flow is a graph of one stack's self-attention
+            if method == Method::Flow {
+                kinds.pop();
+            }
+            kinds
         }
     }
 }

@@ -425,7 +425,10 @@
   function drawScores() {
     const panel = $("scores-panel");
     panel.hidden = !doc.scores;
-    if (!doc.scores) return;
+    if (!doc.scores) {
+      $("scores").replaceChildren();
+      return;
+    }
     const target = doc.target;
     const what = doc.method === "ablation" ? "target − target without the token" : "the target's row of the last map";
     $("scores-title").textContent = target

@@ -16,12 +16,17 @@
 //! target with respect to its map, which
 //! [`Transformer::attention_grads`](crate::models::Transformer::attention_grads)
 //! computes through the training backward.
+//!
+//! Encoder-decoders carry both through the cross-attention: [`cross_rollout`] and
+//! [`cross_gradient_rollout`] give each source token's share in each decoder token.
 
+mod cross;
 mod flow;
 mod gradient;
 mod residual;
 mod rollout;
 
+pub use cross::{cross_gradient_rollout, cross_rollout};
 pub use flow::{flow, MAX_FLOW_TOKENS};
 pub use gradient::gradient_rollout;
 pub use rollout::rollout;

@@ -63,9 +63,14 @@ pub(super) fn matrix(t: usize, m: &[f64]) -> Tensor {
 
 /// a·b for row-major `[T, T]` matrices.
 pub(super) fn product(t: usize, a: &[f64], b: &[f64]) -> Vec<f64> {
-    let mut c = vec![0f64; t * t];
-    for (c_row, a_row) in c.chunks_exact_mut(t).zip(a.chunks_exact(t)) {
-        for (&a_ik, b_row) in a_row.iter().zip(b.chunks_exact(t)) {
+    matmul(a, t, t, b, t)
+}
+
+/// a·b for row-major a `[n, k]` and b `[k, m]`: `[n, m]`.
+pub(super) fn matmul(a: &[f64], n: usize, k: usize, b: &[f64], m: usize) -> Vec<f64> {
+    let mut c = vec![0f64; n * m];
+    for (c_row, a_row) in c.chunks_exact_mut(m).zip(a.chunks_exact(k).take(n)) {
+        for (&a_ik, b_row) in a_row.iter().zip(b.chunks_exact(m)) {
             c_row
                 .iter_mut()
                 .zip(b_row)

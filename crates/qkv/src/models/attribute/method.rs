@@ -2,7 +2,7 @@
 
 use super::ablation::ablation;
 use super::target::{Target, TargetValue};
-use crate::attribution::{flow, gradient_rollout, rollout};
+use crate::attribution::{cross_gradient_rollout, cross_rollout, flow, gradient_rollout, rollout};
 use crate::error::{Error, Result};
 use crate::models::net::arch::ModelKind;
 use crate::models::sentence::PoolingMode;
@@ -79,8 +79,8 @@ pub struct Attribution {
     pub method: Method,
     /// Per kind and layer, `[1, H, T, S]` for a per-head method and `[1, 1, T, S]` for
     /// one that combines the heads (row t: the credit of each key s at query t after
-    /// that layer); none for ablation. An encoder-decoder's cross-attention is not
-    /// combined by rollout, flow or grad (Chefer et al.'s rules for it are not built).
+    /// that layer); none for ablation. An encoder-decoder's cross-attention is combined
+    /// by rollout and grad, not by flow (see `combine`).
     pub maps: Attentions,
     /// The target, fixed on this text, when one was given.
     pub target: Option<TargetValue>,
@@ -242,12 +242,7 @@ pub fn attribute(
                 fixed = Some(t.resolve(&out.logits, &mask)?);
             }
             match method {
-                Method::Rollout | Method::Flow => {
-                    combine(model, out.attentions, |maps| match method {
-                        Method::Rollout => rollout(&maps),
-                        _ => flow(&maps),
-                    })?
-                }
+                Method::Rollout | Method::Flow => combine(method, &out.attentions, None)?,
                 _ => out.attentions,
             }
         }
@@ -266,20 +261,16 @@ pub fn attribute(
                 fixed = Some(value);
                 grad
             })?;
-            let grads = match model.kind() {
-                ModelKind::Decoder => grads.decoder,
-                _ => grads.encoder,
-            };
-            combine(model, maps, |maps| {
-                gradient_rollout(&maps, &one_sequence(&grads)?)
-            })?
+            combine(method, &maps, Some(&grads))?
         }
     };
     let scores = match (&fixed, method) {
         (Some(t), Method::Ablation) => Some(ablation(model, input, t)?),
         (Some(t), _) => scoring_map(model, &maps).map(|m| {
             let rows = target_rows(&t.target, m.shape()[2]);
-            credit(&m, &rows, method == Method::Grad)
+            // grad's self-attention relevance starts from I; its cross-attention's from 0
+            let seq2seq = model.kind() == ModelKind::EncoderDecoder;
+            credit(&m, &rows, method == Method::Grad && !seq2seq)
         }),
         (None, _) => None,
     };
@@ -295,27 +286,54 @@ pub fn attribute(
     })
 }
 
-/// The input's self-attention maps `[1, H, T, T]` per layer combined by `f` (`[H, T,
-/// T]` per layer → `[T, T]` per layer) into `[1, 1, T, T]` per layer. Only decoder-only
-/// and encoder models: an encoder-decoder's cross-attention needs rules of its own.
-fn combine(
-    model: &Transformer,
-    maps: Attentions,
-    f: impl FnOnce(Vec<Tensor>) -> Result<Vec<Tensor>>,
-) -> Result<Attentions> {
-    let (encoder, decoder) = match model.kind() {
-        ModelKind::Decoder => (Vec::new(), as_maps(f(one_sequence(&maps.decoder)?)?)?),
-        ModelKind::Encoder => (as_maps(f(one_sequence(&maps.encoder)?)?)?, Vec::new()),
-        ModelKind::EncoderDecoder => {
-            return Err(Error::Unsupported(format!(
-                "{}: rollout, flow and grad combine one stack's self-attention; an encoder-decoder's cross-attention needs rules not built yet (use weights, value-norm or ablation)",
-                model.info().architecture
-            )))
+/// Rollout, flow or grad (with the maps' gradients `grads`) of `maps` `[1, H, T, S]`
+/// per layer → `[1, 1, T, S]` per layer: each stack's self-attention by the method, and
+/// an encoder-decoder's cross-attention by [`cross_rollout`] or
+/// [`cross_gradient_rollout`] (flow is defined on one stack's graph: its cross is left
+/// empty).
+fn combine(method: Method, maps: &Attentions, grads: Option<&Attentions>) -> Result<Attentions> {
+    let (enc, dec, cross) = (
+        one_sequence(&maps.encoder)?,
+        one_sequence(&maps.decoder)?,
+        one_sequence(&maps.cross)?,
+    );
+    let stack = |m: &[Tensor], f: fn(&[Tensor]) -> Result<Vec<Tensor>>| match m.is_empty() {
+        true => Ok(Vec::new()),
+        false => f(m),
+    };
+    let seq2seq = !enc.is_empty() && !cross.is_empty();
+    let (encoder, decoder, cross) = match (method, grads) {
+        (Method::Rollout, _) => (
+            stack(&enc, rollout)?,
+            stack(&dec, rollout)?,
+            match seq2seq {
+                true => cross_rollout(&enc, &dec, &cross)?,
+                false => Vec::new(),
+            },
+        ),
+        (Method::Flow, _) => (stack(&enc, flow)?, stack(&dec, flow)?, Vec::new()),
+        (Method::Grad, Some(g)) => {
+            let (ge, gd, gx) = (
+                one_sequence(&g.encoder)?,
+                one_sequence(&g.decoder)?,
+                one_sequence(&g.cross)?,
+            );
+            let encoder = match enc.is_empty() {
+                true => Vec::new(),
+                false => gradient_rollout(&enc, &ge)?,
+            };
+            let (decoder, cross) = match (seq2seq, dec.is_empty()) {
+                (true, _) => cross_gradient_rollout((&enc, &ge), (&dec, &gd), (&cross, &gx))?,
+                (false, true) => (Vec::new(), Vec::new()),
+                (false, false) => (gradient_rollout(&dec, &gd)?, Vec::new()),
+            };
+            (encoder, decoder, cross)
         }
+        _ => unreachable!("rollout, flow, and grad with its gradients"),
     };
     Ok(Attentions {
-        encoder,
-        decoder,
-        cross: Vec::new(),
+        encoder: as_maps(encoder)?,
+        decoder: as_maps(decoder)?,
+        cross: as_maps(cross)?,
     })
 }
