@@ -8,6 +8,7 @@
 
 mod arrays;
 mod attention;
+mod attribute;
 mod errors;
 mod experiment;
 mod generate;

@@ -45,6 +45,14 @@ impl Model {
         }
     }
 
+    /// The sentence encoder of a sentence-transformers folder.
+    pub(crate) fn sentence(&self) -> Option<&SentenceEncoder> {
+        match &self.net {
+            Net::Plain(_) => None,
+            Net::Sentence(s) => Some(s),
+        }
+    }
+
     pub(crate) fn tokenizer(&self) -> PyResult<&Tokenizer> {
         self.tokenizer.as_ref().ok_or_else(|| {
             PyValueError::new_err(format!(
@@ -435,6 +443,48 @@ impl Model {
             seed: seed.seed("seed")?,
         };
         generate::generate(slf, prompt, &request, stream)
+    }
+
+    /// What the model used on one text, by one attribution method.
+    ///
+    /// Args:
+    ///     text: a str (through the folder's tokenizer) or a list of token ids; the
+    ///         source of an encoder-decoder.
+    ///     method: ``"weights"`` (the attention weights), ``"value-norm"`` (each weight
+    ///         times the size of what its key adds), ``"rollout"`` and ``"flow"``
+    ///         (Abnar & Zuidema 2020), ``"grad"`` (gradient × attention, Chefer et al.
+    ///         2021) or ``"ablation"`` (the target's change when a token is hidden
+    ///         from attention).
+    ///     target: what grad and ablation explain (the others add ``scores`` for
+    ///         it): by default a decoder's most likely next token, a masked-LM
+    ///         encoder's most likely token at the first mask of the text; an int
+    ///         names the token instead; a str, for a sentence-transformers folder, is
+    ///         a text whose embedding's cosine with this one is the target.
+    ///     decoder_input: encoder-decoders: the decoder's input, a text (the start
+    ///         token is put before it) or ids (start token included).
+    ///
+    /// Returns:
+    ///     A dict: ``method``; ``tokens`` (and ``target_tokens``), readable labels;
+    ///     ``target`` (``kind``, ``position``, ``token``, ``value``) or None;
+    ///     ``scores``, float32 ``[S]``, each input token's credit for the target
+    ///     (ablation: the target minus the target without it), or None; and except
+    ///     for ablation ``maps``: per attention (``encoder``, ``decoder``,
+    ///     ``cross``) a list per layer of float32 ``[H, T, S]`` (weights, value-norm)
+    ///     or ``[T, S]`` (rollout, flow and grad combine the heads).
+    ///
+    /// Raises:
+    ///     ValueError: an unknown method, a method that needs a target the text does
+    ///         not give, a token outside the vocabulary, a text past the positions.
+    #[pyo3(signature = (text, *, method="weights", target=None, decoder_input=None))]
+    fn attribute<'py>(
+        &self,
+        py: Python<'py>,
+        text: &Bound<'py, PyAny>,
+        method: &str,
+        target: Option<&Bound<'py, PyAny>>,
+        decoder_input: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        crate::attribute::attribute(self, py, text, method, target, decoder_input)
     }
 
     /// Sentence embeddings, as sentence-transformers' ``encode`` computes them with the

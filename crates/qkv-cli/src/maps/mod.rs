@@ -27,7 +27,7 @@ pub mod viewer;
 
 use anyhow::{bail, Result};
 use qkv::experiments::{Heatmaps, Panel};
-use qkv::models::attribute::Method;
+use qkv::models::attribute::{token_labels, Method};
 use qkv::models::{Attentions, ModelKind, Transformer};
 use qkv::text::{TokenLabel, Tokenizer};
 use qkv::Tensor;
@@ -43,19 +43,7 @@ pub fn labels(
     ids: &[usize],
     model: &Transformer,
 ) -> Result<Vec<TokenLabel>> {
-    let sp = model.special_tokens();
-    let special: Vec<usize> = sp
-        .eos
-        .iter()
-        .copied()
-        .chain(sp.bos)
-        .chain(sp.pad)
-        .chain(sp.decoder_start)
-        .collect();
-    Ok(match tok {
-        Some(t) => t.labels(ids, &special)?,
-        None => TokenLabel::from_ids(ids, |id| special.contains(&id)),
-    })
+    Ok(token_labels(model, tok, ids)?)
 }
 
 /// The maps `method` makes of a forward over `s` source and `t` target tokens, by kind

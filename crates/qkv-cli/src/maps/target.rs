@@ -3,7 +3,7 @@
 use anyhow::{bail, Result};
 use qkv::models::attribute::{Method, Target, TargetValue};
 use qkv::models::sentence::PoolingMode;
-use qkv::models::{Head, ModelKind, Transformer};
+use qkv::models::{Head, Transformer};
 use qkv::text::Tokenizer;
 use serde::Serialize;
 
@@ -65,17 +65,8 @@ impl TargetDoc {
     }
 }
 
-/// The mask token's id, under the names BERT and RoBERTa give it.
-fn mask_id(tok: Option<&Tokenizer>) -> Option<usize> {
-    let tok = tok?;
-    ["[MASK]", "<mask>"].iter().find_map(|m| tok.token_id(m))
-}
-
-/// The target for `model` on `ids`: a decoder's (an encoder-decoder's) next token, a
-/// masked-LM encoder's token at the first mask of the text, a sentence encoder's cosine
-/// with the `compare` embedding; `token` names the token instead of the most likely
-/// one. None where the model has none for this text; then `method`, if it needs one,
-/// is refused with what to give.
+/// The target for `model` on `ids` ([`Target::default_for`]); None where the model has
+/// none for this text, and then `method`, if it needs one, is refused with what to give.
 pub fn choose(
     model: &Transformer,
     tok: Option<&Tokenizer>,
@@ -84,14 +75,8 @@ pub fn choose(
     compare: Option<(Vec<f32>, Vec<PoolingMode>)>,
     method: Method,
 ) -> Result<Option<Target>> {
-    let found = match (model.kind(), model.arch.head, compare) {
-        (_, _, Some((with, pooling))) => Some(Target::Cosine { with, pooling }),
-        (ModelKind::Decoder | ModelKind::EncoderDecoder, _, None) => Some(Target::NextToken(token)),
-        (ModelKind::Encoder, Head::MaskedLm { .. }, None) => mask_id(tok)
-            .and_then(|m| ids.iter().position(|&id| id == m))
-            .map(|position| Target::Masked { position, token }),
-        (ModelKind::Encoder, _, None) => None,
-    };
+    let cosine = compare.is_some();
+    let found = Target::default_for(model, tok, ids, token, compare);
     if found.is_none() && method.needs_target() {
         let what = match model.arch.head {
             Head::MaskedLm { .. } => {
@@ -101,11 +86,7 @@ pub fn choose(
         };
         bail!("--method {} explains a target: {what}", method.name());
     }
-    if found
-        .as_ref()
-        .is_some_and(|t| matches!(t, Target::Cosine { .. }))
-        && token.is_some()
-    {
+    if cosine && token.is_some() {
         bail!("--target-token is for token targets; a --compare target is a cosine");
     }
     Ok(found)

@@ -198,6 +198,19 @@ class Model:
     ) -> "Stream":
         """The output as it is made: text pieces for a text prompt, else ids."""
 
+    def attribute(
+        self,
+        text: Union[str, Sequence[int]],
+        *,
+        method: Literal["weights", "value-norm", "rollout", "flow", "grad", "ablation"] = "weights",
+        target: Union[None, int, str] = None,
+        decoder_input: Union[None, str, Sequence[int]] = None,
+    ) -> Dict[str, Any]:
+        """What the model used on one text: ``method``, ``tokens``, ``target``,
+        ``scores`` ``[S]`` (each token's credit for the target) and, except for
+        ablation, ``maps``: per attention a list per layer of ``[H, T, S]`` (weights,
+        value-norm) or ``[T, S]`` (rollout, flow, grad)."""
+
     def embed(self, texts: Sequence[str], *, batch_size: int = 32) -> F32:
         """Sentence embeddings ``[N, dim]`` (sentence-transformers folders)."""
 

@@ -9,9 +9,11 @@
 //! which for a cosine also drops it from pooling, as sentence-transformers pools.
 
 mod ablation;
+mod labels;
 mod method;
 mod target;
 
 pub use ablation::ablation;
+pub use labels::token_labels;
 pub use method::{attribute, target_rows, Attribution, Method};
 pub use target::{Target, TargetValue};

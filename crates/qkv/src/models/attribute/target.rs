@@ -2,8 +2,11 @@
 //! encoder's hidden states), and its gradient with respect to them.
 
 use crate::error::{Error, Result};
+use crate::models::net::arch::{Head, ModelKind};
 use crate::models::sentence::{pool, PoolingMode};
+use crate::models::transformer::Transformer;
 use crate::tensor::Tensor;
+use crate::text::Tokenizer;
 
 /// What the model's output is asked about.
 #[derive(Clone, Debug, PartialEq)]
@@ -62,6 +65,37 @@ fn row(logits: &Tensor, b: usize) -> (usize, usize, &[f32]) {
 }
 
 impl Target {
+    /// What `model` is asked about on the text `ids` when nothing else is said: a
+    /// decoder's (an encoder-decoder's) next token; a masked-LM encoder's token at the
+    /// first mask of the text (`[MASK]` or `<mask>` in the tokenizer); a sentence
+    /// encoder's cosine with `compare` (an embedding and the pooling that made it).
+    /// `token` names the token instead of the most likely one. None where the model has
+    /// no target for this text: a masked-LM text without a mask, an encoder without a
+    /// comparison.
+    pub fn default_for(
+        model: &Transformer,
+        tok: Option<&Tokenizer>,
+        ids: &[usize],
+        token: Option<usize>,
+        compare: Option<(Vec<f32>, Vec<PoolingMode>)>,
+    ) -> Option<Target> {
+        let mask = || {
+            let tok = tok?;
+            let id = ["[MASK]", "<mask>"].iter().find_map(|m| tok.token_id(m))?;
+            ids.iter().position(|&x| x == id)
+        };
+        match (model.kind(), model.arch.head, compare) {
+            (_, _, Some((with, pooling))) => Some(Target::Cosine { with, pooling }),
+            (ModelKind::Decoder | ModelKind::EncoderDecoder, _, None) => {
+                Some(Target::NextToken(token))
+            }
+            (ModelKind::Encoder, Head::MaskedLm { .. }, None) => {
+                mask().map(|position| Target::Masked { position, token })
+            }
+            (ModelKind::Encoder, _, None) => None,
+        }
+    }
+
     /// Fixes the target on the text of `logits` `[1, T, V]` whose real tokens are `mask`:
     /// the most likely token where none was named, and the value.
     pub fn resolve(&self, logits: &Tensor, mask: &[bool]) -> Result<TargetValue> {
