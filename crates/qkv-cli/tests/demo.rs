@@ -22,7 +22,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 /// The names `--json` keys its experiments by, exactly.
-const EXPERIMENTS: [&str; 9] = [
+const EXPERIMENTS: [&str; 10] = [
     "long_range",
     "parallel",
     "scaling",
@@ -32,6 +32,7 @@ const EXPERIMENTS: [&str; 9] = [
     "cross",
     "heads",
     "precision",
+    "attribution",
 ];
 
 /// `qkv demo --json --out DIR`, run once and shared by the tests.
@@ -161,8 +162,14 @@ fn every_experiment_keeps_the_contract_and_writes_its_files() {
         assert!(figure.starts_with("<svg"), "{name}");
     }
     // measured here, the quick runs support every claim; parallel's verdict rests on
-    // timings (two threads against one), which a test must not judge
-    for name in EXPERIMENTS.into_iter().filter(|&n| n != "parallel") {
+    // timings (two threads against one), which a test must not judge, and
+    // attribution's on two measured correlations 0.08 apart against a margin of 0.1,
+    // which a CPU with other kernels may tip (tests/experiment.rs checks that it
+    // follows its rule from its own numbers)
+    for name in EXPERIMENTS
+        .into_iter()
+        .filter(|&n| n != "parallel" && n != "attribution")
+    {
         assert_eq!(
             experiments[name]["verdict"], "supported",
             "{name}: {:#}",

@@ -349,8 +349,103 @@ fn precision_compares_minilm_given_with_model() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The verdict the attribution experiment's stated rule gives for `rho` (mean ρ per
+/// method, weights first): recomputed here from the reported numbers.
+fn attribution_verdict(rho: &serde_json::Map<String, Value>) -> &'static str {
+    let get = |m: &str| rho[m].as_f64().unwrap();
+    let best = ["weights", "value-norm", "rollout", "flow", "grad"]
+        .iter()
+        .map(|m| get(m))
+        .fold(f64::NEG_INFINITY, f64::max);
+    let weights = get("weights");
+    if best - weights >= 0.1 {
+        "not supported"
+    } else if weights >= 0.5 {
+        "supported"
+    } else {
+        "inconclusive"
+    }
+}
+
 #[test]
-fn model_folders_go_to_precision_only() {
+fn attribution_compares_each_method_with_ablation_on_the_recall_decoder() {
+    let (report, dir) = quick("attribution");
+    check_contract(&report, "attribution", &dir);
+    let m = &report["metrics"]["recall_decoder"];
+    assert_eq!(m["rows"], 24);
+    // the trained decoder uses what the task says it must: hiding the pair's value
+    // moves its answer most in most rows (0.83 of them here)
+    assert!(
+        m["ablation_puts_the_answer_first"].as_f64().unwrap() >= 0.5,
+        "{m:#}"
+    );
+    let rho = m["mean_spearman_with_ablation"].as_object().unwrap();
+    assert_eq!(rho.len(), 5);
+    assert!(rho
+        .values()
+        .all(|r| (-1.0..=1.0).contains(&r.as_f64().unwrap())));
+    assert_eq!(report["metrics"]["decided_on"], "the recall decoder");
+    assert_eq!(report["verdict"], attribution_verdict(rho));
+    let best = report["metrics"]["best_method"].as_str().unwrap();
+    let top = rho
+        .iter()
+        .max_by(|a, b| a.1.as_f64().unwrap().total_cmp(&b.1.as_f64().unwrap()));
+    assert_eq!(best, top.unwrap().0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[ignore = "needs all-MiniLM-L6-v2: set QKV_MINILM_DIR (tools/fetch_minilm.sh DIR), as .ci/run does"]
+fn attribution_on_minilm_asks_where_it_points_under_each_method() {
+    let minilm = std::env::var("QKV_MINILM_DIR")
+        .expect("QKV_MINILM_DIR is not set (.ci/run fetches all-MiniLM-L6-v2 and sets it)");
+    let dir = scratch("attribution-minilm");
+    let out = qkv(&[
+        "experiment",
+        "attribution",
+        "--quick",
+        "--json",
+        "--threads",
+        "2",
+        "--model",
+        &minilm,
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    check_contract(&report, "attribution", &dir);
+    let metrics = &report["metrics"];
+    assert_eq!(metrics["decided_on"], "minilm");
+    let model = &metrics["sentence_encoders"][0];
+    assert_eq!(model["texts"], 16);
+    assert_eq!(
+        report["verdict"],
+        attribution_verdict(model["mean_spearman_with_ablation"].as_object().unwrap())
+    );
+    // every method and ablation answers the articles' question about "it"
+    let it = model["it_in_the_articles_sentence"].as_object().unwrap();
+    assert_eq!(it.len(), 6);
+    for (method, answer) in it {
+        let (animal, street) = (
+            answer["animal"].as_f64().unwrap(),
+            answer["street"].as_f64().unwrap(),
+        );
+        let said = if animal > street { "animal" } else { "street" };
+        assert_eq!(answer["points_at"], said, "{method}");
+    }
+    // hiding "animal" moves "it" more than hiding "street" does (0.19 against 0.06)
+    assert_eq!(it["ablation"]["points_at"], "animal");
+    assert_eq!(report["figures"].as_array().unwrap().len(), 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn model_folders_go_to_precision_and_attribution_only() {
     let out = qkv(&[
         "experiment",
         "heads",

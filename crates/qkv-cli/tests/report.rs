@@ -43,7 +43,7 @@ fn the_demo_report_renders_in_chromium() {
         String::from_utf8_lossy(&check.stderr)
     );
     let result: serde_json::Value = serde_json::from_str(&report).expect("one JSON object");
-    // every figure of the page was measured: 3 tables have none, 9 experiments 16
+    // every figure of the page was measured: 3 tables have none, 10 experiments 17
     let figures = result["figures"].as_array().unwrap();
     let page = std::fs::read_to_string(dir.join("index.html")).unwrap();
     assert_eq!(figures.len(), page.matches("<figure>").count());

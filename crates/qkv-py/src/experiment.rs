@@ -31,9 +31,9 @@ pub fn experiment<'py>(
     progress: bool,
     models: Vec<std::path::PathBuf>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    if !models.is_empty() && name != "precision" {
+    if !models.is_empty() && !["precision", "attribution"].contains(&name) {
         return Err(pyo3::exceptions::PyValueError::new_err(format!(
-            "models: read by the precision experiment only, not by `{name}`"
+            "models: read by the precision and attribution experiments only, not by `{name}`"
         )));
     }
     let options = qkv::experiments::Options {

@@ -7,7 +7,7 @@ import qkv
 
 
 def test_the_mask_experiment_reports_its_claim_numbers_and_verdict():
-    assert "mask" in qkv.EXPERIMENTS and len(qkv.EXPERIMENTS) == 9
+    assert "mask" in qkv.EXPERIMENTS and len(qkv.EXPERIMENTS) == 10
     report = qkv.experiment("mask", quick=True, seed=0)
     assert report["name"] == "mask"
     assert report["claim"]["zh"] and report["claim"]["en"]
@@ -19,6 +19,6 @@ def test_the_mask_experiment_reports_its_claim_numbers_and_verdict():
     assert report["figures"], "at least one figure's data"
 
 
-def test_model_folders_are_for_the_precision_experiment_only():
+def test_model_folders_are_for_the_precision_and_attribution_experiments_only():
     with pytest.raises(ValueError, match="precision"):
         qkv.experiment("heads", quick=True, models=["somewhere"])

@@ -14,7 +14,7 @@ use crate::report::files;
 #[derive(Args)]
 pub struct ExperimentArgs {
     /// The experiment: long_range, parallel, scaling, mask, order, positions, cross, heads,
-    /// precision
+    /// precision, attribution
     name: String,
     /// The small version: at most about two minutes on two cores
     #[arg(long)]
@@ -34,8 +34,9 @@ pub struct ExperimentArgs {
     /// No progress lines on stderr
     #[arg(long)]
     quiet: bool,
-    /// `precision` only: a model folder to compare as well (repeatable), e.g.
-    /// all-MiniLM-L6-v2, read over the experiment's own sentences
+    /// `precision` and `attribution` only: a model folder to measure as well
+    /// (repeatable; attribution: a sentence-transformers folder), e.g. all-MiniLM-L6-v2,
+    /// read over the experiment's own sentences
     #[arg(long = "model")]
     models: Vec<PathBuf>,
 }
@@ -48,9 +49,9 @@ pub fn run(args: &ExperimentArgs, out: &mut impl Write) -> Result<()> {
             experiments::NAMES.join(", ")
         );
     }
-    if !args.models.is_empty() && args.name != "precision" {
+    if !args.models.is_empty() && !["precision", "attribution"].contains(&args.name.as_str()) {
         bail!(
-            "--model is read by the precision experiment only, not by `{}`",
+            "--model is read by the precision and attribution experiments only, not by `{}`",
             args.name
         );
     }

@@ -26,7 +26,9 @@ const SIZE: (u32, u32) = (720, 440);
 pub fn svg(fig: &Figure) -> Result<String> {
     match fig {
         Figure::Lines(lines) => lines_svg(lines),
-        Figure::Heatmaps(maps) => super::heatmap::svg(maps, super::heatmap::Layout::FIXED),
+        Figure::Heatmaps(maps) => {
+            super::heatmap::svg(maps, super::heatmap::Layout::for_figure(maps))
+        }
     }
 }
 

@@ -35,6 +35,26 @@ impl Layout {
         vertical_columns: false,
     };
 
+    /// An experiment's figure: [`Layout::FIXED`], with the column labels written
+    /// vertically when written across they would run into each other.
+    pub fn for_figure(maps: &Heatmaps) -> Layout {
+        let cell = Layout::FIXED
+            .panel
+            .0
+            .saturating_sub(Layout::FIXED.label_area)
+            / maps.columns.len().max(1) as u32;
+        let widest = maps
+            .columns
+            .iter()
+            .map(|s| s.chars().count())
+            .max()
+            .unwrap_or(1) as u32;
+        Layout {
+            vertical_columns: widest * Layout::FIXED.font * 6 / 10 > cell,
+            ..Layout::FIXED
+        }
+    }
+
     /// One attention map: cells about 22 px (smaller for long texts), label areas as
     /// wide as the longest label.
     pub fn for_tokens(maps: &Heatmaps) -> Layout {

@@ -359,7 +359,7 @@ def experiment(
     models: Sequence[Union[str, "PathLike[str]"]] = (),
 ) -> Dict[str, Any]:
     """Runs one of :data:`EXPERIMENTS`; returns its report (claim, verdict, rule,
-    metrics, figures). ``models``: folders ``precision`` compares as well."""
+    metrics, figures). ``models``: folders ``precision`` and ``attribution`` measure as well."""
 
 def set_num_threads(n: int) -> None:
     """Threads of qkv's kernels; call before the first computation."""

@@ -3,6 +3,7 @@
 //! computed from those numbers by a rule the experiment states. Plotting and printing
 //! are the caller's (the `qkv experiment` command); this module only measures.
 
+pub mod attribution;
 pub mod cross;
 pub mod heads;
 pub mod long_range;
@@ -22,7 +23,7 @@ pub use report::{
 use crate::error::{Error, Result};
 
 /// Every experiment, by the name `qkv experiment NAME` takes.
-pub const NAMES: [&str; 9] = [
+pub const NAMES: [&str; 10] = [
     "long_range",
     "parallel",
     "scaling",
@@ -32,6 +33,7 @@ pub const NAMES: [&str; 9] = [
     "cross",
     "heads",
     "precision",
+    "attribution",
 ];
 
 /// Runs the experiment called `name`; `progress` receives a line per finished unit of
@@ -47,6 +49,7 @@ pub fn run(name: &str, options: &Options, progress: &mut dyn FnMut(&str)) -> Res
         "cross" => cross::run(options, progress),
         "heads" => heads::run(options, progress),
         "precision" => precision::run(options, progress),
+        "attribution" => attribution::run(options, progress),
         _ => Err(Error::invalid(
             "experiment",
             format!("unknown experiment `{name}`; known: {}", NAMES.join(", ")),

@@ -155,6 +155,11 @@ impl SentenceEncoder {
         self.normalize
     }
 
+    /// The folder's tokenizer, as [`SentenceEncoder::tokenize`] uses it.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
     pub fn encoder(&self) -> &Transformer {
         &self.model
     }
