@@ -172,7 +172,7 @@ impl Steps {
     fn step(&mut self, what: &str) {
         if self.on {
             eprintln!(
-                "qkv attention: {what} ({:.1} s)",
+                "qkv attention: {what} ({:.3} s)",
                 self.since.elapsed().as_secs_f64()
             );
         }
