@@ -22,17 +22,16 @@ fn scratch(name: &str) -> PathBuf {
 /// Runs `qkv experiment NAME --quick --json` into a fresh folder; returns the report
 /// and the folder.
 fn quick(name: &str) -> (Value, PathBuf) {
-    let dir = scratch(name);
-    let out = qkv(&[
-        "experiment",
-        name,
-        "--quick",
-        "--json",
-        "--threads",
-        "2",
-        "--out",
-        dir.to_str().unwrap(),
-    ]);
+    quick_with(name, name, &[])
+}
+
+/// [`quick`] with `extra` flags, into a folder named `label`.
+fn quick_with(name: &str, label: &str, extra: &[&str]) -> (Value, PathBuf) {
+    let dir = scratch(label);
+    let mut args = vec!["experiment", name, "--quick", "--json", "--threads", "2"];
+    args.extend(extra);
+    args.extend(["--out", dir.to_str().unwrap()]);
+    let out = qkv(&args);
     assert!(
         out.status.success(),
         "{name}: {}",
@@ -40,6 +39,12 @@ fn quick(name: &str) -> (Value, PathBuf) {
     );
     let report: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     (report, dir)
+}
+
+/// The real all-MiniLM-L6-v2 folder.
+fn minilm() -> String {
+    std::env::var("QKV_MINILM_DIR")
+        .expect("QKV_MINILM_DIR is not set (.ci/run fetches all-MiniLM-L6-v2 and sets it)")
 }
 
 /// The contract every experiment keeps: the keys, a verdict from the three, the claim
@@ -313,27 +318,7 @@ fn precision_reduced_types_attend_where_f32_does_on_the_trained_decoder() {
 #[test]
 #[ignore = "needs all-MiniLM-L6-v2: set QKV_MINILM_DIR (tools/fetch_minilm.sh DIR), as .ci/run does"]
 fn precision_compares_minilm_given_with_model() {
-    let minilm = std::env::var("QKV_MINILM_DIR")
-        .expect("QKV_MINILM_DIR is not set (.ci/run fetches all-MiniLM-L6-v2 and sets it)");
-    let dir = scratch("precision-minilm");
-    let out = qkv(&[
-        "experiment",
-        "precision",
-        "--quick",
-        "--json",
-        "--threads",
-        "2",
-        "--model",
-        &minilm,
-        "--out",
-        dir.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (report, dir) = quick_with("precision", "precision-minilm", &["--model", &minilm()]);
     check_contract(&report, "precision", &dir);
     assert_eq!(report["metrics"]["sentences"].as_array().unwrap().len(), 6);
     let types = precision_types(&report, 1);
@@ -397,27 +382,7 @@ fn attribution_compares_each_method_with_ablation_on_the_recall_decoder() {
 #[test]
 #[ignore = "needs all-MiniLM-L6-v2: set QKV_MINILM_DIR (tools/fetch_minilm.sh DIR), as .ci/run does"]
 fn attribution_on_minilm_asks_where_it_points_under_each_method() {
-    let minilm = std::env::var("QKV_MINILM_DIR")
-        .expect("QKV_MINILM_DIR is not set (.ci/run fetches all-MiniLM-L6-v2 and sets it)");
-    let dir = scratch("attribution-minilm");
-    let out = qkv(&[
-        "experiment",
-        "attribution",
-        "--quick",
-        "--json",
-        "--threads",
-        "2",
-        "--model",
-        &minilm,
-        "--out",
-        dir.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (report, dir) = quick_with("attribution", "attribution-minilm", &["--model", &minilm()]);
     check_contract(&report, "attribution", &dir);
     let metrics = &report["metrics"];
     assert_eq!(metrics["decided_on"], "minilm");

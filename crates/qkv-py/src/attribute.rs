@@ -49,7 +49,11 @@ fn decoder_ids(model: &Model, input: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<
             .transformer()
             .special_tokens()
             .decoder_start
-            .ok_or_else(|| PyValueError::new_err("the config defines no decoder_start_token_id: pass `decoder_input` as ids"))?;
+            .ok_or_else(|| {
+                PyValueError::new_err(
+                    "the config defines no decoder_start_token_id: pass `decoder_input` as ids",
+                )
+            })?;
         let rest = model.tokenizer()?.encode(&s, true).or_py()?;
         return Ok(std::iter::once(start).chain(rest).collect());
     }
@@ -131,7 +135,9 @@ pub fn attribute<'py>(
             token_types: None,
         },
     };
-    let a = py.detach(|| run(m, &input, method, goal.as_ref())).or_py()?;
+    let a = py
+        .detach(|| run(m, &input, method, goal.as_ref()))
+        .or_py()?;
 
     let out = PyDict::new(py);
     out.set_item("method", method.name())?;

@@ -408,9 +408,13 @@
     const n = mat.cols.length;
     const list = $("top");
     list.replaceChildren();
+    // gradient × attention's R starts from the identity: its row's own diagonal is
+    // not what attention credited
+    const skip = (i, j) => doc.method === "grad" && current().kind !== "cross" && mat.rows[i] === mat.cols[j];
     mat.rows.forEach((r, i) => {
-      let best = 0;
-      for (let j = 1; j < n; j++) if (mat.w[i * n + j] > mat.w[i * n + best]) best = j;
+      let best = -1;
+      for (let j = 0; j < n; j++) if (!skip(i, j) && (best < 0 || mat.w[i * n + j] > mat.w[i * n + best])) best = j;
+      best = Math.max(best, 0);
       const li = document.createElement("li");
       const w = document.createElement("span");
       w.className = "w";
@@ -452,7 +456,7 @@
       track.append(bar);
       const value = document.createElement("span");
       value.className = "value";
-      value.textContent = v.toFixed(4);
+      value.textContent = v !== 0 && Math.abs(v) < 0.01 ? v.toExponential(2) : v.toFixed(4);
       row.append(label, track, value);
       return row;
     });

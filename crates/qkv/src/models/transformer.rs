@@ -511,6 +511,16 @@ impl Transformer {
     /// every layer's attention weights when `attentions` is set.
     /// A request larger than the machine's free memory is refused before it runs.
     pub fn forward(&self, input: &Input, attentions: bool) -> Result<Output> {
+        self.check_forward(input, attentions)?;
+        on_pool(|| self.run(input, false, attentions, None)).map(|(logits, _, a)| Output {
+            logits,
+            attentions: a,
+        })
+    }
+
+    /// Refuses a whole forward of `input` (with every map when `attentions`) that would
+    /// not fit in the machine's free memory.
+    fn check_forward(&self, input: &Input, attentions: bool) -> Result<()> {
         let rows = |b: Option<&TokenBatch>| b.map_or((0, 0), |b| (b.batch, b.len));
         let ((bs, source), (bt, target)) = (rows(input.source), rows(input.target));
         self.check_memory(footprint::Shapes {
@@ -519,10 +529,6 @@ impl Transformer {
             target,
             head: true,
             attentions,
-        })?;
-        on_pool(|| self.run(input, false, attentions, None)).map(|(logits, _, a)| Output {
-            logits,
-            attentions: a,
         })
     }
 
@@ -692,15 +698,7 @@ impl Transformer {
                 size: len,
             });
         }
-        let rows = |b: Option<&TokenBatch>| b.map_or((0, 0), |b| (b.batch, b.len));
-        let ((bs, source), (bt, target)) = (rows(input.source), rows(input.target));
-        self.check_memory(footprint::Shapes {
-            batch: bs.max(bt),
-            source,
-            target,
-            head: true,
-            attentions: false,
-        })?;
+        self.check_forward(input, false)?;
         on_pool(|| self.run(input, false, false, Some(hidden))).map(|(logits, _, _)| logits)
     }
 

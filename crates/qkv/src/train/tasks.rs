@@ -396,7 +396,7 @@ impl fmt::Display for Task {
 }
 
 /// `k` distinct values from `0..n` in random order (partial Fisher–Yates).
-fn distinct(rng: &mut Rng, n: usize, k: usize) -> Vec<usize> {
+pub(crate) fn distinct(rng: &mut Rng, n: usize, k: usize) -> Vec<usize> {
     let mut pool: Vec<usize> = (0..n).collect();
     for i in 0..k {
         let j = i + rng.below(n - i);

@@ -9,7 +9,7 @@ use super::super::training::{self, Drawn};
 use crate::error::Result;
 use crate::models::{Arch, Transformer};
 use crate::rng::Rng;
-use crate::train::tasks::IGNORE_INDEX;
+use crate::train::tasks::{distinct, IGNORE_INDEX};
 use crate::train::trainable::Batch;
 use crate::train::trainer::{evaluate, BatchSource};
 
@@ -22,30 +22,19 @@ pub(super) const WIDTH: usize = 64;
 pub(super) const LAYERS: usize = 2;
 pub(super) const HEADS: usize = 4;
 
-/// A shuffle of 0..n's first `k` places (Fisher–Yates).
-fn shuffled(n: usize, k: usize, rng: &mut Rng) -> Vec<usize> {
-    let mut all: Vec<usize> = (0..n).collect();
-    for i in 0..k {
-        let j = i + rng.below(n - i);
-        all.swap(i, j);
-    }
-    all.truncate(k);
-    all
-}
-
 /// Rows of `k₁ v₁ … k_P v_P q₁ a₁ … q_P`, keys 0..KEYS, values KEYS..KEYS+VALUES, the
 /// q a shuffle of the keys; the target at each q is its value.
 fn recall(batch_size: usize, rng: &mut Rng) -> Batch {
     let n = batch_size * LENGTH;
     let (mut inputs, mut targets) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for _ in 0..batch_size {
-        let keys = shuffled(KEYS, PAIRS, rng);
+        let keys = distinct(rng, KEYS, PAIRS);
         let values: Vec<usize> = (0..PAIRS).map(|_| KEYS + rng.below(VALUES)).collect();
         for (k, v) in keys.iter().zip(&values) {
             inputs.extend([*k, *v]);
             targets.extend([IGNORE_INDEX; 2]);
         }
-        for (i, asked) in shuffled(PAIRS, PAIRS, rng).into_iter().enumerate() {
+        for (i, asked) in distinct(rng, PAIRS, PAIRS).into_iter().enumerate() {
             inputs.push(keys[asked]);
             targets.push(values[asked] as i64);
             if i + 1 < PAIRS {
