@@ -433,3 +433,77 @@ fn every_method_over_an_encoder_decoder_equals_the_references() {
     let scores = Tensor::new(&[source.len], a.scores.unwrap()).unwrap();
     common::assert_tensor_close("t5 ablation", &scores, &f.t("ablation"), 1e-4, 1e-3);
 }
+
+/// Every method runs on every family's fixture, with the target each kind of model
+/// has (a decoder's next token, an encoder-decoder's through its cross-attention, a
+/// headless encoder's cosine with a fixed vector), and gives finite maps of the shapes
+/// its kind promises and one score per input token. The references above pin the
+/// values on the families they cover; this pins that nothing family-specific breaks.
+#[test]
+fn every_method_runs_on_every_family() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 25, "{names:?}");
+    for name in &names {
+        let m = load(name);
+        let (s, t) = (5usize, 4usize);
+        let source = qkv::models::TokenBatch::single((3..3 + s).collect()).unwrap();
+        let target = qkv::models::TokenBatch::single((3..3 + t).collect()).unwrap();
+        let (input, goal, keys) = match m.kind() {
+            ModelKind::Decoder => (own_input(&m, &target), Target::NextToken(None), t),
+            ModelKind::Encoder => {
+                let c = m.info().hidden;
+                let goal = match m.arch.head {
+                    qkv::models::Head::None => Target::Cosine {
+                        with: (0..c).map(|i| (i as f32).sin()).collect(),
+                        pooling: vec![qkv::models::sentence::PoolingMode::Mean],
+                    },
+                    _ => Target::Masked {
+                        position: 2,
+                        token: None,
+                    },
+                };
+                (own_input(&m, &source), goal, s)
+            }
+            ModelKind::EncoderDecoder => (
+                Input {
+                    source: Some(&source),
+                    target: Some(&target),
+                    token_types: None,
+                },
+                Target::NextToken(None),
+                s,
+            ),
+        };
+        for method in Method::ALL {
+            let a = attribute(&m, &input, method, Some(&goal))
+                .unwrap_or_else(|e| panic!("{name} {}: {e}", method.name()));
+            let scores = a.scores.as_ref();
+            if method != Method::Flow || m.kind() != ModelKind::EncoderDecoder {
+                let scores =
+                    scores.unwrap_or_else(|| panic!("{name} {}: no scores", method.name()));
+                assert_eq!(scores.len(), keys, "{name} {}", method.name());
+                assert!(
+                    scores.iter().all(|x| x.is_finite()),
+                    "{name} {}",
+                    method.name()
+                );
+            }
+            let heads = if method.per_head() { m.info().heads } else { 1 };
+            for map in a
+                .maps
+                .encoder
+                .iter()
+                .chain(&a.maps.decoder)
+                .chain(&a.maps.cross)
+            {
+                assert_eq!(map.shape()[1], heads, "{name} {}", method.name());
+                map.check_finite(name).unwrap();
+            }
+        }
+    }
+}
