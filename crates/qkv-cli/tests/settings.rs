@@ -61,16 +61,6 @@ fn generation_settings_from_the_folder_are_named_with_their_file() {
             vec![],
             vec![file, "field `top_p`", "must be in (0, 1], got 2"],
         ),
-        (
-            json!({"eos_token_id": 5000}),
-            vec![],
-            vec![file, "field `eos_token_id`", "token id 5000"],
-        ),
-        (
-            json!({"decoder_start_token_id": 99}),
-            vec![],
-            vec![file, "field `decoder_start_token_id`", "token id 99"],
-        ),
     ];
     for (i, (generation, extra, expected)) in cases.into_iter().enumerate() {
         let model = with_generation_config(&dir.join(i.to_string()), "llama_gqa", &generation);
@@ -90,6 +80,42 @@ fn generation_settings_from_the_folder_are_named_with_their_file() {
             assert!(err.contains(e), "{generation}: {e:?} not in {err}");
         }
         assert!(peak < 200 << 20, "{generation}: peak {peak} bytes");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A special id outside the vocabulary (a probe model's 50256, say) is what transformers
+/// runs with: a warning naming the file and field, and generation goes on.
+#[test]
+fn special_ids_outside_the_vocabulary_are_named_in_a_warning_and_generation_runs() {
+    let dir = scratch("settings-special");
+    let generation = serde_json::json!({"eos_token_id": 5000, "decoder_start_token_id": 99});
+    let model = with_generation_config(&dir, "llama_gqa", &generation);
+    let out = timed(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--input-ids",
+        "3,4,5",
+        "--max-new-tokens",
+        "2",
+        "--json",
+    ]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let file = model.join("generation_config.json").display().to_string();
+    for (field, id, effect) in [
+        ("eos_token_id", 5000, "never stops at it"),
+        ("decoder_start_token_id", 99, "left unset"),
+    ] {
+        assert!(
+            err.lines().any(|l| l.starts_with("warning: ")
+                && l.contains(&file)
+                && l.contains(&format!("field `{field}`"))
+                && l.contains(&format!("token id {id} is outside the vocabulary of 99"))
+                && l.contains(effect)),
+            "{field}: {err}"
+        );
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

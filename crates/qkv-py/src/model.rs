@@ -79,6 +79,10 @@ impl Model {
 /// ``"bf16"`` (half the bytes a step reads on long contexts; keys and values rounded
 /// to bfloat16, the attention computed in f32). Only a model that decodes has a cache.
 ///
+/// A ``UserWarning`` names each thing the folder says that qkv reads differently
+/// from transformers or not at all: a ``config.json`` key qkv does not know, a special
+/// token id outside the vocabulary (left unset: such an EOS never stops generation).
+///
 /// Raises:
 ///     FileNotFoundError: ``path`` is not a folder, or lacks a file it needs.
 ///     ValueError: the config or weights are invalid or of an unsupported
@@ -91,6 +95,10 @@ pub fn load(py: Python<'_>, path: PathBuf, dtype: &str, kv_dtype: &str) -> PyRes
     let dtype: DType = dtype.parse().or_py()?;
     let kv_dtype: KvDType = kv_dtype.parse().or_py()?;
     let model = py.detach(|| read(&path, dtype, kv_dtype)).or_py()?;
+    // what the folder says that qkv reads differently from transformers or not at all
+    for warning in &model.transformer().load_warnings {
+        py.import("warnings")?.call_method1("warn", (warning.as_str(),))?;
+    }
     if model.transformer().kv_dtype != kv_dtype {
         return Err(PyValueError::new_err(format!(
             "invalid kv_dtype: `{kv_dtype}`: {} has no decoder, so no KV cache to store",

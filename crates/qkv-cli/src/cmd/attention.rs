@@ -297,6 +297,9 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
         None => Loaded::Model(Box::new(super::load_model(&args.model, args.dtype.dtype)?)),
     };
     let model = loaded.model();
+    if let Loaded::Sentence(s) = &loaded {
+        super::show_load_warnings(s.encoder());
+    }
     steps.step("loaded");
     let tok = super::tokenizer(&args.model, model, args.text.is_some())?;
     let ids = match (&args.text, &args.input_ids, &tok, &loaded) {

@@ -42,6 +42,7 @@ pub fn run(args: &ClassifyArgs, out: &mut impl Write) -> Result<()> {
         );
     }
     let model = SequenceClassifier::load(&args.model, args.dtype.dtype)?;
+    super::show_load_warnings(model.encoder());
     let inputs: Vec<(&str, Option<&str>)> = args
         .text
         .iter()

@@ -23,6 +23,7 @@ pub struct EmbedArgs {
 
 pub fn run(args: &EmbedArgs, out: &mut impl Write) -> Result<()> {
     let encoder = SentenceEncoder::load_in(&args.model, args.dtype.dtype)?;
+    super::show_load_warnings(encoder.encoder());
     let texts: Vec<&str> = args.texts.iter().map(String::as_str).collect();
     let vectors = encoder.embed(&texts)?;
     if args.json {

@@ -4,7 +4,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use qkv::io::TensorFile;
-use qkv::models::{Input, ModelKind, TokenBatch};
+use qkv::models::{Head, Input, ModelKind, TokenBatch};
+use qkv::Tensor;
 
 #[derive(clap::Args)]
 pub struct ForwardArgs {
@@ -15,7 +16,7 @@ pub struct ForwardArgs {
     /// for encoder-decoders, `decoder_input_ids` [B,T2]
     #[arg(long)]
     input: PathBuf,
-    /// Output safetensors: float32 `logits` [B,T,V] (`last_hidden_state` [B,T,C] for encoders)
+    /// Output safetensors: float32 `logits` [B,T,V]; for encoders `last_hidden_state` [B,T,C], and `logits` too where the folder has a masked-LM head
     #[arg(long)]
     output: PathBuf,
     #[command(flatten)]
@@ -33,6 +34,7 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
         _ => model.arch.src_vocab.unwrap_or(model.arch.vocab),
     };
     in_vocab(&args.input, "input_ids", &tokens, rows)?;
+    let mut outputs = Vec::new();
     let (name, out) = match model.kind() {
         ModelKind::Encoder => {
             let types = if input.contains("token_type_ids") {
@@ -40,6 +42,14 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
             } else {
                 None
             };
+            if model.arch.head != Head::None {
+                let input = Input {
+                    source: Some(&tokens),
+                    token_types: types.as_deref(),
+                    target: None,
+                };
+                outputs.push(("logits", model.forward(&input, false)?.logits));
+            }
             let hidden = model.hidden_states(&tokens, types.as_deref())?;
             ("last_hidden_state", hidden)
         }
@@ -68,7 +78,9 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
             ("logits", model.forward(&input, false)?.logits)
         }
     };
-    qkv::io::save(&args.output, &[(name, &out)], None)?;
+    outputs.push((name, out));
+    let refs: Vec<(&str, &Tensor)> = outputs.iter().map(|(n, t)| (*n, t)).collect();
+    qkv::io::save(&args.output, &refs, None)?;
     Ok(())
 }
 

@@ -65,6 +65,14 @@ struct Threads {
     threads: Option<usize>,
 }
 
+/// Prints the model's load warnings (`config.json` keys qkv does not know, special ids
+/// outside the vocabulary), one line each on stderr.
+pub fn show_load_warnings(model: &Transformer) {
+    for w in &model.load_warnings {
+        eprintln!("warning: {w}");
+    }
+}
+
 /// The tokenizer of the folder `dir` for `model`: required when text is to be read,
 /// else the folder's if it has one; refused when it does not fit the model's vocabulary.
 pub fn tokenizer(dir: &Path, model: &Transformer, required: bool) -> Result<Option<Tokenizer>> {
@@ -79,10 +87,12 @@ pub fn tokenizer(dir: &Path, model: &Transformer, required: bool) -> Result<Opti
 
 /// Loads a model folder with its linear layers in `dtype` (in bf16 or int8 with no f32
 /// copy of them: [`models::load_in`]), with the folder named in any error.
-/// Tensors the model does not read are named in a warning (the first few of them).
+/// Tensors the model does not read are named in a warning (the first few of them), and
+/// so is what the folder says that qkv reads differently ([`show_load_warnings`]).
 pub fn load_model(dir: &Path, dtype: DType) -> Result<Loaded> {
     let loaded =
         models::load_in(dir, dtype).with_context(|| format!("loading model {}", dir.display()))?;
+    show_load_warnings(&loaded.model);
     if !loaded.unused.is_empty() {
         let shown: Vec<&str> = loaded.unused.iter().take(5).map(String::as_str).collect();
         let more = match loaded.unused.len() - shown.len() {

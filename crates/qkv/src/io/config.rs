@@ -13,20 +13,22 @@ pub fn read_text(path: &Path) -> Result<String> {
     super::read_regular_text(path)
 }
 
-/// Parses the JSON file `path` as `T`.
+/// Parses the JSON file `path` as `T`. A top-level field set to null counts as absent
+/// (transformers 5 writes `null` for unset optional fields), so it takes `T`'s default.
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
     let text = read_text(path)?;
-    let mut de = serde_json::Deserializer::from_str(&text);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let mut value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| field_error(path, "(json)", e.to_string()))?;
+    if let Some(fields) = value.as_object_mut() {
+        fields.retain(|_, v| !v.is_null());
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
         let field = match e.path().to_string() {
             p if p == "." => top_level_field(&text, &e.inner().to_string()),
             p => p,
         };
         field_error(path, &field, e.inner().to_string())
-    })?;
-    de.end()
-        .map_err(|e| field_error(path, "(json)", e.to_string()))?;
-    Ok(value)
+    })
 }
 
 /// Like [`read_json`], with `T::default()` for a file that does not exist.

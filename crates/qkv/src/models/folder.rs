@@ -7,8 +7,8 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
-use super::families::names;
 use super::families::special::special_tokens;
+use super::families::{keys, names};
 use super::families::{supported, Family};
 use super::net::arch::Arch;
 use super::net::weights::Weights;
@@ -58,6 +58,13 @@ pub fn load_in(dir: &Path, dtype: DType) -> Result<Loaded> {
             supported().join(", ")
         ))
     })?;
+    let mut warnings = match family.def().native {
+        true => Vec::new(),
+        false => {
+            let config: Map<String, Value> = read_config(dir)?;
+            keys::check(dir, family.name(), family.def().keys, &config)?
+        }
+    };
     let (arch, tokens) = (family.def().read)(dir, &name, &ckpt)?;
     arch.validate()
         .map_err(|e| crate::io::bad_field(dir, "(architecture)", e.to_string()))?;
@@ -67,7 +74,9 @@ pub fn load_in(dir: &Path, dtype: DType) -> Result<Loaded> {
     }
     let (weights, logits_bias, used) = read_weights(&ckpt, &arch, family, dtype, &|_, _| Ok(None))?;
     let unused = unused_tensors(dir, &arch, &ckpt, &used)?;
-    let special = (family.def().special)(special_tokens(dir, tokens, arch.vocab)?);
+    let (special, outside) = special_tokens(dir, tokens, arch.vocab)?;
+    warnings.extend(outside);
+    let special = (family.def().special)(special);
     let native = family.def().native;
     let source_config = match native {
         true => None,
@@ -77,7 +86,7 @@ pub fn load_in(dir: &Path, dtype: DType) -> Result<Loaded> {
         true => family.architecture().to_string(),
         false => name,
     };
-    let model = Transformer::from_parts(
+    let mut model = Transformer::from_parts(
         arch,
         family,
         special,
@@ -86,6 +95,7 @@ pub fn load_in(dir: &Path, dtype: DType) -> Result<Loaded> {
         source_config,
         architecture,
     )?;
+    model.load_warnings = warnings;
     Ok(Loaded {
         model: for_inference_in(model, dtype)?,
         parameters: dtypes.iter().map(|(_, n)| n).sum(),

@@ -45,6 +45,10 @@ pub struct Transformer {
     /// The `config.json` the model was read from (Hugging Face families), written back
     /// on save so the folder stays what transformers expects.
     pub(super) source_config: Option<Map<String, Value>>,
+    /// What the folder says that qkv reads differently from transformers or not at
+    /// all, each naming its file and field (`config.json` keys no table knows, special
+    /// ids outside the vocabulary): for the CLI and Python to show at load.
+    pub load_warnings: Vec<String>,
 }
 
 /// A forward's inputs. Decoder-only models read `target`, encoders `source`,
@@ -105,6 +109,7 @@ impl Transformer {
             kv_dtype: KvDType::F32,
             info,
             source_config,
+            load_warnings: Vec::new(),
         })
     }
 

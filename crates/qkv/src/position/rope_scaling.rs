@@ -78,7 +78,7 @@ pub struct YarnScaling {
 /// `rope_scaling` (transformers 4.x) or `rope_parameters` (5.x) as a config writes it.
 /// `type` and `rope_type` are separate fields rather than serde aliases because 4.x
 /// configs often carry both, which an alias would reject as a duplicate.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 pub struct HfRopeConfig {
     pub rope_type: Option<String>,
     #[serde(default, rename = "type")]
@@ -97,6 +97,51 @@ pub struct HfRopeConfig {
     pub truncate: Option<bool>,
     pub short_factor: Option<Vec<f64>>,
     pub long_factor: Option<Vec<f64>>,
+    /// 5.x keeps Phi-3's and GPT-NeoX's rotary share here
+    pub partial_rotary_factor: Option<f64>,
+}
+
+/// `rope_parameters` as transformers 5.x writes it: one entry, or one per layer type
+/// (`{"full_attention": {…}, "sliding_attention": {…}}`: Gemma 3, ModernBERT).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum RopeParameters {
+    /// Tried first: a flat entry's values are numbers, strings and lists, never objects.
+    ByLayerType(std::collections::BTreeMap<String, HfRopeConfig>),
+    One(HfRopeConfig),
+}
+
+impl RopeParameters {
+    /// The entry for layers of `kind` (`full_attention`, `sliding_attention`): a flat
+    /// entry serves every kind; `None` where a per-type table has no such entry.
+    pub fn for_layers(&self, kind: &str) -> Option<&HfRopeConfig> {
+        match self {
+            RopeParameters::One(entry) => Some(entry),
+            RopeParameters::ByLayerType(by_kind) => by_kind.get(kind),
+        }
+    }
+
+    /// The one entry of a model whose layers all rotate alike: a flat entry, or a
+    /// per-type table whose entries are all equal. An [`Error::Invalid`] names the
+    /// layer type otherwise.
+    pub fn single(&self) -> Result<Option<&HfRopeConfig>> {
+        match self {
+            RopeParameters::One(entry) => Ok(Some(entry)),
+            RopeParameters::ByLayerType(by_kind) => {
+                let mut entries = by_kind.iter();
+                let Some((_, first)) = entries.next() else {
+                    return Ok(None);
+                };
+                match entries.find(|(_, e)| *e != first) {
+                    None => Ok(Some(first)),
+                    Some((kind, _)) => Err(Error::invalid(
+                        kind,
+                        "this model rotates every layer alike; a RoPE entry per layer type that differ is not one transformers builds for it",
+                    )),
+                }
+            }
+        }
+    }
 }
 
 impl HfRopeConfig {

@@ -16,6 +16,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::def::{as_given, ClassifierLayout, FamilyDef, PoolActivation};
+use super::keys::{KeyTable, Rule::*, CACHE, DROPOUT, INIT};
 use super::names::{same, Name};
 use super::special::TokenIds;
 use crate::error::{Error, Result};
@@ -43,6 +44,7 @@ pub(crate) static BERT: FamilyDef = FamilyDef {
         activation: PoolActivation::Tanh,
         out: "classifier",
     }),
+    keys: KEYS,
 };
 
 /// A masked-LM folder keeps its head when the checkpoint has it.
@@ -207,3 +209,27 @@ fn layer_names(b: &str) -> Vec<Name> {
         })
         .collect()
 }
+
+/// `BertConfig`'s keys (RoBERTa's and XLM-R's are the same), see `keys.rs`.
+pub(super) const KEYS: KeyTable = &[
+    ("hidden_size", Read),
+    ("num_hidden_layers", Read),
+    ("num_attention_heads", Read),
+    ("intermediate_size", Read),
+    ("hidden_act", Read),
+    ("max_position_embeddings", Read),
+    ("type_vocab_size", Read),
+    ("layer_norm_eps", Read),
+    ("position_embedding_type", Read),
+    ("is_decoder", Only("false")),
+    ("tie_word_embeddings", Only("true")),
+    ("hidden_dropout_prob", DROPOUT),
+    ("attention_probs_dropout_prob", DROPOUT),
+    ("classifier_dropout", DROPOUT),
+    ("initializer_range", INIT),
+    ("use_cache", CACHE),
+    (
+        "gradient_checkpointing",
+        Irrelevant("recomputes activations in training; the same numbers"),
+    ),
+];

@@ -14,6 +14,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::def::{as_given, no_aliases, FamilyDef};
+use super::keys::{KeyTable, Rule, Rule::*, CACHE, DROPOUT, INIT};
 use super::names::{same, stored, How, Name};
 use super::special::TokenIds;
 use crate::block::Residual;
@@ -32,6 +33,7 @@ pub(crate) static BLOOM: FamilyDef = FamilyDef {
     fresh: None,
     native: false,
     classifier: None,
+    keys: KEYS,
 };
 
 /// Hugging Face `BloomConfig`. Released configs disagree on names (`bloom-560m` writes
@@ -99,3 +101,37 @@ pub(super) fn names(arch: &Arch) -> Vec<Name> {
     }
     t
 }
+
+/// `BloomConfig`'s keys, and the Megatron-DeepSpeed ones the published checkpoints
+/// carry, which transformers ignores (see `keys.rs`).
+const KEYS: KeyTable = &[
+    ("n_embed", Read),
+    ("hidden_size", Read),
+    ("n_head", Read),
+    ("num_attention_heads", Read),
+    ("n_layer", Read),
+    ("num_hidden_layers", Read),
+    ("layer_norm_epsilon", Read),
+    ("apply_residual_connection_post_layernorm", Read),
+    ("tie_word_embeddings", Read),
+    ("attention_dropout", DROPOUT),
+    ("hidden_dropout", DROPOUT),
+    ("initializer_range", INIT),
+    ("use_cache", CACHE),
+    ("pretraining_tp", TP),
+    ("slow_but_exact", TP),
+    ("attention_softmax_in_fp32", MEGATRON),
+    ("bias_dropout_fusion", MEGATRON),
+    ("masked_softmax_fusion", MEGATRON),
+    ("offset_alibi", MEGATRON),
+    ("skip_bias_add", MEGATRON),
+    ("skip_bias_add_qkv", MEGATRON),
+    ("seq_length", MEGATRON),
+    (
+        "unk_token_id",
+        Irrelevant("the tokenizer's; no forward reads it"),
+    ),
+];
+
+const TP: Rule = Irrelevant("slices of the tensor-parallel product, summed to the same numbers");
+const MEGATRON: Rule = Irrelevant("a Megatron-DeepSpeed training setting transformers ignores");

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use super::keys::KeyTable;
 use super::names::Name;
 use super::special::{SpecialTokens, TokenIds};
 use crate::error::Result;
@@ -43,6 +44,9 @@ pub(crate) struct FamilyDef {
     pub native: bool,
     /// Where the family's `…ForSequenceClassification` checkpoints keep their head.
     pub classifier: Option<ClassifierLayout>,
+    /// What the reader does with each `config.json` key (`keys.rs`); qkv's own folder
+    /// has none to check.
+    pub keys: KeyTable,
 }
 
 /// A sequence-classification head as BERT-family checkpoints store it: the first
@@ -88,6 +92,7 @@ pub(crate) const fn hf_family(
         fresh: None,
         native: false,
         classifier: None,
+        keys: &[],
     }
 }
 
@@ -110,6 +115,11 @@ impl PoolActivation {
 }
 
 impl FamilyDef {
+    /// This family with `keys` as its table of `config.json` keys.
+    pub(crate) const fn with_keys(self, keys: KeyTable) -> FamilyDef {
+        FamilyDef { keys, ..self }
+    }
+
     /// This family with its sequence-classification head stored as `layout` says.
     pub(crate) const fn classifying(self, layout: ClassifierLayout) -> FamilyDef {
         FamilyDef {

@@ -9,9 +9,10 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::def::{hf_family, ClassifierLayout, FamilyDef, PoolActivation};
+use super::keys::{KeyTable, Rule::*, DROPOUT, INIT};
 use super::names::{same, Name};
 use super::special::TokenIds;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::io::{bad_field, check_heads, read_config, Checkpoint};
 use crate::models::net::arch::{Arch, Head};
 use crate::ops::Activation;
@@ -27,6 +28,7 @@ pub(crate) static DISTILBERT: FamilyDef = hf_family(
     names,
     "distilbert.",
 )
+.with_keys(KEYS)
 .classifying(ClassifierLayout {
     dense: "pre_classifier",
     activation: PoolActivation::Relu,
@@ -39,9 +41,11 @@ pub(crate) static DISTILBERT: FamilyDef = hf_family(
 struct DistilConfig {
     vocab_size: usize,
     max_position_embeddings: usize,
-    sinusoidal_pos_embds: bool,
+    #[serde(alias = "num_hidden_layers")]
     n_layers: usize,
+    #[serde(alias = "num_attention_heads")]
     n_heads: usize,
+    #[serde(alias = "hidden_size")]
     dim: usize,
     hidden_dim: usize,
     activation: String,
@@ -54,7 +58,6 @@ impl Default for DistilConfig {
         DistilConfig {
             vocab_size: 30522,
             max_position_embeddings: 512,
-            sinusoidal_pos_embds: false,
             n_layers: 6,
             n_heads: 12,
             dim: 768,
@@ -70,12 +73,8 @@ fn read_folder(dir: &Path, architecture: &str, ckpt: &Checkpoint) -> Result<(Arc
     let cfg: DistilConfig = read_config(dir)?;
     check_heads(dir, "n_heads", cfg.n_heads, "dim", cfg.dim)?;
     crate::positive!(dir, cfg; vocab_size, hidden_dim, max_position_embeddings)?;
-    if cfg.sinusoidal_pos_embds {
-        return Err(Error::Unsupported(format!(
-            "{}: field `sinusoidal_pos_embds` is true; DistilBERT's learned positions only",
-            dir.join("config.json").display()
-        )));
-    }
+    // `sinusoidal_pos_embds` fills the position table with fixed sinusoids, which the
+    // checkpoint stores like a learned table: read as one, it gives the same numbers
     let activation = Activation::from_hf_name(&cfg.activation)
         .map_err(|e| bad_field(dir, "activation", e.to_string()))?;
     let (c, heads) = (cfg.dim, cfg.n_heads);
@@ -138,3 +137,28 @@ fn names(arch: &Arch) -> Vec<Name> {
     }
     t
 }
+
+/// `DistilBertConfig`'s keys, see `keys.rs`.
+const KEYS: KeyTable = &[
+    ("max_position_embeddings", Read),
+    (
+        "sinusoidal_pos_embds",
+        Irrelevant(
+            "fills the position table with sinusoids, which the checkpoint stores: read as learned",
+        ),
+    ),
+    ("n_layers", Read),
+    ("num_hidden_layers", Read),
+    ("n_heads", Read),
+    ("num_attention_heads", Read),
+    ("dim", Read),
+    ("hidden_size", Read),
+    ("hidden_dim", Read),
+    ("activation", Read),
+    ("tie_word_embeddings", Only("true")),
+    ("dropout", DROPOUT),
+    ("attention_dropout", DROPOUT),
+    ("qa_dropout", DROPOUT),
+    ("seq_classif_dropout", DROPOUT),
+    ("initializer_range", INIT),
+];

@@ -14,7 +14,8 @@ use serde::Deserialize;
 
 use super::checks;
 use super::def::{hf_family, FamilyDef};
-use super::llama::{rope_position, RopeFields};
+use super::keys::{KeyTable, Rule::*, CACHE, DROPOUT, INIT};
+use super::llama::{rope_position, single_rope, RopeFields};
 use super::names::{layer_rows, same, stored, How, Name};
 use super::special::TokenIds;
 use crate::block::Residual;
@@ -22,7 +23,7 @@ use crate::error::Result;
 use crate::io::{bad_field, check_heads, epsilon, read_config};
 use crate::models::net::arch::{Arch, Head};
 use crate::ops::Activation;
-use crate::position::rope_scaling::HfRopeConfig;
+use crate::position::rope_scaling::{HfRopeConfig, RopeParameters};
 
 pub(crate) static GPT_NEOX: FamilyDef = hf_family(
     "gpt_neox",
@@ -30,7 +31,8 @@ pub(crate) static GPT_NEOX: FamilyDef = hf_family(
     |dir, _, _| read(dir),
     names,
     "gpt_neox.",
-);
+)
+.with_keys(KEYS);
 
 /// Hugging Face `GPTNeoXConfig`. Released Pythia configs name the rotary share and
 /// base `rotary_pct` and `rotary_emb_base`; transformers 4.57 also writes them as
@@ -49,7 +51,7 @@ struct NeoxConfig {
     rotary_emb_base: Option<f64>,
     rope_theta: Option<f64>,
     rope_scaling: Option<HfRopeConfig>,
-    rope_parameters: Option<HfRopeConfig>,
+    rope_parameters: Option<RopeParameters>,
     max_position_embeddings: Option<usize>,
     #[serde(default = "crate::io::eps::<5>")]
     layer_norm_eps: f64,
@@ -74,17 +76,21 @@ pub(super) fn read(dir: &Path) -> Result<(Arch, TokenIds)> {
     let (c, heads) = (cfg.hidden_size, cfg.num_attention_heads);
     check_heads(dir, "num_attention_heads", heads, "hidden_size", c)?;
     let head_dim = c / heads;
-    let (share_field, share) = match (cfg.partial_rotary_factor, cfg.rotary_pct) {
-        (Some(f), _) => ("partial_rotary_factor", f),
-        (None, Some(p)) => ("rotary_pct", p),
-        (None, None) => ("rotary_pct", 0.25),
+    let parameters = single_rope(dir, cfg.rope_parameters.as_ref())?;
+    // 5.x keeps the share inside rope_parameters
+    let nested = parameters.and_then(|p| p.partial_rotary_factor);
+    let (share_field, share) = match (cfg.partial_rotary_factor, nested, cfg.rotary_pct) {
+        (Some(f), ..) => ("partial_rotary_factor", f),
+        (None, Some(f), _) => ("rope_parameters.partial_rotary_factor", f),
+        (None, None, Some(p)) => ("rotary_pct", p),
+        (None, None, None) => ("rotary_pct", 0.25),
     };
     let rotary = checks::rotary_dims(dir, share_field, head_dim, share)?;
     let max_positions = cfg.max_position_embeddings.unwrap_or(2048);
     let rope = RopeFields {
         theta: cfg.rope_theta.or(cfg.rotary_emb_base),
         scaling: cfg.rope_scaling.as_ref(),
-        parameters: cfg.rope_parameters.as_ref(),
+        parameters,
         original_max: None,
         rotary_dim: rotary,
     };
@@ -133,3 +139,28 @@ pub(super) fn names(arch: &Arch) -> Vec<Name> {
     }
     t
 }
+
+/// `GPTNeoXConfig`'s keys, see `keys.rs`.
+const KEYS: KeyTable = &[
+    ("hidden_size", Read),
+    ("num_hidden_layers", Read),
+    ("num_attention_heads", Read),
+    ("intermediate_size", Read),
+    ("hidden_act", Read),
+    ("rotary_pct", Read),
+    ("partial_rotary_factor", Read),
+    ("rotary_emb_base", Read),
+    ("rope_theta", Read),
+    ("rope_scaling", Read),
+    ("rope_parameters", Read),
+    ("max_position_embeddings", Read),
+    ("layer_norm_eps", Read),
+    ("tie_word_embeddings", Read),
+    ("use_parallel_residual", Read),
+    ("attention_bias", Read),
+    ("attention_dropout", DROPOUT),
+    ("hidden_dropout", DROPOUT),
+    ("classifier_dropout", DROPOUT),
+    ("initializer_range", INIT),
+    ("use_cache", CACHE),
+];

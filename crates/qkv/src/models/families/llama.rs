@@ -18,13 +18,14 @@ use serde_json::{json, Value};
 
 use super::checks::DecoderSizes;
 use super::def::{as_given, no_aliases, FamilyDef, Fresh, ReadConfig};
+use super::keys::{KeyTable, Rule::*, CACHE, DROPOUT, INIT};
 use super::names::{layer_rows, same, Name};
 use super::special::TokenIds;
 use crate::error::{Error, Result};
 use crate::io::{bad_field, epsilon, read_config};
 use crate::models::net::arch::{Arch, Head, Position};
 use crate::ops::Activation;
-use crate::position::rope_scaling::{HfRopeConfig, RopeScaling};
+use crate::position::rope_scaling::{HfRopeConfig, RopeParameters, RopeScaling};
 
 pub(crate) static LLAMA: FamilyDef = FamilyDef {
     name: "llama",
@@ -37,6 +38,7 @@ pub(crate) static LLAMA: FamilyDef = FamilyDef {
     fresh: Some(Fresh { fits, config_json }),
     native: false,
     classifier: None,
+    keys: KEYS,
 };
 
 pub(crate) static MISTRAL: FamilyDef =
@@ -94,7 +96,7 @@ struct LlamaConfig {
     /// transformers 4.x
     rope_scaling: Option<HfRopeConfig>,
     /// transformers 5.x
-    rope_parameters: Option<HfRopeConfig>,
+    rope_parameters: Option<RopeParameters>,
     /// Mistral: query position p sees key j only when p − j < sliding_window.
     sliding_window: Option<usize>,
     /// Qwen2: the window is used only when this is true …
@@ -123,6 +125,24 @@ pub(super) struct RopeFields<'c> {
     pub original_max: Option<usize>,
     /// R, the dimensions of a head that rotate (LongRoPE has a factor per pair)
     pub rotary_dim: usize,
+}
+
+/// The one `rope_parameters` entry of a model whose layers all rotate alike (see
+/// [`RopeParameters::single`]); errors name the field.
+pub(super) fn single_rope<'c>(
+    dir: &Path,
+    parameters: Option<&'c RopeParameters>,
+) -> Result<Option<&'c HfRopeConfig>> {
+    parameters
+        .map(RopeParameters::single)
+        .transpose()
+        .map(Option::flatten)
+        .map_err(|e| match e {
+            Error::Invalid { field, reason } => {
+                bad_field(dir, &format!("rope_parameters.{field}"), reason)
+            }
+            e => e,
+        })
 }
 
 /// RoPE as the config describes it, for heads of `head_dim`: base θ and the scaling
@@ -235,7 +255,7 @@ pub(super) fn read(dir: &Path, variant: Variant) -> Result<(Arch, TokenIds)> {
     let rope = RopeFields {
         theta: cfg.rope_theta,
         scaling: cfg.rope_scaling.as_ref(),
-        parameters: cfg.rope_parameters.as_ref(),
+        parameters: single_rope(dir, cfg.rope_parameters.as_ref())?,
         original_max: None,
         rotary_dim: head_dim,
     };
@@ -251,11 +271,12 @@ pub(super) fn read(dir: &Path, variant: Variant) -> Result<(Arch, TokenIds)> {
     let mut arch = cfg.sizes.llama(heads, head_dim);
     arch.position = position;
     arch.norm.eps = epsilon(dir, "rms_norm_eps", cfg.rms_norm_eps)?;
-    let (window, window_from_layer) = window(&cfg, dir, variant)?;
+    let window = window(&cfg, dir, variant)?;
     arch.attention.qkv_bias = cfg.attention_bias || variant == Variant::Qwen2;
     arch.attention.out_bias = cfg.attention_bias && variant != Variant::Qwen2;
-    arch.attention.window = window;
-    arch.attention.window_from_layer = window_from_layer;
+    arch.attention.window = window.size;
+    arch.attention.window_from_layer = window.from_layer;
+    arch.attention.local_layers = window.layers;
     arch.attention.qk_norm = variant == Variant::Qwen3;
     arch.ffn.activation = activation;
     arch.ffn.bias = cfg.mlp_bias && variant != Variant::Qwen2;
@@ -264,14 +285,25 @@ pub(super) fn read(dir: &Path, variant: Variant) -> Result<(Arch, TokenIds)> {
     Ok((arch, cfg.tokens))
 }
 
-/// The sliding window and the first layer it applies to. Mistral: `sliding_window` on
-/// every layer. Qwen2 and Qwen3 (transformers' `layer_types`): only with `use_sliding_window`, on
-/// the layers listed as `sliding_attention`, by default those from `max_window_layers`
-/// up; qkv takes a window on a top run of layers, which is every layout transformers
-/// builds by default.
-fn window(cfg: &LlamaConfig, dir: &Path, variant: Variant) -> Result<(Option<usize>, usize)> {
+/// Where the sliding window applies. Mistral: `sliding_window` on every layer. Qwen2 and
+/// Qwen3 (transformers' `layer_types`): only with `use_sliding_window`, on the layers
+/// listed as `sliding_attention`, by default those from `max_window_layers` up.
+struct Window {
+    size: Option<usize>,
+    /// the first windowed layer, when they are one top run of layers
+    from_layer: usize,
+    /// which layers are windowed, when they are not one top run
+    layers: Option<Vec<bool>>,
+}
+
+fn window(cfg: &LlamaConfig, dir: &Path, variant: Variant) -> Result<Window> {
+    let plain = |size| Window {
+        size,
+        from_layer: 0,
+        layers: None,
+    };
     let size = match variant {
-        Variant::Llama => return Ok((None, 0)),
+        Variant::Llama => return Ok(plain(None)),
         Variant::Mistral => cfg.sliding_window,
         Variant::Qwen2 | Variant::Qwen3 if cfg.use_sliding_window => {
             Some(cfg.sliding_window.unwrap_or(4096))
@@ -282,7 +314,7 @@ fn window(cfg: &LlamaConfig, dir: &Path, variant: Variant) -> Result<(Option<usi
         return Err(bad_field(dir, "sliding_window", "must be at least 1"));
     }
     if variant == Variant::Mistral || size.is_none() {
-        return Ok((size, 0));
+        return Ok(plain(size));
     }
     let layers = cfg.sizes.num_hidden_layers;
     let sliding: Vec<bool> = match &cfg.layer_types {
@@ -293,13 +325,12 @@ fn window(cfg: &LlamaConfig, dir: &Path, variant: Variant) -> Result<(Option<usi
         }
     };
     let from = sliding.iter().position(|&s| s).unwrap_or(layers);
-    if sliding[from..].iter().any(|&s| !s) {
-        return Err(Error::Unsupported(format!(
-            "sliding-window layers that are not one top run of layers ({}, field `layer_types`)",
-            dir.join("config.json").display()
-        )));
-    }
-    Ok((if from < layers { size } else { None }, from))
+    let top_run = sliding[from..].iter().all(|&s| s);
+    Ok(Window {
+        size: if from < layers { size } else { None },
+        from_layer: if top_run { from } else { 0 },
+        layers: (!top_run).then_some(sliding),
+    })
 }
 
 /// transformers' `layer_types` (one of `full_attention`, `sliding_attention` per
@@ -472,4 +503,35 @@ pub(super) const GATED_MLP_ROWS: [(&str, &str); 3] = [
     ("ffn.up", "mlp.gate_proj"),
     ("ffn.gate_up", "mlp.up_proj"),
     ("ffn.down", "mlp.down_proj"),
+];
+
+/// The keys of `LlamaConfig`, `MistralConfig`, `Qwen2Config` and `Qwen3Config` (one
+/// reader; the window keys mean what each variant makes of them), see `keys.rs`.
+const KEYS: KeyTable = &[
+    ("hidden_size", Read),
+    ("intermediate_size", Read),
+    ("num_hidden_layers", Read),
+    ("num_attention_heads", Read),
+    ("num_key_value_heads", Read),
+    ("head_dim", Read),
+    ("rms_norm_eps", Read),
+    ("hidden_act", Read),
+    ("attention_bias", Read),
+    ("mlp_bias", Read),
+    ("tie_word_embeddings", Read),
+    ("max_position_embeddings", Read),
+    ("rope_theta", Read),
+    ("rope_scaling", Read),
+    ("rope_parameters", Read),
+    ("sliding_window", Read),
+    ("use_sliding_window", Read),
+    ("max_window_layers", Read),
+    ("layer_types", Read),
+    ("attention_dropout", DROPOUT),
+    ("initializer_range", INIT),
+    ("use_cache", CACHE),
+    (
+        "pretraining_tp",
+        Irrelevant("slices of the tensor-parallel product, summed to the same numbers"),
+    ),
 ];

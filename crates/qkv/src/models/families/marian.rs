@@ -19,6 +19,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::def::{as_given, FamilyDef};
+use super::keys::{KeyTable, Rule, Rule::*, CACHE, DROPOUT, INIT};
 use super::names::{same, Name};
 use super::special::{Ids, TokenIds};
 use crate::block::Residual;
@@ -39,6 +40,7 @@ pub(crate) static MARIAN: FamilyDef = FamilyDef {
     fresh: None,
     native: false,
     classifier: None,
+    keys: KEYS,
 };
 
 /// Older Marian checkpoints keep the shared table under the encoder.
@@ -212,3 +214,49 @@ pub(super) fn names(arch: &Arch) -> Vec<Name> {
     }
     t
 }
+
+/// `MarianConfig`'s keys, and the BART-era ones of the first OPUS-MT conversions, which
+/// `MarianConfig` ignores (see `keys.rs`).
+const KEYS: KeyTable = &[
+    ("decoder_vocab_size", Read),
+    ("d_model", Read),
+    ("hidden_size", Read),
+    ("encoder_layers", Read),
+    ("decoder_layers", Read),
+    ("encoder_attention_heads", Read),
+    ("num_attention_heads", Read),
+    ("decoder_attention_heads", Read),
+    ("encoder_ffn_dim", Read),
+    ("decoder_ffn_dim", Read),
+    ("max_position_embeddings", Read),
+    ("activation_function", Read),
+    ("scale_embedding", Read),
+    ("share_encoder_decoder_embeddings", Read),
+    ("tie_word_embeddings", Read),
+    (
+        "num_hidden_layers",
+        Irrelevant("MarianConfig's copy of encoder_layers; the model reads encoder_layers"),
+    ),
+    ("dropout", DROPOUT),
+    ("attention_dropout", DROPOUT),
+    ("activation_dropout", DROPOUT),
+    ("classif_dropout", DROPOUT),
+    ("classifier_dropout", DROPOUT),
+    ("encoder_layerdrop", DROPOUT),
+    ("decoder_layerdrop", DROPOUT),
+    ("init_std", INIT),
+    ("use_cache", CACHE),
+    (
+        "gradient_checkpointing",
+        Irrelevant("recomputes activations in training; the same numbers"),
+    ),
+    ("normalize_before", BART),
+    ("normalize_embedding", BART),
+    ("static_position_embeddings", BART),
+    ("add_bias_logits", BART),
+    ("add_final_layer_norm", BART),
+    ("extra_pos_embeddings", BART),
+];
+
+const BART: Rule =
+    Irrelevant("a BART-era key of the first OPUS-MT conversions, which MarianConfig ignores");

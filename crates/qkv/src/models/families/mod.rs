@@ -10,6 +10,7 @@ pub mod distilbert;
 pub mod gemma;
 pub mod gpt2;
 pub mod gpt_neox;
+pub mod keys;
 pub mod llama;
 pub mod marian;
 pub mod modernbert;

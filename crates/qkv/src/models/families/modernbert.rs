@@ -20,12 +20,15 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::def::{hf_family, FamilyDef};
+use super::keys::{KeyTable, Rule::*, DROPOUT, INIT, TRAINING};
+use super::llama::sliding_layers;
 use super::names::{fused_gated_rows, fused_qkv_rows, layer_rows, same, Name};
 use super::special::TokenIds;
 use crate::error::{Error, Result};
 use crate::io::{bad_field, check_heads, epsilon, read_config, Checkpoint};
 use crate::models::net::arch::{Arch, Head, Position};
 use crate::ops::Activation;
+use crate::position::rope_scaling::{HfRopeConfig, RopeParameters};
 use crate::position::RopeScaling;
 
 pub(crate) static MODERNBERT: FamilyDef = hf_family(
@@ -34,7 +37,8 @@ pub(crate) static MODERNBERT: FamilyDef = hf_family(
     read_folder,
     names,
     "model.",
-);
+)
+.with_keys(KEYS);
 
 /// `ModernBertConfig`, with its defaults (ModernBERT-base) where the file is silent.
 #[derive(Deserialize)]
@@ -49,8 +53,15 @@ struct ModernBertConfig {
     max_position_embeddings: usize,
     norm_eps: f64,
     norm_bias: bool,
+    /// 4.57 (`rope_theta` is its alias there)
+    #[serde(alias = "rope_theta")]
     global_rope_theta: f64,
+    /// 4.57
     local_rope_theta: Option<f64>,
+    /// 5.x: the base of each layer type, `{"full_attention": {…}, "sliding_attention": {…}}`
+    rope_parameters: Option<RopeParameters>,
+    /// 5.x: each layer's kind, in place of `global_attn_every_n_layers`
+    layer_types: Option<Vec<String>>,
     attention_bias: bool,
     mlp_bias: bool,
     global_attn_every_n_layers: usize,
@@ -77,6 +88,8 @@ impl Default for ModernBertConfig {
             norm_bias: false,
             global_rope_theta: 160_000.0,
             local_rope_theta: Some(10_000.0),
+            rope_parameters: None,
+            layer_types: None,
             attention_bias: false,
             mlp_bias: false,
             global_attn_every_n_layers: 3,
@@ -113,6 +126,19 @@ fn read_folder(dir: &Path, architecture: &str, ckpt: &Checkpoint) -> Result<(Arc
             format!("must be finite and > 1, got {v}"),
         )),
     };
+    let entry = |kind: &str| {
+        cfg.rope_parameters
+            .as_ref()
+            .and_then(|p| p.for_layers(kind))
+    };
+    let global_theta = match entry("full_attention") {
+        Some(e) => rope_base(dir, "full_attention", e)?,
+        None => cfg.global_rope_theta,
+    };
+    let local_theta = match entry("sliding_attention") {
+        Some(e) => Some(rope_base(dir, "sliding_attention", e)?),
+        None => cfg.local_rope_theta,
+    };
     let mut arch = Arch::bert(
         cfg.vocab_size,
         c,
@@ -128,7 +154,7 @@ fn read_folder(dir: &Path, architecture: &str, ckpt: &Checkpoint) -> Result<(Arc
     arch.embed.first_attn_unnormed = true;
     arch.embed.padding_idx = cfg.tokens.pad();
     arch.position = Position::Rope {
-        theta: theta("global_rope_theta", cfg.global_rope_theta)?,
+        theta: theta("global_rope_theta", global_theta)?,
         scaling: RopeScaling::None,
         max_len: Some(cfg.max_position_embeddings),
         rotary_dim: None,
@@ -136,8 +162,13 @@ fn read_folder(dir: &Path, architecture: &str, ckpt: &Checkpoint) -> Result<(Arc
     let a = &mut arch.attention;
     a.qkv_bias = cfg.attention_bias;
     a.out_bias = cfg.attention_bias;
-    let every = cfg.global_attn_every_n_layers;
-    let local: Vec<bool> = (0..cfg.num_hidden_layers).map(|l| l % every != 0).collect();
+    let local: Vec<bool> = match &cfg.layer_types {
+        Some(types) => sliding_layers(dir, types, cfg.num_hidden_layers)?,
+        None => {
+            let every = cfg.global_attn_every_n_layers;
+            (0..cfg.num_hidden_layers).map(|l| l % every != 0).collect()
+        }
+    };
     if local.contains(&true) {
         if cfg.local_attention < 2 {
             return Err(bad_field(
@@ -151,8 +182,7 @@ fn read_folder(dir: &Path, architecture: &str, ckpt: &Checkpoint) -> Result<(Arc
         }
         // transformers keeps |i − j| ≤ local_attention / 2; qkv's window keeps |i − j| < w
         a.window = Some(cfg.local_attention / 2 + 1);
-        a.local_rope_theta = cfg
-            .local_rope_theta
+        a.local_rope_theta = local_theta
             .map(|t| theta("local_rope_theta", t))
             .transpose()?;
     }
@@ -212,3 +242,63 @@ fn names(arch: &Arch) -> Vec<Name> {
     t.extend(fused_gated_rows("encoder", &format!("{layer}mlp.Wi")));
     t
 }
+
+/// The base of a 5.x `rope_parameters` entry for layers of `kind`, which must be
+/// unscaled: ModernBERT is read with plain RoPE only.
+fn rope_base(dir: &Path, kind: &str, entry: &HfRopeConfig) -> Result<f64> {
+    match entry.rope_type.as_deref().or(entry.legacy_type.as_deref()) {
+        None | Some("default") => Ok(entry.rope_theta.unwrap_or(10_000.0)),
+        Some(scaled) => Err(Error::Unsupported(format!(
+            "`{scaled}` RoPE scaling: ModernBERT is read with plain RoPE only ({}, field `rope_parameters.{kind}`)",
+            dir.join("config.json").display()
+        ))),
+    }
+}
+
+/// `ModernBertConfig`'s keys, see `keys.rs`.
+const KEYS: KeyTable = &[
+    ("hidden_size", Read),
+    ("intermediate_size", Read),
+    ("num_hidden_layers", Read),
+    ("num_attention_heads", Read),
+    ("hidden_activation", Read),
+    ("max_position_embeddings", Read),
+    ("norm_eps", Read),
+    ("norm_bias", Read),
+    ("global_rope_theta", Read),
+    ("rope_theta", Read),
+    ("local_rope_theta", Read),
+    ("rope_scaling", Read),
+    ("rope_parameters", Read),
+    ("attention_bias", Read),
+    ("mlp_bias", Read),
+    ("global_attn_every_n_layers", Read),
+    ("local_attention", Read),
+    ("layer_types", Read),
+    ("decoder_bias", Read),
+    ("classifier_bias", Read),
+    ("classifier_activation", Read),
+    ("classifier_pooling", Read),
+    ("tie_word_embeddings", Only("true")),
+    (
+        "cls_token_id",
+        Irrelevant("the tokenizer's; no forward reads it"),
+    ),
+    ("attention_dropout", DROPOUT),
+    ("embedding_dropout", DROPOUT),
+    ("mlp_dropout", DROPOUT),
+    ("classifier_dropout", DROPOUT),
+    ("initializer_range", INIT),
+    ("initializer_cutoff_factor", INIT),
+    (
+        "deterministic_flash_attn",
+        Irrelevant("flash-attention's backward order on GPUs"),
+    ),
+    (
+        "reference_compile",
+        Irrelevant("whether torch.compile runs the layers; the same numbers"),
+    ),
+    ("repad_logits_with_grad", TRAINING),
+    ("sparse_prediction", TRAINING),
+    ("sparse_pred_ignore_index", TRAINING),
+];

@@ -27,6 +27,7 @@ pub(crate) static QKV: FamilyDef = FamilyDef {
     fresh: None,
     native: true,
     classifier: None,
+    keys: &[],
 };
 
 #[derive(serde::Deserialize)]

@@ -12,14 +12,15 @@ use serde::Deserialize;
 
 use super::checks::{self, DecoderSizes};
 use super::def::{hf_family, FamilyDef};
-use super::llama::{model_ends, rope_position, RopeFields, PRE_NORM_ROWS};
+use super::keys::{KeyTable, Rule::*, CACHE, DROPOUT, INIT};
+use super::llama::{model_ends, rope_position, single_rope, RopeFields, PRE_NORM_ROWS};
 use super::names::{fused_gated_rows, fused_qkv_rows, layer_rows, Name};
 use super::special::TokenIds;
 use crate::error::Result;
 use crate::io::{bad_field, epsilon, read_config};
 use crate::models::net::arch::{Arch, Head};
 use crate::ops::Activation;
-use crate::position::rope_scaling::HfRopeConfig;
+use crate::position::rope_scaling::{HfRopeConfig, RopeParameters};
 
 pub(crate) static PHI3: FamilyDef = hf_family(
     "phi3",
@@ -27,7 +28,8 @@ pub(crate) static PHI3: FamilyDef = hf_family(
     |dir, _, _| read(dir),
     names,
     "model.",
-);
+)
+.with_keys(KEYS);
 
 /// Hugging Face `Phi3Config`, with its defaults where the file is silent.
 #[derive(Deserialize)]
@@ -45,7 +47,7 @@ struct Phi3Config {
     tie_word_embeddings: bool,
     rope_theta: Option<f64>,
     rope_scaling: Option<HfRopeConfig>,
-    rope_parameters: Option<HfRopeConfig>,
+    rope_parameters: Option<RopeParameters>,
     partial_rotary_factor: Option<f64>,
     sliding_window: Option<usize>,
     #[serde(flatten)]
@@ -61,10 +63,20 @@ fn read(dir: &Path) -> Result<(Arch, TokenIds)> {
     let mut cfg: Phi3Config = read_config(dir)?;
     let heads = cfg.sizes.heads(dir)?;
     let head_dim = cfg.head_dim.unwrap_or(cfg.sizes.hidden_size / heads.0);
-    let share = cfg.partial_rotary_factor.unwrap_or(1.0);
-    let rotary = checks::rotary_dims(dir, "partial_rotary_factor", head_dim, share)?;
+    let mut parameters = single_rope(dir, cfg.rope_parameters.as_ref())?.cloned();
+    // 5.x keeps the share inside rope_parameters (Phi-4-mini: 0.75, with LongRoPE
+    // factors for each of the rotating pairs)
+    let (share_field, share) = match (
+        cfg.partial_rotary_factor,
+        parameters.as_ref().and_then(|p| p.partial_rotary_factor),
+    ) {
+        (Some(f), _) => ("partial_rotary_factor", f),
+        (None, Some(f)) => ("rope_parameters.partial_rotary_factor", f),
+        (None, None) => ("partial_rotary_factor", 1.0),
+    };
+    let rotary = checks::rotary_dims(dir, share_field, head_dim, share)?;
     // Phi3Config reads the kinds `su` and `yarn` of its first releases as LongRoPE
-    for entry in [&mut cfg.rope_scaling, &mut cfg.rope_parameters]
+    for entry in [&mut cfg.rope_scaling, &mut parameters]
         .into_iter()
         .flatten()
     {
@@ -76,7 +88,7 @@ fn read(dir: &Path) -> Result<(Arch, TokenIds)> {
     let rope = RopeFields {
         theta: cfg.rope_theta,
         scaling: cfg.rope_scaling.as_ref(),
-        parameters: cfg.rope_parameters.as_ref(),
+        parameters: parameters.as_ref(),
         original_max: Some(cfg.original_max_position_embeddings.unwrap_or(4096)),
         rotary_dim: rotary,
     };
@@ -118,3 +130,28 @@ fn names(arch: &Arch) -> Vec<Name> {
     t.extend(fused_gated_rows("decoder", &layer("mlp.gate_up_proj")));
     t
 }
+
+/// `Phi3Config`'s keys, see `keys.rs`.
+const KEYS: KeyTable = &[
+    ("hidden_size", Read),
+    ("intermediate_size", Read),
+    ("num_hidden_layers", Read),
+    ("num_attention_heads", Read),
+    ("num_key_value_heads", Read),
+    ("head_dim", Read),
+    ("hidden_act", Read),
+    ("max_position_embeddings", Read),
+    ("original_max_position_embeddings", Read),
+    ("rms_norm_eps", Read),
+    ("tie_word_embeddings", Read),
+    ("rope_theta", Read),
+    ("rope_scaling", Read),
+    ("rope_parameters", Read),
+    ("partial_rotary_factor", Read),
+    ("sliding_window", Read),
+    ("attention_dropout", DROPOUT),
+    ("embd_pdrop", DROPOUT),
+    ("resid_pdrop", DROPOUT),
+    ("initializer_range", INIT),
+    ("use_cache", CACHE),
+];

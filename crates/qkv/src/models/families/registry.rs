@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::models::net::arch::Arch;
 
 /// The families, in the order `SUPPORTED` lists their architectures.
-static FAMILIES: [&FamilyDef; 18] = [
+static FAMILIES: [&FamilyDef; 19] = [
     &bert::BERT,
     &roberta::ROBERTA,
     &roberta::XLM_ROBERTA,
@@ -25,6 +25,7 @@ static FAMILIES: [&FamilyDef; 18] = [
     &llama::MISTRAL,
     &llama::QWEN2,
     &llama::QWEN3,
+    &gemma::GEMMA,
     &gemma::GEMMA2,
     &gemma::GEMMA3,
     &phi3::PHI3,
@@ -77,13 +78,19 @@ impl Family {
         Family(FAMILIES.iter().find(fits).copied().unwrap_or(&native::QKV))
     }
 
-    /// `bert`, `roberta`, `xlm-roberta`, `distilbert`, `modernbert`, `gpt2`, `llama`, `mistral`, `qwen2`, `qwen3`, `gemma2`, `gemma3_text`, `phi3`, `bloom`, `gpt_neox`, `marian`, `t5`, `qkv`.
+    /// `bert`, `roberta`, `xlm-roberta`, `distilbert`, `modernbert`, `gpt2`, `llama`, `mistral`, `qwen2`, `qwen3`, `gemma`, `gemma2`, `gemma3_text`, `phi3`, `bloom`, `gpt_neox`, `marian`, `t5`, `qkv`.
     pub fn name(self) -> &'static str {
         self.0.name
     }
 
     pub(crate) fn def(self) -> &'static FamilyDef {
         self.0
+    }
+
+    /// What this family's reader does with the `config.json` key `key` (`None`: a key
+    /// no table knows, which loading names in a warning).
+    pub fn key_rule(self, key: &str) -> Option<super::keys::Rule> {
+        super::keys::rule(self.0.keys, key)
     }
 
     /// The architecture a folder of this family is saved as.

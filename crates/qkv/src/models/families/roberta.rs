@@ -31,6 +31,7 @@ pub(crate) static ROBERTA: FamilyDef = hf_family(
     names,
     "roberta.",
 )
+.with_keys(super::bert::KEYS)
 .classifying(ROBERTA_HEAD);
 
 pub(crate) static XLM_ROBERTA: FamilyDef = hf_family(
@@ -44,6 +45,7 @@ pub(crate) static XLM_ROBERTA: FamilyDef = hf_family(
     names,
     "roberta.",
 )
+.with_keys(super::bert::KEYS)
 .classifying(ROBERTA_HEAD);
 
 /// `RobertaClassificationHead`: the head's own dense layer and tanh on `<s>`.

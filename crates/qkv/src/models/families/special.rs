@@ -103,32 +103,58 @@ impl TokenIds {
 /// config.json says), or where config.json leaves it unset, from
 /// `dir/generation_config.json` when the folder has one. A field set to a negative id
 /// counts as set: it means "none" and is not filled from the other file. An id at or
-/// past `vocab`, in either file, is an error naming the field and the file: it could
-/// never be produced (an EOS) or read (a start token).
-pub fn special_tokens(dir: &Path, from_config: TokenIds, vocab: usize) -> Result<SpecialTokens> {
+/// past `vocab` (a `GPT2Config(vocab_size=…)` keeps 50256 whatever the vocabulary) is
+/// left out, as transformers runs such folders too, with a warning naming the field and
+/// the file: the model can never produce it, nor read it.
+pub fn special_tokens(
+    dir: &Path,
+    from_config: TokenIds,
+    vocab: usize,
+) -> Result<(SpecialTokens, Vec<String>)> {
     let generation_path = dir.join("generation_config.json");
     let generation: TokenIds = read_json_or_default(&generation_path)?;
     let config_path = dir.join("config.json");
     // every id either file gives is checked, the one that loses to the other too: a
-    // file that names a token the model lacks is wrong wherever it is read
+    // file that names a token the model lacks is named wherever it is read
+    let mut warnings = Vec::new();
+    let mut named = std::collections::HashSet::new();
     for (ids, path) in [
         (&from_config, &config_path),
         (&generation, &generation_path),
     ] {
         for (field, value) in ids.fields() {
-            let outside = value.map(Ids::valid).unwrap_or_default();
-            if let Some(bad) = outside.iter().find(|&&id| id >= vocab) {
-                return Err(field_error(
-                    path,
-                    field,
-                    format!("token id {bad} is outside the vocabulary of {vocab}"),
-                ));
+            let ids = value.map(Ids::valid).unwrap_or_default();
+            for &bad in ids.iter().filter(|&&id| id >= vocab) {
+                // generation_config.json repeats config.json's ids: named once
+                if !named.insert((field, bad)) {
+                    continue;
+                }
+                let effect = match field {
+                    "eos_token_id" => {
+                        "the model can never produce it, so generation never stops at it"
+                    }
+                    _ => "the model can never read it, so it is left unset",
+                };
+                warnings.push(
+                    field_error(
+                        path,
+                        field,
+                        format!("token id {bad} is outside the vocabulary of {vocab}: {effect}"),
+                    )
+                    .to_string(),
+                );
             }
         }
     }
-    let pick = |own: Option<Ids>, fallback: Option<Ids>| own.or(fallback).map(|ids| ids.valid());
+    let inside = |ids: Ids| {
+        ids.valid()
+            .into_iter()
+            .filter(|&id| id < vocab)
+            .collect::<Vec<_>>()
+    };
+    let pick = |own: Option<Ids>, fallback: Option<Ids>| own.or(fallback).map(inside);
     let first = |own, fallback| pick(own, fallback).and_then(|ids| ids.first().copied());
-    Ok(SpecialTokens {
+    let special = SpecialTokens {
         eos: pick(from_config.eos_token_id, generation.eos_token_id).unwrap_or_default(),
         bos: first(from_config.bos_token_id, generation.bos_token_id),
         pad: first(from_config.pad_token_id, generation.pad_token_id),
@@ -136,7 +162,8 @@ pub fn special_tokens(dir: &Path, from_config: TokenIds, vocab: usize) -> Result
             from_config.decoder_start_token_id,
             generation.decoder_start_token_id,
         ),
-    })
+    };
+    Ok((special, warnings))
 }
 
 #[cfg(test)]
@@ -164,7 +191,7 @@ mod tests {
                 r#"{"eos_token_id": 9, "bos_token_id": 8, "pad_token_id": 7, "decoder_start_token_id": 6}"#,
             ),
         );
-        let s = special_tokens(
+        let (s, _) = special_tokens(
             &dir,
             ids(r#"{"eos_token_id": [2, 3], "bos_token_id": 1}"#),
             10,
@@ -185,7 +212,7 @@ mod tests {
     #[test]
     fn negative_ids_mean_none_and_are_not_filled() {
         let dir = folder("negative", Some(r#"{"pad_token_id": 0}"#));
-        let s = special_tokens(
+        let (s, _) = special_tokens(
             &dir,
             ids(r#"{"pad_token_id": -1, "eos_token_id": [-1, 4], "bos_token_id": [5, 6]}"#),
             10,
@@ -198,8 +225,9 @@ mod tests {
     #[test]
     fn without_generation_config_only_the_config_counts() {
         let dir = folder("absent", None);
-        let s = special_tokens(&dir, TokenIds::default(), 10).unwrap();
+        let (s, warnings) = special_tokens(&dir, TokenIds::default(), 10).unwrap();
         assert_eq!(s, SpecialTokens::default());
+        assert!(warnings.is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -214,23 +242,28 @@ mod tests {
     }
 
     #[test]
-    fn an_id_outside_the_vocabulary_names_its_field_and_file() {
+    fn an_id_outside_the_vocabulary_is_left_out_with_a_warning_naming_field_and_file() {
+        // GPT2Config(vocab_size=99) keeps bos = eos = 50256; transformers runs such folders
         let dir = folder("outside", Some(r#"{"decoder_start_token_id": 5000}"#));
-        let msg = special_tokens(&dir, ids(r#"{"eos_token_id": [1, 2]}"#), 100)
-            .unwrap_err()
-            .to_string();
+        let (s, warnings) = special_tokens(
+            &dir,
+            ids(r#"{"eos_token_id": [1, 100], "bos_token_id": 100}"#),
+            100,
+        )
+        .unwrap();
+        assert_eq!((s.eos, s.bos, s.decoder_start), (vec![1], None, None));
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
         assert!(
-            msg.contains("generation_config.json")
-                && msg.contains("decoder_start_token_id")
-                && msg.contains("token id 5000 is outside the vocabulary of 100"),
-            "{msg}"
+            warnings[0].contains("config.json: field `eos_token_id`")
+                && warnings[0].contains("token id 100 is outside the vocabulary of 100")
+                && warnings[0].contains("never stops at it"),
+            "{warnings:?}"
         );
-        let msg = special_tokens(&dir, ids(r#"{"eos_token_id": [1, 100]}"#), 100)
-            .unwrap_err()
-            .to_string();
         assert!(
-            msg.contains("config.json: field `eos_token_id`") && msg.contains("token id 100"),
-            "{msg}"
+            warnings[2].contains("generation_config.json")
+                && warnings[2].contains("decoder_start_token_id")
+                && warnings[2].contains("token id 5000"),
+            "{warnings:?}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -22,6 +22,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::def::{no_aliases, FamilyDef};
+use super::keys::{KeyTable, Rule::*, CACHE, DROPOUT, INIT};
 use super::names::{same, Name};
 use super::special::{SpecialTokens, TokenIds};
 use crate::block::Residual;
@@ -42,6 +43,7 @@ pub(crate) static T5: FamilyDef = FamilyDef {
     fresh: None,
     native: false,
     classifier: None,
+    keys: KEYS,
 };
 
 /// Without a decoder start token, generation starts from BOS, as Hugging Face's
@@ -211,3 +213,38 @@ pub(super) fn names(arch: &Arch) -> Vec<Name> {
     }
     t
 }
+
+/// `T5Config`'s keys, see `keys.rs`.
+const KEYS: KeyTable = &[
+    ("d_model", Read),
+    ("hidden_size", Read),
+    ("d_kv", Read),
+    ("head_dim", Read),
+    ("d_ff", Read),
+    ("num_layers", Read),
+    ("num_hidden_layers", Read),
+    ("num_decoder_layers", Read),
+    ("num_heads", Read),
+    ("num_attention_heads", Read),
+    ("relative_attention_num_buckets", Read),
+    ("relative_attention_max_distance", Read),
+    ("layer_norm_epsilon", Read),
+    ("feed_forward_proj", Read),
+    ("dense_act_fn", Read),
+    ("is_gated_act", Read),
+    ("tie_word_embeddings", Read),
+    ("scale_decoder_outputs", Read),
+    ("dropout_rate", DROPOUT),
+    ("classifier_dropout", DROPOUT),
+    ("initializer_factor", INIT),
+    ("use_cache", CACHE),
+    ("output_past", CACHE),
+    (
+        "n_positions",
+        Irrelevant("the first T5 configs' length note; relative positions have no table"),
+    ),
+    (
+        "is_decoder",
+        Irrelevant("T5 sets it on its own stacks' copies of the config"),
+    ),
+];
