@@ -76,6 +76,9 @@ fn prompts(model: &Model, prompt: &Bound<'_, PyAny>) -> PyResult<Prompts> {
 /// The plan for `prompts` of `model` under `request`, warning when the length is cut.
 fn plan(py: Python<'_>, model: &Model, request: &Request, longest: usize) -> PyResult<Plan> {
     let config = GenerationConfig::read(&model.dir).or_py()?;
+    for w in &config.unapplied {
+        py.import("warnings")?.call_method1("warn", (w.as_str(),))?;
+    }
     let plan = request.plan(model.transformer(), config, longest).or_py()?;
     if let Some(c) = &plan.clamped {
         let warning = format!(

@@ -116,9 +116,13 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
         _ => bail!("give --prompt, --chat, --user or --input-ids"),
     };
     let m = &loaded.model;
+    let folder_settings = GenerationConfig::read(&args.model)?;
+    for w in &folder_settings.unapplied {
+        eprintln!("warning: {w}");
+    }
     let plan = args
         .request()
-        .plan(m, GenerationConfig::read(&args.model)?, ids.len())
+        .plan(m, folder_settings, ids.len())
         .map_err(super::in_flags::<GenerateArgs>)?;
     if let Some(c) = plan.clamped {
         eprintln!(

@@ -213,6 +213,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             let tokenizer = crate::cmd::tokenizer(&args.model, &model, false)?.map(Arc::new);
             let template = ChatTemplate::from_dir(&args.model)?;
             let config = GenerationConfig::read(&args.model)?;
+            for w in &config.unapplied {
+                eprintln!("warning: {w}");
+            }
             let (queue, t) = scheduler::start(
                 model.clone(),
                 tokenizer.clone(),

@@ -5,9 +5,10 @@
 //! - [`Rule::Irrelevant`]: it cannot change what a forward computes (training-only
 //!   settings, provenance, what a call returns), with the reason;
 //! - [`Rule::Only`]: qkv computes only this value; anything else is refused, naming the key;
-//! - [`Rule::Generation`]: a generation setting: read by `generate` from `config.json`
-//!   where the folder has no `generation_config.json` (`models/generate/config.rs`), and
-//!   never part of a forward.
+//! - [`Rule::Generation`]: a generation setting, never part of a forward: read by
+//!   `generate` from `config.json` where the folder has no `generation_config.json`
+//!   (`models/generate/config.rs`), which names those it does not apply in a warning
+//!   when they are on.
 //!
 //! A key in no table (a newer transformers' key, a remote-code key) is a warning at load.
 //! `tests/config_keys.rs` holds each family's table to the keys transformers 4.57.1 and

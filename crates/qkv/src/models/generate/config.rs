@@ -75,6 +75,9 @@ pub struct GenerationConfig {
     /// The file these settings were read from and the fields it set, so that an error
     /// a setting causes later can name the file and the field the user wrote.
     pub origin: Option<Origin>,
+    /// Settings the file gives that change which tokens transformers picks and qkv does
+    /// not apply (a repetition penalty, say), each as a warning naming file and field.
+    pub unapplied: Vec<String>,
 }
 
 /// Where a [`GenerationConfig`] came from.
@@ -93,8 +96,57 @@ impl Default for GenerationConfig {
             search: Search::default(),
             sample: None,
             origin: None,
+            unapplied: Vec::new(),
         }
     }
+}
+
+/// Generation settings transformers applies and qkv does not, each with the value
+/// that means "off" (transformers' default).
+const UNAPPLIED: &[(&str, &str)] = &[
+    ("min_length", "0"),
+    ("min_new_tokens", "null"),
+    ("repetition_penalty", "1.0"),
+    ("encoder_repetition_penalty", "1.0"),
+    ("no_repeat_ngram_size", "0"),
+    ("encoder_no_repeat_ngram_size", "0"),
+    ("typical_p", "1.0"),
+    ("epsilon_cutoff", "0.0"),
+    ("eta_cutoff", "0.0"),
+    ("min_p", "null"),
+    ("num_beam_groups", "1"),
+    ("diversity_penalty", "0.0"),
+    ("penalty_alpha", "null"),
+    ("exponential_decay_length_penalty", "null"),
+    ("suppress_tokens", "null"),
+    ("begin_suppress_tokens", "null"),
+    ("forced_bos_token_id", "null"),
+    ("sequence_bias", "null"),
+    ("guidance_scale", "null"),
+];
+
+/// Warnings for the settings of `file` (`path`'s JSON object) that [`UNAPPLIED`]
+/// lists, set to something other than off.
+fn unapplied(path: &Path, file: &serde_json::Map<String, Value>) -> Vec<String> {
+    let off = |v: &Value, default: &str| {
+        let d: Value = serde_json::from_str(default).expect("a default is JSON");
+        match (v, &d) {
+            (Value::Null, _) => true,
+            (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
+            (Value::Array(a), _) => a.is_empty(),
+            _ => *v == d,
+        }
+    };
+    UNAPPLIED
+        .iter()
+        .filter_map(|&(field, default)| {
+            let v = file.get(field).filter(|v| !off(v, default))?;
+            Some(format!(
+                "{}: field `{field}` is {v}: transformers applies it when generating, qkv does not",
+                path.display()
+            ))
+        })
+        .collect()
 }
 
 /// The fields as written; every one optional.
@@ -127,8 +179,10 @@ impl GenerationConfig {
         };
         let path = dir.join(file);
         let raw: Raw = read_json(&path)?;
+        let whole: serde_json::Map<String, Value> = read_json(&path)?;
         let bad = |field: &str, why: String| field_error(&path, field, why);
         let mut c = GenerationConfig {
+            unapplied: unapplied(&path, &whole),
             origin: Some(Origin {
                 path: path.clone(),
                 fields: raw.fields(),
@@ -252,5 +306,31 @@ impl Raw {
             .filter(|(_, on)| *on)
             .map(|(f, _)| f)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_qkv_does_not_apply_are_named_when_on() {
+        let dir = crate::io::scratch_dir("generation-unapplied");
+        let path = dir.join("generation_config.json");
+        std::fs::write(
+            &path,
+            r#"{"repetition_penalty": 1.1, "no_repeat_ngram_size": 0, "suppress_tokens": [],
+                "min_length": 3, "typical_p": 1, "top_k": 5}"#,
+        )
+        .unwrap();
+        let c = GenerationConfig::read(&dir).unwrap();
+        assert_eq!(c.unapplied.len(), 2, "{:?}", c.unapplied);
+        assert!(
+            c.unapplied[0].contains("generation_config.json: field `min_length` is 3")
+                && c.unapplied[1].contains("field `repetition_penalty` is 1.1"),
+            "{:?}",
+            c.unapplied
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
