@@ -33,7 +33,6 @@ mod common;
 
 use common::models::{batch, check_causal, load_causal, reference, EditedFixture};
 use qkv::block::Residual;
-use qkv::models::generate::{generate_causal, GenerateOptions, Sampling};
 use qkv::models::Position;
 use qkv::models::TokenBatch;
 
@@ -126,52 +125,7 @@ fn phi3_longrope_matches_hf_past_the_pretraining_length() {
             ..
         }
     ));
-    assert_eq!(m.long_rope_switch(), Some(16));
-    let prompt = batch(&f, "long_prompt", None);
-    let output = f.ints("long_gen_output").1;
-    let want = f.t("long_gen_logits");
-    let (steps, vocab) = (want.shape()[1], want.shape()[2]);
-    let eos = m.special_tokens().eos.clone();
-    let opts = GenerateOptions::new(steps, Sampling::Greedy, eos);
-    let got = generate_causal(&m, &prompt, &opts).unwrap();
-    let new: Vec<usize> = output[prompt.len..].iter().map(|&t| t as usize).collect();
-    assert_eq!(got, vec![new], "phi3 greedy generation across the switch");
-
-    // each step's logits, decoding as generation does: the cache is recomputed once,
-    // when the new token is the first past position 15
-    let mut cache = m.new_cache(1);
-    let mut seen = prompt.clone();
-    let mut input = prompt.clone();
-    let mut switched = false;
-    for step in 0..steps {
-        if step > 0 {
-            seen = seen.append(&input).unwrap();
-        }
-        if cache.len() == 16 {
-            // without the recompute, keys rotated with the short factors stay
-            let kept = m.forward_cached(&input, &mut cache.clone()).unwrap();
-            let worst = kept.data()[..vocab]
-                .iter()
-                .zip(&want.data()[step * vocab..][..vocab])
-                .fold(0.0f32, |w, (a, b)| w.max((a - b).abs()));
-            assert!(worst > 1e-2, "the recompute changes nothing ({worst})");
-            cache = m.new_cache(1);
-            input = seen.clone();
-            switched = true;
-        }
-        let got = m.forward_cached(&input, &mut cache).unwrap();
-        let last = &got.data()[(input.len - 1) * vocab..][..vocab];
-        common::assert_close(
-            &format!("phi3 step {step} (position {})", prompt.len + step - 1),
-            last,
-            &want.data()[step * vocab..][..vocab],
-            1e-4,
-            1e-4,
-        );
-        let next = output[prompt.len + step] as usize;
-        input = TokenBatch::new(vec![next], None, 1, 1).unwrap();
-    }
-    assert!(switched, "the steps cross the switch");
+    common::models::check_long_rope("phi3", &f, &m, 16);
 }
 
 #[test]

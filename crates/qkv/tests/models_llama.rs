@@ -62,30 +62,11 @@ fn yarn_rope_scaling_matches_hf() {
 #[test]
 fn dynamic_rope_scaling_matches_hf_past_the_trained_length() {
     check_causal("llama_dynamic");
-    let f = reference("llama_dynamic");
-    let m = load_causal("llama_dynamic");
-    let prompt = batch(&f, "gen_prompt", None);
-    let output = f.ints("gen_output").1;
-    let want = f.t("gen_logits");
-    let (steps, vocab) = (want.shape()[1], want.shape()[2]);
-    let mut cache = m.new_cache(1);
-    let mut input = prompt.clone();
-    for step in 0..steps {
-        let got = m.forward_cached(&input, &mut cache).unwrap();
-        let last = &got.data()[(input.len - 1) * vocab..][..vocab];
-        common::assert_close(
-            &format!(
-                "llama_dynamic generation step {step} (position {})",
-                prompt.len + step - 1
-            ),
-            last,
-            &want.data()[step * vocab..][..vocab],
-            1e-4,
-            1e-4,
-        );
-        let next = output[prompt.len + step] as usize;
-        input = TokenBatch::new(vec![next], None, 1, 1).unwrap();
-    }
+    common::models::check_generation_steps(
+        "llama_dynamic",
+        &reference("llama_dynamic"),
+        &load_causal("llama_dynamic"),
+    );
 }
 
 #[test]

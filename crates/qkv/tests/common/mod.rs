@@ -4,8 +4,9 @@
 pub mod models;
 pub mod random;
 pub mod tensors;
+pub mod train;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use qkv::io::TensorFile;
 use qkv::Tensor;
@@ -14,6 +15,7 @@ use qkv::Tensor;
 /// `tools/fixtures/generate.py` with PyTorch.
 pub struct Fixture {
     pub name: String,
+    path: PathBuf,
     file: TensorFile,
     pub params: serde_json::Value,
 }
@@ -37,12 +39,18 @@ pub fn fixture(group: &str, name: &str) -> Fixture {
         .unwrap_or(serde_json::Value::Null);
     Fixture {
         name: format!("{group}/{name}"),
+        path,
         file,
         params,
     }
 }
 
 impl Fixture {
+    /// The fixture's file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     pub fn has(&self, tensor: &str) -> bool {
         self.file.contains(tensor)
     }
