@@ -220,3 +220,25 @@ fn phi3_with_its_rotary_share_inside_rope_parameters_matches_hf() {
     });
     check_causal_model("phi3", &dir.load_causal());
 }
+
+#[test]
+fn modernbert_sequence_classifiers_pool_by_cls_and_by_mean_as_hf() {
+    for name in ["modernbert_cls", "modernbert_mean"] {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/classify")
+            .join(name);
+        let m = qkv::models::SequenceClassifier::load(&dir, qkv::ops::DType::F32)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let f = common::fixture("classify", &format!("{name}/reference"));
+        assert_eq!(m.labels(), ["no", "yes"]);
+        let tokens = batch(&f, "input_ids", Some("attention_mask"));
+        let logits = m.logits(&tokens, None).unwrap();
+        common::assert_close(
+            &format!("{name} logits"),
+            logits.data(),
+            f.t("logits").data(),
+            1e-5,
+            1e-4,
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! Sequence classification as `*ForSequenceClassification` computes it: the encoder's
-//! last hidden state of the first token (`[CLS]`, `<s>`), a dense layer and its
-//! activation, then one logit per label. Cross-encoder rerankers (the ms-marco MiniLM
+//! last hidden state of the first token (`[CLS]`, `<s>`; or the mean over the tokens,
+//! as ModernBERT's `classifier_pooling: mean` asks), a dense layer and its activation
+//! (and ModernBERT's LayerNorm), then one logit per label (`head.rs`). Cross-encoder rerankers (the ms-marco MiniLM
 //! ones) are such models with one label, read on a query and a document together.
 //!
 //! Scores follow the tool a user would compare with:
@@ -15,14 +16,16 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::families::{ClassifierLayout, PoolActivation};
+mod head;
+
+use head::{Head, HeadSettings};
+
 use super::folder::load_in;
 use super::net::arch::ModelKind;
 use super::transformer::Transformer;
 use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
-use crate::io::{bad_field, read_config, read_json_or_default, Checkpoint};
-use crate::layers::Linear;
+use crate::io::{bad_field, read_config, read_json_or_default};
 use crate::ops::DType;
 use crate::tensor::Tensor;
 use crate::text::Tokenizer;
@@ -61,11 +64,7 @@ pub struct SequenceClassifier {
     tokenizer: Option<Tokenizer>,
     pad_id: usize,
     max_len: usize,
-    /// `[C] → [C]`, BERT's pooler or the head's own dense layer
-    dense: Linear,
-    activation: PoolActivation,
-    /// `[C] → [L]`
-    out: Linear,
+    head: Head,
     labels: Vec<String>,
     scoring: Scoring,
     rerank_scoring: Scoring,
@@ -113,15 +112,15 @@ impl SequenceClassifier {
             .filter(|_| model.kind() == ModelKind::Encoder);
         let Some(layout) = layout else {
             return Err(Error::Unsupported(format!(
-                "{}: `{}` has no sequence-classification head qkv reads (BERT, RoBERTa, XLM-RoBERTa and DistilBERT have)",
+                "{}: `{}` has no sequence-classification head qkv reads (BERT, RoBERTa, XLM-RoBERTa, DistilBERT and ModernBERT have)",
                 dir.display(),
                 model.info().architecture
             )));
         };
         let c = model.arch.d_model;
-        let (dense, out) = read_head(dir, &layout, c)?;
+        let head = Head::read(dir, &layout, c, &read_config::<HeadSettings>(dir)?)?;
         let cfg: HeadConfig = read_config(dir)?;
-        let labels = read_labels(dir, &cfg.id2label, out.out_features())?;
+        let labels = read_labels(dir, &cfg.id2label, head.out.out_features())?;
         let scoring = match cfg.problem_type.as_deref() {
             Some("regression") => Scoring::Identity,
             Some("multi_label_classification") => Scoring::Sigmoid,
@@ -153,9 +152,7 @@ impl SequenceClassifier {
             tokenizer,
             pad_id,
             max_len,
-            dense,
-            activation: layout.activation,
-            out,
+            head,
             labels,
             scoring,
             rerank_scoring,
@@ -185,29 +182,9 @@ impl SequenceClassifier {
     /// head reads (`[CLS]`, `<s>`); `types` `[B·T]` are segment ids, for a model that
     /// has token types.
     pub fn logits(&self, batch: &TokenBatch, types: Option<&[usize]>) -> Result<Tensor> {
-        if let Some(b) = (0..batch.batch).find(|&b| !batch.mask[b * batch.len]) {
-            return Err(Error::invalid(
-                "attention_mask",
-                format!("row {b} starts with padding; the head reads the first token, so pad on the right"),
-            ));
-        }
         let types = types.filter(|_| self.model.arch.embed.token_types > 0);
         let h = self.model.hidden_states(batch, types)?;
-        let c = self.model.arch.d_model;
-        // [B,T,C] → [B,C]: each row's first token
-        let first: Vec<f32> = h
-            .data()
-            .chunks_exact(batch.len * c)
-            .flat_map(|row| &row[..c])
-            .copied()
-            .collect();
-        let mut z = self
-            .dense
-            .forward(&Tensor::new(&[batch.batch, c], first)?)?;
-        z.data_mut()
-            .iter_mut()
-            .for_each(|x| *x = self.activation.apply(*x));
-        self.out.forward(&z)
+        self.head.forward(&h, batch)
     }
 
     /// Logits, one row of [`SequenceClassifier::labels`]' length per input: a text, or
@@ -266,46 +243,6 @@ impl SequenceClassifier {
             .map(|row| self.rerank_scoring.apply(&row[..1])[0])
             .collect()
     }
-}
-
-/// The head's two layers, checked against the hidden size `c`.
-fn read_head(dir: &Path, layout: &ClassifierLayout, c: usize) -> Result<(Linear, Linear)> {
-    let ckpt = Checkpoint::open(dir)?;
-    let get = |name: String| -> Result<Tensor> {
-        match ckpt.has(&name) {
-            true => ckpt.tensor(&name),
-            false => Err(Error::Unsupported(format!(
-                "{}: tensor `{name}` not found: not a sequence-classification checkpoint (`…ForSequenceClassification`)",
-                dir.display()
-            ))),
-        }
-    };
-    let shaped = |name: String, shape: &[usize]| -> Result<Tensor> {
-        let t = get(name.clone())?;
-        match t.shape() == shape && shape.iter().all(|&n| n > 0) {
-            true => Ok(t),
-            false => Err(Error::Shape {
-                tensor: format!("{} in {}", name, dir.display()),
-                expected: format!("{shape:?}"),
-                got: t.shape().to_vec(),
-            }),
-        }
-    };
-    let dense = Linear::new(
-        shaped(format!("{}.weight", layout.dense), &[c, c])?,
-        Some(shaped(format!("{}.bias", layout.dense), &[c])?),
-    )?;
-    let out_weight = format!("{}.weight", layout.out);
-    let labels = get(out_weight.clone())?
-        .shape()
-        .first()
-        .copied()
-        .unwrap_or(0);
-    let out = Linear::new(
-        shaped(out_weight, &[labels, c])?,
-        Some(shaped(format!("{}.bias", layout.out), &[labels])?),
-    )?;
-    Ok((dense, out))
 }
 
 /// `id2label` as a list of `n` names, `LABEL_i` where the config gives none; a map of

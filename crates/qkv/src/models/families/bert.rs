@@ -42,6 +42,7 @@ pub(crate) static BERT: FamilyDef = FamilyDef {
     classifier: Some(ClassifierLayout {
         dense: "bert.pooler.dense",
         activation: PoolActivation::Tanh,
+        norm: None,
         out: "classifier",
     }),
     keys: KEYS,

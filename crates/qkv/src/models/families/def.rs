@@ -50,13 +50,18 @@ pub(crate) struct FamilyDef {
 }
 
 /// A sequence-classification head as BERT-family checkpoints store it: the first
-/// token's last hidden state `[C]` → `dense` (C→C) → `activation` → `out` (C→labels).
-/// BERT's `dense` is its pooler; RoBERTa's and DistilBERT's are the head's own.
+/// token's last hidden state `[C]` (or the mean over the real tokens, where the
+/// config's `classifier_pooling` says `mean`) → `dense` (C→C) → `activation` → `norm`
+/// where there is one → `out` (C→labels). BERT's `dense` is its pooler; RoBERTa's,
+/// DistilBERT's and ModernBERT's are the head's own.
 #[derive(Clone, Copy, Debug)]
 pub struct ClassifierLayout {
     /// The dense layer's checkpoint name (`bert.pooler.dense`), without `.weight`.
     pub dense: &'static str,
     pub activation: PoolActivation,
+    /// A LayerNorm after the activation (ModernBERT's `head.norm`, with the encoder's
+    /// `norm_eps`), without `.weight`.
+    pub norm: Option<&'static str>,
     /// The output layer's checkpoint name (`classifier`).
     pub out: &'static str,
 }
@@ -103,15 +108,8 @@ pub enum PoolActivation {
     Tanh,
     /// DistilBERT's `pre_classifier`.
     Relu,
-}
-
-impl PoolActivation {
-    pub fn apply(self, x: f32) -> f32 {
-        match self {
-            PoolActivation::Tanh => x.tanh(),
-            PoolActivation::Relu => x.max(0.0),
-        }
-    }
+    /// The one `config.json`'s `classifier_activation` names (ModernBERT's head).
+    Configured,
 }
 
 impl FamilyDef {

@@ -32,6 +32,7 @@ pub(crate) static DISTILBERT: FamilyDef = hf_family(
 .classifying(ClassifierLayout {
     dense: "pre_classifier",
     activation: PoolActivation::Relu,
+    norm: None,
     out: "classifier",
 });
 

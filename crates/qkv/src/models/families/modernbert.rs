@@ -19,7 +19,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::def::{hf_family, FamilyDef};
+use super::def::{hf_family, ClassifierLayout, FamilyDef, PoolActivation};
 use super::keys::{KeyTable, Rule::*, DROPOUT, INIT, TRAINING};
 use super::llama::sliding_layers;
 use super::names::{fused_gated_rows, fused_qkv_rows, layer_rows, same, Name};
@@ -33,12 +33,22 @@ use crate::position::RopeScaling;
 
 pub(crate) static MODERNBERT: FamilyDef = hf_family(
     "modernbert",
-    &["ModernBertForMaskedLM", "ModernBertModel"],
+    &[
+        "ModernBertForMaskedLM",
+        "ModernBertModel",
+        "ModernBertForSequenceClassification",
+    ],
     read_folder,
     names,
     "model.",
 )
-.with_keys(KEYS);
+.with_keys(KEYS)
+.classifying(ClassifierLayout {
+    dense: "head.dense",
+    activation: PoolActivation::Configured,
+    norm: Some("head.norm"),
+    out: "classifier",
+});
 
 /// `ModernBertConfig`, with its defaults (ModernBERT-base) where the file is silent.
 #[derive(Deserialize)]

@@ -52,6 +52,7 @@ pub(crate) static XLM_ROBERTA: FamilyDef = hf_family(
 const ROBERTA_HEAD: ClassifierLayout = ClassifierLayout {
     dense: "classifier.dense",
     activation: PoolActivation::Tanh,
+    norm: None,
     out: "classifier.out_proj",
 };
 
