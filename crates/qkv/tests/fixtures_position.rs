@@ -69,7 +69,7 @@ fn check_rope_scaled(case: &str) {
     let base = f.param_f32("base").unwrap();
     let max_positions = f.param_usize("max_position_embeddings").unwrap();
     let config: HfRopeConfig = serde_json::from_value(f.params["rope_scaling"].clone()).unwrap();
-    let scaling = config.resolve(max_positions).unwrap();
+    let scaling = config.resolve(max_positions, false).unwrap();
     let rope = Rope::new(d, base, RopeLayout::HalfSplit)
         .unwrap()
         .with_scaling(scaling.clone())

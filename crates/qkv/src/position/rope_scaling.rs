@@ -108,7 +108,7 @@ pub struct HfRopeConfig {
 pub enum RopeParameters {
     /// Tried first: a flat entry's values are numbers, strings and lists, never objects.
     ByLayerType(std::collections::BTreeMap<String, HfRopeConfig>),
-    One(HfRopeConfig),
+    One(Box<HfRopeConfig>),
 }
 
 impl RopeParameters {
@@ -149,7 +149,13 @@ impl HfRopeConfig {
     /// `max_position_embeddings` is `max_positions`. A missing or bad parameter is an
     /// [`Error::Invalid`] naming the entry (`factor`, …); an unknown kind (LongRoPE
     /// among them) is [`Error::Unsupported`].
-    pub fn resolve(&self, max_positions: usize) -> Result<RopeScaling> {
+    ///
+    /// YaRN and LongRoPE with a pre-training length: transformers 4.x takes the factor
+    /// as the ratio of the two lengths whatever `factor` says; 5.x (which writes
+    /// `rope_parameters`, with that length inside) takes a given `factor` and the ratio
+    /// only where none is given. `v5` picks 5.x's rule, for an entry of `rope_parameters`.
+    pub fn resolve(&self, max_positions: usize, v5: bool) -> Result<RopeScaling> {
+        let given = self.factor.filter(|_| v5);
         let kind = self.rope_type.as_deref().or(self.legacy_type.as_deref());
         let needs = |value: Option<f64>, name: &str| {
             value.ok_or_else(|| {
@@ -179,7 +185,7 @@ impl HfRopeConfig {
                 // lengths (DeepSeek-V3 style configs)
                 let original_max = match self.original_max_position_embeddings {
                     Some(n) if n > 0 => {
-                        factor = max_positions as f64 / n as f64;
+                        factor = given.unwrap_or(max_positions as f64 / n as f64);
                         n
                     }
                     Some(n) => n,
@@ -218,7 +224,7 @@ impl HfRopeConfig {
                 // (Phi-3 writes it beside max_position_embeddings); without one, the
                 // entry's own factor
                 let (original_max, factor) = match self.original_max_position_embeddings {
-                    Some(n) if n > 0 => (n, max_positions as f64 / n as f64),
+                    Some(n) if n > 0 => (n, given.unwrap_or(max_positions as f64 / n as f64)),
                     _ => (max_positions, self.factor.unwrap_or(1.0)),
                 };
                 let attention_factor = match self.attention_factor {

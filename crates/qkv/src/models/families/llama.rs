@@ -190,10 +190,12 @@ fn rope_settings(cfg: RopeFields, dir: &Path, max_positions: usize) -> Result<(f
     if entry.original_max_position_embeddings.is_none() {
         entry.original_max_position_embeddings = cfg.original_max;
     }
-    let scaling = entry.resolve(max_positions).and_then(|s| {
-        s.check_width("", cfg.rotary_dim)?;
-        Ok(s)
-    });
+    let scaling = entry
+        .resolve(max_positions, field == "rope_parameters")
+        .and_then(|s| {
+            s.check_width("", cfg.rotary_dim)?;
+            Ok(s)
+        });
     let scaling = scaling.map_err(|e| match e {
         Error::Invalid {
             field: entry,
