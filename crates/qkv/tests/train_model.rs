@@ -81,6 +81,12 @@ fn gpt_neox_trains_as_pytorch() {
     check_against_pytorch("gpt_neox");
 }
 
+/// The first Gemma: 1 + w RMSNorm, √C-scaled tied embeddings, GeGLU, pre-norm.
+#[test]
+fn gemma_trains_as_pytorch() {
+    check_against_pytorch("gemma");
+}
+
 /// Soft caps on scores and logits, the norms after each sub-layer, 1 + w RMSNorm,
 /// √C-scaled tied embeddings, GeGLU, a local and a global layer.
 #[test]

@@ -40,13 +40,14 @@ fn check(name: &str) {
 }
 
 /// The families with a test of their own below.
-const TESTED: [&str; 17] = [
+const TESTED: [&str; 18] = [
     "gpt2",
     "llama",
     "mistral",
     "qwen2",
     "qwen3",
     "gpt_neox",
+    "gemma",
     "gemma2",
     "gemma3",
     "phi3",
@@ -88,6 +89,11 @@ fn qwen3_trains_from_v5() {
 #[test]
 fn gpt_neox_trains_from_v5() {
     check("gpt_neox");
+}
+
+#[test]
+fn gemma_trains_from_v5() {
+    check("gemma");
 }
 
 #[test]
