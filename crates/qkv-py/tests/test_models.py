@@ -178,3 +178,15 @@ def test_sentence_embeddings_equal_sentence_transformers():
     # another batching pads to other lengths: the sums run in another order
     assert_close("batch of 3", m.embed(reference["sentences"], batch_size=3), got, 1e-5)
     assert [m.encode(s) for s in reference["sentences"][:3]] == reference["input_ids"][:3]
+
+
+def test_a_probe_gpt2_loads_with_warnings_and_runs_as_transformers():
+    """GPT2Config(vocab_size=99) keeps bos = eos = 50256: transformers runs such a folder,
+    so qkv loads it, naming the ids in warnings, and computes the same logits."""
+    f = fixture("models/gpt2_probe", "reference")
+    with pytest.warns(UserWarning, match="token id 50256 is outside the vocabulary of 99") as caught:
+        m = qkv.load(model_dir("gpt2_probe"))
+    assert any("eos_token_id" in str(w.message) and "never stops" in str(w.message) for w in caught)
+    out = m.forward(f["input_ids"], f["attention_mask"])
+    assert_close("gpt2_probe logits", real_rows(out["logits"], f["attention_mask"]),
+                 real_rows(f["logits"], f["attention_mask"]), ATOL, RTOL)
