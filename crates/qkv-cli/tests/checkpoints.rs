@@ -75,6 +75,9 @@ fn forward_writes_reference_logits_for_each_kind_of_model() {
     forward_matches("gpt2", "logits", "attention_mask");
     forward_matches("llama_gqa", "logits", "attention_mask");
     forward_matches("bert", "last_hidden_state", "attention_mask");
+    // a masked-LM folder writes its head's logits beside the hidden states
+    forward_matches("roberta_mlm", "logits", "attention_mask");
+    forward_matches("roberta_mlm", "last_hidden_state", "attention_mask");
     // Every decoder row of the encoder-decoder fixtures is real: the decoder ids act as
     // an all-ones mask of the right shape.
     forward_matches("t5", "logits", "decoder_input_ids");
