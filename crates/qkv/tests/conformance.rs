@@ -49,6 +49,16 @@ fn a_probe_gpt2_with_special_ids_outside_its_vocabulary_loads_runs_and_generates
     let opts = GenerateOptions::new(max_new, Sampling::Greedy, m.special_tokens().eos.clone());
     let got = generate_causal(&m, &TokenBatch::single(prompt).unwrap(), &opts).unwrap();
     assert_eq!(got, vec![want[5..].to_vec()]);
+    // saved again (after training, say), the folder keeps the ids it came with
+    let out = std::env::temp_dir().join(format!("qkv-probe-save-{}", std::process::id()));
+    m.save(&out).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        (&config["bos_token_id"], &config["eos_token_id"]),
+        (&json!(50256), &json!(50256))
+    );
+    std::fs::remove_dir_all(&out).unwrap();
 }
 
 #[test]

@@ -24,23 +24,31 @@ pub struct SpecialTokens {
 }
 
 impl SpecialTokens {
-    /// Writes the ids into a `config.json` object under transformers' keys (a missing
-    /// id as null, one EOS as a number, several as a list).
+    /// Writes the ids into a `config.json` object under transformers' keys (one EOS as a
+    /// number, several as a list). An id the model does not have keeps what the object
+    /// says (the source folder's value, an id outside the vocabulary left out at load),
+    /// or is written as null where it says nothing.
     pub(crate) fn write_into(&self, config: &mut serde_json::Map<String, serde_json::Value>) {
-        use serde_json::json;
+        use serde_json::{json, Value};
         let eos = match self.eos.as_slice() {
-            [] => json!(null),
+            [] => Value::Null,
             [one] => json!(one),
             many => json!(many),
         };
-        config.insert("eos_token_id".into(), eos);
-        for (key, id) in [
-            ("bos_token_id", self.bos),
-            ("pad_token_id", self.pad),
-            ("decoder_start_token_id", self.decoder_start),
+        for (key, value) in [
+            ("eos_token_id", eos),
+            ("bos_token_id", json!(self.bos)),
+            ("pad_token_id", json!(self.pad)),
+            ("decoder_start_token_id", json!(self.decoder_start)),
         ] {
-            if id.is_some() || config.contains_key(key) {
-                config.insert(key.into(), json!(id));
+            match (value.is_null(), config.contains_key(key)) {
+                (false, _) => {
+                    config.insert(key.into(), value);
+                }
+                (true, false) if key == "eos_token_id" => {
+                    config.insert(key.into(), value);
+                }
+                (true, _) => {}
             }
         }
     }

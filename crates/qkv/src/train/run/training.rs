@@ -169,7 +169,7 @@ pub fn run(request: &RunRequest, watch: &mut dyn Watch) -> Result<Summary> {
         spec,
         state,
         out,
-        notes,
+        mut notes,
     } = start(request, &mut locks)?;
     crate::ops::pool::use_threads(spec.threads)?;
     let (mut data, shape) = spec.source.open()?;
@@ -187,6 +187,10 @@ pub fn run(request: &RunRequest, watch: &mut dyn Watch) -> Result<Summary> {
             )
         }
     };
+    // what the loaded folder says that qkv reads differently from transformers
+    if let Model::Transformer(t) = &model {
+        notes.extend(t.load_warnings.iter().cloned());
+    }
     let (vocab, max_len) = model.limits();
     // a new task or text model was sized before it was made; a loaded one is sized
     // here, against the batches it will see
