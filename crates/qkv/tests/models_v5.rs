@@ -31,7 +31,8 @@
 //! twin for `gpt2_sharded`, `llama_bf16` and `llama_f16`: their configs are those of
 //! `gpt2` and `llama_gqa`, and what they add (shards, half-precision storage) is about
 //! weights, not configs (gen_v5.py's SKIP). Training on the twins of `train_model/`:
-//! train_model_v5.rs.
+//! train_model_v5.rs. The sequence classifiers of `classify/` (their heads' logits):
+//! `classify_v5/`, at the end of this file.
 
 #![cfg(feature = "models")]
 
@@ -307,4 +308,37 @@ fn every_model_folder_has_a_checked_twin() {
         eprintln!("models_v5/{name}: checked (no test of its own)");
         check(name);
     }
+}
+
+/// Every `…ForSequenceClassification` folder of `classify/`, as 5.x saves it: the
+/// head's logits on the 4.57 reference's ids (with BERT's token types).
+#[test]
+fn sequence_classifiers_equal_transformers_5() {
+    let root = common::models::fixtures_dir("classify");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&root).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        let twin = Twin::classifier(&name);
+        let m = qkv::models::SequenceClassifier::load(twin.path(), qkv::ops::DType::F32)
+            .unwrap_or_else(|e| panic!("{}: {e}", twin.label));
+        let f = &twin.reference;
+        let tokens = common::models::batch(f, "input_ids", Some("attention_mask"));
+        let types: Option<Vec<usize>> = f.has("token_type_ids").then(|| {
+            f.ints("token_type_ids")
+                .1
+                .iter()
+                .map(|&t| t as usize)
+                .collect()
+        });
+        let logits = m.logits(&tokens, types.as_deref()).unwrap();
+        common::assert_close(
+            &format!("{} logits", twin.label),
+            logits.data(),
+            f.t("logits").data(),
+            1e-5,
+            1e-4,
+        );
+        checked += 1;
+    }
+    assert!(checked >= 5, "only {checked} classifier twins");
 }

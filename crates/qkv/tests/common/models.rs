@@ -522,6 +522,11 @@ impl Twin {
         Twin::new("train_model", name)
     }
 
+    /// The twin of `classify/<name>`.
+    pub fn classifier(name: &str) -> Twin {
+        Twin::new("classify", name)
+    }
+
     fn new(group: &str, name: &str) -> Twin {
         static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let label = format!("{group}_v5/{name}");
