@@ -212,7 +212,7 @@ fn layer_names(b: &str) -> Vec<Name> {
 }
 
 /// `BertConfig`'s keys (RoBERTa's and XLM-R's are the same), see `keys.rs`.
-pub(super) const KEYS: KeyTable = &[
+pub(super) const KEYS: KeyTable = &[&[
     ("hidden_size", Read),
     ("num_hidden_layers", Read),
     ("num_attention_heads", Read),
@@ -233,4 +233,4 @@ pub(super) const KEYS: KeyTable = &[
         "gradient_checkpointing",
         Irrelevant("recomputes activations in training; the same numbers"),
     ),
-];
+]];

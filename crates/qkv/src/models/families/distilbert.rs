@@ -140,7 +140,7 @@ fn names(arch: &Arch) -> Vec<Name> {
 }
 
 /// `DistilBertConfig`'s keys, see `keys.rs`.
-const KEYS: KeyTable = &[
+const KEYS: KeyTable = &[&[
     ("max_position_embeddings", Read),
     (
         "sinusoidal_pos_embds",
@@ -162,4 +162,4 @@ const KEYS: KeyTable = &[
     ("qa_dropout", DROPOUT),
     ("seq_classif_dropout", DROPOUT),
     ("initializer_range", INIT),
-];
+]];

@@ -25,7 +25,7 @@ use serde::Deserialize;
 
 use super::checks::DecoderSizes;
 use super::def::{hf_family, FamilyDef};
-use super::keys::{KeyTable, Rule::*, CACHE, DROPOUT, INIT};
+use super::keys::{KeyTable, Rule::*, CACHE, DECODER_SIZES, DECODER_TRAINING, ROPE_KEYS};
 use super::llama::{
     model_ends, rope_position, single_rope, sliding_layers, RopeFields, ATTENTION_ROWS,
     GATED_MLP_ROWS, PRE_NORM_ROWS,
@@ -263,66 +263,52 @@ fn names(arch: &Arch) -> Vec<Name> {
 
 /// The keys of `Gemma2Config` and `Gemma3TextConfig`, see `keys.rs`.
 const KEYS: KeyTable = &[
-    ("hidden_size", Read),
-    ("intermediate_size", Read),
-    ("num_hidden_layers", Read),
-    ("num_attention_heads", Read),
-    ("num_key_value_heads", Read),
-    ("head_dim", Read),
-    ("hidden_activation", Read),
-    (
-        "hidden_act",
-        Irrelevant(
-            "the published checkpoints carry it beside hidden_activation, which Gemma 2 and 3 read",
+    DECODER_SIZES,
+    ROPE_KEYS,
+    DECODER_TRAINING,
+    &[
+        ("hidden_activation", Read),
+        (
+            "hidden_act",
+            Irrelevant(
+                "the published checkpoints carry it beside hidden_activation, which Gemma 2 and 3 read",
+            ),
         ),
-    ),
-    ("max_position_embeddings", Read),
-    ("rms_norm_eps", Read),
-    ("tie_word_embeddings", Read),
-    ("rope_theta", Read),
-    ("rope_scaling", Read),
-    ("rope_parameters", Read),
-    ("rope_local_base_freq", Read),
-    ("attention_bias", Read),
-    ("query_pre_attn_scalar", Read),
-    ("sliding_window", Read),
-    ("layer_types", Read),
-    ("sliding_window_pattern", Read),
-    (
-        "_sliding_window_pattern",
-        Irrelevant("written beside layer_types, which decides"),
-    ),
-    ("final_logit_softcapping", Read),
-    ("attn_logit_softcapping", Read),
-    ("use_bidirectional_attention", Read),
-    ("attention_dropout", DROPOUT),
-    ("initializer_range", INIT),
-    ("use_cache", CACHE),
-    ("cache_implementation", CACHE),
+        ("max_position_embeddings", Read),
+        ("rms_norm_eps", Read),
+        ("tie_word_embeddings", Read),
+        ("rope_local_base_freq", Read),
+        ("attention_bias", Read),
+        ("query_pre_attn_scalar", Read),
+        ("sliding_window", Read),
+        ("layer_types", Read),
+        ("sliding_window_pattern", Read),
+        (
+            "_sliding_window_pattern",
+            Irrelevant("written beside layer_types, which decides"),
+        ),
+        ("final_logit_softcapping", Read),
+        ("attn_logit_softcapping", Read),
+        ("use_bidirectional_attention", Read),
+        ("cache_implementation", CACHE),
+    ],
 ];
 
 /// `GemmaConfig`'s keys (the first Gemma), see `keys.rs`.
 const GEMMA_KEYS: KeyTable = &[
-    ("hidden_size", Read),
-    ("intermediate_size", Read),
-    ("num_hidden_layers", Read),
-    ("num_attention_heads", Read),
-    ("num_key_value_heads", Read),
-    ("head_dim", Read),
-    ("hidden_act", Read),
-    (
-        "hidden_activation",
-        Irrelevant("GemmaConfig keeps it; the model reads hidden_act (4.57 and 5.x)"),
-    ),
-    ("max_position_embeddings", Read),
-    ("rms_norm_eps", Read),
-    ("tie_word_embeddings", Read),
-    ("rope_theta", Read),
-    ("rope_scaling", Read),
-    ("rope_parameters", Read),
-    ("attention_bias", Read),
-    ("use_bidirectional_attention", Read),
-    ("attention_dropout", DROPOUT),
-    ("initializer_range", INIT),
-    ("use_cache", CACHE),
+    DECODER_SIZES,
+    ROPE_KEYS,
+    DECODER_TRAINING,
+    &[
+        ("hidden_act", Read),
+        (
+            "hidden_activation",
+            Irrelevant("GemmaConfig keeps it; the model reads hidden_act (4.57 and 5.x)"),
+        ),
+        ("max_position_embeddings", Read),
+        ("rms_norm_eps", Read),
+        ("tie_word_embeddings", Read),
+        ("attention_bias", Read),
+        ("use_bidirectional_attention", Read),
+    ],
 ];

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::def::{as_given, no_aliases, FamilyDef, Fresh};
-use super::keys::{KeyTable, Rule, Rule::*, CACHE, DROPOUT, INIT};
+use super::keys::{KeyRows, KeyTable, Rule, Rule::*, CACHE, DROPOUT, INIT};
 use super::names::{same, stored, How, Name};
 use super::special::TokenIds;
 use crate::error::Result;
@@ -197,6 +197,39 @@ pub(super) fn names() -> Vec<Name> {
 
 /// `GPT2Config`'s keys, see `keys.rs`.
 const KEYS: KeyTable = &[
+    SIZE_KEYS,
+    &[
+        ("n_positions", Read),
+        ("max_position_embeddings", Read),
+        ("n_inner", Read),
+        ("layer_norm_epsilon", Read),
+        ("activation_function", Read),
+        ("scale_attn_weights", Read),
+        ("scale_attn_by_inverse_layer_idx", Read),
+        ("tie_word_embeddings", Read),
+        (
+            "reorder_and_upcast_attn",
+            Irrelevant("computes the scores in f32 for half-precision training; qkv's are f32"),
+        ),
+        (
+            "n_ctx",
+            Irrelevant("an old copy of n_positions that transformers does not read"),
+        ),
+        ("attn_pdrop", DROPOUT),
+        ("embd_pdrop", DROPOUT),
+        ("resid_pdrop", DROPOUT),
+        ("summary_first_dropout", DROPOUT),
+        ("summary_type", DOUBLE_HEADS),
+        ("summary_use_proj", DOUBLE_HEADS),
+        ("summary_activation", DOUBLE_HEADS),
+        ("summary_proj_to_labels", DOUBLE_HEADS),
+        ("initializer_range", INIT),
+        ("use_cache", CACHE),
+    ],
+];
+
+/// The sizes GPT-2's and BLOOM's configs give under either name (`Sizes`).
+pub(super) const SIZE_KEYS: KeyRows = &[
     ("n_embd", Read),
     ("n_embed", Read),
     ("hidden_size", Read),
@@ -204,32 +237,6 @@ const KEYS: KeyTable = &[
     ("num_attention_heads", Read),
     ("n_layer", Read),
     ("num_hidden_layers", Read),
-    ("n_positions", Read),
-    ("max_position_embeddings", Read),
-    ("n_inner", Read),
-    ("layer_norm_epsilon", Read),
-    ("activation_function", Read),
-    ("scale_attn_weights", Read),
-    ("scale_attn_by_inverse_layer_idx", Read),
-    ("tie_word_embeddings", Read),
-    (
-        "reorder_and_upcast_attn",
-        Irrelevant("computes the scores in f32 for half-precision training; qkv's are f32"),
-    ),
-    (
-        "n_ctx",
-        Irrelevant("an old copy of n_positions that transformers does not read"),
-    ),
-    ("attn_pdrop", DROPOUT),
-    ("embd_pdrop", DROPOUT),
-    ("resid_pdrop", DROPOUT),
-    ("summary_first_dropout", DROPOUT),
-    ("summary_type", DOUBLE_HEADS),
-    ("summary_use_proj", DOUBLE_HEADS),
-    ("summary_activation", DOUBLE_HEADS),
-    ("summary_proj_to_labels", DOUBLE_HEADS),
-    ("initializer_range", INIT),
-    ("use_cache", CACHE),
 ];
 
 const DOUBLE_HEADS: Rule = Irrelevant("GPT2DoubleHeadsModel's multiple-choice head, not loaded");

@@ -141,7 +141,7 @@ pub(super) fn names(arch: &Arch) -> Vec<Name> {
 }
 
 /// `GPTNeoXConfig`'s keys, see `keys.rs`.
-const KEYS: KeyTable = &[
+const KEYS: KeyTable = &[&[
     ("hidden_size", Read),
     ("num_hidden_layers", Read),
     ("num_attention_heads", Read),
@@ -163,4 +163,4 @@ const KEYS: KeyTable = &[
     ("classifier_dropout", DROPOUT),
     ("initializer_range", INIT),
     ("use_cache", CACHE),
-];
+]];

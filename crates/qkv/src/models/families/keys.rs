@@ -30,8 +30,11 @@ pub enum Rule {
     Generation,
 }
 
-/// One family's keys, each with its rule.
-pub type KeyTable = &'static [(&'static str, Rule)];
+/// Keys, each with its rule.
+pub type KeyRows = &'static [(&'static str, Rule)];
+
+/// One family's keys: its own rows and the shared parts it reads alike.
+pub type KeyTable = &'static [KeyRows];
 
 use Rule::{Generation, Irrelevant, Only, Read};
 
@@ -43,8 +46,32 @@ pub(super) const CACHE: Rule =
 pub(super) const TRAINING: Rule =
     Irrelevant("a training setting of transformers' heads and losses");
 
+/// The sizes every Llama-like config names alike (`checks::DecoderSizes`, `head_dim`).
+pub const DECODER_SIZES: KeyRows = &[
+    ("hidden_size", Read),
+    ("intermediate_size", Read),
+    ("num_hidden_layers", Read),
+    ("num_attention_heads", Read),
+    ("num_key_value_heads", Read),
+    ("head_dim", Read),
+];
+
+/// RoPE in either layout (4.x `rope_theta` + `rope_scaling`, 5.x `rope_parameters`).
+pub const ROPE_KEYS: KeyRows = &[
+    ("rope_theta", Read),
+    ("rope_scaling", Read),
+    ("rope_parameters", Read),
+];
+
+/// What a decoder's config says about training and caching only.
+pub const DECODER_TRAINING: KeyRows = &[
+    ("attention_dropout", DROPOUT),
+    ("initializer_range", INIT),
+    ("use_cache", CACHE),
+];
+
 /// PretrainedConfig's keys, every family's (4.57.1 and 5.x).
-pub const COMMON: KeyTable = &[
+pub const COMMON: KeyRows = &[
     ("architectures", Read),
     ("model_type", Read),
     (
@@ -199,6 +226,7 @@ pub const ROPE: &[&str] = &[
 pub fn rule(table: KeyTable, key: &str) -> Option<Rule> {
     table
         .iter()
+        .flat_map(|rows| rows.iter())
         .chain(COMMON)
         .find(|(k, _)| *k == key)
         .map(|&(_, r)| r)
@@ -284,7 +312,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    const TABLE: KeyTable = &[("hidden_size", Read), ("is_decoder", Only("false"))];
+    const TABLE: KeyTable = &[&[("hidden_size", Read), ("is_decoder", Only("false"))]];
 
     fn run(config: Value) -> Result<Vec<String>> {
         let Value::Object(map) = config else {

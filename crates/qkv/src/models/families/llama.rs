@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use super::checks::DecoderSizes;
 use super::def::{as_given, no_aliases, FamilyDef, Fresh, ReadConfig};
-use super::keys::{KeyTable, Rule::*, CACHE, DROPOUT, INIT};
+use super::keys::{KeyTable, Rule::*, DECODER_SIZES, DECODER_TRAINING, ROPE_KEYS};
 use super::names::{layer_rows, same, Name};
 use super::special::TokenIds;
 use crate::error::{Error, Result};
@@ -510,30 +510,23 @@ pub(super) const GATED_MLP_ROWS: [(&str, &str); 3] = [
 /// The keys of `LlamaConfig`, `MistralConfig`, `Qwen2Config` and `Qwen3Config` (one
 /// reader; the window keys mean what each variant makes of them), see `keys.rs`.
 const KEYS: KeyTable = &[
-    ("hidden_size", Read),
-    ("intermediate_size", Read),
-    ("num_hidden_layers", Read),
-    ("num_attention_heads", Read),
-    ("num_key_value_heads", Read),
-    ("head_dim", Read),
-    ("rms_norm_eps", Read),
-    ("hidden_act", Read),
-    ("attention_bias", Read),
-    ("mlp_bias", Read),
-    ("tie_word_embeddings", Read),
-    ("max_position_embeddings", Read),
-    ("rope_theta", Read),
-    ("rope_scaling", Read),
-    ("rope_parameters", Read),
-    ("sliding_window", Read),
-    ("use_sliding_window", Read),
-    ("max_window_layers", Read),
-    ("layer_types", Read),
-    ("attention_dropout", DROPOUT),
-    ("initializer_range", INIT),
-    ("use_cache", CACHE),
-    (
-        "pretraining_tp",
-        Irrelevant("slices of the tensor-parallel product, summed to the same numbers"),
-    ),
+    DECODER_SIZES,
+    ROPE_KEYS,
+    DECODER_TRAINING,
+    &[
+        ("rms_norm_eps", Read),
+        ("hidden_act", Read),
+        ("attention_bias", Read),
+        ("mlp_bias", Read),
+        ("tie_word_embeddings", Read),
+        ("max_position_embeddings", Read),
+        ("sliding_window", Read),
+        ("use_sliding_window", Read),
+        ("max_window_layers", Read),
+        ("layer_types", Read),
+        (
+            "pretraining_tp",
+            Irrelevant("slices of the tensor-parallel product, summed to the same numbers"),
+        ),
+    ],
 ];

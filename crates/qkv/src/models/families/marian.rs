@@ -217,7 +217,7 @@ pub(super) fn names(arch: &Arch) -> Vec<Name> {
 
 /// `MarianConfig`'s keys, and the BART-era ones of the first OPUS-MT conversions, which
 /// `MarianConfig` ignores (see `keys.rs`).
-const KEYS: KeyTable = &[
+const KEYS: KeyTable = &[&[
     ("decoder_vocab_size", Read),
     ("d_model", Read),
     ("hidden_size", Read),
@@ -256,7 +256,7 @@ const KEYS: KeyTable = &[
     ("add_bias_logits", BART),
     ("add_final_layer_norm", BART),
     ("extra_pos_embeddings", BART),
-];
+]];
 
 const BART: Rule =
     Irrelevant("a BART-era key of the first OPUS-MT conversions, which MarianConfig ignores");

@@ -266,7 +266,7 @@ fn rope_base(dir: &Path, kind: &str, entry: &HfRopeConfig) -> Result<f64> {
 }
 
 /// `ModernBertConfig`'s keys, see `keys.rs`.
-const KEYS: KeyTable = &[
+const KEYS: KeyTable = &[&[
     ("hidden_size", Read),
     ("intermediate_size", Read),
     ("num_hidden_layers", Read),
@@ -311,4 +311,4 @@ const KEYS: KeyTable = &[
     ("repad_logits_with_grad", TRAINING),
     ("sparse_prediction", TRAINING),
     ("sparse_pred_ignore_index", TRAINING),
-];
+]];

@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::checks::{self, DecoderSizes};
 use super::def::{hf_family, FamilyDef};
-use super::keys::{KeyTable, Rule::*, CACHE, DROPOUT, INIT};
+use super::keys::{KeyTable, Rule::*, DECODER_SIZES, DECODER_TRAINING, DROPOUT, ROPE_KEYS};
 use super::llama::{model_ends, rope_position, single_rope, RopeFields, PRE_NORM_ROWS};
 use super::names::{fused_gated_rows, fused_qkv_rows, layer_rows, Name};
 use super::special::TokenIds;
@@ -133,25 +133,18 @@ fn names(arch: &Arch) -> Vec<Name> {
 
 /// `Phi3Config`'s keys, see `keys.rs`.
 const KEYS: KeyTable = &[
-    ("hidden_size", Read),
-    ("intermediate_size", Read),
-    ("num_hidden_layers", Read),
-    ("num_attention_heads", Read),
-    ("num_key_value_heads", Read),
-    ("head_dim", Read),
-    ("hidden_act", Read),
-    ("max_position_embeddings", Read),
-    ("original_max_position_embeddings", Read),
-    ("rms_norm_eps", Read),
-    ("tie_word_embeddings", Read),
-    ("rope_theta", Read),
-    ("rope_scaling", Read),
-    ("rope_parameters", Read),
-    ("partial_rotary_factor", Read),
-    ("sliding_window", Read),
-    ("attention_dropout", DROPOUT),
-    ("embd_pdrop", DROPOUT),
-    ("resid_pdrop", DROPOUT),
-    ("initializer_range", INIT),
-    ("use_cache", CACHE),
+    DECODER_SIZES,
+    ROPE_KEYS,
+    DECODER_TRAINING,
+    &[
+        ("hidden_act", Read),
+        ("max_position_embeddings", Read),
+        ("original_max_position_embeddings", Read),
+        ("rms_norm_eps", Read),
+        ("tie_word_embeddings", Read),
+        ("partial_rotary_factor", Read),
+        ("sliding_window", Read),
+        ("embd_pdrop", DROPOUT),
+        ("resid_pdrop", DROPOUT),
+    ],
 ];

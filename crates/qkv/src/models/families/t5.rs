@@ -215,7 +215,7 @@ pub(super) fn names(arch: &Arch) -> Vec<Name> {
 }
 
 /// `T5Config`'s keys, see `keys.rs`.
-const KEYS: KeyTable = &[
+const KEYS: KeyTable = &[&[
     ("d_model", Read),
     ("hidden_size", Read),
     ("d_kv", Read),
@@ -247,4 +247,4 @@ const KEYS: KeyTable = &[
         "is_decoder",
         Irrelevant("T5 sets it on its own stacks' copies of the config"),
     ),
-];
+]];
