@@ -9,36 +9,12 @@
 
 mod common;
 
-use common::assert_close;
+// every layer's `{prefix}.{l}` at query rows whose token is real
+use common::models::check_maps as check;
 use common::models::{batch, load, reference};
 use qkv::models::attribute::{attribute, Method, Target};
 use qkv::models::{Input, ModelKind};
 use qkv::Tensor;
-
-/// Compares `got` with the fixture's `{prefix}.{l}` for each layer, at query rows
-/// whose token is real (`query_mask`: `[B·T]`).
-fn check(name: &str, prefix: &str, got: &[Tensor], want: &common::Fixture, query_mask: &[bool]) {
-    assert!(!got.is_empty(), "{name}: no {prefix}");
-    for (l, g) in got.iter().enumerate() {
-        let w = want.t(&format!("{prefix}.{l}"));
-        assert_eq!(g.shape(), w.shape(), "{name} {prefix}.{l}");
-        let (b, h, t, s) = (w.shape()[0], w.shape()[1], w.shape()[2], w.shape()[3]);
-        for r in 0..b {
-            for i in (0..t).filter(|&i| query_mask[r * t + i]) {
-                for head in 0..h {
-                    let at = ((r * h + head) * t + i) * s;
-                    assert_close(
-                        &format!("{name} {prefix}.{l} row {r} head {head} query {i}"),
-                        &g.data()[at..at + s],
-                        &w.data()[at..at + s],
-                        1e-5,
-                        1e-4,
-                    );
-                }
-            }
-        }
-    }
-}
 
 #[test]
 fn self_attention_weights_match_transformers() {

@@ -329,7 +329,7 @@ pub fn check_encoder_against(name: &str, f: &Fixture, m: &Transformer) {
 /// Compares `got` with the fixture's `{prefix}.{l}` for each layer (as many as the
 /// fixture has), at query rows whose token is real (`query_mask`: `[B·T]`); every key
 /// of such a row. Tolerance atol 1e-5 + rtol 1e-4 (attention_maps.rs).
-fn check_maps(name: &str, prefix: &str, got: &[Tensor], f: &Fixture, query_mask: &[bool]) {
+pub fn check_maps(name: &str, prefix: &str, got: &[Tensor], f: &Fixture, query_mask: &[bool]) {
     let layers = (0..)
         .take_while(|l| f.has(&format!("{prefix}.{l}")))
         .count();
