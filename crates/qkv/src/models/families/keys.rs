@@ -43,6 +43,8 @@ pub(super) const INIT: Rule =
     Irrelevant("initialisation of fresh weights; a folder brings its own");
 pub(super) const CACHE: Rule =
     Irrelevant("whether decoding keeps a KV cache; the numbers are the same");
+const KERNEL: Rule =
+    Irrelevant("which attention kernel transformers runs; they compute the same numbers");
 pub(super) const TRAINING: Rule =
     Irrelevant("a training setting of transformers' heads and losses");
 
@@ -172,6 +174,10 @@ pub const COMMON: KeyRows = &[
         "auto_map",
         Irrelevant("remote code, which transformers runs only with trust_remote_code"),
     ),
+    ("_attn_implementation_autoset", KERNEL),
+    ("attn_implementation", KERNEL),
+    ("_attn_implementation", KERNEL),
+    ("quantization_config", Only("null")),
     ("max_length", Generation),
     ("max_new_tokens", Generation),
     ("min_length", Generation),
@@ -251,8 +257,12 @@ pub fn check(
             Some(Only(default)) => {
                 let want: Value = serde_json::from_str(default).expect("a rule's default is JSON");
                 if !same_value(value, &want) {
+                    let only = match default {
+                        "null" => "without it".to_string(),
+                        d => format!("with {d}"),
+                    };
                     return Err(Error::Unsupported(format!(
-                        "{}: field `{key}` is {value}; qkv computes {family} models only with {default}",
+                        "{}: field `{key}` is {value}; qkv computes {family} models only {only}",
                         path.display()
                     )));
                 }
@@ -345,6 +355,13 @@ mod tests {
         );
         assert!(run(json!({"pruned_heads": {}})).unwrap().is_empty());
         assert!(run(json!({"pruned_heads": {"0": [1]}})).is_err());
+        let e = run(json!({"quantization_config": {"quant_method": "gptq"}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("field `quantization_config`") && e.contains("only without it"),
+            "{e}"
+        );
     }
 
     #[test]
