@@ -97,7 +97,8 @@ pub fn load(py: Python<'_>, path: PathBuf, dtype: &str, kv_dtype: &str) -> PyRes
     let model = py.detach(|| read(&path, dtype, kv_dtype)).or_py()?;
     // what the folder says that qkv reads differently from transformers or not at all
     for warning in &model.transformer().load_warnings {
-        py.import("warnings")?.call_method1("warn", (warning.as_str(),))?;
+        py.import("warnings")?
+            .call_method1("warn", (warning.as_str(),))?;
     }
     if model.transformer().kv_dtype != kv_dtype {
         return Err(PyValueError::new_err(format!(

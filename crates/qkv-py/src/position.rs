@@ -183,7 +183,8 @@ impl Rope {
                 .extract()?;
             let config: HfRopeConfig = serde_json::from_str(&json)
                 .map_err(|e| PyValueError::new_err(format!("invalid `scaling`: {e}")))?;
-            let resolved = config.resolve(max_positions.unwrap_or(0)).or_py()?;
+            // a `rope_scaling` entry as transformers 4.x reads it
+            let resolved = config.resolve(max_positions.unwrap_or(0), false).or_py()?;
             inner = inner.with_scaling(resolved).or_py()?;
         }
         Ok(Rope { inner })
