@@ -23,6 +23,33 @@ fn fixture() -> Vec<Value> {
     serde_json::from_slice(&bytes).expect("templates.json")
 }
 
+/// The bounds on a render (`TEMPLATE_FUEL` steps, `MAX_RENDERED_BYTES`) leave room for
+/// any real conversation: 4096 turns render with every published template here.
+#[test]
+fn long_conversations_fit_the_render_bounds() {
+    for f in &fixture() {
+        let family = f["family"].as_str().unwrap();
+        let mut special = Map::new();
+        for name in ["bos_token", "eos_token"] {
+            if let Some(t) = f[name].as_str() {
+                special.insert(name.into(), Value::String(t.into()));
+            }
+        }
+        let template = f["template"].as_str().unwrap().to_string();
+        let t = ChatTemplate::with_tokens(template, special, family.into()).unwrap();
+        let messages: Vec<Value> = (0..4096)
+            .map(|i| {
+                let role = if i % 2 == 0 { "user" } else { "assistant" };
+                serde_json::json!({"role": role, "content": format!("turn {i}: where does it point?")})
+            })
+            .collect();
+        let text = t
+            .render(&messages, true)
+            .unwrap_or_else(|e| panic!("{family}: {e}"));
+        assert!(text.contains("turn 4095: where does it point?"), "{family}");
+    }
+}
+
 #[test]
 fn templates_render_as_transformers_renders_them() {
     let families = fixture();

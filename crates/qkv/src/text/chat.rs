@@ -6,6 +6,11 @@
 //! `json.dumps` writes, and the tokenizer's special tokens (`bos_token`, `eos_token`,
 //! …) as variables. The rendered text already holds the special tokens, so it is
 //! tokenized without adding any.
+//!
+//! A template is a program, and the folder's is run on what clients send: each render
+//! is bounded in steps ([`TEMPLATE_FUEL`] of minijinja's instructions, so three nested
+//! `range(100000)` loops stop at once) and in output ([`MAX_RENDERED_BYTES`]), and either
+//! bound is one clear error naming the template.
 
 use std::path::{Path, PathBuf};
 
@@ -25,6 +30,15 @@ pub struct ChatTemplate {
     /// where the template came from, for errors
     path: PathBuf,
 }
+
+/// The instructions one render may run: 10⁷, room for a conversation of thousands of
+/// turns through the published templates (`tests/chat_templates.rs` renders 4096 with
+/// each), and a few seconds at most for a template that loops without end.
+pub const TEMPLATE_FUEL: u64 = 10_000_000;
+
+/// The longest prompt text one render may write: 16 MiB, past any context window's
+/// worth of text.
+pub const MAX_RENDERED_BYTES: usize = 16 << 20;
 
 /// The special-token fields of `tokenizer_config.json` that transformers passes to the
 /// template.
@@ -72,8 +86,14 @@ impl ChatTemplate {
                 Some(Json::String(s)) => (s.clone(), config_path.clone()),
                 Some(Json::Array(named)) => {
                     let default = named.iter().find(|t| t["name"] == "default");
-                    match default.and_then(|t| t["template"].as_str()) {
-                        Some(s) => (s.to_string(), config_path.clone()),
+                    match default.map(|t| &t["template"]) {
+                        Some(Json::String(s)) => (s.to_string(), config_path.clone()),
+                        Some(other) => {
+                            return Err(Error::invalid(
+                                field,
+                                format!("the template named `default` is not a string but {other}"),
+                            ))
+                        }
                         None => {
                             return Err(Error::invalid(
                                 field,
@@ -185,13 +205,29 @@ impl ChatTemplate {
         for (k, v) in extra {
             vars.insert(k.clone(), v.clone());
         }
+        let mut out = Capped(Vec::new());
         template
-            .render(Value::from_serialize(&vars))
-            .map_err(|e| self.error(e))
+            .render_captured_to(Value::from_serialize(&vars), &mut out)
+            .map_err(|e| self.error(e))?;
+        String::from_utf8(out.0).map_err(|e| {
+            Error::invalid(
+                format!("{} (chat template)", self.path.display()),
+                format!("the rendered prompt is not UTF-8: {e}"),
+            )
+        })
     }
 
     fn error(&self, e: minijinja::Error) -> Error {
-        let mut why = e.to_string();
+        let mut why = match e.kind() {
+            ErrorKind::OutOfFuel => format!(
+                "the template ran past {TEMPLATE_FUEL} steps of rendering (a loop too long for a prompt)"
+            ),
+            ErrorKind::WriteFailure => format!(
+                "the rendered prompt passed {} MiB",
+                MAX_RENDERED_BYTES >> 20
+            ),
+            _ => e.to_string(),
+        };
         let mut source = std::error::Error::source(&e);
         while let Some(s) = source {
             why.push_str(&format!(": {s}"));
@@ -201,9 +237,27 @@ impl ChatTemplate {
     }
 }
 
-/// The Jinja environment transformers renders chat templates in.
+/// A render's output, refused past [`MAX_RENDERED_BYTES`].
+struct Capped(Vec<u8>);
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_RENDERED_BYTES {
+            return Err(std::io::Error::other("the rendered prompt is too long"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The Jinja environment transformers renders chat templates in, bounded in steps.
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -464,5 +518,30 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("roles must alternate"), "{err}");
+    }
+
+    #[test]
+    fn a_render_is_bounded_in_steps_and_in_output() {
+        let t = |src: &str| ChatTemplate::with_tokens(src.into(), Map::new(), "evil.jinja".into());
+        let hi = [json!({"role": "user", "content": "hi"})];
+        // 10^15 iterations: stops at once, naming the template
+        let loops = t("{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}x{% endfor %}{% endfor %}{% endfor %}").unwrap();
+        let started = std::time::Instant::now();
+        let err = loops.render(&hi, true).unwrap_err().to_string();
+        assert!(
+            err.contains("evil.jinja (chat template)") && err.contains("steps of rendering"),
+            "{err}"
+        );
+        assert!(started.elapsed().as_secs() < 30);
+        // 100 MB a step, 10 GB in all: refused at the cap, not after
+        let big = t("{% for i in range(100) %}{{ 'x' * 100000000 }}{% endfor %}").unwrap();
+        let err = big.render(&hi, true).unwrap_err().to_string();
+        assert!(
+            err.contains("evil.jinja (chat template)") && err.contains("passed 16 MiB"),
+            "{err}"
+        );
+        // a prompt of a little under the cap renders
+        let fits = t("{{ 'x' * 16000000 }}").unwrap();
+        assert_eq!(fits.render(&hi, true).unwrap().len(), 16_000_000);
     }
 }
