@@ -9,6 +9,8 @@
 #![cfg(feature = "models")]
 
 mod common;
+#[path = "gguf/converted.rs"]
+mod converted;
 
 use std::path::{Path, PathBuf};
 

@@ -1,6 +1,8 @@
 //! A GGUF file's tensors seen under Hugging Face's names, Q and K put back in Hugging
-//! Face's row order, and the linear layers that run from their stored blocks.
+//! Face's row order, Gemma's norms as 1 + w less 1, and the linear layers that run from
+//! their stored blocks.
 
+use super::meta::Kind;
 use crate::error::{Error, Result};
 use crate::io::gguf::{q8_0_parts, GgmlType, GgufFile};
 use crate::io::TensorSource;
@@ -12,9 +14,10 @@ use crate::ops::int8::Int8Weight;
 use crate::ops::DType;
 use crate::tensor::Tensor;
 
-/// A GGUF file's tensors under the Hugging Face names of a Llama-layout model.
+/// A GGUF file's tensors under the Hugging Face names of its kind's family.
 pub(super) struct HfView<'f> {
     file: &'f GgufFile,
+    kind: Kind,
     /// Q's and K's heads when llama.cpp permuted their rows (weights and biases)
     permuted: Option<(usize, usize)>,
     /// whether the LM head is the token table (a tied head run from its blocks)
@@ -39,7 +42,7 @@ pub(super) fn runs_as_stored(ty: GgmlType, dtype: DType) -> bool {
 const TABLE: &str = "token_embd.weight";
 
 /// Hugging Face's name of a layer's tensor (after `model.layers.{l}.`) → llama.cpp's
-/// (after `blk.{l}.`).
+/// (after `blk.{l}.`), where the kinds agree (see [`kind_names`]).
 const LAYER_NAMES: [(&str, &str); 11] = [
     ("input_layernorm", "attn_norm"),
     ("post_attention_layernorm", "ffn_norm"),
@@ -54,18 +57,43 @@ const LAYER_NAMES: [(&str, &str); 11] = [
     ("mlp.down_proj", "ffn_down"),
 ];
 
+/// The layer names of `kind` that differ from [`LAYER_NAMES`]: Gemma 2's and 3's norms
+/// around each sub-layer, Phi-3's fused projections (`ffn_up` holds the gate and the
+/// up projection).
+fn kind_names(kind: Kind) -> &'static [(&'static str, &'static str)] {
+    match kind {
+        Kind::Gemma2 | Kind::Gemma3 => &[
+            ("post_attention_layernorm", "post_attention_norm"),
+            ("pre_feedforward_layernorm", "ffn_norm"),
+            ("post_feedforward_layernorm", "post_ffw_norm"),
+        ],
+        Kind::Phi3 => &[
+            ("self_attn.qkv_proj", "attn_qkv"),
+            ("mlp.gate_up_proj", "ffn_up"),
+        ],
+        _ => &[],
+    }
+}
+
+/// Whether the tensor `gguf` of a `kind` file is a norm's weight stored as 1 + w
+/// (Gemma's, which scale by 1 + w).
+pub(super) fn offset_norm(kind: Kind, gguf: &str) -> bool {
+    kind.unit_offset() && gguf.ends_with("norm.weight")
+}
+
 impl<'f> HfView<'f> {
     pub fn new(
         file: &'f GgufFile,
         arch: &Arch,
-        permuted: bool,
+        kind: Kind,
         head_from_table: bool,
         dtype: DType,
     ) -> Self {
         let stack = arch.stack();
         HfView {
             file,
-            permuted: permuted.then_some((stack.heads, stack.kv_heads)),
+            kind,
+            permuted: kind.permuted().then_some((stack.heads, stack.kv_heads)),
             head_from_table,
             dtype,
             table: std::cell::OnceCell::new(),
@@ -78,7 +106,7 @@ impl<'f> HfView<'f> {
         if hf == "lm_head.weight" && self.head_from_table {
             return Some((TABLE.into(), None));
         }
-        let (name, rotated) = gguf_name(hf)?;
+        let (name, rotated) = gguf_name(self.kind, hf)?;
         let heads = match (rotated, self.permuted) {
             (Some(Rotated::Q), Some((q, _))) => Some(q),
             (Some(Rotated::K), Some((_, k))) => Some(k),
@@ -180,9 +208,9 @@ pub(super) enum Rotated {
     K,
 }
 
-/// llama.cpp's name of the Hugging Face tensor `hf` of a Llama-layout model, and
-/// whether it is Q's or K's (whose rows llama.cpp permutes in `llama` files).
-pub(super) fn gguf_name(hf: &str) -> Option<(String, Option<Rotated>)> {
+/// llama.cpp's name of the Hugging Face tensor `hf` of a `kind` model, and whether it is
+/// Q's or K's (whose rows llama.cpp permutes in `llama` files).
+pub(super) fn gguf_name(kind: Kind, hf: &str) -> Option<(String, Option<Rotated>)> {
     let whole = match hf {
         "model.embed_tokens.weight" => Some(TABLE),
         "model.norm.weight" => Some("output_norm.weight"),
@@ -198,10 +226,13 @@ pub(super) fn gguf_name(hf: &str) -> Option<(String, Option<Rotated>)> {
     if !matches!(part, "weight" | "bias") || layer.parse::<usize>().is_err() {
         return None;
     }
-    let (_, gguf) = LAYER_NAMES.iter().find(|(h, _)| *h == module)?;
+    let (_, gguf) = kind_names(kind)
+        .iter()
+        .chain(LAYER_NAMES.iter())
+        .find(|(h, _)| *h == module)?;
     let rotated = match *gguf {
-        "attn_q" => Some(Rotated::Q),
-        "attn_k" => Some(Rotated::K),
+        "attn_q" if kind.permuted() => Some(Rotated::Q),
+        "attn_k" if kind.permuted() => Some(Rotated::K),
         _ => None,
     };
     Some((format!("blk.{layer}.{gguf}.{part}"), rotated))
@@ -213,14 +244,19 @@ impl TensorSource for HfView<'_> {
             .is_some_and(|(g, _)| self.file.header.tensor(&g).is_some())
     }
 
-    /// The tensor as f32: quantized blocks dequantized by the reference twins.
+    /// The tensor as f32: quantized blocks dequantized by the reference twins; a Gemma
+    /// norm's 1 + w less 1 (a norm then scales by the stored value again, exactly when
+    /// it is at least ½).
     fn tensor(&self, name: &str) -> Result<Tensor> {
         let (gguf, heads) = self.locate(name).ok_or_else(|| Error::Gguf {
             path: self.file.path().to_string(),
             reason: format!("no tensor stands for `{name}`"),
         })?;
-        let t = self.file.tensor(&gguf)?;
+        let mut t = self.file.tensor(&gguf)?;
         t.check_finite(&gguf)?;
+        if offset_norm(self.kind, &gguf) {
+            t.data_mut().iter_mut().for_each(|w| *w -= 1.0);
+        }
         match heads {
             Some(heads) => unpermute_rows(t, heads, &gguf),
             None => Ok(t),
