@@ -189,6 +189,9 @@ pub struct Settings {
     pub logprobs: Option<Value>,
     /// qkv's own: attention maps on request.
     pub qkv: Option<QkvOptions>,
+    /// Who asked, for the caller's own logs: read to check it is a string, not used.
+    #[allow(dead_code)]
+    pub user: Option<String>,
 }
 
 /// The `qkv` field of a completion request.
@@ -260,6 +263,9 @@ pub struct EmbeddingRequest {
     /// client asks for unless told otherwise)
     pub encoding_format: Option<String>,
     pub dimensions: Option<usize>,
+    /// Who asked, for the caller's own logs: read to check it is a string, not used.
+    #[allow(dead_code)]
+    pub user: Option<String>,
 }
 
 /// The fields of [`TokenizeRequest`].

@@ -919,3 +919,110 @@ fn rerank_and_classify_equal_qkv_classify_and_bad_requests_get_4xx() {
     let total: f64 = labels.iter().map(|l| l["score"].as_f64().unwrap()).sum();
     assert!((total - 1.0).abs() < 1e-5, "softmax scores sum to 1");
 }
+
+/// The served folder with `template` as its `chat_template.jinja`, for one test.
+fn with_template(tag: &str, template: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("qkv-serve-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(model()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
+    dir
+}
+
+/// Hardening round 3: a template that loops without end or writes gigabytes is one 400
+/// naming the template while `/health` keeps answering; texts, message lists, content
+/// parts and fields of the wrong kind are refused before any work, naming the field.
+#[test]
+fn hostile_templates_and_sizes_get_400s_naming_the_field_and_the_server_keeps_answering() {
+    let chat = |s: &Server, messages: Value| {
+        s.post(
+            "/v1/chat/completions",
+            &json!({"model": s.name(), "messages": messages, "max_tokens": 2}),
+        )
+    };
+    let hi = json!([{"role": "user", "content": "hi"}]);
+    for (tag, template, says) in [
+        (
+            "loops",
+            "{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}x{% endfor %}{% endfor %}{% endfor %}",
+            "steps of rendering",
+        ),
+        (
+            "huge",
+            "{% for i in range(100) %}{{ 'x' * 100000000 }}{% endfor %}",
+            "passed 16 MiB",
+        ),
+    ] {
+        let dir = with_template(tag, template);
+        let s = Server::start(&dir, &[]);
+        let addr = s.addr;
+        let name = s.name();
+        let started = Instant::now();
+        let request = std::thread::spawn(move || {
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            let body = json!({"model": name, "messages": [{"role": "user", "content": "hi"}]});
+            let body = body.to_string();
+            write!(
+                c,
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+            read_reply(&mut c)
+        });
+        // the render runs off the HTTP thread: the server answers meanwhile
+        assert_eq!(s.get("/health").status, 200, "{tag}");
+        let r = request.join().unwrap();
+        refused(&r, "messages");
+        let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(
+            message.contains("chat_template.jinja (chat template)") && message.contains(says),
+            "{tag}: {message}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(60), "{tag}");
+        assert_eq!(s.get("/health").status, 200, "{tag}");
+        drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    let s = Server::start(model(), &["--max-prompt", "1000"]);
+    // 32 bytes a token of --max-prompt: 32 000 bytes at most, refused before tokenizing
+    let long = "the animal was tired ".repeat(2000);
+    let r = s.post("/tokenize", &json!({"content": long}));
+    refused(&r, "content");
+    assert!(r.body.contains("--max-prompt 1000"), "{}", r.body);
+    let r = s.post(
+        "/v1/completions",
+        &json!({"model": s.name(), "prompt": long, "max_tokens": 2}),
+    );
+    refused(&r, "prompt");
+    let many: Vec<Value> = (0..5000)
+        .map(|_| json!({"role": "user", "content": "a"}))
+        .collect();
+    let r = chat(&s, json!(many));
+    refused(&r, "messages");
+    assert!(r.body.contains("5000 messages"), "{}", r.body);
+    let r = chat(
+        &s,
+        json!([{"role": "user", "content": [{"type": "image_url", "text": "x"}]}]),
+    );
+    refused(&r, "messages[0].content[0].type");
+    let ok = json!({"model": s.name(), "messages": hi, "max_tokens": 2});
+    let with = |k: &str, v: Value| {
+        let mut b = ok.clone();
+        b[k] = v;
+        s.post("/v1/chat/completions", &b)
+    };
+    refused(
+        &with("stream_options", json!({"include_usage": true})),
+        "stream_options",
+    );
+    refused(&with("user", json!(5)), "user");
+    // and it keeps serving
+    let r = with("user", json!("someone"));
+    assert_eq!(r.status, 200, "{}", r.body);
+}

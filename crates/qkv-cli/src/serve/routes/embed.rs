@@ -8,12 +8,13 @@ use axum::Json;
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-use super::shared::{body, engine_failed, Reply, Shared};
+use super::shared::{body, engine_failed, off_thread, Reply, Shared};
 use crate::serve::api::{
     body_json, parse, ApiError, EmbeddingInput, EmbeddingRequest, TokenizeRequest, EMBEDDING,
     TOKENIZE,
 };
 use crate::serve::embedder::EmbedJob;
+use crate::serve::AppState;
 
 pub async fn embeddings(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
@@ -91,34 +92,44 @@ pub async fn embeddings(State(s): Shared, b: Result<Bytes, BytesRejection>) -> R
 pub async fn tokenize(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
     let req: TokenizeRequest = parse(&body_json(&b, &[TOKENIZE])?)?;
-    let tokens = match (&s.generator, &s.embedder, &s.classifier) {
-        (Some(g), _, _) => {
-            let tok = g
-                .tokenizer
-                .as_ref()
-                .ok_or_else(|| ApiError::invalid("content", "the model folder has no tokenizer"))?;
-            tok.encode(&req.content, req.add_special)
-                .map_err(|e| ApiError::invalid("content", e.to_string()))?
-        }
-        (None, Some(e), _) => {
-            let b = e
-                .encoder
-                .tokenize(&[req.content.as_str()])
-                .map_err(|err| ApiError::invalid("content", err.to_string()))?;
-            real_ids(&b)
-        }
-        (None, None, Some(c)) => {
-            let (b, _) = c
-                .model
-                .tokenize(&[(req.content.as_str(), None)])
-                .map_err(|err| ApiError::invalid("content", err.to_string()))?;
-            real_ids(&b)
-        }
-        (None, None, None) => {
-            unreachable!("a server serves a generator, an embedder or a classifier")
-        }
-    };
+    s.check_text("content", &req.content)?;
+    let st = s.clone();
+    let tokens = off_thread(move || st.tokens(&req)).await?;
     Ok(Json(json!({"tokens": tokens})).into_response())
+}
+
+impl AppState {
+    /// `/tokenize`'s tokens: the generator's tokenizer, or the encoder's with its
+    /// special tokens.
+    fn tokens(&self, req: &TokenizeRequest) -> Result<Vec<usize>, ApiError> {
+        let s = self;
+        Ok(match (&s.generator, &s.embedder, &s.classifier) {
+            (Some(g), _, _) => {
+                let tok = g.tokenizer.as_ref().ok_or_else(|| {
+                    ApiError::invalid("content", "the model folder has no tokenizer")
+                })?;
+                tok.encode(&req.content, req.add_special)
+                    .map_err(|e| ApiError::invalid("content", e.to_string()))?
+            }
+            (None, Some(e), _) => {
+                let b = e
+                    .encoder
+                    .tokenize(&[req.content.as_str()])
+                    .map_err(|err| ApiError::invalid("content", err.to_string()))?;
+                real_ids(&b)
+            }
+            (None, None, Some(c)) => {
+                let (b, _) = c
+                    .model
+                    .tokenize(&[(req.content.as_str(), None)])
+                    .map_err(|err| ApiError::invalid("content", err.to_string()))?;
+                real_ids(&b)
+            }
+            (None, None, None) => {
+                unreachable!("a server serves a generator, an embedder or a classifier")
+            }
+        })
+    }
 }
 
 /// The ids of a batch's real tokens, row after row.

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use super::shared::{body, engine_failed, now, Reply, Shared};
+use super::shared::{body, engine_failed, now, off_thread, Reply, Shared, MAX_MESSAGES};
 use crate::serve::api::{
     body_json, parse, ApiError, ChatRequest, CompletionRequest, Content, Prompt, Settings, Usage,
     SETTINGS,
@@ -32,6 +32,12 @@ impl AppState {
         default_max: usize,
     ) -> Result<(Job, mpsc::UnboundedReceiver<Event>), ApiError> {
         let g = self.generator()?;
+        if st.stream_options.is_some() && !st.stream {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "only for a streamed answer: set stream to true, or leave stream_options out",
+            ));
+        }
         if st.n.is_some_and(|n| n != 1) {
             return Err(ApiError::invalid("n", "only n = 1 is supported"));
         }
@@ -214,8 +220,8 @@ pub async fn completions(State(s): Shared, b: Result<Bytes, BytesRejection>) -> 
     s.check_model(&req.model)?;
     let fault = matches!(&req.prompt, Prompt::Text(t) if std::env::var("QKV_FAULT_PROMPT").is_ok_and(|f| f == *t));
     let ids = match req.prompt {
-        Prompt::Text(t) => s.encode(&t, true)?,
-        Prompt::Texts(v) if v.len() == 1 => s.encode(&v[0], true)?,
+        Prompt::Text(t) => encoded(&s, t).await?,
+        Prompt::Texts(mut v) if v.len() == 1 => encoded(&s, v.pop().unwrap_or_default()).await?,
         Prompt::Texts(v) => {
             return Err(ApiError::invalid(
                 "prompt",
@@ -230,14 +236,30 @@ pub async fn completions(State(s): Shared, b: Result<Bytes, BytesRejection>) -> 
     answer(s, job, rx, Kind::Completion, &settings, prompt_tokens).await
 }
 
+/// A prompt's text as tokens, tokenized off the HTTP thread.
+async fn encoded(s: &Arc<AppState>, text: String) -> Result<Vec<usize>, ApiError> {
+    let s = s.clone();
+    off_thread(move || s.encode(&text, true)).await
+}
+
 pub async fn chat(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
     let v = body_json(&b, &[&["model", "messages"], SETTINGS])?;
+    if let Some(n) = v["messages"]
+        .as_array()
+        .map(Vec::len)
+        .filter(|&n| n > MAX_MESSAGES)
+    {
+        return Err(ApiError::invalid(
+            "messages",
+            format!("{n} messages, more than the {MAX_MESSAGES} a conversation may have"),
+        ));
+    }
     let req: ChatRequest = parse(&v)?;
     let mut settings: Settings = parse(&v)?;
     let g = s.generator()?;
     s.check_model(&req.model)?;
-    let template = g.template.as_ref().ok_or_else(|| {
+    g.template.as_ref().ok_or_else(|| {
         ApiError::invalid(
             "messages",
             format!("`{}` has no chat template (tokenizer_config.json's chat_template, chat_template.jinja, or a GGUF file's tokenizer.chat_template): use /v1/completions", s.name),
@@ -246,22 +268,35 @@ pub async fn chat(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     if req.messages.is_empty() {
         return Err(ApiError::invalid("messages", "at least one message"));
     }
-    let messages: Vec<Value> = req
-        .messages
-        .iter()
-        .map(|m| {
-            let content = match &m.content {
-                Content::Text(t) => t.clone(),
-                Content::Parts(parts) => parts.iter().map(|p| p.text.as_str()).collect(),
-            };
-            json!({"role": m.role, "content": content})
-        })
-        .collect();
-    let text = template
-        .render(&messages, true)
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-    // the template writes the special tokens itself, as transformers tokenizes it
-    let ids = s.encode(&text, false)?;
+    let mut messages: Vec<Value> = Vec::with_capacity(req.messages.len());
+    for (i, m) in req.messages.iter().enumerate() {
+        let content = match &m.content {
+            Content::Text(t) => t.clone(),
+            Content::Parts(parts) => {
+                if let Some((j, p)) = parts.iter().enumerate().find(|(_, p)| p.kind != "text") {
+                    return Err(ApiError::invalid(
+                        format!("messages[{i}].content[{j}].type"),
+                        format!("`{}`: qkv reads text parts only", p.kind),
+                    ));
+                }
+                parts.iter().map(|p| p.text.as_str()).collect()
+            }
+        };
+        messages.push(json!({"role": m.role, "content": content}));
+    }
+    // the template renders and the prompt is tokenized off the HTTP thread, each
+    // bounded (the template's steps and output, the text's bytes)
+    let st = s.clone();
+    let ids = off_thread(move || {
+        let g = st.generator()?;
+        let template = g.template.as_ref().expect("checked above");
+        let text = template
+            .render(&messages, true)
+            .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+        // the template writes the special tokens itself, as transformers tokenizes it
+        st.encode(&text, false)
+    })
+    .await?;
     let prompt_tokens = ids.len();
     let (job, rx) = s.job(ids, &mut settings, usize::MAX)?;
     answer(s, job, rx, Kind::Chat, &settings, prompt_tokens).await

@@ -36,7 +36,47 @@ pub fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// The messages a chat request may hold: past any real conversation (the published
+/// templates render 4096 turns well within their bounds), and a bound on the work a
+/// request starts before its prompt is measured.
+pub const MAX_MESSAGES: usize = 4096;
+
+/// Bytes of text per prompt token allowed before tokenizing: a text longer than
+/// `--max-prompt` × this cannot fit the prompt limit in any vocabulary's usual tokens,
+/// and tokenizing it would take memory (some 400 bytes a byte) for nothing.
+pub const BYTES_PER_TOKEN: usize = 32;
+
+/// Runs `work` (a template's render, a tokenization: CPU work under its own bounds) on
+/// tokio's blocking threads, so that the HTTP thread keeps answering (`/health` too).
+pub async fn off_thread<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| {
+        ApiError::status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the request's preparation failed: {e}"),
+        )
+    })?
+}
+
 impl AppState {
+    /// Refuses a text of more bytes than `--max-prompt` tokens' worth
+    /// ([`BYTES_PER_TOKEN`]), naming `field`, before it is tokenized.
+    pub fn check_text(&self, field: &str, text: &str) -> Result<(), ApiError> {
+        let most = self.limits.max_prompt.saturating_mul(BYTES_PER_TOKEN);
+        if text.len() > most {
+            return Err(ApiError::invalid(
+                field,
+                format!(
+                    "{} bytes of text, more than the server takes ({most}: {BYTES_PER_TOKEN} a token of --max-prompt {})",
+                    text.len(),
+                    self.limits.max_prompt
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     pub fn check_model(&self, model: &str) -> Result<(), ApiError> {
         if model != self.name {
             return Err(ApiError {
@@ -78,6 +118,7 @@ impl AppState {
                 "the model folder has no tokenizer: give token ids",
             )
         })?;
+        self.check_text("prompt", text)?;
         tok.encode(text, special)
             .map_err(|e| ApiError::invalid("prompt", e.to_string()))
     }
