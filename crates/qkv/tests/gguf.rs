@@ -813,6 +813,127 @@ fn a_folder_s_tokenizer_written_as_metadata_reads_back_as_transformers_tokenizes
     std::fs::remove_file(&path).unwrap();
 }
 
+/// The byte tokenizer `qkv train --text` saves (a ByteLevel pre-tokenizer that splits no
+/// words, no merges) is written as `gpt-2`: llama.cpp has no pre-tokenizer that splits no
+/// words, but without merges every split gives each byte its token, so the file tokenizes
+/// as the folder does (llama.cpp too: `llama_cpp_runs_the_files_qkv_writes`). With merges
+/// the split would matter, and it is refused.
+#[test]
+fn a_byte_tokenizer_without_a_split_regex_is_written_as_gpt_2() {
+    use qkv::io::gguf::Value as V;
+    let dir = std::env::temp_dir().join(format!("qkv-gguf-bytes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = qkv::text::bytes::byte_tokenizer_json();
+    std::fs::write(dir.join("tokenizer.json"), &json).unwrap();
+    let vocab = qkv::text::folder_gguf_metadata(&dir, 256).unwrap().unwrap();
+    let get = |key: &str| vocab.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+    assert_eq!(get("tokenizer.ggml.pre"), Some(V::String("gpt-2".into())));
+    assert_eq!(
+        get("tokenizer.ggml.merges")
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+    let path = dir.join("bytes.gguf");
+    let mut metadata = vec![(
+        "general.architecture".to_string(),
+        V::String("llama".into()),
+    )];
+    metadata.extend(vocab);
+    gguf::write(&path, &metadata, &[], &mut |_| unreachable!("no tensors")).unwrap();
+    let folder = qkv::text::Tokenizer::from_dir(&dir).unwrap();
+    let file = qkv::text::Tokenizer::from_gguf(&path).unwrap().unwrap();
+    for text in [
+        "attention is all you need.",
+        "héllo, 你好 🙂\n\t\u{0}~",
+        "  two  spaces ",
+        "",
+    ] {
+        let ids = file.encode(text, true).unwrap();
+        assert_eq!(ids, folder.encode(text, true).unwrap(), "{text:?}");
+        assert_eq!(ids, text.bytes().map(usize::from).collect::<Vec<_>>());
+        assert_eq!(file.decode(&ids).unwrap(), text);
+    }
+    // merges would join bytes across the words llama.cpp's split would cut
+    let mut merged: Json = serde_json::from_str(&json).unwrap();
+    merged["model"]["merges"] = serde_json::json!(["a t"]);
+    merged["model"]["vocab"]["at"] = serde_json::json!(256);
+    std::fs::write(dir.join("tokenizer.json"), merged.to_string()).unwrap();
+    let err = qkv::text::folder_gguf_metadata(&dir, 257)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("tokenizer.json") && err.contains("splits no words, with merges"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A GGUF file converted to GGUF keeps its vocabulary and chat template: every
+/// `tokenizer.*` key, as it is.
+#[test]
+fn a_gguf_file_s_tokenizer_carries_over_to_the_file_written_from_it() {
+    let theirs = converted::rebuilt("gemma2", "carry");
+    let vocab = qkv::text::folder_gguf_metadata(&theirs, 99)
+        .unwrap()
+        .unwrap();
+    let file = GgufFile::open(&theirs).unwrap();
+    let want: Vec<&(String, Value)> = file
+        .header
+        .metadata
+        .iter()
+        .filter(|(k, _)| k.starts_with("tokenizer."))
+        .collect();
+    assert!(want.len() > 5, "{want:?}");
+    assert_eq!(vocab.iter().collect::<Vec<_>>(), want);
+    // with a chat template, written and read back
+    let m = qkv::models::load(&theirs).unwrap().model;
+    let mut with_template = vocab.clone();
+    with_template.push((
+        "tokenizer.chat_template".into(),
+        Value::String("{% for m in messages %}{{ m.content }}{% endfor %}".into()),
+    ));
+    let once =
+        std::env::temp_dir().join(format!("qkv-gguf-carry-once-{}.gguf", std::process::id()));
+    let twice =
+        std::env::temp_dir().join(format!("qkv-gguf-carry-twice-{}.gguf", std::process::id()));
+    qkv::models::save_gguf(&m, &once, gguf::GgmlType::F32, "gemma2", with_template).unwrap();
+    let again = qkv::text::folder_gguf_metadata(&once, 99).unwrap().unwrap();
+    qkv::models::save_gguf(&m, &twice, gguf::GgmlType::Q8_0, "gemma2", again).unwrap();
+    let (a, b) = (
+        GgufFile::open(&once).unwrap(),
+        GgufFile::open(&twice).unwrap(),
+    );
+    let tokenizer = |f: &GgufFile| -> Vec<(String, Value)> {
+        f.header
+            .metadata
+            .iter()
+            .filter(|(k, _)| k.starts_with("tokenizer."))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(tokenizer(&a), tokenizer(&b));
+    assert!(b.header.get("tokenizer.chat_template").is_some());
+    let template = qkv::text::ChatTemplate::from_dir(&twice).unwrap().unwrap();
+    assert_eq!(
+        template.source(),
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    );
+    // a vocabulary that does not fit the model is refused, naming the key
+    let err = qkv::text::folder_gguf_metadata(&theirs, 100)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("tokenizer.ggml.tokens") && err.contains("99 tokens for the model's 100"),
+        "{err}"
+    );
+    for p in [theirs, once, twice] {
+        std::fs::remove_file(p).unwrap();
+    }
+}
+
 /// llama.cpp's logits at every position of `tokens` from the GGUF file `path`, through
 /// llama-cpp-python (`$QKV_LLAMA_CPP_PYTHON`, else the repository's `.venv-lcp`; see
 /// tools/fixtures/requirements-lcp.txt), on the CPU with an f32 KV cache and the plain

@@ -9,8 +9,9 @@ use qkv::ops::DType;
 
 #[derive(clap::Args)]
 pub struct ConvertArgs {
-    /// Model folder: a Hugging Face Llama, Mistral or Qwen2 folder, or one `qkv train`
-    /// wrote in that layout (or a GGUF file of such a model, its blocks widened)
+    /// Model folder: a Hugging Face Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3
+    /// or Phi-3 folder, or one `qkv train` wrote in Llama's layout (or a GGUF file of such
+    /// a model, its blocks widened, its vocabulary and chat template kept)
     model: PathBuf,
     /// The GGUF file to write
     #[arg(long)]
@@ -48,7 +49,7 @@ pub fn run(args: &ConvertArgs, out: &mut impl Write) -> Result<()> {
         .model
         .file_name()
         .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
-    qkv::models::save_gguf(
+    let notes = qkv::models::save_gguf(
         &loaded.model,
         &args.to,
         args.dtype,
@@ -56,9 +57,12 @@ pub fn run(args: &ConvertArgs, out: &mut impl Write) -> Result<()> {
         vocab.unwrap_or_default(),
     )
     .with_context(|| format!("writing {}", args.to.display()))?;
+    for note in notes {
+        eprintln!("note: {note}");
+    }
     if warn {
         eprintln!(
-            "warning: {} has no tokenizer.json: {} has no vocabulary, which llama.cpp needs to load it",
+            "warning: {} has no tokenizer.json (or, a GGUF file, no vocabulary): {} has no vocabulary, which llama.cpp needs to load it",
             args.model.display(),
             args.to.display()
         );

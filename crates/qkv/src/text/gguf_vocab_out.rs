@@ -11,11 +11,16 @@ use crate::io::gguf::{Value, ValueType};
 
 /// The `tokenizer.ggml.*` metadata of the folder `dir`'s `tokenizer.json` (see
 /// `gguf_metadata`) for a model of `n_vocab` token rows, and its chat template as
-/// `tokenizer.chat_template`; `None` when the folder has no tokenizer.json.
+/// `tokenizer.chat_template`; `None` when the folder has no tokenizer.json. A GGUF
+/// file's own `tokenizer.*` keys, as they are, when `dir` is one (`None` when it has
+/// no vocabulary).
 pub fn folder_gguf_metadata(
     dir: &Path,
     n_vocab: usize,
 ) -> crate::error::Result<Option<Vec<(String, Value)>>> {
+    if crate::io::gguf::is_gguf(dir) {
+        return file_tokenizer(dir, n_vocab);
+    }
     let path = dir.join("tokenizer.json");
     if !path.is_file() {
         return Ok(None);
@@ -32,6 +37,39 @@ pub fn folder_gguf_metadata(
         ));
     }
     Ok(Some(out))
+}
+
+/// Every `tokenizer.*` key of the GGUF file `path` (the vocabulary, its merges or
+/// scores, token types, special ids, the chat template), for a model of `n_vocab` token
+/// rows; `None` when the file names no tokenizer model.
+fn file_tokenizer(
+    path: &Path,
+    n_vocab: usize,
+) -> crate::error::Result<Option<Vec<(String, Value)>>> {
+    let file = crate::io::gguf::GgufFile::open(path)?;
+    let keys: Vec<(String, Value)> = file
+        .header
+        .metadata
+        .iter()
+        .filter(|(k, _)| k.starts_with("tokenizer."))
+        .cloned()
+        .collect();
+    let model = keys.iter().find(|(k, _)| k == "tokenizer.ggml.model");
+    if model.is_none_or(|(_, v)| v.as_str() == Some("none")) {
+        return Ok(None);
+    }
+    let tokens = keys
+        .iter()
+        .find(|(k, _)| k == "tokenizer.ggml.tokens")
+        .and_then(|(_, v)| v.as_array())
+        .map_or(0, <[Value]>::len);
+    if tokens != n_vocab {
+        return Err(Error::Tokenizer(format!(
+            "{}: metadata `tokenizer.ggml.tokens`: {tokens} tokens for the model's {n_vocab} token rows",
+            path.display()
+        )));
+    }
+    Ok(Some(keys))
 }
 
 /// `tokenizer.ggml.token_type` of a byte-fallback token (`<0x41>`).
@@ -154,7 +192,7 @@ fn gguf_metadata(file: &Json, n_vocab: usize) -> Result<Vec<(String, Value)>, St
             Value::Array(ValueType::F32, scores.into_iter().map(Value::F32).collect()),
         ));
     } else {
-        let pre = byte_level_pre(file)?;
+        let pre = byte_level_pre(file, merges.is_empty())?;
         out.push(("tokenizer.ggml.model".into(), Value::String("gpt2".into())));
         out.push(("tokenizer.ggml.pre".into(), Value::String(pre.into())));
         out.push((
@@ -230,11 +268,23 @@ fn spm_prefix(normalizer: &Json) -> Result<bool, String> {
     }
 }
 
-/// The `tokenizer.ggml.pre` name of a byte-level tokenizer's word split.
-fn byte_level_pre(file: &Json) -> Result<&'static str, String> {
+/// The `tokenizer.ggml.pre` name of a byte-level tokenizer's word split. A ByteLevel
+/// pre-tokenizer that splits no words (`use_regex: false`, as `qkv train --text` saves
+/// its byte tokenizer) has no llama.cpp twin: every `tokenizer.ggml.pre` splits words.
+/// Without merges (`no_merges`) the split changes nothing, each byte being a token
+/// whatever the words: it is written as `gpt-2`, which llama.cpp and qkv read alike.
+fn byte_level_pre(file: &Json, no_merges: bool) -> Result<&'static str, String> {
     let pre = &file["pre_tokenizer"];
     let regex = match pre["type"].as_str() {
         Some("ByteLevel") if pre["use_regex"] == true => None,
+        Some("ByteLevel") if pre["use_regex"] == false && pre["add_prefix_space"] != true => {
+            if !no_merges {
+                return Err(format!(
+                    "a ByteLevel pre-tokenizer that splits no words, with merges: every tokenizer.ggml.pre llama.cpp knows splits words first, so merges across them would be lost ({pre})"
+                ));
+            }
+            None
+        }
         Some("Sequence") => {
             let parts = pre["pretokenizers"].as_array().cloned().unwrap_or_default();
             match parts.as_slice() {
