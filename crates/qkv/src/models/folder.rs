@@ -34,6 +34,14 @@ pub fn load_in(dir: &Path, dtype: DType) -> Result<Loaded> {
     if crate::io::gguf::is_gguf(dir) {
         return super::gguf::load_gguf(dir, dtype);
     }
+    if crate::io::gguf::named_gguf(dir) {
+        if !dir.exists() {
+            let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+            return Err(Error::io(dir, missing));
+        }
+        // not a regular file (a FIFO, a device): opening it says what it is
+        return super::gguf::load_gguf(dir, dtype);
+    }
     if !dir.is_dir() {
         return Err(Error::io(
             dir,

@@ -31,6 +31,12 @@ pub fn is_gguf(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "gguf") && path.is_file()
 }
 
+/// Whether `path` is named as a GGUF file (`*.gguf`), whether or not it exists: a
+/// missing one is a missing file, not a folder.
+pub fn named_gguf(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "gguf") && !path.is_dir()
+}
+
 /// A GGUF file mapped into memory, its header checked.
 pub struct GgufFile {
     path: String,
