@@ -449,3 +449,131 @@ fn messages_name_the_real_thing() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A decoder of 64 positions with the Qwen2 byte-level test tokenizer and `template` as
+/// its chat template, in `dir`.
+fn chat_model(dir: &Path, template: &str) -> std::path::PathBuf {
+    let d = dir.join("chat-model");
+    let out = common::qkv(&[
+        "bench",
+        "llama",
+        "--save",
+        d.to_str().unwrap(),
+        "--vocab",
+        "323",
+        "--d-model",
+        "32",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--kv-heads",
+        "1",
+        "--max-len",
+        "64",
+        "--prefill",
+        "4",
+        "--decode",
+        "1",
+        "--rounds",
+        "1",
+        "--warmup",
+        "0",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    std::fs::copy(
+        root.join("crates/qkv/tests/fixtures/tokenizers/qwen2_bytelevel/tokenizer.json"),
+        d.join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::write(d.join("chat_template.jinja"), template).unwrap();
+    d
+}
+
+/// Hardening round 3: prompts are bounded before they are read or tokenized
+/// (`--max-prompt`, the model's positions by default), conversations in messages, and
+/// a chat template in steps: each a clear line within seconds.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[test]
+fn prompts_conversations_and_templates_are_bounded() {
+    let dir = scratch("hostile-prompts");
+    let plain = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}";
+    let model = chat_model(&dir, plain);
+    let m = model.to_str().unwrap();
+    // 100 KB on a model of 64 positions: refused before tokenizing
+    let long = "the animal was tired ".repeat(5000);
+    fails(
+        &[
+            "generate",
+            "--model",
+            m,
+            "--user",
+            &long,
+            "--max-new-tokens",
+            "2",
+        ],
+        "more than --max-prompt 64 tokens' worth",
+    );
+    fails(
+        &[
+            "generate",
+            "--model",
+            m,
+            "--prompt",
+            &long,
+            "--max-new-tokens",
+            "2",
+        ],
+        "--prompt is 105000 bytes",
+    );
+    // 10^6 messages: refused by the file's size, before it is read
+    let chat = dir.join("many.json");
+    let one = r#"{"role": "user", "content": "a"},"#;
+    let text = format!("[{}{}]", one.repeat(999_999), &one[..one.len() - 1]);
+    std::fs::write(&chat, text).unwrap();
+    let (out, peak) =
+        common::qkv_peak(&["generate", "--model", m, "--chat", chat.to_str().unwrap()]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--chat") && err.contains("--max-prompt"),
+        "{err}"
+    );
+    assert!(peak < 200 << 20, "peak {peak} bytes");
+    // within the bytes but past the messages a conversation may have
+    let few = dir.join("few.json");
+    std::fs::write(
+        &few,
+        format!("[{}{}]", one.repeat(4999), &one[..one.len() - 1]),
+    )
+    .unwrap();
+    fails(
+        &[
+            "generate",
+            "--model",
+            m,
+            "--chat",
+            few.to_str().unwrap(),
+            "--max-prompt",
+            "100000",
+        ],
+        "5000 messages, more than the 4096",
+    );
+    // a template that would loop 10^15 times stops at its step budget
+    let loops = chat_model(
+        &dir.join("loops"),
+        "{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}x{% endfor %}{% endfor %}{% endfor %}",
+    );
+    fails(
+        &[
+            "generate",
+            "--model",
+            loops.to_str().unwrap(),
+            "--user",
+            "hi",
+        ],
+        "steps of rendering",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

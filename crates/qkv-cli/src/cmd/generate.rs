@@ -40,6 +40,11 @@ pub struct GenerateArgs {
     /// Prompt as comma-separated token ids, e.g. 1,2,3
     #[arg(long, value_delimiter = ',')]
     input_ids: Option<Vec<usize>>,
+    /// Prompt tokens at most [default: the model's positions, or 32768 where they have
+    /// no limit]: a longer prompt is refused before it is prefilled, and a text (or a
+    /// --chat file) of more than 32 bytes a token before it is read or tokenized
+    #[arg(long, value_name = "N")]
+    max_prompt: Option<usize>,
     /// New tokens at most [default: the folder's max_new_tokens, or its max_length (20
     /// when unset) less the prompt, as transformers counts them]
     #[arg(long)]
@@ -101,20 +106,54 @@ impl GenerateArgs {
     }
 }
 
+/// Bytes of prompt text a token of `--max-prompt` allows before tokenizing.
+const BYTES_PER_TOKEN: usize = 32;
+
+/// Messages a `--chat` conversation may hold.
+const MAX_MESSAGES: usize = 4096;
+
 pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
     let mut loaded = super::load_model(&args.model, args.dtype.dtype)?;
     loaded.model.kv_dtype = args.kv_dtype.kv_dtype;
+    // the model's trained positions (RoPE's too) where it names them
+    let positions = loaded.model.info().max_positions;
+    let max_prompt = args.max_prompt.or(positions).unwrap_or(32768);
     let text_in = args.prompt.is_some() || args.chat.is_some() || args.user.is_some();
     let tokenizer = super::tokenizer(&args.model, &loaded.model, text_in)?;
+    let text_fits = |what: &str, bytes: usize| {
+        let most = max_prompt.saturating_mul(BYTES_PER_TOKEN);
+        match bytes > most {
+            true => bail!(
+                "{what} is {bytes} bytes, more than --max-prompt {max_prompt} tokens' worth ({BYTES_PER_TOKEN} bytes a token): shorten it or raise --max-prompt"
+            ),
+            false => Ok(()),
+        }
+    };
     let ids = match (&args.prompt, &args.input_ids, &tokenizer) {
-        (Some(text), _, Some(tok)) => tok.encode(text, true)?,
+        (Some(text), _, Some(tok)) => {
+            text_fits("--prompt", text.len())?;
+            tok.encode(text, true)?
+        }
         (_, Some(ids), _) => ids.clone(),
         (None, None, Some(tok)) => {
+            let text = chat_prompt(args, &text_fits)?;
+            text_fits("the prompt the chat template wrote", text.len())?;
             // the template writes the special tokens itself, as transformers tokenizes it
-            tok.encode(&chat_prompt(args)?, false)?
+            tok.encode(&text, false)?
         }
         _ => bail!("give --prompt, --chat, --user or --input-ids"),
     };
+    if ids.len() > max_prompt {
+        bail!(
+            "the prompt is {} tokens, more than --max-prompt {max_prompt}{}",
+            ids.len(),
+            match (args.max_prompt, positions) {
+                (Some(_), _) => "",
+                (None, Some(_)) => " (the model's positions; --max-prompt raises it)",
+                (None, None) => " (--max-prompt raises it)",
+            }
+        );
+    }
     let m = &loaded.model;
     let folder_settings = GenerationConfig::read(&args.model)?;
     for w in &folder_settings.unapplied {
@@ -179,7 +218,8 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
 
 /// The prompt text that `--chat` or `--system`/`--user` make through the folder's chat
 /// template.
-fn chat_prompt(args: &GenerateArgs) -> Result<String> {
+/// `fits(what, bytes)` refuses a text longer than the prompt may be, before it is read.
+fn chat_prompt(args: &GenerateArgs, fits: &dyn Fn(&str, usize) -> Result<()>) -> Result<String> {
     let template = ChatTemplate::from_dir(&args.model)?.with_context(|| {
         format!(
             "{} has no chat template (chat_template.jinja, chat_template in tokenizer_config.json, or a GGUF file's tokenizer.chat_template): give --prompt",
@@ -188,6 +228,15 @@ fn chat_prompt(args: &GenerateArgs) -> Result<String> {
     })?;
     let messages: Vec<Value> = match (&args.chat, &args.user) {
         (Some(path), _) => {
+            let size = std::fs::metadata(path)
+                .with_context(|| format!("reading --chat {}", path.display()))?
+                .len();
+            // JSON quoting and the roles add to the text: twice its bound, measured
+            // before the file is read
+            fits(
+                &format!("--chat {}", path.display()),
+                usize::try_from(size / 2).unwrap_or(usize::MAX),
+            )?;
             let bytes = std::fs::read(path)
                 .with_context(|| format!("reading --chat {}", path.display()))?;
             let v: Value = serde_json::from_slice(&bytes)
@@ -198,6 +247,13 @@ fn chat_prompt(args: &GenerateArgs) -> Result<String> {
                     path.display()
                 );
             };
+            if messages.len() > MAX_MESSAGES {
+                bail!(
+                    "--chat {}: {} messages, more than the {MAX_MESSAGES} a conversation may have",
+                    path.display(),
+                    messages.len()
+                );
+            }
             for (i, m) in messages.iter().enumerate() {
                 if !(m["role"].is_string() && m["content"].is_string()) {
                     bail!(
@@ -209,6 +265,10 @@ fn chat_prompt(args: &GenerateArgs) -> Result<String> {
             messages
         }
         (None, Some(user)) => {
+            fits(
+                "--user and --system",
+                user.len() + args.system.as_ref().map_or(0, String::len),
+            )?;
             let system = args
                 .system
                 .iter()
