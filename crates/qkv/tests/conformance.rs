@@ -252,3 +252,18 @@ fn modernbert_sequence_classifiers_pool_by_cls_and_by_mean_as_hf() {
         );
     }
 }
+
+#[test]
+fn a_classifier_folder_reads_every_tensor_it_holds() {
+    // the encoder leaves the head to SequenceClassifier: nothing is named unused
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/classify");
+    for name in [
+        "bert_reranker",
+        "distilbert_sst",
+        "xlm_roberta_nli",
+        "modernbert_cls",
+    ] {
+        let loaded = qkv::models::load(&root.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(loaded.unused.is_empty(), "{name}: {:?}", loaded.unused);
+    }
+}

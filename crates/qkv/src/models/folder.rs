@@ -81,7 +81,21 @@ pub fn load_in(dir: &Path, dtype: DType) -> Result<Loaded> {
         return Err(crate::io::bad_field(dir, "(sizes)", reason));
     }
     let (weights, logits_bias, used) = read_weights(&ckpt, &arch, family, dtype, &|_, _| Ok(None))?;
-    let unused = unused_tensors(dir, &arch, &ckpt, &used)?;
+    let mut unused = unused_tensors(dir, &arch, &ckpt, &used)?;
+    // a classifier's head is read by `SequenceClassifier`, not by the encoder
+    if let Some(head) = family
+        .def()
+        .classifier
+        .filter(|_| name.ends_with("ForSequenceClassification"))
+    {
+        let parts = [Some(head.dense), Some(head.out), head.norm];
+        unused.retain(|t| {
+            !parts
+                .iter()
+                .flatten()
+                .any(|p| t.strip_prefix(p).is_some_and(|rest| rest.starts_with('.')))
+        });
+    }
     let (special, outside) = special_tokens(dir, tokens, arch.vocab)?;
     warnings.extend(outside);
     let special = (family.def().special)(special);
