@@ -347,3 +347,134 @@ fn qkv_writes_the_folders_as_llama_cpp_s_converter_does() {
         std::fs::remove_file(&ours_path).unwrap();
     }
 }
+
+/// qkv's files of the folders load in llama.cpp and compute what qkv computes from them,
+/// and, as llama.cpp reads them, what transformers computes from the folders: the score
+/// scale and the layer types the converter loses are in them. Gemma's logits differ by
+/// llama.cpp's f16 GELU (see above); Phi-3's are compared on the 22-token sequence, with
+/// the long factors in both. Ignored: it needs llama-cpp-python
+/// (`cargo test --release -p qkv --test gguf -- --ignored`).
+#[test]
+#[ignore]
+fn llama_cpp_runs_the_gemma_and_phi3_files_qkv_writes() {
+    for name in NAMES {
+        let theirs = rebuilt(name, "llama-cpp-writes");
+        let m = common::models::load_causal(name);
+        let vocab = qkv::text::folder_gguf_metadata(&theirs, m.arch.vocab)
+            .unwrap()
+            .unwrap();
+        let reference = common::models::reference(name);
+        let tokens: Vec<usize> = match name {
+            "phi3" => reference.ints("long_gen_output").1,
+            _ => reference.ints("input_ids").1[..9].to_vec(),
+        }
+        .into_iter()
+        .map(|t| t as usize)
+        .collect();
+        for ty in [GgmlType::F32, GgmlType::Q8_0] {
+            let path = std::env::temp_dir().join(format!(
+                "qkv-converted-{}-written-{name}.gguf",
+                std::process::id()
+            ));
+            qkv::models::save_gguf(&m, &path, ty, name, vocab.clone()).unwrap();
+            let llama_cpp = super::llama_cpp_logits(&path, &tokens);
+            let ours = qkv::models::load(&path).unwrap().model;
+            let batch = qkv::models::TokenBatch::single(tokens.clone()).unwrap();
+            let logits = ours.forward_cached(&batch, &mut ours.new_cache(1)).unwrap();
+            let (worst, same_top) = against(&logits, &llama_cpp);
+            let mut line = format!(
+                "{name} {ty}: qkv and llama.cpp {worst:.2e} apart, top-1 equal at {same_top} of {}",
+                tokens.len()
+            );
+            // Gemma's GELU from f16 values; F16 weights where rows are not whole blocks
+            // (all of Gemma's: C = 40, F = 56)
+            let tolerance = match (name, ty) {
+                ("phi3", _) => 1e-5,
+                _ => 6e-3,
+            };
+            assert!(worst < tolerance && same_top == tokens.len(), "{line}");
+            if name != "phi3" && ty == GgmlType::F32 {
+                // row 0 of the folder's reference: transformers' logits
+                let want = reference.t("logits");
+                let rows: Vec<Vec<f32>> = want.data()[..9 * want.last_dim()]
+                    .chunks_exact(want.last_dim())
+                    .map(<[f32]>::to_vec)
+                    .collect();
+                let (hf, top) = against(&logits, &rows);
+                let (hf_cpp, top_cpp) = against(
+                    &qkv::Tensor::new(&[1, 9, want.last_dim()], llama_cpp.concat()).unwrap(),
+                    &rows,
+                );
+                line += &format!(
+                    "; transformers: qkv {hf:.2e} ({top}/9), llama.cpp {hf_cpp:.2e} ({top_cpp}/9)"
+                );
+                assert!(hf < 1e-4 && hf_cpp < 6e-3 && top_cpp == 9, "{line}");
+            }
+            eprintln!("{line}");
+            std::fs::remove_file(&path).unwrap();
+        }
+        std::fs::remove_file(&theirs).unwrap();
+    }
+}
+
+/// Phi-3's fused `attn_qkv` and `ffn_up` stored as Q8_0 run from their blocks, each
+/// projection from its rows (llama.cpp's arithmetic: the same logits within 1e-5,
+/// `llama_cpp_runs_the_gemma_and_phi3_files_qkv_writes`); the twin: widened, the
+/// weights are the dequantized blocks, bit for bit, as a file of those values in F32
+/// gives them.
+#[test]
+fn phi3_s_fused_q8_0_tensors_run_from_their_blocks() {
+    use qkv::module::Module;
+    let m = common::models::load_causal("phi3");
+    let tmp = std::env::temp_dir();
+    let q8 = tmp.join(format!("qkv-converted-{}-phi3-q8.gguf", std::process::id()));
+    let twin = tmp.join(format!(
+        "qkv-converted-{}-phi3-q8-f32.gguf",
+        std::process::id()
+    ));
+    qkv::models::save_gguf(&m, &q8, GgmlType::Q8_0, "phi3", vec![]).unwrap();
+    let file = GgufFile::open(&q8).unwrap();
+    assert_eq!(
+        file.header.tensor("blk.0.attn_qkv.weight").unwrap().ty,
+        GgmlType::Q8_0
+    );
+    // the same file with every tensor widened by the reference dequantization
+    let widened: Vec<(String, qkv::Tensor)> = file
+        .header
+        .tensors
+        .iter()
+        .map(|t| (t.name.clone(), file.tensor(&t.name).unwrap()))
+        .collect();
+    let infos: Vec<(String, Vec<usize>, GgmlType)> = widened
+        .iter()
+        .map(|(n, t)| (n.clone(), t.shape().to_vec(), GgmlType::F32))
+        .collect();
+    qkv::io::gguf::write(&twin, &file.header.metadata, &infos, &mut |i| {
+        let (name, t) = &widened[i];
+        Ok(qkv::io::gguf::OutTensor {
+            name: name.clone(),
+            shape: t.shape().to_vec(),
+            ty: GgmlType::F32,
+            bytes: t.data().iter().flat_map(|v| v.to_le_bytes()).collect(),
+        })
+    })
+    .unwrap();
+    let mut blocks = qkv::models::load(&q8).unwrap().model;
+    assert_eq!(blocks.dtype(), qkv::ops::DType::Int8);
+    assert!(
+        !blocks.has_f32_weights(),
+        "every linear layer from its blocks"
+    );
+    blocks.unpack_weights();
+    let plain = qkv::models::load(&twin).unwrap().model;
+    for ((path, got), (_, want)) in blocks
+        .weights
+        .params()
+        .into_iter()
+        .zip(plain.weights.params())
+    {
+        assert_eq!(got.data(), want.data(), "{path}");
+    }
+    std::fs::remove_file(&q8).unwrap();
+    std::fs::remove_file(&twin).unwrap();
+}

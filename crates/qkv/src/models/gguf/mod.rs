@@ -126,11 +126,17 @@ pub fn load_gguf(path: &Path, dtype: DType) -> Result<Loaded> {
     }
     let view = HfView::new(&file, &arch, kind, head_from_table, dtype);
     let stored = |hf: &str, shape: &[usize]| view.stored_linear(hf, shape);
-    let (weights, logits_bias, used) = read_weights(&view, &arch, family, dtype, &stored)?;
+    // Phi-3's projections are read under Llama's names, each the rows of the fused
+    // tensor that holds it, so that they run from its blocks as stored
+    let names = match kind {
+        Kind::Phi3 => Family::reading("LlamaForCausalLM").expect("the Llama family"),
+        _ => family,
+    };
+    let (weights, logits_bias, used) = read_weights(&view, &arch, names, dtype, &stored)?;
     let used: HashSet<String> = used
         .iter()
         .filter_map(|hf| view.locate(hf))
-        .map(|(g, _)| g)
+        .map(|at| at.name)
         .chain(factor_tensors.iter().map(|n| n.to_string()))
         .collect();
     let mut unused: Vec<String> = h

@@ -14,12 +14,15 @@ use crate::ops::int8::Int8Weight;
 use crate::ops::DType;
 use crate::tensor::Tensor;
 
-/// A GGUF file's tensors under the Hugging Face names of its kind's family.
+/// A GGUF file's tensors under the Hugging Face names of its kind's family (Phi-3's
+/// under Llama's, each projection the rows of the fused tensor that holds it).
 pub(super) struct HfView<'f> {
     file: &'f GgufFile,
     kind: Kind,
     /// Q's and K's heads when llama.cpp permuted their rows (weights and biases)
     permuted: Option<(usize, usize)>,
+    /// the rows of Phi-3's fused tensors: Q's, K's (and V's), and the FFN's width
+    fused: Option<Fused>,
     /// whether the LM head is the token table (a tied head run from its blocks)
     head_from_table: bool,
     /// the type the load packs its other weights in
@@ -27,6 +30,27 @@ pub(super) struct HfView<'f> {
     /// the token table as stored, once read: the embedding and a head over the table
     /// share its blocks
     table: std::cell::OnceCell<Linear>,
+}
+
+/// Rows of Phi-3's fused `attn_qkv` (Q's `q`, then K's and V's `kv` each) and `ffn_up`
+/// (the gate's `ffn`, then the up projection's `ffn`).
+#[derive(Clone, Copy, Debug)]
+struct Fused {
+    q: usize,
+    kv: usize,
+    ffn: usize,
+}
+
+/// Where a Hugging Face tensor lives in the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Located {
+    /// the GGUF tensor
+    pub name: String,
+    /// Q's or K's heads, when llama.cpp permuted their rows
+    pub heads: Option<usize>,
+    /// the rows that hold it, when it is part of a fused tensor: the first, how many,
+    /// and the fused tensor's
+    pub rows: Option<(usize, usize, usize)>,
 }
 
 /// Whether the linear layers stored in `ty` compute from its blocks as they are, in a
@@ -90,21 +114,33 @@ impl<'f> HfView<'f> {
         dtype: DType,
     ) -> Self {
         let stack = arch.stack();
+        let fused = (kind == Kind::Phi3).then_some(Fused {
+            q: stack.heads * stack.head_dim,
+            kv: stack.kv_heads * stack.head_dim,
+            ffn: stack.ffn_dim,
+        });
         HfView {
             file,
             kind,
             permuted: kind.permuted().then_some((stack.heads, stack.kv_heads)),
+            fused,
             head_from_table,
             dtype,
             table: std::cell::OnceCell::new(),
         }
     }
 
-    /// The GGUF name of the Hugging Face tensor `hf`, and the heads whose rows to put
-    /// back when llama.cpp permuted them.
-    pub fn locate(&self, hf: &str) -> Option<(String, Option<usize>)> {
+    /// Where the Hugging Face tensor `hf` lives in the file: its GGUF name, the heads
+    /// whose rows to put back when llama.cpp permuted them, and its rows of a fused
+    /// tensor (Phi-3's `attn_qkv`, unless the file stores Q, K and V apart as llama.cpp
+    /// also reads them, and `ffn_up`, the gate's rows first).
+    pub fn locate(&self, hf: &str) -> Option<Located> {
         if hf == "lm_head.weight" && self.head_from_table {
-            return Some((TABLE.into(), None));
+            return Some(Located {
+                name: TABLE.into(),
+                heads: None,
+                rows: None,
+            });
         }
         let (name, rotated) = gguf_name(self.kind, hf)?;
         let heads = match (rotated, self.permuted) {
@@ -112,7 +148,36 @@ impl<'f> HfView<'f> {
             (Some(Rotated::K), Some((_, k))) => Some(k),
             _ => None,
         };
-        Some((name, heads))
+        let (name, rows) = self.fused_rows(name);
+        Some(Located { name, heads, rows })
+    }
+
+    /// The fused tensor and rows that hold the tensor `name` of a Phi-3 file (see
+    /// [`HfView::locate`]); other tensors as they are.
+    fn fused_rows(&self, name: String) -> (String, Option<(usize, usize, usize)>) {
+        let Some(f) = self.fused else {
+            return (name, None);
+        };
+        let Some((stem, part)) = name.rsplit_once('.') else {
+            return (name, None);
+        };
+        let Some((prefix, module)) = stem.rsplit_once('.') else {
+            return (name, None);
+        };
+        let qkv = f.q + 2 * f.kv;
+        let (whole, first, count, total) = match module {
+            "attn_q" => ("attn_qkv", 0, f.q, qkv),
+            "attn_k" => ("attn_qkv", f.q, f.kv, qkv),
+            "attn_v" => ("attn_qkv", f.q + f.kv, f.kv, qkv),
+            "ffn_gate" => ("ffn_up", 0, f.ffn, 2 * f.ffn),
+            "ffn_up" => ("ffn_up", f.ffn, f.ffn, 2 * f.ffn),
+            _ => return (name, None),
+        };
+        let whole = format!("{prefix}.{whole}.{part}");
+        if whole.contains("attn_qkv") && self.file.header.tensor(&whole).is_none() {
+            return (name, None);
+        }
+        (whole, Some((first, count, total)))
     }
 
     /// The linear layer whose weight is the Hugging Face tensor `hf` (`shape`, `[out,
@@ -121,34 +186,60 @@ impl<'f> HfView<'f> {
     ///
     /// Q8_0 runs through the int8 kernels, whose blocks are Q8_0's: its codes and
     /// scales are laid out for them. Q4_0, Q4_K, Q5_K and Q6_K keep their bytes as
-    /// stored ([`crate::ops::blocks`]), and F16 its values in a load in f32. Either way the rows are put back in Hugging
-    /// Face's order where llama.cpp permuted them (a block lies within a row).
+    /// stored ([`crate::ops::blocks`]), and F16 its values in a load in f32. Either way
+    /// the rows are put back in Hugging Face's order where llama.cpp permuted them, and
+    /// a part of a fused tensor takes its rows (a block lies within a row).
     pub fn stored_linear(&self, hf: &str, shape: &[usize]) -> Result<Option<Linear>> {
-        let Some((gguf, heads)) = self.locate(hf) else {
+        let Some(at) = self.locate(hf) else {
             return Ok(None);
         };
-        let Some(info) = self.file.header.tensor(&gguf) else {
+        let Some(info) = self.file.header.tensor(&at.name) else {
             return Ok(None);
         };
         if !runs_as_stored(info.ty, self.dtype) {
             return Ok(None);
         }
-        if info.shape() != shape {
-            return Err(Error::shape(gguf, format!("{shape:?}"), &info.shape()));
-        }
-        if gguf != TABLE {
-            return self.read_stored(&gguf, heads, shape).map(Some);
+        let first = match at.rows {
+            None if info.shape() == shape => 0,
+            Some((first, count, total))
+                if shape.len() == 2 && shape[0] == count && info.shape() == [total, shape[1]] =>
+            {
+                first
+            }
+            _ => return Err(self.misshapen(&at, shape, &info.shape())),
+        };
+        if at.name != TABLE {
+            return self.read_stored(&at.name, at.heads, shape, first).map(Some);
         }
         if self.table.get().is_none() {
-            let table = self.read_stored(&gguf, heads, shape)?;
+            let table = self.read_stored(&at.name, at.heads, shape, 0)?;
             self.table.set(table).expect("set once");
         }
         Ok(self.table.get().cloned())
     }
 
-    /// The linear layer of the tensor `gguf` (`shape`, `[out, in]`, in a type that
-    /// runs as stored), its rows put back in order for `heads` when permuted.
-    fn read_stored(&self, gguf: &str, heads: Option<usize>, shape: &[usize]) -> Result<Linear> {
+    /// The error of a tensor of `stored` shape where `at` wants one holding `shape`.
+    fn misshapen(&self, at: &Located, shape: &[usize], stored: &[usize]) -> Error {
+        let expected = match at.rows {
+            None => format!("{shape:?}"),
+            Some((_, _, total)) => format!(
+                "[{total}, {}] (holding {shape:?})",
+                shape.get(1).map_or("…".into(), |c| c.to_string())
+            ),
+        };
+        Error::shape(at.name.clone(), expected, stored)
+    }
+
+    /// The linear layer of the tensor `gguf`'s rows from `first` on (`shape`, `[out,
+    /// in]`, in a type that runs as stored), its rows put back in order for `heads` when
+    /// permuted.
+    fn read_stored(
+        &self,
+        gguf: &str,
+        heads: Option<usize>,
+        shape: &[usize],
+        first: usize,
+    ) -> Result<Linear> {
         let info = self
             .file
             .header
@@ -160,7 +251,7 @@ impl<'f> HfView<'f> {
             None => None,
         };
         let bytes = self.file.data(info);
-        let source_row = |r: usize| head.map_or(r, |d| permuted_row(r, d));
+        let source_row = |r: usize| first + head.map_or(r, |d| permuted_row(r, d));
         let err = |e: Error| Error::Gguf {
             path: self.file.path().to_string(),
             reason: format!("tensor `{gguf}`: {e}"),
@@ -241,24 +332,37 @@ pub(super) fn gguf_name(kind: Kind, hf: &str) -> Option<(String, Option<Rotated>
 impl TensorSource for HfView<'_> {
     fn has(&self, name: &str) -> bool {
         self.locate(name)
-            .is_some_and(|(g, _)| self.file.header.tensor(&g).is_some())
+            .is_some_and(|at| self.file.header.tensor(&at.name).is_some())
     }
 
     /// The tensor as f32: quantized blocks dequantized by the reference twins; a Gemma
     /// norm's 1 + w less 1 (a norm then scales by the stored value again, exactly when
-    /// it is at least ½).
+    /// it is at least ½); a fused tensor's rows.
     fn tensor(&self, name: &str) -> Result<Tensor> {
-        let (gguf, heads) = self.locate(name).ok_or_else(|| Error::Gguf {
+        let at = self.locate(name).ok_or_else(|| Error::Gguf {
             path: self.file.path().to_string(),
             reason: format!("no tensor stands for `{name}`"),
         })?;
-        let mut t = self.file.tensor(&gguf)?;
-        t.check_finite(&gguf)?;
-        if offset_norm(self.kind, &gguf) {
+        let gguf = &at.name;
+        let mut t = self.file.tensor(gguf)?;
+        t.check_finite(gguf)?;
+        if offset_norm(self.kind, gguf) {
             t.data_mut().iter_mut().for_each(|w| *w -= 1.0);
         }
-        match heads {
-            Some(heads) => unpermute_rows(t, heads, &gguf),
+        if let Some((first, count, total)) = at.rows {
+            if t.shape()[0] != total {
+                let mut want = t.shape().to_vec();
+                want[0] = total;
+                return Err(Error::shape(gguf.clone(), format!("{want:?}"), t.shape()));
+            }
+            let width = t.numel() / total;
+            let mut shape = t.shape().to_vec();
+            shape[0] = count;
+            let rows = t.data()[first * width..(first + count) * width].to_vec();
+            t = Tensor::new(&shape, rows)?;
+        }
+        match at.heads {
+            Some(heads) => unpermute_rows(t, heads, gguf),
             None => Ok(t),
         }
     }
