@@ -1043,6 +1043,119 @@ fn llama_cpp_runs_the_files_qkv_writes() {
     std::fs::remove_file(&tmp).unwrap();
 }
 
+/// llama.cpp's ids for each of `texts` from the GGUF file `path`'s vocabulary (special
+/// tokens parsed, none added), through llama-cpp-python as [`llama_cpp_logits`].
+fn llama_cpp_tokens(path: &Path, texts: &[&str]) -> Vec<Vec<usize>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = std::env::var_os("QKV_LLAMA_CPP_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join(".venv-lcp/bin/python"));
+    let script = r#"
+import json, sys
+import llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], vocab_only=True, verbose=False)
+texts = json.loads(sys.argv[2])
+print(json.dumps([llm.tokenize(t.encode(), add_bos=False, special=True) for t in texts]))
+"#;
+    let out = std::process::Command::new(&python)
+        .args(["-c", script, path.to_str().unwrap()])
+        .arg(serde_json::to_string(texts).unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A `llama` file's `rope_freqs` (Llama 3's scaling as llama.cpp's converter stores it:
+/// one divisor per rotating pair) is read as llama.cpp applies it; qkv's byte tokenizer
+/// written as `gpt-2` tokenizes in llama.cpp byte for byte. Ignored: it needs
+/// llama-cpp-python (`cargo test --release -p qkv --test gguf -- --ignored`).
+#[test]
+#[ignore]
+fn llama_cpp_reads_rope_freqs_and_the_byte_tokenizer_as_qkv_does() {
+    use qkv::position::RopeScaling;
+    // the fixture's heads are 8 wide: 4 pairs, the slow ones stretched as Llama 3's are
+    let factors = [1.0f32, 1.0, 2.5, 8.0];
+    let path = converted::rewritten(&gguf_model("llama_gqa"), "rope-freqs", |_, tensors| {
+        let bytes = factors.iter().flat_map(|f| f.to_le_bytes()).collect();
+        tensors.push((
+            "rope_freqs.weight".into(),
+            vec![4],
+            gguf::GgmlType::F32,
+            bytes,
+        ));
+    });
+    let loaded = qkv::models::load(&path).unwrap();
+    assert!(loaded.unused.is_empty(), "{:?}", loaded.unused);
+    let m = loaded.model;
+    match &m.arch.position {
+        qkv::models::Position::Rope {
+            scaling: RopeScaling::LongRope(l),
+            ..
+        } => assert!(l.short_factor == factors && l.long_factor == factors),
+        other => panic!("{other:?}"),
+    }
+    let tokens = [1usize, 7, 42, 5, 98, 13, 64, 2, 31, 9, 77, 3, 50, 60];
+    let batch = qkv::models::TokenBatch::single(tokens.to_vec()).unwrap();
+    let logits = m.forward_cached(&batch, &mut m.new_cache(1)).unwrap();
+    let plain = qkv::models::load(&gguf_model("llama_gqa")).unwrap().model;
+    let unscaled = plain
+        .forward_cached(&batch, &mut plain.new_cache(1))
+        .unwrap();
+    let (worst, same_top) = against(&logits, &llama_cpp_logits(&path, &tokens));
+    let (plain_gap, _) = against(&unscaled, &llama_cpp_logits(&path, &tokens));
+    eprintln!("rope_freqs: {worst:.2e} from llama.cpp ({plain_gap:.2e} without the factors)");
+    assert!(
+        worst < 1e-5 && same_top == tokens.len() && plain_gap > 1e-3,
+        "{worst:e}, {plain_gap:e}"
+    );
+    std::fs::remove_file(&path).unwrap();
+
+    // the byte tokenizer `qkv train --text` saves
+    use qkv::io::gguf::Value as V;
+    let dir = std::env::temp_dir().join(format!("qkv-gguf-bytes-lcp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        qkv::text::bytes::byte_tokenizer_json(),
+    )
+    .unwrap();
+    let mut metadata = vec![(
+        "general.architecture".to_string(),
+        V::String("llama".into()),
+    )];
+    for (k, v) in [
+        ("llama.block_count", 1),
+        ("llama.context_length", 64),
+        ("llama.embedding_length", 32),
+        ("llama.feed_forward_length", 64),
+        ("llama.attention.head_count", 4),
+    ] {
+        metadata.push((k.into(), V::U32(v)));
+    }
+    metadata.extend(qkv::text::folder_gguf_metadata(&dir, 256).unwrap().unwrap());
+    let path = dir.join("bytes.gguf");
+    gguf::write(&path, &metadata, &[], &mut |_| unreachable!("no tensors")).unwrap();
+    let texts = [
+        "attention is all you need.",
+        "héllo, 你好 🙂\n\t~",
+        "  two  spaces ",
+    ];
+    let theirs = llama_cpp_tokens(&path, &texts);
+    for (text, ids) in texts.iter().zip(theirs) {
+        assert_eq!(
+            ids,
+            text.bytes().map(usize::from).collect::<Vec<_>>(),
+            "{text:?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// An F16 file's linear layers compute from their f16 values (in a load in f32), with
 /// the activations rounded to f16 as llama.cpp rounds them (against llama.cpp itself:
 /// `llama_cpp_runs_the_files_qkv_writes`): token by token (the dot products) as the

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use qkv::io::gguf::{GgmlType, GgufFile};
+use qkv::io::gguf::{GgmlType, GgufFile, Value};
 use serde_json::Value as Json;
 
 use super::{against, common, fixture};
@@ -477,4 +477,189 @@ fn phi3_s_fused_q8_0_tensors_run_from_their_blocks() {
     }
     std::fs::remove_file(&q8).unwrap();
     std::fs::remove_file(&twin).unwrap();
+}
+
+/// `src` written again (its data as stored) with `edit` applied to its metadata and its
+/// tensors (name, shape, type, bytes); the caller removes the file.
+pub fn rewritten(
+    src: &std::path::Path,
+    tag: &str,
+    edit: impl Fn(&mut Vec<(String, Value)>, &mut Vec<(String, Vec<usize>, GgmlType, Vec<u8>)>),
+) -> PathBuf {
+    let file = GgufFile::open(src).unwrap();
+    let mut metadata = file.header.metadata.clone();
+    let mut tensors: Vec<(String, Vec<usize>, GgmlType, Vec<u8>)> = file
+        .header
+        .tensors
+        .iter()
+        .map(|t| (t.name.clone(), t.shape(), t.ty, file.data(t).to_vec()))
+        .collect();
+    edit(&mut metadata, &mut tensors);
+    let path =
+        std::env::temp_dir().join(format!("qkv-converted-{}-{tag}.gguf", std::process::id()));
+    let infos: Vec<(String, Vec<usize>, GgmlType)> = tensors
+        .iter()
+        .map(|(n, s, t, _)| (n.clone(), s.clone(), *t))
+        .collect();
+    qkv::io::gguf::write(&path, &metadata, &infos, &mut |i| {
+        let (name, shape, ty, bytes) = &tensors[i];
+        Ok(qkv::io::gguf::OutTensor {
+            name: name.clone(),
+            shape: shape.clone(),
+            ty: *ty,
+            bytes: bytes.clone(),
+        })
+    })
+    .unwrap();
+    path
+}
+
+fn set(metadata: &mut Vec<(String, Value)>, key: &str, value: Value) {
+    metadata.retain(|(k, _)| k != key);
+    metadata.push((key.to_string(), value));
+}
+
+/// A Phi-3 file with Q, K and V stored apart (llama.cpp reads either form) computes as
+/// the fused one.
+#[test]
+fn a_phi3_file_with_q_k_and_v_apart_runs_as_the_fused_one() {
+    let fused = rebuilt("phi3", "apart-src");
+    let apart = rewritten(&fused, "apart", |_, tensors| {
+        let (q, kv, c) = (32usize, 16usize, 32usize);
+        let mut out = Vec::new();
+        for (name, shape, ty, bytes) in tensors.drain(..) {
+            let Some(stem) = name.strip_suffix("attn_qkv.weight") else {
+                out.push((name, shape, ty, bytes));
+                continue;
+            };
+            assert_eq!(shape, [q + 2 * kv, c]);
+            let row = 4 * c;
+            for (part, first, rows) in [("attn_q", 0, q), ("attn_k", q, kv), ("attn_v", q + kv, kv)]
+            {
+                let data = bytes[first * row..(first + rows) * row].to_vec();
+                out.push((format!("{stem}{part}.weight"), vec![rows, c], ty, data));
+            }
+        }
+        *tensors = out;
+    });
+    let a = qkv::models::load(&fused).unwrap();
+    let b = qkv::models::load(&apart).unwrap();
+    assert!(b.unused.is_empty(), "{:?}", b.unused);
+    let batch = qkv::models::TokenBatch::single(vec![1, 7, 42, 5, 98, 13]).unwrap();
+    let run = |m: &qkv::models::Transformer| m.forward_cached(&batch, &mut m.new_cache(1)).unwrap();
+    assert_eq!(run(&a.model).data(), run(&b.model).data());
+    std::fs::remove_file(&fused).unwrap();
+    std::fs::remove_file(&apart).unwrap();
+}
+
+/// What llama.cpp would not read, or would read otherwise than qkv can compute, is
+/// refused naming the key or the tensor; nothing panics.
+#[test]
+fn gemma_and_phi3_metadata_qkv_cannot_follow_is_refused_naming_the_key() {
+    use qkv::io::gguf::ValueType;
+    let gemma2 = rebuilt("gemma2", "refused-gemma2");
+    let gemma3 = rebuilt("gemma3", "refused-gemma3");
+    let phi3 = rebuilt("phi3", "refused-phi3");
+    let flags = |n: usize| Value::Array(ValueType::Bool, vec![Value::Bool(true); n]);
+    type Edit =
+        Box<dyn Fn(&mut Vec<(String, Value)>, &mut Vec<(String, Vec<usize>, GgmlType, Vec<u8>)>)>;
+    let cases: Vec<(&PathBuf, Edit, &str)> = vec![
+        (
+            &gemma2,
+            Box::new(move |m, _| set(m, "gemma2.attention.sliding_window_pattern", flags(3))),
+            "`gemma2.attention.sliding_window_pattern`: 3 flags for 2 layers",
+        ),
+        (
+            &gemma2,
+            Box::new(|m, _| {
+                set(
+                    m,
+                    "gemma2.attention.sliding_window_pattern",
+                    Value::String("x".into()),
+                )
+            }),
+            "`gemma2.attention.sliding_window_pattern`",
+        ),
+        (
+            &gemma2,
+            Box::new(|m, _| set(m, "gemma2.attention.sliding_window", Value::U32(0))),
+            "`gemma2.attention.sliding_window`",
+        ),
+        (
+            &gemma2,
+            Box::new(|m, _| set(m, "gemma2.attn_logit_softcapping", Value::F32(-1.0))),
+            "`gemma2.attn_logit_softcapping`",
+        ),
+        (
+            &gemma3,
+            Box::new(|m, _| set(m, "gemma3.rope.scaling.type", Value::String("yarn".into()))),
+            "RoPE scaling `yarn` (`gemma3.rope.scaling.type`)",
+        ),
+        (
+            &gemma3,
+            Box::new(|m, _| set(m, "gemma3.rope.freq_base_swa", Value::F32(f32::NAN))),
+            "`gemma3.rope.freq_base_swa`",
+        ),
+        (
+            &phi3,
+            Box::new(|m, _| set(m, "phi3.rope.dimension_count", Value::U32(7))),
+            "`phi3.rope.dimension_count`: 7",
+        ),
+        (
+            &phi3,
+            Box::new(|_, t| t.retain(|(n, ..)| n != "rope_factors_short.weight")),
+            "`rope_factors_long.weight` and `rope_factors_short.weight` go together",
+        ),
+        (
+            &phi3,
+            Box::new(|_, t| {
+                let long = t
+                    .iter_mut()
+                    .find(|(n, ..)| n == "rope_factors_long.weight")
+                    .unwrap();
+                long.1 = vec![2];
+                long.3.truncate(8);
+            }),
+            "2 long RoPE factors (`rope_factors_long.weight`) for 6 rotating dimensions",
+        ),
+        (
+            &phi3,
+            Box::new(|_, t| {
+                let long = t
+                    .iter_mut()
+                    .find(|(n, ..)| n == "rope_factors_long.weight")
+                    .unwrap();
+                long.3[..4].copy_from_slice(&(-1.0f32).to_le_bytes());
+            }),
+            "tensor `rope_factors_long.weight`: a RoPE factor of -1",
+        ),
+        (
+            &phi3,
+            Box::new(|_, t| {
+                let up = t
+                    .iter_mut()
+                    .find(|(n, ..)| n == "blk.1.ffn_up.weight")
+                    .unwrap();
+                up.1 = vec![48, 32];
+                up.3.truncate(48 * 32 * 4);
+            }),
+            "blk.1.ffn_up.weight",
+        ),
+    ];
+    for (i, (src, edit, want)) in cases.into_iter().enumerate() {
+        let path = rewritten(src, &format!("refused-{i}"), edit);
+        let err = match qkv::models::load(&path) {
+            Ok(_) => panic!("case {i} ({want}) loads"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(want), "case {i}: {err}");
+        assert!(
+            err.contains(path.to_str().unwrap()) || err.contains("blk.1"),
+            "case {i}: {err}"
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+    for p in [gemma2, gemma3, phi3] {
+        std::fs::remove_file(p).unwrap();
+    }
 }
