@@ -663,3 +663,35 @@ fn gemma_and_phi3_metadata_qkv_cannot_follow_is_refused_naming_the_key() {
         std::fs::remove_file(p).unwrap();
     }
 }
+
+/// A model read from a GGUF file saves as a Hugging Face folder (its family's
+/// config.json keys) that reads back as the same model: Gemma's norms as w again, Phi-3's
+/// projections fused again; the Qwens' too.
+#[test]
+fn gguf_models_save_as_hugging_face_folders() {
+    for name in NAMES.iter().copied().chain(["qwen2", "qwen3"]) {
+        let path = match name {
+            "qwen2" | "qwen3" => {
+                let copy = std::env::temp_dir().join(format!(
+                    "qkv-converted-{}-save-{name}.gguf",
+                    std::process::id()
+                ));
+                std::fs::copy(fixture(&format!("models/{name}.gguf")), &copy).unwrap();
+                copy
+            }
+            _ => rebuilt(name, "save"),
+        };
+        let m = qkv::models::load(&path).unwrap().model;
+        let dir =
+            std::env::temp_dir().join(format!("qkv-converted-{}-saved-{name}", std::process::id()));
+        m.save(&dir).unwrap();
+        let back = qkv::models::load(&dir).unwrap().model;
+        assert_eq!(back.arch, m.arch, "{name}");
+        let batch = qkv::models::TokenBatch::single(vec![1, 7, 42, 5, 98, 13]).unwrap();
+        let run =
+            |m: &qkv::models::Transformer| m.forward_cached(&batch, &mut m.new_cache(1)).unwrap();
+        assert_eq!(run(&back).data(), run(&m).data(), "{name}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
+}

@@ -19,6 +19,7 @@
 
 mod encode;
 mod export;
+mod hf_config;
 mod meta;
 mod view;
 
@@ -160,13 +161,15 @@ pub fn load_gguf(path: &Path, dtype: DType) -> Result<Loaded> {
         pad: id("tokenizer.ggml.padding_token_id"),
         decoder_start: None,
     };
+    // what `save` writes as config.json: the family's keys for this architecture
+    let config = hf_config::config(kind, &arch);
     let mut model = Transformer::from_parts(
         arch,
         family,
         special,
         weights,
         logits_bias,
-        None,
+        Some(config),
         architecture.to_string(),
     )?;
     model.adopt_layer_types();
