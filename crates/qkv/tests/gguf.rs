@@ -200,6 +200,32 @@ fn array(elem: u32, count: u64, items: &[u8]) -> Vec<u8> {
     b
 }
 
+/// A run of a tensor's rows (a part of a fused tensor) reads as those rows of the whole,
+/// in every type; rows past the end are refused naming the tensor.
+#[test]
+fn rows_of_a_tensor_read_as_the_whole_s_rows() {
+    let file = GgufFile::open(&fixture("tensors.gguf")).unwrap();
+    for t in file.header.tensors.iter().filter(|t| t.dims.len() == 2) {
+        let whole = file.tensor(&t.name).unwrap();
+        let (rows, width) = (whole.shape()[0], whole.shape()[1]);
+        for (first, count) in [(0, rows), (1, rows - 1), (rows - 1, 1), (0, 0)] {
+            let part = file.rows(&t.name, first, count).unwrap();
+            assert_eq!(part.shape(), [count, width], "{}", t.name);
+            assert_eq!(
+                part.data(),
+                &whole.data()[first * width..(first + count) * width],
+                "{} rows {first}..",
+                t.name
+            );
+        }
+        let err = file.rows(&t.name, 1, rows).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("tensor `{}`: rows 1..", t.name)),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn a_well_formed_file_built_here_parses_with_nested_arrays() {
     let mut b = Builder::new();

@@ -82,12 +82,18 @@ impl GgufFile {
     /// twins of the block kernels.
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
         let t = self.info(name)?;
-        if !t.ty.dequantizes() {
-            return Err(Error::Unsupported(format!(
-                "{}: tensor `{name}` is {}; qkv reads F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K",
-                self.path, t.ty
-            )));
+        let rows = t.shape()[0];
+        match t.dims.len() {
+            // a vector's values need not be whole blocks one by one
+            1 => self.whole(name),
+            _ => self.rows(name, 0, rows),
         }
+    }
+
+    /// [`GgufFile::tensor`] for any shape.
+    fn whole(&self, name: &str) -> Result<Tensor> {
+        let t = self.info(name)?;
+        self.check_readable(name, t)?;
         let n = t.numel();
         super::memory::check(
             n.checked_mul(4),
@@ -96,5 +102,52 @@ impl GgufFile {
         let mut out = vec![0.0f32; n];
         dequant::dequantize(t.ty, self.data(t), &mut out);
         Tensor::new(&t.shape(), out)
+    }
+
+    fn check_readable(&self, name: &str, t: &TensorInfo) -> Result<()> {
+        match t.ty.dequantizes() {
+            true => Ok(()),
+            false => Err(Error::Unsupported(format!(
+                "{}: tensor `{name}` is {}; qkv reads F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K",
+                self.path, t.ty
+            ))),
+        }
+    }
+
+    /// Rows `first .. first + count` of tensor `name` (along its outermost axis) as f32,
+    /// dequantized as [`GgufFile::tensor`] dequantizes them: a part of a fused tensor,
+    /// read without the rest.
+    pub fn rows(&self, name: &str, first: usize, count: usize) -> Result<Tensor> {
+        let t = self.info(name)?;
+        self.check_readable(name, t)?;
+        let mut shape = t.shape();
+        let width = t.numel() / shape[0];
+        let bad = |reason: String| Error::Gguf {
+            path: self.path.clone(),
+            reason: format!("tensor `{name}`: {reason}"),
+        };
+        let row_bytes = t.ty.bytes_of(width).ok_or_else(|| {
+            bad(format!(
+                "rows of {width} values are not whole {} blocks",
+                t.ty
+            ))
+        })?;
+        if first.checked_add(count).is_none_or(|end| end > shape[0]) {
+            return Err(bad(format!(
+                "rows {first}..{} of {}",
+                first.saturating_add(count),
+                shape[0]
+            )));
+        }
+        let n = count * width;
+        super::memory::check(
+            n.checked_mul(4),
+            &format!("tensor `{name}` of {} as f32", self.path),
+        )?;
+        let mut out = vec![0.0f32; n];
+        let bytes = &self.data(t)[first * row_bytes..(first + count) * row_bytes];
+        dequant::dequantize(t.ty, bytes, &mut out);
+        shape[0] = count;
+        Tensor::new(&shape, out)
     }
 }

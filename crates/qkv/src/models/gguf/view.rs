@@ -344,22 +344,25 @@ impl TensorSource for HfView<'_> {
             reason: format!("no tensor stands for `{name}`"),
         })?;
         let gguf = &at.name;
-        let mut t = self.file.tensor(gguf)?;
+        let mut t = match at.rows {
+            None => self.file.tensor(gguf)?,
+            Some((first, count, total)) => {
+                // a missing tensor: the file's error names it
+                let Some(info) = self.file.header.tensor(gguf) else {
+                    return self.file.tensor(gguf);
+                };
+                let stored = info.shape();
+                if stored[0] != total {
+                    let mut want = stored.clone();
+                    want[0] = total;
+                    return Err(Error::shape(gguf.clone(), format!("{want:?}"), &stored));
+                }
+                self.file.rows(gguf, first, count)?
+            }
+        };
         t.check_finite(gguf)?;
         if offset_norm(self.kind, gguf) {
             t.data_mut().iter_mut().for_each(|w| *w -= 1.0);
-        }
-        if let Some((first, count, total)) = at.rows {
-            if t.shape()[0] != total {
-                let mut want = t.shape().to_vec();
-                want[0] = total;
-                return Err(Error::shape(gguf.clone(), format!("{want:?}"), t.shape()));
-            }
-            let width = t.numel() / total;
-            let mut shape = t.shape().to_vec();
-            shape[0] = count;
-            let rows = t.data()[first * width..(first + count) * width].to_vec();
-            t = Tensor::new(&shape, rows)?;
         }
         match at.heads {
             Some(heads) => unpermute_rows(t, heads, gguf),
