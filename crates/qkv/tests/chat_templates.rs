@@ -23,20 +23,27 @@ fn fixture() -> Vec<Value> {
     serde_json::from_slice(&bytes).expect("templates.json")
 }
 
+/// A fixture family's name and its template, with its special tokens.
+fn template_of(f: &Value) -> (&str, ChatTemplate) {
+    let family = f["family"].as_str().unwrap();
+    let mut special = Map::new();
+    for name in ["bos_token", "eos_token"] {
+        if let Some(t) = f[name].as_str() {
+            special.insert(name.into(), Value::String(t.into()));
+        }
+    }
+    let template = f["template"].as_str().unwrap().to_string();
+    let t = ChatTemplate::with_tokens(template, special, family.into())
+        .unwrap_or_else(|e| panic!("{family}: {e}"));
+    (family, t)
+}
+
 /// The bounds on a render (`TEMPLATE_FUEL` steps, `MAX_RENDERED_BYTES`) leave room for
 /// any real conversation: 4096 turns render with every published template here.
 #[test]
 fn long_conversations_fit_the_render_bounds() {
     for f in &fixture() {
-        let family = f["family"].as_str().unwrap();
-        let mut special = Map::new();
-        for name in ["bos_token", "eos_token"] {
-            if let Some(t) = f[name].as_str() {
-                special.insert(name.into(), Value::String(t.into()));
-            }
-        }
-        let template = f["template"].as_str().unwrap().to_string();
-        let t = ChatTemplate::with_tokens(template, special, family.into()).unwrap();
+        let (family, t) = template_of(f);
         let messages: Vec<Value> = (0..4096)
             .map(|i| {
                 let role = if i % 2 == 0 { "user" } else { "assistant" };
@@ -56,16 +63,7 @@ fn templates_render_as_transformers_renders_them() {
     assert_eq!(families.len(), 5);
     let mut checked = 0;
     for f in &families {
-        let family = f["family"].as_str().unwrap();
-        let mut special = Map::new();
-        for name in ["bos_token", "eos_token"] {
-            if let Some(t) = f[name].as_str() {
-                special.insert(name.into(), Value::String(t.into()));
-            }
-        }
-        let template = f["template"].as_str().unwrap().to_string();
-        let t = ChatTemplate::with_tokens(template, special, family.into())
-            .unwrap_or_else(|e| panic!("{family}: {e}"));
+        let (family, t) = template_of(f);
         for case in f["cases"].as_array().unwrap() {
             let name = case["name"].as_str().unwrap();
             let messages = case["messages"].as_array().unwrap();
