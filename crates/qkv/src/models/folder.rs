@@ -66,12 +66,14 @@ pub fn load_in(dir: &Path, dtype: DType) -> Result<Loaded> {
             supported().join(", ")
         ))
     })?;
-    let mut warnings = match family.def().native {
-        true => Vec::new(),
-        false => {
-            let config: Map<String, Value> = read_config(dir)?;
-            keys::check(dir, family.name(), family.def().keys, &config)?
-        }
+    // a Hugging Face family's config, checked key by key and written back on save
+    let source_config = match family.def().native {
+        true => None,
+        false => Some(read_config::<Map<String, Value>>(dir)?),
+    };
+    let mut warnings = match &source_config {
+        None => Vec::new(),
+        Some(config) => keys::check(dir, family.name(), family.def().keys, config)?,
     };
     let (arch, tokens) = (family.def().read)(dir, &name, &ckpt)?;
     arch.validate()
@@ -100,10 +102,6 @@ pub fn load_in(dir: &Path, dtype: DType) -> Result<Loaded> {
     warnings.extend(outside);
     let special = (family.def().special)(special);
     let native = family.def().native;
-    let source_config = match native {
-        true => None,
-        false => Some(read_config::<Map<String, Value>>(dir)?),
-    };
     let architecture = match native || only.architectures.is_empty() {
         true => family.architecture().to_string(),
         false => name,

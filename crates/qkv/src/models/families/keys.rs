@@ -302,7 +302,7 @@ fn rope_warnings(path: &Path, field: &str, value: &Value, warnings: &mut Vec<Str
 }
 
 /// JSON equality with numbers compared by value (`1` equals `1.0`).
-fn same_value(a: &Value, b: &Value) -> bool {
+pub(crate) fn same_value(a: &Value, b: &Value) -> bool {
     match (a, b) {
         (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
         (Value::Array(x), Value::Array(y)) => {

@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::io::{field_error, read_json};
+use crate::models::families::keys::same_value;
 use crate::models::families::special::Ids;
 
 /// When beam search stops (transformers' `early_stopping`).
@@ -130,12 +131,7 @@ const UNAPPLIED: &[(&str, &str)] = &[
 fn unapplied(path: &Path, file: &serde_json::Map<String, Value>) -> Vec<String> {
     let off = |v: &Value, default: &str| {
         let d: Value = serde_json::from_str(default).expect("a default is JSON");
-        match (v, &d) {
-            (Value::Null, _) => true,
-            (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
-            (Value::Array(a), _) => a.is_empty(),
-            _ => *v == d,
-        }
+        v.is_null() || v.as_array().is_some_and(Vec::is_empty) || same_value(v, &d)
     };
     UNAPPLIED
         .iter()
