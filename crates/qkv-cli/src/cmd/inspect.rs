@@ -117,7 +117,7 @@ fn gguf(path: &std::path::Path, out: &mut impl Write) -> Result<()> {
                 )
             }
             Value::String(s) => format!("{s:?}"),
-            Value::Array(ty, items) => format!("[{} × {ty:?}]", items.len()),
+            Value::Array(a) => format!("{a:?}"),
             Value::Bool(b) => b.to_string(),
             Value::F32(x) => format!("{x:?}"),
             Value::F64(x) => format!("{x:?}"),

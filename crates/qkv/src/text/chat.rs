@@ -133,10 +133,7 @@ impl ChatTemplate {
         let source = v
             .as_str()
             .ok_or_else(|| Error::invalid(field, "not a string"))?;
-        let tokens = h
-            .get("tokenizer.ggml.tokens")
-            .and_then(GgufValue::as_array)
-            .unwrap_or_default();
+        let tokens = h.get("tokenizer.ggml.tokens").and_then(GgufValue::as_array);
         let mut special = Map::new();
         for (name, key) in [
             ("bos_token", "tokenizer.ggml.bos_token_id"),
@@ -147,8 +144,7 @@ impl ChatTemplate {
             let token = h
                 .get(key)
                 .and_then(GgufValue::as_u64)
-                .and_then(|i| tokens.get(usize::try_from(i).ok()?))
-                .and_then(GgufValue::as_str);
+                .and_then(|i| tokens?.strs()?.nth(usize::try_from(i).ok()?));
             if let Some(t) = token {
                 special.insert(name.to_string(), Json::String(t.to_string()));
             }
@@ -173,6 +169,21 @@ impl ChatTemplate {
     /// The template's Jinja source.
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// The special tokens it reads as variables.
+    pub fn special(&self) -> &Map<String, Json> {
+        &self.special
+    }
+
+    /// Where it came from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The name its errors carry: `DIR/chat_template.jinja (chat template)`.
+    pub(crate) fn field(&self) -> String {
+        format!("{} (chat template)", self.path.display())
     }
 
     /// The prompt for `messages` (`[{"role": ..., "content": ...}, ...]`), ending with
@@ -211,7 +222,7 @@ impl ChatTemplate {
             .map_err(|e| self.error(e))?;
         String::from_utf8(out.0).map_err(|e| {
             Error::invalid(
-                format!("{} (chat template)", self.path.display()),
+                self.field(),
                 format!("the rendered prompt is not UTF-8: {e}"),
             )
         })
@@ -233,7 +244,7 @@ impl ChatTemplate {
             why.push_str(&format!(": {s}"));
             source = s.source();
         }
-        Error::invalid(format!("{} (chat template)", self.path.display()), why)
+        Error::invalid(self.field(), why)
     }
 }
 

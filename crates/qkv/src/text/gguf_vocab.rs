@@ -14,7 +14,7 @@
 
 use serde_json::{json, Map, Value as Json};
 
-use crate::io::gguf::{Header, Value};
+use crate::io::gguf::{Array, Header, Value};
 
 /// `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
 pub(super) const UNKNOWN: i64 = 2;
@@ -97,12 +97,9 @@ impl<'h> Vocab<'h> {
     fn read(h: &'h Header, spm: bool) -> Result<Self, String> {
         let tokens: Vec<&str> = array(h, "tokenizer.ggml.tokens")?
             .ok_or("metadata `tokenizer.ggml.tokens`: missing")?
-            .iter()
-            .map(|v| {
-                v.as_str()
-                    .ok_or("metadata `tokenizer.ggml.tokens`: not strings")
-            })
-            .collect::<Result<_, _>>()?;
+            .strs()
+            .ok_or("metadata `tokenizer.ggml.tokens`: not strings")?
+            .collect();
         if tokens.is_empty() {
             return Err("metadata `tokenizer.ggml.tokens`: empty".into());
         }
@@ -175,7 +172,7 @@ impl<'h> Vocab<'h> {
     }
 }
 
-fn array<'h>(h: &'h Header, key: &str) -> Result<Option<&'h [Value]>, String> {
+fn array<'h>(h: &'h Header, key: &str) -> Result<Option<&'h Array>, String> {
     match h.get(key) {
         None => Ok(None),
         Some(v) => v
@@ -201,7 +198,7 @@ fn spm_parts(h: &Header, vocab: &Vocab) -> Result<Parts, String> {
     let scores: Vec<f64> = array(h, "tokenizer.ggml.scores")?
         .ok_or("metadata `tokenizer.ggml.scores`: missing (a SentencePiece vocabulary ranks its merges by them)")?
         .iter()
-        .map(Value::as_f64)
+        .map(|v| v.as_f64())
         .collect::<Option<_>>()
         .ok_or("metadata `tokenizer.ggml.scores`: not numbers")?;
     same_length("tokenizer.ggml.scores", scores.len(), vocab.tokens.len())?;
@@ -268,8 +265,9 @@ fn spm_parts(h: &Header, vocab: &Vocab) -> Result<Parts, String> {
 fn byte_level_parts(h: &Header, vocab: &Vocab) -> Result<Parts, String> {
     let merges: Vec<Json> = array(h, "tokenizer.ggml.merges")?
         .ok_or("metadata `tokenizer.ggml.merges`: missing (a byte-level BPE vocabulary needs its merges)")?
-        .iter()
-        .map(|m| match m.as_str().and_then(|s| s.split_once(' ')) {
+        .strs()
+        .ok_or("metadata `tokenizer.ggml.merges`: not strings")?
+        .map(|m| match m.split_once(' ') {
             Some((l, r)) if !l.is_empty() && !r.is_empty() && !r.contains(' ') => {
                 Ok(json!([l, r]))
             }

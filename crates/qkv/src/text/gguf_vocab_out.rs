@@ -7,7 +7,7 @@ use serde_json::Value as Json;
 
 use super::gguf_vocab::{CONTROL, PRE, UNKNOWN, USER_DEFINED};
 use crate::error::Error;
-use crate::io::gguf::{Value, ValueType};
+use crate::io::gguf::{Array, Value, ValueType};
 
 /// The `tokenizer.ggml.*` metadata of the folder `dir`'s `tokenizer.json` (see
 /// `gguf_metadata`) for a model of `n_vocab` token rows, and its chat template as
@@ -62,7 +62,7 @@ fn file_tokenizer(
         .iter()
         .find(|(k, _)| k == "tokenizer.ggml.tokens")
         .and_then(|(_, v)| v.as_array())
-        .map_or(0, <[Value]>::len);
+        .map_or(0, Array::len);
     if tokens != n_vocab {
         return Err(Error::Tokenizer(format!(
             "{}: metadata `tokenizer.ggml.tokens`: {tokens} tokens for the model's {n_vocab} token rows",
@@ -189,7 +189,10 @@ fn gguf_metadata(file: &Json, n_vocab: usize) -> Result<Vec<(String, Value)>, St
         ));
         out.push((
             "tokenizer.ggml.scores".into(),
-            Value::Array(ValueType::F32, scores.into_iter().map(Value::F32).collect()),
+            Value::Array(Array::from_values(
+                ValueType::F32,
+                scores.into_iter().map(Value::F32),
+            )),
         ));
     } else {
         let pre = byte_level_pre(file, merges.is_empty())?;
@@ -206,7 +209,10 @@ fn gguf_metadata(file: &Json, n_vocab: usize) -> Result<Vec<(String, Value)>, St
     ));
     out.push((
         "tokenizer.ggml.token_type".into(),
-        Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()),
+        Value::Array(Array::from_values(
+            ValueType::I32,
+            types.into_iter().map(Value::I32),
+        )),
     ));
     for (key, id) in [("bos", bos), ("eos", eos)] {
         if let Some(id) = id.as_deref().and_then(id_of) {
@@ -224,7 +230,7 @@ fn gguf_metadata(file: &Json, n_vocab: usize) -> Result<Vec<(String, Value)>, St
 }
 
 fn strings(items: impl Iterator<Item = String>) -> Value {
-    Value::Array(ValueType::String, items.map(Value::String).collect())
+    Value::Array(Array::strings(items))
 }
 
 /// The special tokens a post-processor puts before and after a single sequence.

@@ -556,11 +556,16 @@ fn a_phi3_file_with_q_k_and_v_apart_runs_as_the_fused_one() {
 /// refused naming the key or the tensor; nothing panics.
 #[test]
 fn gemma_and_phi3_metadata_qkv_cannot_follow_is_refused_naming_the_key() {
-    use qkv::io::gguf::ValueType;
+    use qkv::io::gguf::{Array, ValueType};
     let gemma2 = rebuilt("gemma2", "refused-gemma2");
     let gemma3 = rebuilt("gemma3", "refused-gemma3");
     let phi3 = rebuilt("phi3", "refused-phi3");
-    let flags = |n: usize| Value::Array(ValueType::Bool, vec![Value::Bool(true); n]);
+    let flags = |n: usize| {
+        Value::Array(Array::from_values(
+            ValueType::Bool,
+            vec![Value::Bool(true); n],
+        ))
+    };
     type Edit =
         Box<dyn Fn(&mut Vec<(String, Value)>, &mut Vec<(String, Vec<usize>, GgmlType, Vec<u8>)>)>;
     let cases: Vec<(&PathBuf, Edit, &str)> = vec![

@@ -1,6 +1,7 @@
 //! What precedes a GGUF file's data: the metadata values and the tensor infos, as
 //! `parse.rs` reads them.
 
+use super::array::{put_string, Array};
 use super::types::GgmlType;
 
 /// A metadata value's type: GGUF's `gguf_metadata_value_type` codes.
@@ -42,6 +43,13 @@ impl ValueType {
         })
     }
 
+    /// GGUF's code for the type.
+    pub fn code(self) -> u32 {
+        (0..=12)
+            .find(|&c| ValueType::from_code(c) == Some(self))
+            .expect("every type has a code")
+    }
+
     /// The fewest bytes a value of this type takes (a string or array: its header).
     pub(super) fn least_bytes(self) -> usize {
         use ValueType::*;
@@ -67,8 +75,8 @@ pub enum Value {
     F32(f32),
     Bool(bool),
     String(String),
-    /// the elements' type (kept for an empty array) and the elements
-    Array(ValueType, Vec<Value>),
+    /// the elements as stored (see `array.rs`)
+    Array(Array),
     U64(u64),
     I64(i64),
     F64(f64),
@@ -110,10 +118,51 @@ impl Value {
         }
     }
 
-    pub fn as_array(&self) -> Option<&[Value]> {
+    pub fn as_array(&self) -> Option<&Array> {
         match self {
-            Value::Array(_, items) => Some(items),
+            Value::Array(a) => Some(a),
             _ => None,
+        }
+    }
+
+    pub fn value_type(&self) -> ValueType {
+        match self {
+            Value::U8(_) => ValueType::U8,
+            Value::I8(_) => ValueType::I8,
+            Value::U16(_) => ValueType::U16,
+            Value::I16(_) => ValueType::I16,
+            Value::U32(_) => ValueType::U32,
+            Value::I32(_) => ValueType::I32,
+            Value::F32(_) => ValueType::F32,
+            Value::Bool(_) => ValueType::Bool,
+            Value::String(_) => ValueType::String,
+            Value::Array(..) => ValueType::Array,
+            Value::U64(_) => ValueType::U64,
+            Value::I64(_) => ValueType::I64,
+            Value::F64(_) => ValueType::F64,
+        }
+    }
+
+    /// The value as a file stores it (an array: element type, count, elements).
+    pub(super) fn put(&self, out: &mut Vec<u8>) {
+        match self {
+            Value::U8(x) => out.push(*x),
+            Value::I8(x) => out.extend(x.to_le_bytes()),
+            Value::U16(x) => out.extend(x.to_le_bytes()),
+            Value::I16(x) => out.extend(x.to_le_bytes()),
+            Value::U32(x) => out.extend(x.to_le_bytes()),
+            Value::I32(x) => out.extend(x.to_le_bytes()),
+            Value::F32(x) => out.extend(x.to_le_bytes()),
+            Value::Bool(x) => out.push(u8::from(*x)),
+            Value::String(s) => put_string(out, s),
+            Value::Array(a) => {
+                out.extend(a.elem().code().to_le_bytes());
+                out.extend((a.len() as u64).to_le_bytes());
+                out.extend_from_slice(a.bytes());
+            }
+            Value::U64(x) => out.extend(x.to_le_bytes()),
+            Value::I64(x) => out.extend(x.to_le_bytes()),
+            Value::F64(x) => out.extend(x.to_le_bytes()),
         }
     }
 }

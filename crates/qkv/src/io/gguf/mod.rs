@@ -3,6 +3,7 @@
 //! file and checks every field before anything is sized from it (see `parse.rs`);
 //! tensors are then read in place.
 
+mod array;
 mod dequant;
 mod header;
 mod parse;
@@ -11,6 +12,7 @@ mod write;
 
 use std::path::Path;
 
+pub use array::Array;
 pub use dequant::q8_0_parts;
 pub use header::{Header, TensorInfo, Value, ValueType};
 pub use types::GgmlType;

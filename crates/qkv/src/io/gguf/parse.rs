@@ -15,14 +15,13 @@
 
 use std::collections::HashSet;
 
+use super::array::Array;
 use super::header::{Header, TensorInfo, Value, ValueType};
 use super::types::GgmlType;
 
 /// ggml's limits: dimensions of a tensor, bytes of a tensor's name.
 const MAX_DIMS: usize = 4;
 const MAX_NAME: usize = 64;
-/// Arrays of arrays nest at most this deep (GGUF files use one level).
-const MAX_DEPTH: usize = 4;
 
 /// The bytes of a file and a read position; errors are the reason, in words.
 struct Cursor<'a> {
@@ -79,6 +78,11 @@ impl<'a> Cursor<'a> {
     }
 
     fn string(&mut self, what: &dyn Fn() -> String) -> Parse<String> {
+        self.string_in_place(what).map(str::to_string)
+    }
+
+    /// A string (u64 length, UTF-8) where it lies in the file.
+    fn string_in_place(&mut self, what: &dyn Fn() -> String) -> Parse<&'a str> {
         let len = self.u64(&|| format!("the length of {}", what()))?;
         if len > self.left() as u64 {
             return Err(format!(
@@ -88,10 +92,45 @@ impl<'a> Cursor<'a> {
             ));
         }
         let bytes = self.take(len as usize, what)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| format!("{} is not UTF-8", what()))
+        std::str::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8", what()))
     }
 
-    fn value(&mut self, ty: ValueType, depth: usize, what: &dyn Fn() -> String) -> Parse<Value> {
+    /// An array's element type, count and elements, kept as stored and checked here: its
+    /// size is the file's bytes, whatever the count.
+    fn packed_array(&mut self, what: &dyn Fn() -> String) -> Parse<Array> {
+        let code = self.u32(&|| format!("the element type of {}", what()))?;
+        let elem = ValueType::from_code(code)
+            .ok_or_else(|| format!("{} has elements of unknown type {code}", what()))?;
+        if elem == ValueType::Array {
+            return Err(format!(
+                "{} is an array of arrays, which GGUF readers (llama.cpp's among them) refuse",
+                what()
+            ));
+        }
+        let n = self.count(elem.least_bytes(), &|| {
+            format!("the element count of {}", what())
+        })?;
+        let start = self.at;
+        if elem == ValueType::String {
+            for i in 0..n {
+                self.string_in_place(&|| format!("{}[{i}]", what()))?;
+            }
+        } else {
+            let stored = self.take(n * elem.least_bytes(), what)?;
+            if elem == ValueType::Bool {
+                if let Some(i) = stored.iter().position(|&b| b > 1) {
+                    return Err(format!(
+                        "{}[{i}] is a bool stored as {}, not 0 or 1",
+                        what(),
+                        stored[i]
+                    ));
+                }
+            }
+        }
+        Ok(Array::stored(elem, n, self.b[start..self.at].to_vec()))
+    }
+
+    fn value(&mut self, ty: ValueType, what: &dyn Fn() -> String) -> Parse<Value> {
         Ok(match ty {
             ValueType::U8 => Value::U8(self.array::<1>(what)?[0]),
             ValueType::I8 => Value::I8(self.array::<1>(what)?[0] as i8),
@@ -109,22 +148,7 @@ impl<'a> Cursor<'a> {
                 b => return Err(format!("{} is a bool stored as {b}, not 0 or 1", what())),
             },
             ValueType::String => Value::String(self.string(what)?),
-            ValueType::Array => {
-                if depth >= MAX_DEPTH {
-                    return Err(format!("{} nests arrays deeper than {MAX_DEPTH}", what()));
-                }
-                let code = self.u32(&|| format!("the element type of {}", what()))?;
-                let elem = ValueType::from_code(code)
-                    .ok_or_else(|| format!("{} has elements of unknown type {code}", what()))?;
-                let n = self.count(elem.least_bytes(), &|| {
-                    format!("the element count of {}", what())
-                })?;
-                let mut items = Vec::with_capacity(n);
-                for i in 0..n {
-                    items.push(self.value(elem, depth + 1, &|| format!("{}[{i}]", what()))?);
-                }
-                Value::Array(elem, items)
-            }
+            ValueType::Array => Value::Array(self.packed_array(what)?),
         })
     }
 }
@@ -170,7 +194,7 @@ pub(super) fn parse(bytes: &[u8]) -> Parse<Header> {
         let code = c.u32(&|| format!("the value type of `{key}`"))?;
         let ty = ValueType::from_code(code)
             .ok_or_else(|| format!("metadata `{key}` has unknown value type {code}"))?;
-        let value = c.value(ty, 0, &|| format!("metadata `{key}`"))?;
+        let value = c.value(ty, &|| format!("metadata `{key}`"))?;
         metadata.push((key, value));
     }
     let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {

@@ -7,7 +7,8 @@
 use std::io::Write;
 use std::path::Path;
 
-use super::header::{Value, ValueType};
+use super::array::put_string;
+use super::header::Value;
 use super::types::GgmlType;
 use crate::error::{Error, Result};
 
@@ -41,9 +42,9 @@ pub fn write(
     head.extend((infos.len() as u64).to_le_bytes());
     head.extend((metadata.len() as u64).to_le_bytes());
     for (key, value) in metadata {
-        string(&mut head, key);
-        head.extend(code(value_type(value)).to_le_bytes());
-        put(&mut head, value);
+        put_string(&mut head, key);
+        head.extend(value.value_type().code().to_le_bytes());
+        value.put(&mut head);
     }
     let mut sizes = Vec::with_capacity(infos.len());
     let mut offset = 0usize;
@@ -53,7 +54,7 @@ pub fn write(
             path: path.display().to_string(),
             reason: format!("tensor `{name}`: {numel} values are not whole {ty} blocks"),
         })?;
-        string(&mut head, name);
+        put_string(&mut head, name);
         head.extend((shape.len() as u32).to_le_bytes());
         shape
             .iter()
@@ -90,60 +91,10 @@ pub fn write(
     .map_err(|e| failed.take().unwrap_or(e))
 }
 
-fn string(out: &mut Vec<u8>, s: &str) {
-    out.extend((s.len() as u64).to_le_bytes());
-    out.extend_from_slice(s.as_bytes());
-}
-
-fn value_type(v: &Value) -> ValueType {
-    match v {
-        Value::U8(_) => ValueType::U8,
-        Value::I8(_) => ValueType::I8,
-        Value::U16(_) => ValueType::U16,
-        Value::I16(_) => ValueType::I16,
-        Value::U32(_) => ValueType::U32,
-        Value::I32(_) => ValueType::I32,
-        Value::F32(_) => ValueType::F32,
-        Value::Bool(_) => ValueType::Bool,
-        Value::String(_) => ValueType::String,
-        Value::Array(..) => ValueType::Array,
-        Value::U64(_) => ValueType::U64,
-        Value::I64(_) => ValueType::I64,
-        Value::F64(_) => ValueType::F64,
-    }
-}
-
-fn code(t: ValueType) -> u32 {
-    (0..=12)
-        .find(|&c| ValueType::from_code(c) == Some(t))
-        .expect("every type has a code")
-}
-
-fn put(out: &mut Vec<u8>, v: &Value) {
-    match v {
-        Value::U8(x) => out.push(*x),
-        Value::I8(x) => out.extend(x.to_le_bytes()),
-        Value::U16(x) => out.extend(x.to_le_bytes()),
-        Value::I16(x) => out.extend(x.to_le_bytes()),
-        Value::U32(x) => out.extend(x.to_le_bytes()),
-        Value::I32(x) => out.extend(x.to_le_bytes()),
-        Value::F32(x) => out.extend(x.to_le_bytes()),
-        Value::Bool(x) => out.push(u8::from(*x)),
-        Value::String(s) => string(out, s),
-        Value::Array(elem, items) => {
-            out.extend(code(*elem).to_le_bytes());
-            out.extend((items.len() as u64).to_le_bytes());
-            items.iter().for_each(|i| put(out, i));
-        }
-        Value::U64(x) => out.extend(x.to_le_bytes()),
-        Value::I64(x) => out.extend(x.to_le_bytes()),
-        Value::F64(x) => out.extend(x.to_le_bytes()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::io::gguf::Array;
 
     #[test]
     fn a_written_file_parses_back_with_its_metadata_and_tensors() {
@@ -155,10 +106,7 @@ mod tests {
                 Value::String("llama".into()),
             ),
             ("n".to_string(), Value::U32(7)),
-            (
-                "list".to_string(),
-                Value::Array(ValueType::String, vec![Value::String("a".into())]),
-            ),
+            ("list".to_string(), Value::Array(Array::strings(["a"]))),
         ];
         let infos = vec![
             ("a".to_string(), vec![2, 3], GgmlType::F32),

@@ -23,7 +23,7 @@ use super::encode::encode;
 use super::meta::{pattern_layers, Kind, Meta, RopeFactors};
 use super::view::{gguf_name, offset_norm, permuted_row};
 use crate::error::{Error, Result};
-use crate::io::gguf::{self, GgmlType, Header, OutTensor, TensorInfo, Value, ValueType};
+use crate::io::gguf::{self, Array, GgmlType, Header, OutTensor, TensorInfo, Value, ValueType};
 use crate::models::families::{names, Family};
 use crate::models::net::arch::{Arch, ModelKind, Position};
 use crate::models::transformer::Transformer;
@@ -361,10 +361,10 @@ fn model_metadata(kind: Kind, name: &str, arch: &Arch, file_type: u32) -> Vec<(S
     let pattern = |out: &mut Vec<(String, Value)>| {
         let default = kind.default_pattern().expect("a kind with local layers");
         if !local.is_empty() && local != pattern_layers(default, s.layers) {
-            let flags = local.iter().map(|&b| Value::Bool(b)).collect();
+            let flags = local.iter().map(|&b| Value::Bool(b));
             out.push((
                 key("attention.sliding_window_pattern"),
-                Value::Array(ValueType::Bool, flags),
+                Value::Array(Array::from_values(ValueType::Bool, flags)),
             ));
         }
     };

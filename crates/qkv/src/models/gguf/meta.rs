@@ -482,7 +482,7 @@ impl Meta<'_> {
             return items
                 .iter()
                 .map(|x| match x {
-                    Value::Bool(b) => Ok(*b),
+                    Value::Bool(b) => Ok(b),
                     x => match x.as_u64() {
                         Some(n) => Ok(n != 0),
                         None => Err(self.error(&key, format!("{x:?} is not a flag"))),
