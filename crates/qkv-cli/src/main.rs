@@ -55,6 +55,10 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Time qkv on attention, decoding, MiniLM, Llama and matrix-product workloads (bench/compare_torch.py: against PyTorch)
     Bench(cmd::bench::BenchArgs),
+    /// Chat-template renders for `serve` and `generate`, one JSON line a request, in a
+    /// process of their own (qkv::text::chat_process)
+    #[command(hide = true)]
+    RenderTemplates,
 }
 
 fn main() -> ExitCode {
@@ -86,6 +90,9 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         #[cfg(feature = "serve")]
         Command::Serve(args) => serve::run(args)?,
         Command::Experiment(args) => cmd::experiment::run(args, &mut out)?,
+        Command::RenderTemplates => {
+            qkv::text::chat_process::serve_renders(io::stdin().lock(), &mut out)?
+        }
     }
     out.flush()?;
     Ok(())

@@ -42,6 +42,18 @@ fn get_num_threads() -> usize {
     rayon::current_num_threads()
 }
 
+/// A chat-template worker's loop on this process's stdin and stdout, which a model's
+/// ``apply_chat_template`` starts as ``python -c "import qkv._qkv as q;
+/// q._serve_renders()"``: a template renders there, its memory and time bounded apart
+/// from the caller's process (``qkv::text::chat_process``).
+#[pyfunction]
+fn _serve_renders(py: Python<'_>) -> PyResult<()> {
+    py.detach(|| {
+        qkv::text::chat_process::serve_renders(std::io::stdin().lock(), std::io::stdout().lock())
+    })
+    .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))
+}
+
 #[pymodule]
 fn _qkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -59,5 +71,6 @@ fn _qkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(train::train, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(_serve_renders, m)?)?;
     Ok(())
 }

@@ -11,7 +11,7 @@ use qkv::models::request::Request;
 use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{Head, Input, KvDType, ModelKind, TokenBatch, Transformer};
 use qkv::ops::DType;
-use qkv::text::{ChatTemplate, Tokenizer};
+use qkv::text::{ChatTemplate, Renderer, Tokenizer};
 use qkv::Tensor;
 
 use crate::arrays;
@@ -32,6 +32,9 @@ pub struct Model {
     net: Net,
     pub(crate) tokenizer: Option<Tokenizer>,
     chat_template: Option<ChatTemplate>,
+    /// renders `chat_template` in worker processes of this Python, bounded in memory
+    /// and time (qkv::text::chat_process); `None` where Python names no executable
+    renderer: Option<Renderer>,
     pub(crate) dir: PathBuf,
     parameters: usize,
     dtypes: Vec<(String, usize)>,
@@ -94,7 +97,14 @@ impl Model {
 pub fn load(py: Python<'_>, path: PathBuf, dtype: &str, kv_dtype: &str) -> PyResult<Model> {
     let dtype: DType = dtype.parse().or_py()?;
     let kv_dtype: KvDType = kv_dtype.parse().or_py()?;
-    let model = py.detach(|| read(&path, dtype, kv_dtype)).or_py()?;
+    let mut model = py.detach(|| read(&path, dtype, kv_dtype)).or_py()?;
+    if model.chat_template.is_some() {
+        let python: String = py.import("sys")?.getattr("executable")?.extract()?;
+        if !python.is_empty() {
+            let serve = "import qkv._qkv as q; q._serve_renders()".to_string();
+            model.renderer = Some(Renderer::new(python.into(), vec!["-c".into(), serve]));
+        }
+    }
     // what the folder says that qkv reads differently from transformers or not at all
     for warning in &model.transformer().load_warnings {
         py.import("warnings")?
@@ -150,6 +160,7 @@ fn read(dir: &Path, dtype: DType, kv_dtype: KvDType) -> qkv::Result<Model> {
             .map(|t| t.fitting(rows))
             .transpose()?,
         chat_template: ChatTemplate::from_dir(dir)?,
+        renderer: None,
         dir: dir.to_path_buf(),
         parameters,
         dtypes,
@@ -592,9 +603,14 @@ impl Model {
             },
             None => serde_json::Map::new(),
         };
-        let text = template
-            .render_with(&messages, add_generation_prompt, &extra)
-            .or_py()?;
+        let text = match &self.renderer {
+            Some(r) => py
+                .detach(|| r.render(template, &messages, add_generation_prompt, &extra))
+                .or_py()?,
+            None => template
+                .render_with(&messages, add_generation_prompt, &extra)
+                .or_py()?,
+        };
         match tokenize {
             false => Ok(text.into_pyobject(py)?.into_any()),
             true => {

@@ -66,3 +66,16 @@ def test_a_folder_without_a_template_says_so(tmp_path):
     m = qkv.load(folder(tmp_path, "{{ messages[0].content }}", None, None))
     with pytest.raises(ValueError, match="messages"):
         m.apply_chat_template({"role": "user"})
+
+
+def test_a_template_that_builds_a_huge_string_stops_in_its_worker(tmp_path):
+    # a string doubled 40 times (a terabyte) in a few hundred steps: the template renders
+    # in a worker process whose memory is limited, so this process lives and gets a
+    # ValueError naming the template
+    doubling = "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}"
+    m = qkv.load(folder(tmp_path, doubling, None, None))
+    with pytest.raises(ValueError, match=r"chat template.*MiB of memory while rendering"):
+        m.apply_chat_template([{"role": "user", "content": "hi"}])
+    # the next render starts a fresh worker
+    m = qkv.load(folder(tmp_path / "plain", "{{ messages[0].content }}", None, None))
+    assert m.apply_chat_template([{"role": "user", "content": "hi"}]) == "hi"

@@ -282,5 +282,6 @@ fn chat_prompt(args: &GenerateArgs, fits: &dyn Fn(&str, usize) -> Result<()>) ->
     if messages.is_empty() {
         bail!("--chat: the conversation has no messages");
     }
-    Ok(template.render(&messages, true)?)
+    let renderer = super::template_renderer()?;
+    Ok(renderer.render(&template, &messages, true, &serde_json::Map::new())?)
 }

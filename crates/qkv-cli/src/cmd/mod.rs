@@ -25,6 +25,16 @@ use qkv::text::Tokenizer;
 pub use flags::{as_flags, in_flags};
 pub use writable::check_writable;
 
+/// A chat-template renderer whose workers are this binary's hidden `render-templates`
+/// (qkv::text::chat_process: a template's memory and time bounded apart from the model).
+pub fn template_renderer() -> Result<qkv::text::Renderer> {
+    let exe = std::env::current_exe().context("the path of the qkv binary")?;
+    Ok(qkv::text::Renderer::new(
+        exe,
+        vec!["render-templates".into()],
+    ))
+}
+
 /// Sizes the global rayon pool from a `--threads` flag (`None`: all cores).
 pub fn set_threads(threads: Option<usize>) -> Result<()> {
     qkv::ops::pool::use_threads(threads).map_err(in_flags::<Threads>)

@@ -91,6 +91,8 @@ pub struct Generator {
     tokenizer: Option<Arc<Tokenizer>>,
     config: GenerationConfig,
     template: Option<ChatTemplate>,
+    /// renders `template` in worker processes, bounded in memory and time
+    renderer: qkv::text::Renderer,
     queue: scheduler::Queue,
 }
 
@@ -232,6 +234,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 tokenizer,
                 config,
                 template,
+                renderer: crate::cmd::template_renderer()?,
                 queue,
             };
             (Some(g), None, None)

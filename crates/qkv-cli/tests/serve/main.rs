@@ -956,6 +956,13 @@ fn hostile_templates_and_sizes_get_400s_naming_the_field_and_the_server_keeps_an
             "{% for i in range(100) %}{{ 'x' * 100000000 }}{% endfor %}",
             "passed 16 MiB",
         ),
+        (
+            // a string doubled 40 times (a terabyte) in a few hundred steps: only the
+            // worker's memory limit stops it
+            "doubling",
+            "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+            "MiB of memory while rendering",
+        ),
     ] {
         let dir = with_template(tag, template);
         let s = Server::start(&dir, &[]);

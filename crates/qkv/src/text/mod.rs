@@ -5,6 +5,7 @@
 
 pub mod bytes;
 pub mod chat;
+pub mod chat_process;
 mod gguf_vocab;
 mod gguf_vocab_out;
 mod guards;
@@ -14,6 +15,7 @@ mod sentencepiece;
 pub mod tokenizer;
 
 pub use chat::ChatTemplate;
+pub use chat_process::Renderer;
 pub use gguf_vocab_out::folder_gguf_metadata;
 pub use labels::TokenLabel;
 pub use tokenizer::{TextStream, Tokenizer};

@@ -332,6 +332,19 @@ impl Tokenizer {
         Ok((TokenBatch::new(ids, Some(mask), rows.len(), len)?, types))
     }
 
+    /// The tokens of an input of [`Tokenizer::encode_pairs`] before any cut: both texts'
+    /// and the special tokens around them.
+    pub fn pair_len(&self, a: &str, b: Option<&str>) -> Result<usize> {
+        let err = |e| Error::Tokenizer(format!("{}: encoding {a:?}: {e}", self.path.display()));
+        let count = |t: &str| self.inner.encode(t, false).map(|e| e.len()).map_err(err);
+        let second = b.map(count).transpose()?;
+        let added = self
+            .inner
+            .get_post_processor()
+            .map_or(0, |p| p.added_tokens(second.is_some()));
+        Ok(count(a)? + second.unwrap_or(0) + added)
+    }
+
     /// One input of [`Tokenizer::encode_pairs`]: its ids and segment ids.
     fn encode_pair(
         &self,

@@ -284,14 +284,15 @@ pub async fn chat(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
         };
         messages.push(json!({"role": m.role, "content": content}));
     }
-    // the template renders and the prompt is tokenized off the HTTP thread, each
-    // bounded (the template's steps and output, the text's bytes)
+    // the template renders (in a worker process, bounded in steps, output, memory and
+    // time) and the prompt is tokenized (bounded in bytes) off the HTTP thread
     let st = s.clone();
     let ids = off_thread(move || {
         let g = st.generator()?;
         let template = g.template.as_ref().expect("checked above");
-        let text = template
-            .render(&messages, true)
+        let text = g
+            .renderer
+            .render(template, &messages, true, &serde_json::Map::new())
             .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
         // the template writes the special tokens itself, as transformers tokenizes it
         st.encode(&text, false)
