@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use qkv::attribution::MAX_FLOW_TOKENS;
 use qkv::io::write_atomic;
-use qkv::models::attribute::{attribute, Attribution, Method};
+use qkv::models::attribute::{attribute_with_progress, Attribution, Method};
 use qkv::models::generate::generate_seq2seq;
 use qkv::models::generation_config::GenerationConfig;
 use qkv::models::request::Request;
@@ -76,6 +76,10 @@ pub struct AttentionArgs {
     /// page holds every method that applies and opens on this one
     #[arg(long, value_parser = parse_method, default_value = "weights")]
     method: Method,
+    /// Most tokens `--method ablation` takes: it runs a forward of the whole text for
+    /// every 16 of its tokens, so its work grows as the length squared
+    #[arg(long, default_value_t = 512)]
+    max_ablation_tokens: usize,
     /// The token whose log-probability grad and ablation explain: the next token of a
     /// decoder or encoder-decoder, or the token at the first [MASK] of a masked-LM
     /// encoder (default: the most likely one there)
@@ -125,6 +129,9 @@ fn parse_method(s: &str) -> std::result::Result<Method, String> {
 /// Most tokens of a text whose ablation a .html page runs by itself (one forward per
 /// token); `--method ablation` runs it at any length.
 const MAX_AUTO_ABLATION_TOKENS: usize = 64;
+
+/// How often a long ablation says how far it is.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The checkpoint: a model folder, or a sentence-transformers folder read as one (for a
 /// cosine target, which needs its pooling and tokenisation).
@@ -324,6 +331,14 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
         );
     }
     check_ids("the input", &ids, model)?;
+    if args.method == Method::Ablation && ids.len() > args.max_ablation_tokens {
+        let n = ids.len();
+        bail!(
+            "--method ablation over {n} tokens runs {} forwards of {n} tokens × 16 rows (its work grows as the length squared), past --max-ablation-tokens {}: raise it to run anyway, or use --method grad (one forward and one backward)",
+            n.div_ceil(16),
+            args.max_ablation_tokens
+        );
+    }
     if let Some(types) = &args.token_type_ids {
         if model.kind() != ModelKind::Encoder {
             bail!(
@@ -483,7 +498,22 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
             skipped.push((method, why));
             continue;
         }
-        match attribute(model, &input, method, goal.as_ref()) {
+        // ablation runs a forward per 16 tokens: past a page's worth its progress is shown
+        let started = Instant::now();
+        let mut shown = Instant::now();
+        let show = steps.on || ids.len() > MAX_AUTO_ABLATION_TOKENS;
+        let mut progress = |done: usize, total: usize| {
+            if show && done < total && shown.elapsed() >= PROGRESS_EVERY {
+                shown = Instant::now();
+                let spent = started.elapsed().as_secs_f64();
+                let left = spent / done as f64 * (total - done) as f64;
+                eprintln!(
+                    "qkv attention: {} hid {done} of {total} tokens, {spent:.0} s, about {left:.0} s left",
+                    method.name()
+                );
+            }
+        };
+        match attribute_with_progress(model, &input, method, goal.as_ref(), &mut progress) {
             Ok(a) => results.push(a),
             Err(e) if !asked => skipped.push((method, e.to_string())),
             Err(e) => return Err(e).with_context(|| format!("--method {}", method.name())),

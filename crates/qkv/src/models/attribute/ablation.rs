@@ -23,7 +23,13 @@ fn repeat(batch: &TokenBatch, n: usize) -> Result<TokenBatch> {
 /// One score per key s of the input text (one sequence): the target's value minus its
 /// value with s hidden, so a positive score means the key helped. A cosine target also
 /// pools without s, as sentence-transformers pools over the attention mask.
-pub fn ablation(model: &Transformer, input: &Input, target: &TargetValue) -> Result<Vec<f32>> {
+/// `progress(done, len)` follows each forward of [`ROWS`] keys.
+pub fn ablation(
+    model: &Transformer,
+    input: &Input,
+    target: &TargetValue,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Vec<f32>> {
     let decoder = model.kind() == ModelKind::Decoder;
     let text = match decoder {
         true => input.target,
@@ -59,6 +65,7 @@ pub fn ablation(model: &Transformer, input: &Input, target: &TargetValue) -> Res
             let without = target.target.value(&logits, b, &mask)?;
             scores.push((target.value as f64 - without) as f32);
         }
+        progress(scores.len(), len);
     }
     Ok(scores)
 }

@@ -223,6 +223,19 @@ pub fn attribute(
     method: Method,
     target: Option<&Target>,
 ) -> Result<Attribution> {
+    attribute_with_progress(model, input, method, target, &mut |_, _| {})
+}
+
+/// [`attribute`], calling `progress(done, total)` as ablation's forwards finish (keys
+/// hidden so far of the text's; the other methods run one or two forwards and do not
+/// call it).
+pub fn attribute_with_progress(
+    model: &Transformer,
+    input: &Input,
+    method: Method,
+    target: Option<&Target>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Attribution> {
     check_input(model, input)?;
     if method.needs_target() && target.is_none() {
         return Err(Error::invalid(
@@ -265,7 +278,7 @@ pub fn attribute(
         }
     };
     let scores = match (&fixed, method) {
-        (Some(t), Method::Ablation) => Some(ablation(model, input, t)?),
+        (Some(t), Method::Ablation) => Some(ablation(model, input, t, progress)?),
         (Some(t), _) => scoring_map(model, &maps).map(|m| {
             let rows = target_rows(&t.target, m.shape()[2]);
             // grad's self-attention relevance starts from I; its cross-attention's from 0

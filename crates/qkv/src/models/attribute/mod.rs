@@ -15,5 +15,5 @@ mod target;
 
 pub use ablation::ablation;
 pub use labels::token_labels;
-pub use method::{attribute, target_rows, Attribution, Method};
+pub use method::{attribute, attribute_with_progress, target_rows, Attribution, Method};
 pub use target::{Target, TargetValue};
