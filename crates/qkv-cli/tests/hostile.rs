@@ -453,7 +453,20 @@ fn messages_name_the_real_thing() {
 /// A decoder of 64 positions with the Qwen2 byte-level test tokenizer and `template` as
 /// its chat template, in `dir`.
 fn chat_model(dir: &Path, template: &str) -> std::path::PathBuf {
-    let d = dir.join("chat-model");
+    let d = tiny_llama(&dir.join("chat-model"), 64);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    std::fs::copy(
+        root.join("crates/qkv/tests/fixtures/tokenizers/qwen2_bytelevel/tokenizer.json"),
+        d.join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::write(d.join("chat_template.jinja"), template).unwrap();
+    d
+}
+
+/// A random Llama of 323 tokens and `positions` positions saved in `d`.
+fn tiny_llama(d: &Path, positions: usize) -> std::path::PathBuf {
+    let positions = positions.to_string();
     let out = common::qkv(&[
         "bench",
         "llama",
@@ -470,7 +483,7 @@ fn chat_model(dir: &Path, template: &str) -> std::path::PathBuf {
         "--kv-heads",
         "1",
         "--max-len",
-        "64",
+        &positions,
         "--prefill",
         "4",
         "--decode",
@@ -481,14 +494,45 @@ fn chat_model(dir: &Path, template: &str) -> std::path::PathBuf {
         "0",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    std::fs::copy(
-        root.join("crates/qkv/tests/fixtures/tokenizers/qwen2_bytelevel/tokenizer.json"),
-        d.join("tokenizer.json"),
-    )
-    .unwrap();
-    std::fs::write(d.join("chat_template.jinja"), template).unwrap();
-    d
+    d.to_path_buf()
+}
+
+/// Ablation runs a forward of the whole text per 16 tokens: past --max-ablation-tokens
+/// (512 by default) it is refused at once with what it would cost, not run for an hour.
+#[test]
+fn ablation_is_refused_past_its_token_bound() {
+    let dir = scratch("hostile-ablation");
+    let model = tiny_llama(&dir.join("m"), 1024);
+    let ids: Vec<String> = (0..600).map(|i| (i % 323).to_string()).collect();
+    let ids = ids.join(",");
+    let json = dir.join("a.json");
+    let args = |extra: &[&'static str]| {
+        let mut a = vec![
+            "attention",
+            "--model",
+            model.to_str().unwrap(),
+            "--input-ids",
+            ids.as_str(),
+            "--method",
+            "ablation",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        a.extend(extra);
+        a
+    };
+    let started = std::time::Instant::now();
+    fails(
+        &args(&[]),
+        "--method ablation over 600 tokens runs 38 forwards",
+    );
+    fails(
+        &args(&["--max-ablation-tokens", "100"]),
+        "past --max-ablation-tokens 100",
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    assert!(!json.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Hardening round 3: prompts are bounded before they are read or tokenized
@@ -575,5 +619,65 @@ fn prompts_conversations_and_templates_are_bounded() {
         ],
         "steps of rendering",
     );
+    // a string doubled 40 times (a terabyte) in a few hundred steps: the worker process
+    // the template renders in stops at its memory limit, and the command says so
+    let doubling = chat_model(
+        &dir.join("doubling"),
+        "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+    );
+    let (out, peak) = common::qkv_peak(&[
+        "generate",
+        "--model",
+        doubling.to_str().unwrap(),
+        "--user",
+        "hi",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("chat template") && err.contains("MiB of memory while rendering"),
+        "{err}"
+    );
+    assert!(peak < 3 << 29, "peak {peak} bytes");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A text longer than a classifier takes is cut with a warning naming it (transformers'
+/// pipeline would fail on it, a cross-encoder cuts it silently); `--truncate cut` cuts
+/// without the warning, to the same scores, and `--truncate refuse` stops.
+#[test]
+fn classify_says_when_it_cuts_a_text() {
+    let model =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../qkv/tests/fixtures/classify/distilbert_sst");
+    let long = "the film was long and dull but the cast was good ".repeat(500);
+    let args = |truncate: &'static str| {
+        vec![
+            "classify",
+            "--model",
+            model.to_str().unwrap(),
+            "--text",
+            "a short one",
+            "--text",
+            long.as_str(),
+            "--json",
+            "--truncate",
+            truncate,
+        ]
+    };
+    let warned = common::qkv(&args("warn"));
+    let err = stderr(&warned);
+    assert!(warned.status.success(), "{err}");
+    assert!(
+        err.starts_with("warning: --text 2 is ") && err.contains("tokens, more than the"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let cut = common::qkv(&args("cut"));
+    assert!(
+        cut.status.success() && cut.stderr.is_empty(),
+        "{}",
+        stderr(&cut)
+    );
+    assert_eq!(cut.stdout, warned.stdout);
+    fails(&args("refuse"), "--text 2 is ");
 }

@@ -22,8 +22,20 @@ pub struct ClassifyArgs {
     /// Print JSON: per input, each label's logit and score
     #[arg(long)]
     json: bool,
+    /// An input longer than the model takes (its positions, or the tokenizer's
+    /// model_max_length): `warn` cuts it (the longer text of a pair first) and says so,
+    /// `cut` cuts it without a word, `refuse` stops with an error
+    #[arg(long, value_enum, default_value = "warn")]
+    truncate: Truncate,
     #[command(flatten)]
     dtype: super::DTypeFlag,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum Truncate {
+    Warn,
+    Cut,
+    Refuse,
 }
 
 #[derive(serde::Serialize)]
@@ -49,6 +61,24 @@ pub fn run(args: &ClassifyArgs, out: &mut impl Write) -> Result<()> {
         .enumerate()
         .map(|(i, t)| (t.as_str(), args.pair.get(i).map(String::as_str)))
         .collect();
+    if args.truncate != Truncate::Cut {
+        for (i, n) in model.overlong(&inputs)? {
+            let which = match args.pair.is_empty() {
+                true => format!("--text {}", i + 1),
+                false => format!("--text {} with its --pair", i + 1),
+            };
+            let what = format!(
+                "{which} is {n} tokens, more than the {} the model takes",
+                model.max_len()
+            );
+            match args.truncate {
+                Truncate::Refuse => bail!("{what} (--truncate refuse)"),
+                _ => eprintln!(
+                    "warning: {what}: cut to them (--truncate cut to cut without this warning, refuse to stop)"
+                ),
+            }
+        }
+    }
     let logits = model.classify(&inputs)?;
     // each input's labels, best first, as the pipeline lists them with top_k=None
     let ranked: Vec<Vec<Scored>> = logits
