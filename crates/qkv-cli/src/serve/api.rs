@@ -223,19 +223,61 @@ pub struct Message {
     pub name: Option<String>,
 }
 
+/// A message's content: a string, or content parts. Read through a JSON value so that a
+/// wrong shape is named in words, not as an untagged enum's variants.
 #[derive(Debug, Deserialize, Serialize, Clone)]
+#[serde(try_from = "Value")]
 #[serde(untagged)]
 pub enum Content {
     Text(String),
     Parts(Vec<Part>),
 }
 
+/// A content part as OpenAI's clients send it: its `type`, and `text` for a text part;
+/// the fields of the other types (`image_url`, `input_audio`, …) are kept for the route
+/// to refuse by type.
 #[derive(Debug, Deserialize, Serialize, Clone)]
-#[serde(deny_unknown_fields)]
 pub struct Part {
     #[serde(rename = "type")]
     pub kind: String,
-    pub text: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+impl TryFrom<Value> for Content {
+    type Error = String;
+
+    fn try_from(v: Value) -> Result<Content, String> {
+        match v {
+            Value::String(s) => Ok(Content::Text(s)),
+            Value::Array(parts) => parts
+                .into_iter()
+                .enumerate()
+                .map(|(j, p)| {
+                    serde_json::from_value(p).map_err(|e| {
+                        format!("part {j} is not a content part ({{\"type\": \"text\", \"text\": ...}}): {e}")
+                    })
+                })
+                .collect::<Result<_, _>>()
+                .map(Content::Parts),
+            other => Err(format!(
+                "{} is neither a string nor a list of content parts",
+                kind_of(&other)
+            )),
+        }
+    }
+}
+
+/// A JSON value's kind, in words.
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a bool",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
 }
 
 /// A chat request's own fields; its [`Settings`] are read from the same body.

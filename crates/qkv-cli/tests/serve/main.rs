@@ -1018,6 +1018,27 @@ fn hostile_templates_and_sizes_get_400s_naming_the_field_and_the_server_keeps_an
         json!([{"role": "user", "content": [{"type": "image_url", "text": "x"}]}]),
     );
     refused(&r, "messages[0].content[0].type");
+    // the other types' own fields (`image_url`) are no reason to hide what is wrong
+    let r = chat(
+        &s,
+        json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+    );
+    refused(&r, "messages[0].content[0].type");
+    assert!(
+        r.body.contains("`image_url`: qkv reads text parts only"),
+        "{}",
+        r.body
+    );
+    let r = chat(&s, json!([{"role": "user", "content": [{"type": "text"}]}]));
+    refused(&r, "messages[0].content[0].text");
+    let r = chat(&s, json!([{"role": "user", "content": null}]));
+    refused(&r, "messages[0].content");
+    assert!(
+        r.body
+            .contains("null is neither a string nor a list of content parts"),
+        "{}",
+        r.body
+    );
     let ok = json!({"model": s.name(), "messages": hi, "max_tokens": 2});
     let with = |k: &str, v: Value| {
         let mut b = ok.clone();

@@ -279,7 +279,17 @@ pub async fn chat(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
                         format!("`{}`: qkv reads text parts only", p.kind),
                     ));
                 }
-                parts.iter().map(|p| p.text.as_str()).collect()
+                let mut text = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    let t = p.text.as_deref().ok_or_else(|| {
+                        ApiError::invalid(
+                            format!("messages[{i}].content[{j}].text"),
+                            "a text part needs its `text`",
+                        )
+                    })?;
+                    text.push_str(t);
+                }
+                text
             }
         };
         messages.push(json!({"role": m.role, "content": content}));

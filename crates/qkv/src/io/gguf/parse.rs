@@ -183,19 +183,20 @@ pub(super) fn parse(bytes: &[u8]) -> Parse<Header> {
     let tensor_count = c.count(32, &|| "the tensor count".into())?;
     let kv_count = c.count(13, &|| "the metadata count".into())?;
 
-    // names seen, so that a file of many keys or tensors is checked in linear time
-    let mut seen: HashSet<String> = HashSet::new();
+    // names seen (where they lie in the file: a file of millions of keys is not held
+    // twice), so that a file of many keys or tensors is checked in linear time
+    let mut seen: HashSet<&str> = HashSet::new();
     let mut metadata: Vec<(String, Value)> = Vec::with_capacity(kv_count);
     for i in 0..kv_count {
-        let key = c.string(&|| format!("metadata key {i}"))?;
-        if !seen.insert(key.clone()) {
+        let key = c.string_in_place(&|| format!("metadata key {i}"))?;
+        if !seen.insert(key) {
             return Err(format!("metadata key `{key}` appears twice"));
         }
         let code = c.u32(&|| format!("the value type of `{key}`"))?;
         let ty = ValueType::from_code(code)
             .ok_or_else(|| format!("metadata `{key}` has unknown value type {code}"))?;
         let value = c.value(ty, &|| format!("metadata `{key}`"))?;
-        metadata.push((key, value));
+        metadata.push((key.to_string(), value));
     }
     let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
         None => 32,
@@ -210,12 +211,12 @@ pub(super) fn parse(bytes: &[u8]) -> Parse<Header> {
     seen.clear();
     let mut tensors: Vec<TensorInfo> = Vec::with_capacity(tensor_count);
     for i in 0..tensor_count {
-        let name = c.string(&|| format!("the name of tensor {i}"))?;
+        let name = c.string_in_place(&|| format!("the name of tensor {i}"))?;
         let what = format!("tensor `{name}`");
         if name.len() > MAX_NAME {
             return Err(format!("{what}: a name over {MAX_NAME} bytes"));
         }
-        if !seen.insert(name.clone()) {
+        if !seen.insert(name) {
             return Err(format!("{what} appears twice"));
         }
         let n_dims = c.u32(&|| format!("the dimension count of {what}"))? as usize;
@@ -254,7 +255,7 @@ pub(super) fn parse(bytes: &[u8]) -> Parse<Header> {
             ));
         }
         tensors.push(TensorInfo {
-            name,
+            name: name.to_string(),
             dims,
             ty,
             offset: offset.try_into().unwrap_or(usize::MAX),
