@@ -104,7 +104,7 @@ pub struct AttentionArgs {
     #[arg(long)]
     font: Option<PathBuf>,
     /// Print a progress line per step on stderr (on by itself for checkpoints of 256 MB
-    /// and more)
+    /// and more, and for texts of more than 512 tokens)
     #[arg(long)]
     progress: bool,
     /// Worker threads (default: all cores)
@@ -129,6 +129,9 @@ fn parse_method(s: &str) -> std::result::Result<Method, String> {
 /// Most tokens of a text whose ablation a .html page runs by itself (one forward per
 /// token); `--method ablation` runs it at any length.
 const MAX_AUTO_ABLATION_TOKENS: usize = 64;
+
+/// Texts longer than this show their steps' progress by themselves.
+const LONG_TEXT: usize = 512;
 
 /// How often a long ablation says how far it is.
 const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
@@ -331,6 +334,8 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
         );
     }
     check_ids("the input", &ids, model)?;
+    // a long text's maps take a while to compute and write: say how far it is
+    steps.on |= ids.len() > LONG_TEXT;
     if args.method == Method::Ablation && ids.len() > args.max_ablation_tokens {
         let n = ids.len();
         bail!(
