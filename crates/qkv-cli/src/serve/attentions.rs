@@ -78,7 +78,7 @@ pub fn answer(
     };
     let mut out = serde_json::json!({"attentions": serde_json::to_value(&maps)?});
     if with_viewer {
-        out["viewer"] = Value::String(viewer::html(std::slice::from_ref(&maps), &[], false)?);
+        out["viewer"] = Value::String(viewer::html(std::slice::from_ref(&maps), &[], false, None)?);
     }
     Ok(out)
 }

@@ -46,6 +46,7 @@ pub struct ServeArgs {
     /// Address to listen on (loopback by default: give 0.0.0.0 to serve the network)
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
+    /// Port to listen on (0: any free port, printed at start)
     #[arg(long, default_value_t = 8080)]
     port: u16,
     /// The model's name in the API [default: the folder's name]
@@ -76,6 +77,8 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGTERM or Ctrl-C
     #[arg(long, default_value_t = 30)]
     grace: u64,
+    /// Worker threads of the model's products (default: all cores); the HTTP
+    /// connections run on one thread of their own
     #[arg(long)]
     threads: Option<usize>,
     #[command(flatten)]
@@ -129,6 +132,33 @@ pub struct AppState {
 impl AppState {
     fn next_id(&self) -> u64 {
         self.ids.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The routes this model answers, as the start line lists them.
+    fn endpoints(&self) -> Vec<&'static str> {
+        let mut e = Vec::new();
+        if let Some(g) = &self.generator {
+            e.push("POST /v1/completions");
+            if g.template.is_some() {
+                e.push("POST /v1/chat/completions");
+            }
+        }
+        if self.embedder.is_some() {
+            e.push("POST /v1/embeddings");
+        }
+        if let Some(c) = &self.classifier {
+            e.push("POST /v1/classify");
+            if c.model.check_reranker().is_ok() {
+                e.push("POST /v1/rerank");
+            }
+        }
+        e.extend([
+            "POST /tokenize",
+            "GET /v1/models",
+            "GET /health",
+            "GET /metrics",
+        ]);
+        e
     }
 }
 
@@ -285,6 +315,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             state.name,
             listener.local_addr()?
         );
+        eprintln!("qkv serve: {}", state.endpoints().join(", "));
         let stop = Arc::new(tokio::sync::Notify::new());
         let stopping = stop.clone();
         let server = axum::serve(listener, app).with_graceful_shutdown(async move {

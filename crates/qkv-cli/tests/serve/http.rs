@@ -13,6 +13,8 @@ use serde_json::Value;
 pub struct Server {
     pub child: Child,
     pub addr: SocketAddr,
+    /// the routes the start line lists
+    pub endpoints: String,
 }
 
 impl Server {
@@ -47,16 +49,26 @@ impl Server {
                 if let Some(addr) = line.split("on http://").nth(1) {
                     let _ = tx.send(addr.trim().to_string());
                 }
+                if line.starts_with("qkv serve: POST ") {
+                    let _ = tx.send(line);
+                }
             }
         });
-        let addr = match rx.recv_timeout(Duration::from_secs(120)) {
-            Ok(a) => a.parse().unwrap(),
-            Err(_) => {
+        let (addr, endpoints) = match (
+            rx.recv_timeout(Duration::from_secs(120)),
+            rx.recv_timeout(Duration::from_secs(10)),
+        ) {
+            (Ok(a), Ok(e)) => (a.parse().unwrap(), e),
+            _ => {
                 let _ = child.kill();
                 panic!("qkv serve did not start listening: {:?}", child.wait());
             }
         };
-        Server { child, addr }
+        Server {
+            child,
+            addr,
+            endpoints,
+        }
     }
 
     /// The model's name in the API, as `/v1/models` lists it.

@@ -810,6 +810,14 @@ fn rerank_and_classify_equal_qkv_classify_and_bad_requests_get_4xx() {
     let cli: Value = serde_json::from_str(&qkv(&args)).unwrap();
     let cli_score = |i: usize| cli[i][0]["score"].as_f64().unwrap();
     let s = Server::start(&dir, &["--name", "ce"]);
+    // the start line lists what this model answers
+    assert!(
+        s.endpoints
+            .contains("POST /v1/classify, POST /v1/rerank, POST /tokenize")
+            && !s.endpoints.contains("completions"),
+        "{}",
+        s.endpoints
+    );
     let r = s
         .post(
             "/v1/rerank",
@@ -966,6 +974,12 @@ fn hostile_templates_and_sizes_get_400s_naming_the_field_and_the_server_keeps_an
     ] {
         let dir = with_template(tag, template);
         let s = Server::start(&dir, &[]);
+        assert!(
+            s.endpoints
+                .starts_with("qkv serve: POST /v1/completions, POST /v1/chat/completions,"),
+            "{}",
+            s.endpoints
+        );
         let addr = s.addr;
         let name = s.name();
         let started = Instant::now();
