@@ -199,6 +199,9 @@ fn text_is_labelled_and_every_format_is_written() {
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains(r#"<script type="application/json" id="qkv-data">"#));
     assert!(page.contains("垫"));
+    // the page shows the text it was given, and says how to give grad a target
+    assert!(page.contains(&format!("\"text\":\"{text}\"")));
+    assert!(page.contains("give --compare TEXT"));
     // (the one address is the SVG namespace, a name that is never fetched)
     let page = page.replace("\"http://www.w3.org/2000/svg\"", "");
     for remote in [
@@ -221,6 +224,11 @@ fn text_is_labelled_and_every_format_is_written() {
         svg.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
+    // without --progress, one line: where the output went
+    assert_eq!(
+        stderr(&out),
+        format!("qkv attention: wrote {}\n", svg.display())
+    );
     let svg_text = std::fs::read_to_string(&svg).unwrap();
     assert!(svg_text.starts_with("<svg") && svg_text.contains("layer 0, mean of heads"));
     assert!(svg_text.contains("垫") && svg_text.contains("animal"));

@@ -489,7 +489,7 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
         let why = match method {
             _ if asked => None,
             _ if method.needs_target() && goal.is_none() => {
-                Some("it explains a target, and this text gives none".to_string())
+                Some("it explains a target, and this text gives none: give --compare TEXT (a sentence encoder: the cosine to that text's embedding) or a [MASK] in the text (a masked LM)".to_string())
             }
             Method::Flow if ids.len().max(t_len) > MAX_FLOW_TOKENS => Some(format!(
                 "it takes at most {MAX_FLOW_TOKENS} tokens; rollout is its fast approximation"
@@ -574,7 +574,8 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
                 .collect::<Result<Vec<_>>>()?;
             Some((
                 path,
-                viewer::html(&docs, &skipped, args.hide_special)?.into_bytes(),
+                viewer::html(&docs, &skipped, args.hide_special, args.text.as_deref())?
+                    .into_bytes(),
             ))
         }
         (Some(path), Some(format)) => {
@@ -591,7 +592,11 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
     };
     for (path, bytes) in json.into_iter().chain(out) {
         write_atomic(path, &bytes)?;
-        steps.step(&format!("wrote {}", path.display()));
+        // the one line a run prints without --progress: where its output is
+        match steps.on {
+            true => steps.step(&format!("wrote {}", path.display())),
+            false => eprintln!("qkv attention: wrote {}", path.display()),
+        }
     }
     Ok(())
 }

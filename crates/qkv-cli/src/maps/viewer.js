@@ -482,6 +482,7 @@
   }
 
   $("model").textContent = doc.model;
+  $("input-text").textContent = options.text ? `Text: ${options.text}` : "";
   $("skipped").textContent = (options.skipped || []).length
     ? "Not computed: " + options.skipped.map((x) => `${METHODS[x.method] || x.method} (${x.reason})`).join("; ")
     : "";

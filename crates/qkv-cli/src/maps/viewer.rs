@@ -40,13 +40,19 @@ fn escape_html(s: &str) -> String {
 /// The viewer of `docs`, one per method (the picker lists them; the page opens on the
 /// first), with `skipped` the methods left out and why, and the special-token toggle on
 /// when `hide_special`.
-pub fn html(docs: &[Maps], skipped: &[(Method, String)], hide_special: bool) -> Result<String> {
+pub fn html(
+    docs: &[Maps],
+    skipped: &[(Method, String)],
+    hide_special: bool,
+    text: Option<&str>,
+) -> Result<String> {
     let first = docs.first().context("the viewer needs one method's maps")?;
     let skipped: Vec<_> = skipped
         .iter()
         .map(|(m, why)| serde_json::json!({"method": m.name(), "reason": why}))
         .collect();
-    let options = serde_json::json!({ "hide_special": hide_special, "skipped": skipped });
+    let options =
+        serde_json::json!({ "hide_special": hide_special, "skipped": skipped, "text": text });
     Ok(PAGE
         .replace("{{TITLE}}", &escape_html(&first.model))
         .replace("{{STYLE}}", STYLE)
