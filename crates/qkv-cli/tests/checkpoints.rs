@@ -3,6 +3,7 @@
 //! tokens, `inspect` describes the model, and bad input fails with one clear line and
 //! leaves no output file behind.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -652,5 +653,59 @@ fn convert_writes_a_gguf_file_that_generates_as_the_folder() {
         stderr(&o)
     );
     assert!(!dir.join("gpt2.gguf").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `qkv embed` reads its sentences from a file or standard input, one a line, to the
+/// same vectors as given on the command line.
+#[test]
+fn embed_reads_sentences_from_a_file_or_stdin() {
+    let dir = scratch("embed-input");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../qkv/tests/fixtures/sentence/xlm_roberta_mean");
+    let m = model.to_str().unwrap();
+    let given = qkv(&[
+        "embed",
+        "--model",
+        m,
+        "--json",
+        "the cat sat",
+        "猫坐在垫子上",
+    ]);
+    assert!(given.status.success(), "{}", stderr(&given));
+    let file = dir.join("texts.txt");
+    std::fs::write(&file, "the cat sat\n猫坐在垫子上\n").unwrap();
+    let read = qkv(&[
+        "embed",
+        "--model",
+        m,
+        "--json",
+        "--input",
+        file.to_str().unwrap(),
+    ]);
+    assert!(read.status.success(), "{}", stderr(&read));
+    assert_eq!(read.stdout, given.stdout);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_qkv"))
+        .args(["embed", "--model", m, "--json", "--input", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all("the cat sat\n猫坐在垫子上".as_bytes())
+        .unwrap();
+    let piped = child.wait_with_output().unwrap();
+    assert!(piped.status.success());
+    assert_eq!(piped.stdout, given.stdout);
+    std::fs::write(&file, "").unwrap();
+    let empty = qkv(&["embed", "--model", m, "--input", file.to_str().unwrap()]);
+    assert!(
+        stderr(&empty).contains("no lines to embed"),
+        "{}",
+        stderr(&empty)
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
