@@ -23,6 +23,25 @@ struct Prompts {
     batch: bool,
 }
 
+/// What `Model.generate` continues.
+pub enum Prompt<'a, 'py> {
+    /// `prompt=`: a text, a list of ids, or a list of either
+    Given(&'a Bound<'py, PyAny>),
+    /// `messages=`: a conversation, through the folder's chat template
+    Chat(&'a Bound<'py, PyAny>),
+}
+
+/// The ids of a conversation's prompt (the template writes the special tokens), read
+/// as a text prompt: its output is text.
+fn chat(model: &Model, messages: &Bound<'_, PyAny>) -> PyResult<Prompts> {
+    let text = model.chat_prompt(messages.py(), messages, true, None)?;
+    Ok(Prompts {
+        rows: vec![model.tokenizer()?.encode(&text, false).or_py()?],
+        text: true,
+        batch: false,
+    })
+}
+
 /// Reads `prompt`: a text, a list of ids, or a list of either.
 fn prompts(model: &Model, prompt: &Bound<'_, PyAny>) -> PyResult<Prompts> {
     let encode = |t: &str| model.tokenizer()?.encode(t, true).or_py();
@@ -94,13 +113,16 @@ fn plan(py: Python<'_>, model: &Model, request: &Request, longest: usize) -> PyR
 /// `Model.generate` (its docs are the method's).
 pub fn generate<'py>(
     slf: &Bound<'py, Model>,
-    prompt: &Bound<'py, PyAny>,
+    prompt: Prompt<'_, 'py>,
     request: &Request,
     stream: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = slf.py();
     let model = slf.get();
-    let p = prompts(model, prompt)?;
+    let p = match prompt {
+        Prompt::Given(p) => prompts(model, p)?,
+        Prompt::Chat(m) => chat(model, m)?,
+    };
     let longest = p.rows.iter().map(Vec::len).max().unwrap_or(0);
     let plan = plan(py, model, request, longest)?;
     let pad = model.transformer().special_tokens().pad.unwrap_or(0);

@@ -125,14 +125,10 @@ fn read(dir: &Path, dtype: DType, kv_dtype: KvDType) -> qkv::Result<Model> {
     let (net, parameters, dtypes, rows) = match dir.join("modules.json").is_file() {
         true => {
             let encoder = SentenceEncoder::load_in(dir, dtype)?;
-            let parameters = encoder.encoder().num_params();
+            let parameters = encoder.stored_parameters();
+            let dtypes = encoder.stored_dtypes().to_vec();
             let rows = encoder.encoder().arch.token_rows();
-            (
-                Net::Sentence(Box::new(encoder)),
-                parameters,
-                Vec::new(),
-                rows,
-            )
+            (Net::Sentence(Box::new(encoder)), parameters, dtypes, rows)
         }
         false => {
             // Python calls only run forward: the projections are packed once here, in
@@ -415,6 +411,10 @@ impl Model {
     /// Args:
     ///     prompt: text (needs the folder's tokenizer) or a list of token ids; or a
     ///         list of either.
+    ///     messages: instead of ``prompt``, a conversation (``[{"role": ...,
+    ///         "content": ...}, ...]``) made into the prompt by the folder's chat
+    ///         template with the assistant's turn opened, as
+    ///         ``apply_chat_template(messages, tokenize=True)``; the answer is text.
     ///     max_new_tokens: new tokens at most (default: the folder's
     ///         ``max_new_tokens``, or ``max_length`` less the prompt).
     ///     greedy: always take the most likely token, even where the folder samples.
@@ -432,14 +432,15 @@ impl Model {
     ///
     /// Returns:
     ///     The generated text when ``prompt`` is text, else the list of new token ids.
-    #[pyo3(signature = (prompt, *, max_new_tokens=None, greedy=false, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, seed=Int::of(0), stream=false))]
+    #[pyo3(signature = (prompt=None, *, messages=None, max_new_tokens=None, greedy=false, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, seed=Int::of(0), stream=false))]
     #[pyo3(
-        text_signature = "($self, prompt, *, max_new_tokens=None, greedy=False, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, seed=0, stream=False)"
+        text_signature = "($self, prompt=None, *, messages=None, max_new_tokens=None, greedy=False, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, seed=0, stream=False)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn generate<'py>(
         slf: &Bound<'py, Self>,
-        prompt: &Bound<'py, PyAny>,
+        prompt: Option<&Bound<'py, PyAny>>,
+        messages: Option<&Bound<'py, PyAny>>,
         max_new_tokens: Option<Int>,
         greedy: bool,
         num_beams: Option<Int>,
@@ -461,6 +462,15 @@ impl Model {
             top_k: ints::count(top_k, "top_k")?,
             top_p: top_p.map(|p| p as f32),
             seed: seed.seed("seed")?,
+        };
+        let prompt = match (prompt, messages) {
+            (Some(p), None) => generate::Prompt::Given(p),
+            (None, Some(m)) => generate::Prompt::Chat(m),
+            _ => {
+                return Err(PyValueError::new_err(
+                    "give `prompt` or `messages` (a conversation through the chat template), one of them",
+                ))
+            }
         };
         generate::generate(slf, prompt, &request, stream)
     }
@@ -576,6 +586,28 @@ impl Model {
         tokenize: bool,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let text = self.chat_prompt(py, messages, add_generation_prompt, kwargs)?;
+        match tokenize {
+            false => Ok(text.into_pyobject(py)?.into_any()),
+            true => {
+                let ids = self.tokenizer()?.encode(&text, false).or_py()?;
+                Ok(PyList::new(py, ids)?.into_any())
+            }
+        }
+    }
+}
+
+impl Model {
+    /// The folder's chat template over `messages` (a Python list of dicts), with
+    /// `kwargs` as more variables: `apply_chat_template`'s text, which `generate`'s
+    /// `messages=` runs too.
+    pub(crate) fn chat_prompt<'py>(
+        &self,
+        py: Python<'py>,
+        messages: &Bound<'py, PyAny>,
+        add_generation_prompt: bool,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<String> {
         let template = self.chat_template.as_ref().ok_or_else(|| {
             PyValueError::new_err(format!(
                 "{} has no chat template (chat_template.jinja, chat_template in tokenizer_config.json, or a GGUF file's tokenizer.chat_template)",
@@ -603,20 +635,13 @@ impl Model {
             },
             None => serde_json::Map::new(),
         };
-        let text = match &self.renderer {
+        match &self.renderer {
             Some(r) => py
                 .detach(|| r.render(template, &messages, add_generation_prompt, &extra))
-                .or_py()?,
+                .or_py(),
             None => template
                 .render_with(&messages, add_generation_prompt, &extra)
-                .or_py()?,
-        };
-        match tokenize {
-            false => Ok(text.into_pyobject(py)?.into_any()),
-            true => {
-                let ids = self.tokenizer()?.encode(&text, false).or_py()?;
-                Ok(PyList::new(py, ids)?.into_any())
-            }
+                .or_py(),
         }
     }
 }

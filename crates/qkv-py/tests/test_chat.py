@@ -79,3 +79,17 @@ def test_a_template_that_builds_a_huge_string_stops_in_its_worker(tmp_path):
     # the next render starts a fresh worker
     m = qkv.load(folder(tmp_path / "plain", "{{ messages[0].content }}", None, None))
     assert m.apply_chat_template([{"role": "user", "content": "hi"}]) == "hi"
+
+
+def test_generate_answers_a_conversation_through_the_template(tmp_path):
+    m = qkv.load(folder(tmp_path, "{% for m in messages %}{{ m['content'] }} {% endfor %}", None, None))
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "user"}]
+    ids = m.apply_chat_template(messages, tokenize=True)
+    want = m.decode(m.generate(ids, max_new_tokens=4, greedy=True))
+    assert m.generate(messages=messages, max_new_tokens=4, greedy=True) == want
+    streamed = "".join(m.generate(messages=messages, max_new_tokens=4, greedy=True, stream=True))
+    assert streamed == want
+    with pytest.raises(ValueError, match="give `prompt` or `messages`"):
+        m.generate("hi", messages=messages)
+    with pytest.raises(ValueError, match="give `prompt` or `messages`"):
+        m.generate()

@@ -143,6 +143,13 @@ def test_info_reports_what_inspect_prints():
     assert "RoPE" in info["position"]
     assert info["eos_token_id"] == [2] and info["bos_token_id"] == 1
     assert qkv.load(model_dir("marian")).info["decoder_start_token_id"] == 98
+    # a sentence-transformers folder counts what its checkpoint stores, as inspect does
+    sentence = FIXTURES / "sentence" / "xlm_roberta_mean"
+    info = qkv.load(sentence).info
+    raw = (sentence / "model.safetensors").read_bytes()
+    header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+    stored = sum(int(np.prod(t["shape"])) for k, t in header.items() if k != "__metadata__")
+    assert info["parameters"] == stored and info["dtypes"] == {"F32": stored}
     assert "qkv.Model(llama" in repr(qkv.load(model_dir("llama_gqa")))
 
 

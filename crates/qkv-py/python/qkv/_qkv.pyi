@@ -198,6 +198,25 @@ class Model:
     ) -> "Stream":
         """The output as it is made: text pieces for a text prompt, else ids."""
 
+    @overload
+    def generate(
+        self,
+        prompt: None = None,
+        *,
+        messages: Sequence[Mapping[str, Any]],
+        max_new_tokens: Optional[int] = None,
+        greedy: bool = False,
+        num_beams: Optional[int] = None,
+        length_penalty: Optional[float] = None,
+        early_stopping: Union[None, bool, Literal["never"]] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        seed: int = 0,
+        stream: bool = False,
+    ) -> Union[str, "Stream"]:
+        """The assistant's answer to a conversation, through the folder's chat template."""
+
     def attribute(
         self,
         text: Union[str, Sequence[int]],

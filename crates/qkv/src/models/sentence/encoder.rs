@@ -40,6 +40,9 @@ pub struct SentenceEncoder {
     lower_case: bool,
     pooling: Vec<PoolingMode>,
     normalize: bool,
+    /// what the checkpoint stores: its elements (a tied matrix once) and each dtype's
+    /// count, as [`crate::models::Loaded`] gives them
+    stored: (usize, Vec<(String, usize)>),
 }
 
 impl SentenceEncoder {
@@ -67,7 +70,9 @@ impl SentenceEncoder {
             (dir.to_path_buf(), None, false)
         };
 
-        let mut model = load_in(&transformer_dir, dtype)?.model;
+        let loaded = load_in(&transformer_dir, dtype)?;
+        let stored = (loaded.parameters, loaded.dtypes);
+        let mut model = loaded.model;
         if model.kind() != ModelKind::Encoder {
             return Err(Error::Unsupported(format!(
                 "{}: sentence embeddings need an encoder (BERT family), not `{}`",
@@ -133,7 +138,19 @@ impl SentenceEncoder {
             lower_case: st.do_lower_case,
             pooling,
             normalize,
+            stored,
         })
+    }
+
+    /// The elements the checkpoint stores (a tied matrix once), as `qkv inspect` counts
+    /// them.
+    pub fn stored_parameters(&self) -> usize {
+        self.stored.0
+    }
+
+    /// Each dtype on disk with its element count.
+    pub fn stored_dtypes(&self) -> &[(String, usize)] {
+        &self.stored.1
     }
 
     /// Length of each embedding: the hidden size times the number of pooling modes.
