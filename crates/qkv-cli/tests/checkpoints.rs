@@ -709,3 +709,50 @@ fn embed_reads_sentences_from_a_file_or_stdin() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The README's tour on `examples/tiny-chat`, command by command: its answers are the
+/// sentences it was trained on (tools/examples/tiny_chat_corpus.py), through its chat
+/// template, from the folder and from the Q8_0 GGUF file `qkv convert` writes of it;
+/// the attention viewer is written.
+#[test]
+fn the_tour_runs_on_the_example_model() {
+    let dir = scratch("tour");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tiny-chat");
+    let m = model.to_str().unwrap();
+    let ok = |args: &[&str]| {
+        let out = qkv(args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert!(ok(&["inspect", "--model", m]).contains("LlamaForCausalLM"));
+    let answer = "attention mixes the values, weighted by how well each key matches the query.\n";
+    assert!(ok(&["generate", "--model", m, "--user", "what is attention?"]).starts_with(answer));
+    let gguf = dir.join("tiny.gguf");
+    let g = gguf.to_str().unwrap();
+    ok(&["convert", m, "--to", g, "--dtype", "q8_0"]);
+    let from_gguf = ok(&[
+        "generate",
+        "--model",
+        g,
+        "--user",
+        "what is attention?",
+        "--max-new-tokens",
+        "100",
+    ]);
+    assert!(from_gguf.starts_with(answer), "{from_gguf}");
+    let page = dir.join("maps.html");
+    let text = "user: what is a causal mask?";
+    ok(&[
+        "attention",
+        "--model",
+        m,
+        "--text",
+        text,
+        "--out",
+        page.to_str().unwrap(),
+    ]);
+    assert!(std::fs::read_to_string(&page)
+        .unwrap()
+        .contains("causal mask"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

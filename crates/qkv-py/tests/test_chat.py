@@ -93,3 +93,12 @@ def test_generate_answers_a_conversation_through_the_template(tmp_path):
         m.generate("hi", messages=messages)
     with pytest.raises(ValueError, match="give `prompt` or `messages`"):
         m.generate()
+
+
+def test_the_example_model_answers_a_conversation():
+    # the README's Python line, on examples/tiny-chat
+    from pathlib import Path
+
+    m = qkv.load(Path(__file__).resolve().parents[3] / "examples" / "tiny-chat")
+    answer = m.generate(messages=[{"role": "user", "content": "what is attention?"}])
+    assert answer.startswith("attention mixes the values, weighted by how well each key matches the query.")

@@ -1068,3 +1068,29 @@ fn hostile_templates_and_sizes_get_400s_naming_the_field_and_the_server_keeps_an
     let r = with("user", json!("someone"));
     assert_eq!(r.status, 200, "{}", r.body);
 }
+
+/// The README's tour: `qkv serve --model examples/tiny-chat` answers a chat request as
+/// `qkv generate --user` does.
+#[test]
+fn the_example_model_answers_chat_as_generate_does() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tiny-chat");
+    let question = "why scale the scores?";
+    let cli = qkv(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--user",
+        question,
+    ]);
+    let s = Server::start(&dir, &[]);
+    assert_eq!(s.name(), "tiny-chat");
+    let body = json!({"model": "tiny-chat", "messages": [{"role": "user", "content": question}]});
+    let r = s.post("/v1/chat/completions", &body).json();
+    let content = r["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(
+        content.starts_with("it keeps the scores small"),
+        "{content}"
+    );
+    assert_eq!(format!("{content}\n"), cli);
+    assert_eq!(r["choices"][0]["finish_reason"], "stop");
+}
