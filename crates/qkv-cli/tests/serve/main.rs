@@ -1094,3 +1094,22 @@ fn the_example_model_answers_chat_as_generate_does() {
     assert_eq!(format!("{content}\n"), cli);
     assert_eq!(r["choices"][0]["finish_reason"], "stop");
 }
+
+/// Every `qkv serve` option says what it is, `--port` and `--threads` too.
+#[test]
+fn serve_help_describes_every_option() {
+    let help = qkv(&["serve", "--help"]);
+    for flag in ["--port", "--threads", "--host", "--max-prompt", "--grace"] {
+        let at = help
+            .find(&format!("      {flag} "))
+            .unwrap_or_else(|| panic!("{flag}"));
+        // the description follows on the flag's line or on the next one
+        let rest: Vec<&str> = help[at..].lines().take(2).collect();
+        let described = rest[0].trim().split_whitespace().count() > 2
+            || rest
+                .get(1)
+                .is_some_and(|l| !l.trim_start().starts_with('-'));
+        assert!(described, "{flag}: {rest:?}");
+    }
+    assert!(help.contains("Port to listen on") && help.contains("Worker threads"));
+}
