@@ -1105,7 +1105,7 @@ fn serve_help_describes_every_option() {
             .unwrap_or_else(|| panic!("{flag}"));
         // the description follows on the flag's line or on the next one
         let rest: Vec<&str> = help[at..].lines().take(2).collect();
-        let described = rest[0].trim().split_whitespace().count() > 2
+        let described = rest[0].split_whitespace().count() > 2
             || rest
                 .get(1)
                 .is_some_and(|l| !l.trim_start().starts_with('-'));

@@ -23,7 +23,7 @@ fn repeat(batch: &TokenBatch, n: usize) -> Result<TokenBatch> {
 /// One score per key s of the input text (one sequence): the target's value minus its
 /// value with s hidden, so a positive score means the key helped. A cosine target also
 /// pools without s, as sentence-transformers pools over the attention mask.
-/// `progress(done, len)` follows each forward of [`ROWS`] keys.
+/// `progress(done, len)` follows each forward (16 keys hidden, one a row).
 pub fn ablation(
     model: &Transformer,
     input: &Input,
