@@ -3,19 +3,19 @@
 //! file and checks every field before anything is sized from it (see `parse.rs`);
 //! tensors are then read in place.
 
-mod array;
 mod dequant;
 mod header;
 mod parse;
 mod types;
+mod value;
 mod write;
 
 use std::path::Path;
 
-pub use array::Array;
 pub use dequant::q8_0_parts;
-pub use header::{Header, TensorInfo, Value, ValueType};
+pub use header::{Header, TensorInfo};
 pub use types::GgmlType;
+pub use value::{Array, Value, ValueType};
 pub use write::{write, OutTensor};
 
 use crate::error::{Error, Result};

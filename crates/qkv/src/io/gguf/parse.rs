@@ -15,9 +15,9 @@
 
 use std::collections::HashSet;
 
-use super::array::Array;
-use super::header::{Header, TensorInfo, Value, ValueType};
+use super::header::{Header, TensorInfo};
 use super::types::GgmlType;
+use super::value::{Array, Value, ValueType};
 
 /// ggml's limits: dimensions of a tensor, bytes of a tensor's name.
 const MAX_DIMS: usize = 4;

@@ -7,8 +7,8 @@
 use std::io::Write;
 use std::path::Path;
 
-use super::array::put_string;
-use super::header::Value;
+use super::value::{put_string, Value};
+
 use super::types::GgmlType;
 use crate::error::{Error, Result};
 
