@@ -710,49 +710,78 @@ fn embed_reads_sentences_from_a_file_or_stdin() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The README's tour on `examples/tiny-chat`, command by command: its answers are the
-/// sentences it was trained on (tools/examples/tiny_chat_corpus.py), through its chat
-/// template, from the folder and from the Q8_0 GGUF file `qkv convert` writes of it;
-/// the attention viewer is written.
+/// The README's tour on `examples/tiny-chat`, as the README writes it: every `qkv`
+/// line of its code block that runs and ends by itself (not `serve`, `train`,
+/// `experiment`, `bench`, which tests of their own cover) runs as written from a folder
+/// holding `examples/`, and the answers are the sentences the model was trained on
+/// (tools/examples/tiny_chat_corpus.py), through its chat template, from the folder and
+/// from the Q8_0 GGUF file `qkv convert` writes of it. The README stays within 200 lines.
 #[test]
-fn the_tour_runs_on_the_example_model() {
+fn the_readme_tour_runs_as_written() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    assert!(
+        readme.lines().count() <= 200,
+        "the README is over 200 lines"
+    );
+    let tour = readme
+        .split("## A short tour")
+        .nth(1)
+        .and_then(|t| t.split("```sh\n").nth(1))
+        .and_then(|t| t.split("```").next())
+        .expect("the tour's code block");
     let dir = scratch("tour");
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tiny-chat");
-    let m = model.to_str().unwrap();
-    let ok = |args: &[&str]| {
-        let out = qkv(args);
-        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
-        String::from_utf8(out.stdout).unwrap()
-    };
-    assert!(ok(&["inspect", "--model", m]).contains("LlamaForCausalLM"));
-    let answer = "attention mixes the values, weighted by how well each key matches the query.\n";
-    assert!(ok(&["generate", "--model", m, "--user", "what is attention?"]).starts_with(answer));
-    let gguf = dir.join("tiny.gguf");
-    let g = gguf.to_str().unwrap();
-    ok(&["convert", m, "--to", g, "--dtype", "q8_0"]);
-    let from_gguf = ok(&[
-        "generate",
-        "--model",
-        g,
-        "--user",
-        "what is attention?",
-        "--max-new-tokens",
-        "100",
-    ]);
-    assert!(from_gguf.starts_with(answer), "{from_gguf}");
-    let page = dir.join("maps.html");
-    let text = "user: what is a causal mask?";
-    ok(&[
-        "attention",
-        "--model",
-        m,
-        "--text",
-        text,
-        "--out",
-        page.to_str().unwrap(),
-    ]);
-    assert!(std::fs::read_to_string(&page)
+    std::os::unix::fs::symlink(root.join("examples"), dir.join("examples")).unwrap();
+    let mut outputs = Vec::new();
+    for line in tour.lines().filter(|l| l.starts_with("qkv ")) {
+        let args = words(line.split(" # ").next().unwrap());
+        if ["serve", "train", "experiment", "bench"].contains(&args[1].as_str()) {
+            continue;
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_qkv"))
+            .args(&args[1..])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{line}: {}", stderr(&out));
+        outputs.push((args[1].clone(), String::from_utf8(out.stdout).unwrap()));
+    }
+    let ran: Vec<&str> = outputs.iter().map(|(c, _)| c.as_str()).collect();
+    assert_eq!(
+        ran,
+        ["inspect", "generate", "attention", "convert", "generate"]
+    );
+    assert!(outputs[0].1.contains("LlamaForCausalLM"));
+    assert!(outputs[1].1.starts_with(
+        "attention mixes the values, weighted by how well each key matches the query.\n"
+    ));
+    assert!(outputs[4]
+        .1
+        .starts_with("it hides the later tokens, so each token only sees the ones before it.\n"));
+    assert!(std::fs::read_to_string(dir.join("maps.html"))
         .unwrap()
         .contains("causal mask"));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A shell line's words: split at spaces, a double-quoted run kept whole.
+fn words(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut quoted = false;
+    for c in line.trim().chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ' ' if !quoted => {
+                if !word.is_empty() {
+                    out.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        out.push(word);
+    }
+    out
 }
