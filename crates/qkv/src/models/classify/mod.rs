@@ -205,15 +205,20 @@ impl SequenceClassifier {
         Ok(rows)
     }
 
-    /// The inputs [`SequenceClassifier::classify`] would cut: (index, tokens before the
-    /// cut) of each longer than [`SequenceClassifier::max_len`].
-    pub fn overlong(&self, inputs: &[(&str, Option<&str>)]) -> Result<Vec<(usize, usize)>> {
-        let tokenizer = self.tokenizer.as_ref().ok_or_else(|| {
+    /// The folder's tokenizer, which texts need (token ids do not).
+    fn tokenizer(&self) -> Result<&Tokenizer> {
+        self.tokenizer.as_ref().ok_or_else(|| {
             Error::Tokenizer(format!(
                 "{}: no tokenizer (tokenizer.json) in the folder; it scores token ids only",
                 self.dir.display()
             ))
-        })?;
+        })
+    }
+
+    /// The inputs [`SequenceClassifier::classify`] would cut: (index, tokens before the
+    /// cut) of each longer than [`SequenceClassifier::max_len`].
+    pub fn overlong(&self, inputs: &[(&str, Option<&str>)]) -> Result<Vec<(usize, usize)>> {
+        let tokenizer = self.tokenizer()?;
         let mut long = Vec::new();
         for (i, &(a, b)) in inputs.iter().enumerate() {
             let n = tokenizer.pair_len(a, b)?;
@@ -226,12 +231,7 @@ impl SequenceClassifier {
 
     /// The batch and segment ids [`SequenceClassifier::classify`] runs for `inputs`.
     pub fn tokenize(&self, inputs: &[(&str, Option<&str>)]) -> Result<(TokenBatch, Vec<usize>)> {
-        let tokenizer = self.tokenizer.as_ref().ok_or_else(|| {
-            Error::Tokenizer(format!(
-                "{}: no tokenizer (tokenizer.json) in the folder; it scores token ids only",
-                self.dir.display()
-            ))
-        })?;
+        let tokenizer = self.tokenizer()?;
         tokenizer.encode_pairs(inputs, self.pad_id, self.max_len)
     }
 
