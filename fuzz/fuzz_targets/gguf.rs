@@ -39,6 +39,6 @@ fuzz_target!(init: qkv_fuzz::init(), |data: &[u8]| {
     let _ = qkv::text::Tokenizer::from_gguf(&path);
     let _ = qkv::text::ChatTemplate::from_dir(&path);
     if h.tensors.iter().all(|t| t.numel() <= MAX_VALUES) {
-        let _ = qkv::models::load_gguf(&path, qkv::ops::DType::F32);
+        let _ = qkv::models::load_gguf(&path, qkv::weights::DType::F32);
     }
 });

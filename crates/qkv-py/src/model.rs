@@ -10,8 +10,8 @@ use qkv::models::generation_config::EarlyStopping;
 use qkv::models::request::Request;
 use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{Head, Input, KvDType, ModelKind, TokenBatch, Transformer};
-use qkv::ops::DType;
 use qkv::text::{ChatTemplate, Renderer, Tokenizer};
+use qkv::weights::DType;
 use qkv::Tensor;
 
 use crate::arrays;

@@ -7,9 +7,9 @@ use std::str::FromStr;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use qkv::ops::DType;
 use qkv::train::run::{RunInfo, RunRequest, Watch};
 use qkv::train::trainer::StepLog;
+use qkv::weights::DType;
 
 use crate::errors::OrPy;
 use crate::ints::Int;

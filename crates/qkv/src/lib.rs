@@ -53,6 +53,7 @@ pub mod tensor;
 pub mod text;
 #[cfg(feature = "models")]
 pub mod train;
+pub mod weights;
 
 pub use attention::{
     attention, AttentionOutput, AttentionSpec, Bias, Broadcast, CausalAlign, Kernel,

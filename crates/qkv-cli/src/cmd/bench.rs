@@ -23,10 +23,11 @@ use qkv::layers::linear::product_into;
 use qkv::models::generate::{generate_causal, GenerateOptions, Sampling};
 use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{Arch, TokenBatch, Transformer};
-use qkv::ops::bf16::{self, Bf16Weight};
-use qkv::ops::int8::{self, Int8Weight, ScaleLayout};
-use qkv::ops::{argmax, DType, Par};
+use qkv::ops::{argmax, Par};
 use qkv::rng::Rng;
+use qkv::weights::bf16::{self, Bf16Weight};
+use qkv::weights::int8::{self, Int8Weight, ScaleLayout};
+use qkv::weights::DType;
 use qkv::{AttentionSpec, CausalAlign, Kernel, Tensor};
 use serde_json::{json, Map, Value};
 

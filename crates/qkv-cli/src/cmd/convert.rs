@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use qkv::io::gguf::GgmlType;
-use qkv::ops::DType;
+use qkv::weights::DType;
 
 #[derive(clap::Args)]
 pub struct ConvertArgs {

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use qkv::ops::DType;
+use qkv::weights::DType;
 
 #[derive(clap::Args)]
 pub struct InspectArgs {

@@ -19,8 +19,8 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use qkv::models::{self, KvDType, Loaded, Transformer};
-use qkv::ops::DType;
 use qkv::text::Tokenizer;
+use qkv::weights::DType;
 
 pub use flags::{as_flags, in_flags};
 pub use writable::check_writable;

@@ -13,11 +13,11 @@ use std::time::Instant;
 
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use qkv::ops::DType;
 use qkv::train::run::{
     DecayChoice, FfnChoice, Network, NormChoice, PositionChoice, RunInfo, RunRequest, Style, Watch,
 };
 use qkv::train::trainer::StepLog;
+use qkv::weights::DType;
 
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {

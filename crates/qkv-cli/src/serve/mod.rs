@@ -236,7 +236,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         }
         _ => {
             loaded.model.kv_dtype = args.kv_dtype.kv_dtype;
-            if args.dtype.dtype == qkv::ops::DType::F32 {
+            if args.dtype.dtype == qkv::weights::DType::F32 {
                 // a step of many sequences is a matrix product: packed once here, not at
                 // every step (a one-sequence step still reads the weights in place)
                 loaded.model.pack_weights();

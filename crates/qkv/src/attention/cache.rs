@@ -17,8 +17,8 @@ use super::spec::{validate_inner, AttentionSpec, Kernel, Scorer};
 use super::view::HeadsView;
 use crate::batch::{limit_positions, real_positions};
 use crate::error::{Error, Result};
-use crate::ops::bf16::{bf16_to_f32, f32_to_bf16};
 use crate::tensor::Tensor;
+use crate::weights::bf16::{bf16_to_f32, f32_to_bf16};
 
 /// The number type a KV cache stores its rows in.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -491,8 +491,8 @@ mod tests {
     }
 
     use crate::attention::{attention, CausalAlign};
-    use crate::ops::bf16::convert::round_to_bf16;
     use crate::rng::Rng;
+    use crate::weights::bf16::convert::round_to_bf16;
 
     /// Positions `start..start + len` of a `[B, S, G, D]` tensor.
     fn positions(t: &Tensor, start: usize, len: usize) -> Tensor {

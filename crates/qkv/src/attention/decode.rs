@@ -20,11 +20,11 @@ use rayon::prelude::*;
 
 use super::micro::{self, MulAcc, SoftmaxRows, Strided};
 use super::spec::Scorer;
-use super::HeadsView;
-use crate::ops::bf16::convert::widen_rows;
+use super::view::HeadsView;
 use crate::ops::matmul::gemm_views;
 use crate::ops::{MatMut, MatRef};
 use crate::tensor::Tensor;
+use crate::weights::bf16::convert::widen_rows;
 
 /// Query rows up to this many take this path.
 pub(super) const MAX_ROWS: usize = 4;

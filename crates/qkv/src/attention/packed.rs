@@ -8,7 +8,7 @@
 use std::sync::OnceLock;
 
 use super::micro::PANEL;
-use super::HeadsView;
+use super::view::HeadsView;
 use crate::ops::aligned::AlignedBuf;
 use crate::ops::matmul::pack_panels;
 use crate::ops::MatRef;

@@ -2,7 +2,7 @@
 //! additive biases. Both kernels ask [`Scorer`] for the same rules, so a mask means
 //! exactly the same thing on the reference and the tiled path.
 
-use super::HeadsView;
+use super::view::HeadsView;
 use crate::error::{Error, Result};
 use crate::ops::fastmath;
 use crate::tensor::{check_finite, Tensor};

@@ -1,6 +1,6 @@
 //! The tiled kernel's two products from bf16 operands ([`AttentionSpec::bf16`]): S =
 //! scale·bf16(Q)·bf16(K)ᵀ and acc = corr·acc + bf16(P)·bf16(V), each through the bf16
-//! matrix product ([`crate::ops::bf16::product`]: `tdpbf16ps` on AMX, `vdpbf16ps` on
+//! matrix product ([`crate::weights::bf16::product`]: `tdpbf16ps` on AMX, `vdpbf16ps` on
 //! AMD's AVX512-BF16, the operands widened to f32 elsewhere), products and sums in f32.
 //! The online softmax, the mask and the output stay f32, in the same loop as the f32
 //! kernel's (`super::tiled`).
@@ -19,8 +19,8 @@ use super::micro::{Kernels, SoftmaxRows};
 use super::scratch::{Scratch, BLOCK_K};
 use super::spec::Scorer;
 use super::view::HeadsView;
-use crate::ops::bf16::{self, Bf16Weight};
 use crate::ops::Par;
+use crate::weights::bf16::{self, Bf16Weight};
 
 /// Query rows per task: each product call costs a set-up (rounding x, the tiles'
 /// configuration) that 32 rows did not amortise.
@@ -147,9 +147,9 @@ pub(super) fn query_block(
 #[cfg(test)]
 mod tests {
     use crate::attention::{attention, AttentionSpec, CausalAlign, Kernel};
-    use crate::ops::bf16::convert::round_to_bf16;
     use crate::rng::Rng;
     use crate::tensor::Tensor;
+    use crate::weights::bf16::convert::round_to_bf16;
 
     /// The bf16 kernel equals the reference kernel run on Q, K and V rounded to bf16,
     /// within what rounding P adds (2⁻⁹·max|v|, module docs) and f32's sums: causal

@@ -23,12 +23,13 @@ use super::training;
 use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
 use crate::models::{load, Arch, Head, Input, ModelKind, Transformer};
-use crate::ops::{argmax, DType};
+use crate::ops::argmax;
 use crate::tensor::Tensor;
 use crate::text::Tokenizer;
 use crate::train::tasks::{Task, TaskOptions};
 use crate::train::trainable::Batch;
 use crate::train::trainer::{evaluate, BatchSource, TaskBatches};
+use crate::weights::DType;
 
 const CLAIM: Claim = Claim {
     zh: "先用 Query 和 Key 算出“应该关注哪里”，再用这些权重对 Value 做加权求和，得到真正融合上下文后的表示。",

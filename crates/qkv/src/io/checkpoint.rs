@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::{read_json, TensorFile};
+use super::config::read_json;
+use super::safetensors::TensorFile;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -51,7 +52,7 @@ impl Checkpoint {
             shards.dedup();
             shards
                 .into_iter()
-                .map(|s| super::inside(dir, s, &index_path))
+                .map(|s| super::files::inside(dir, s, &index_path))
                 .collect::<Result<_>>()?
         } else {
             // a missing file, as the OS would report it (Python's FileNotFoundError)

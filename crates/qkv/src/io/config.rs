@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 
 /// The whole of the text file `path`; an error names the file.
 pub fn read_text(path: &Path) -> Result<String> {
-    super::read_regular_text(path)
+    super::files::read_regular_text(path)
 }
 
 /// Parses the JSON file `path` as `T`. A top-level field set to null counts as absent

@@ -32,7 +32,7 @@ impl TensorFile {
     /// Reads and parses the header; a truncated or corrupt file is an error naming it.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file = super::open_regular(&path)?;
+        let file = super::files::open_regular(&path)?;
         // SAFETY: the map is read-only; a file truncated or rewritten by another process
         // while mapped is outside what this library can defend against, as for any mmap.
         let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
@@ -185,7 +185,7 @@ pub fn save(
         path: path.display().to_string(),
         reason: e.to_string(),
     })?;
-    super::write_atomic(path, &data)
+    super::atomic::write_atomic(path, &data)
 }
 
 #[cfg(test)]

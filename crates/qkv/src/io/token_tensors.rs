@@ -2,7 +2,7 @@
 //! --data`): the checks both readers share, so that the same bad file gives the same
 //! message whichever command reads it.
 
-use super::TensorFile;
+use super::safetensors::TensorFile;
 use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
 

@@ -4,8 +4,8 @@
 //! (a scatter-add, so an id that occurs twice collects both rows' gradients). The
 //! forward saves nothing; the ids are all the backward needs.
 
+use super::linear::Linear;
 use crate::error::{Error, Result};
-use crate::layers::Linear;
 use crate::tensor::Tensor;
 
 #[derive(Clone, Debug)]
@@ -133,9 +133,9 @@ impl Embedding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::blocks::weight::tests::random;
-    use crate::ops::blocks::BlockType;
-    use crate::ops::int8::{Int8Weight, ScaleLayout};
+    use crate::weights::ggml::weight::tests::random;
+    use crate::weights::ggml::BlockType;
+    use crate::weights::int8::{Int8Weight, ScaleLayout};
 
     /// A table held as stored looks up the rows its widened form holds, refuses the
     /// backward, takes its stored bytes, and widens into the same f32 table.

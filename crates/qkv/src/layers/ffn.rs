@@ -6,8 +6,8 @@
 //! needs no backward code of its own: its gradient passes to both branches unchanged,
 //! so the caller adds the FFN's dx to the residual stream's gradient.
 
+use super::linear::Linear;
 use crate::error::{Error, Result};
-use crate::layers::Linear;
 use crate::module::Module;
 use crate::ops::Activation;
 use crate::tensor::Tensor;

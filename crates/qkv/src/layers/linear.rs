@@ -4,17 +4,18 @@
 //! dW += dyᵀ·x, db += Σ_rows dy, dx = dy·W. The forward saves nothing: its input `x`
 //! is all the backward needs, and the caller holds it anyway. A layer that computes in
 //! bf16 ([`Linear::pack_as`]) runs both backward products in bf16 too
-//! ([`crate::ops::bf16::grad`]): mixed-precision training, the f32 weight its master
+//! ([`crate::weights::bf16::grad`]): mixed-precision training, the f32 weight its master
 //! copy.
 
 use crate::error::{Error, Result};
-use crate::ops::bf16::{self, Bf16Weight};
-use crate::ops::blocks::f16::{self as f16w, F16Weight};
-use crate::ops::blocks::{self, BlockWeight};
-use crate::ops::int8::{self, Int8Weight, ScaleLayout};
-use crate::ops::stored::StoredWeight;
-use crate::ops::{gemm, gemm_packed, DType, MatMut, MatRef, PackedWeight, Par};
+use crate::ops::{gemm, gemm_packed, MatMut, MatRef, PackedWeight, Par};
 use crate::tensor::Tensor;
+use crate::weights::bf16::{self, Bf16Weight};
+use crate::weights::ggml::f16::{self as f16w, F16Weight};
+use crate::weights::ggml::{self, BlockWeight};
+use crate::weights::int8::{self, Int8Weight, ScaleLayout};
+use crate::weights::stored::StoredWeight;
+use crate::weights::DType;
 use std::sync::{Arc, OnceLock};
 
 #[derive(Clone, Debug)]
@@ -255,8 +256,8 @@ impl Linear {
     /// [`Linear::pack`] in a number type: with [`DType::Bf16`], a bf16 copy (half the
     /// f32 weight's bytes) that every forward then reads: the layer computes
     /// bf16(x)·bf16(W)ᵀ, products and sums in f32, plus the f32 bias
-    /// ([`crate::ops::bf16`]). With [`DType::Int8`] or [`DType::Int8Row`], 8-bit codes
-    /// and scales, and x quantized on the fly ([`crate::ops::int8`]). As with `pack`, a
+    /// ([`crate::weights::bf16`]). With [`DType::Int8`] or [`DType::Int8Row`], 8-bit codes
+    /// and scales, and x quantized on the fly ([`crate::weights::int8`]). As with `pack`, a
     /// weight changed afterwards is used as it is, in f32.
     /// A layer kept as [`Linear::keep_packed_only`] is packed from its widened copy and
     /// stays so in bf16 and int8; packed in f32 it holds an f32 weight again. The
@@ -387,7 +388,7 @@ impl Linear {
                 return Ok(y);
             }
             Some(Packed::Blocks(w)) => {
-                blocks::product(y.data_mut(), x.data(), rows, w, start, Par::Auto)?;
+                ggml::product(y.data_mut(), x.data(), rows, w, start, Par::Auto)?;
                 return Ok(y);
             }
             Some(Packed::F16(w)) => {

@@ -16,8 +16,8 @@ use super::reading::{for_inference_in, read_weights, sizes_unlike, Loaded};
 use super::transformer::Transformer;
 use crate::error::{Error, Result};
 use crate::io::{read_config, write_atomic, Checkpoint};
-use crate::ops::DType;
 use crate::tensor::Tensor;
+use crate::weights::DType;
 
 /// Loads the model in folder `dir` (a Hugging Face folder or one qkv saved),
 /// dispatching on `architectures` (or `model_type`).

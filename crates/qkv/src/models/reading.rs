@@ -11,8 +11,8 @@ use super::transformer::Transformer;
 use crate::error::Result;
 use crate::io::TensorSource;
 use crate::layers::{Embedding, Linear};
-use crate::ops::DType;
 use crate::tensor::Tensor;
+use crate::weights::DType;
 
 /// A loaded model with what its checkpoint says about itself.
 pub struct Loaded {

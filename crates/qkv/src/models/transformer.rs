@@ -17,8 +17,9 @@ use crate::attention::{Kernel, KvCache, KvDType};
 use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
 use crate::module::Module;
-use crate::ops::{on_pool, DType};
+use crate::ops::on_pool;
 use crate::tensor::Tensor;
+use crate::weights::DType;
 
 /// A model: its architecture, parameters and (once a backward has run) gradients.
 #[derive(Clone, Debug)]

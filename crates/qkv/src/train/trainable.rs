@@ -8,9 +8,9 @@ use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
 use crate::models::{Input, ModelKind, Transformer};
 use crate::module::{self, Module};
-use crate::ops::DType;
 use crate::tensor::Tensor;
 use crate::train::loss::cross_entropy_in_place;
+use crate::weights::DType;
 
 /// A batch of training data. `inputs` are what the model reads token by token: a
 /// decoder's (teacher-forced) inputs, or an encoder-only model's tokens; `source` is

@@ -35,7 +35,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::io::TensorFile;
-use crate::ops::DType;
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 use crate::train::checkpoint::{self, TrainerState};
@@ -45,6 +44,7 @@ use crate::train::schedule::Schedule;
 use crate::train::tasks::{self, Accuracy, Task};
 use crate::train::text_data::{Split, TextData};
 use crate::train::trainable::{Batch, Source, TrainableModel};
+use crate::weights::DType;
 
 /// Added to the seed for the training-data RNG, so that it never replays the stream a
 /// model initialised from the same seed drew its weights from.

@@ -5,7 +5,7 @@
 
 use super::super::reference::dot;
 use super::super::spec::{softcap_backward, Scorer};
-use super::super::HeadsView;
+use super::super::view::HeadsView;
 use super::grads::AttentionGrads;
 use crate::ops::softmax_rows;
 use crate::tensor::Tensor;

@@ -1,12 +1,12 @@
 //! Reference dequantization: a tensor's stored elements or blocks → f32 weights, one
 //! block at a time, written for reading: F32, F16, BF16 and ggml's `block_q8_0` here,
-//! the 4- to 6-bit blocks in [`crate::ops::blocks::dequant`], where the kernels that
+//! the 4- to 6-bit blocks in [`crate::weights::ggml::dequant`], where the kernels that
 //! compute on them are tested against them.
 
 use half::{bf16, f16};
 
 use super::types::GgmlType;
-use crate::ops::blocks::dequant::dequantize_block;
+use crate::weights::ggml::dequant::dequantize_block;
 
 fn half(b: &[u8]) -> f32 {
     f16::from_le_bytes([b[0], b[1]]).to_f32()

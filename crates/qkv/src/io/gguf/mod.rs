@@ -48,7 +48,7 @@ pub struct GgufFile {
 
 impl GgufFile {
     pub fn open(path: &Path) -> Result<GgufFile> {
-        let file = super::open_regular(path)?;
+        let file = super::files::open_regular(path)?;
         // SAFETY: the map is read only; a file changed by another process while mapped
         // is outside what any reader of it can guard against (safetensors maps alike).
         let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;

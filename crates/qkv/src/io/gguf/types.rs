@@ -3,7 +3,7 @@
 //! known, so a file's tensors can be bounds-checked whatever they hold; the types qkv
 //! computes with are those [`GgmlType::dequantizes`] says.
 
-use crate::ops::blocks::BlockType;
+use crate::weights::ggml::BlockType;
 
 /// A ggml tensor type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -108,7 +108,7 @@ impl GgmlType {
     }
 
     /// The 4- to 6-bit block type this is, for those the products compute from as
-    /// stored ([`crate::ops::blocks`]).
+    /// stored ([`crate::weights::ggml`]).
     pub fn block_type(self) -> Option<BlockType> {
         match self {
             GgmlType::Q4_0 => Some(BlockType::Q4_0),

@@ -2,7 +2,7 @@
 //! metadata, the tensor infos (dims innermost first, offsets from the data section),
 //! then each tensor's bytes at the next multiple of the alignment, as llama.cpp's
 //! `GGUFWriter` lays them out. The file appears whole or not at all
-//! ([`crate::io::write_atomic_with`]).
+//! ([`crate::io::atomic::write_atomic_with`]).
 
 use std::io::Write;
 use std::path::Path;
@@ -69,7 +69,7 @@ pub fn write(
     // every tensor is made (and checked) before its turn to be written; a failure
     // leaves no file behind
     let mut failed: Option<Error> = None;
-    crate::io::write_atomic_with(path, &mut |w: &mut dyn Write| {
+    crate::io::atomic::write_atomic_with(path, &mut |w: &mut dyn Write| {
         w.write_all(&head)?;
         for (i, (name, shape, ty)) in infos.iter().enumerate() {
             let t = tensor(i).map_err(|e| {

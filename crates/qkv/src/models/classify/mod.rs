@@ -26,9 +26,9 @@ use super::transformer::Transformer;
 use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
 use crate::io::{bad_field, read_config, read_json_or_default};
-use crate::ops::DType;
 use crate::tensor::Tensor;
 use crate::text::Tokenizer;
+use crate::weights::DType;
 
 /// Inputs per forward pass, the pipeline's and `CrossEncoder`'s default batch.
 const BATCH: usize = 32;

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::error::{Error, Result};
 use crate::io::TensorSource;
-use crate::models::Weights;
+use crate::models::net::weights::Weights;
 use crate::module::Module;
 use crate::tensor::Tensor;
 

@@ -6,7 +6,7 @@ use half::{bf16, f16};
 
 use crate::error::{Error, Result};
 use crate::io::gguf::GgmlType;
-use crate::ops::int8::quant::quantize;
+use crate::weights::int8::quant::quantize;
 
 /// The bytes of `values` (row-major, rows of whole blocks) in `ty`; `name` names the
 /// tensor in an error. A block whose scale f16 cannot hold is refused (llama.cpp would

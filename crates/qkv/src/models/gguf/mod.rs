@@ -12,7 +12,7 @@
 //! Architectures: `llama` (Llama, Mistral, SmolLM), `qwen2`, `qwen3`, `gemma`, `gemma2`,
 //! `gemma3` and `phi3`. Linear layers stored
 //! as Q8_0 run from their blocks through the int8 kernels, those stored as Q4_0, Q4_K,
-//! Q5_K or Q6_K from their blocks as stored ([`crate::ops::blocks`]), and those stored
+//! Q5_K or Q6_K from their blocks as stored ([`crate::weights::ggml`]), and those stored
 //! as F16 from their f16 values when the load is in f32; F32, BF16 (and F16 in a load
 //! in bf16 or int8) are packed in the load's type as they are read. Embedding tables
 //! and norms are read as f32.
@@ -34,7 +34,7 @@ use super::reading::{read_weights, sizes_unlike, Loaded};
 use super::transformer::Transformer;
 use crate::error::{Error, Result};
 use crate::io::gguf::GgufFile;
-use crate::ops::DType;
+use crate::weights::DType;
 use meta::{Kind, Meta, RopeFactors};
 use view::HfView;
 

@@ -8,11 +8,11 @@ use crate::io::gguf::{q8_0_parts, GgmlType, GgufFile};
 use crate::io::TensorSource;
 use crate::layers::Linear;
 use crate::models::net::arch::Arch;
-use crate::ops::blocks::f16::F16Weight;
-use crate::ops::blocks::BlockWeight;
-use crate::ops::int8::Int8Weight;
-use crate::ops::DType;
 use crate::tensor::Tensor;
+use crate::weights::ggml::f16::F16Weight;
+use crate::weights::ggml::BlockWeight;
+use crate::weights::int8::Int8Weight;
+use crate::weights::DType;
 
 /// A GGUF file's tensors under the Hugging Face names of its kind's family (Phi-3's
 /// under Llama's, each projection the rows of the fused tensor that holds it).
@@ -186,7 +186,7 @@ impl<'f> HfView<'f> {
     ///
     /// Q8_0 runs through the int8 kernels, whose blocks are Q8_0's: its codes and
     /// scales are laid out for them. Q4_0, Q4_K, Q5_K and Q6_K keep their bytes as
-    /// stored ([`crate::ops::blocks`]), and F16 its values in a load in f32. Either way
+    /// stored ([`crate::weights::ggml`]), and F16 its values in a load in f32. Either way
     /// the rows are put back in Hugging Face's order where llama.cpp permuted them, and
     /// a part of a fused tensor takes its rows (a block lies within a row).
     pub fn stored_linear(&self, hf: &str, shape: &[usize]) -> Result<Option<Linear>> {

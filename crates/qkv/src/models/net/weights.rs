@@ -7,9 +7,9 @@ use crate::error::Result;
 use crate::layers::{Embedding, FeedForward, Linear, Norm};
 use crate::models::net::arch::{Arch, Head, Position, StackDims};
 use crate::module::Module;
-use crate::ops::DType;
 use crate::rng::Rng;
 use crate::tensor::Tensor;
+use crate::weights::DType;
 
 crate::module! {
     /// Every parameter of a model.

@@ -48,7 +48,7 @@ pub struct SentenceEncoder {
 impl SentenceEncoder {
     /// Computes with the transformer's linear layers in `dtype` from now on
     /// ([`Transformer::set_dtype`]).
-    pub fn set_dtype(&mut self, dtype: crate::ops::DType) -> Result<()> {
+    pub fn set_dtype(&mut self, dtype: crate::weights::DType) -> Result<()> {
         if self.model.dtype() != dtype {
             self.model.set_dtype(dtype)?;
         }
@@ -57,12 +57,12 @@ impl SentenceEncoder {
 
     /// Loads the sentence-transformers folder `dir` (see the module docs).
     pub fn load(dir: &Path) -> Result<Self> {
-        Self::load_in(dir, crate::ops::DType::F32)
+        Self::load_in(dir, crate::weights::DType::F32)
     }
 
     /// [`SentenceEncoder::load`] with the linear layers in `dtype`, holding in bf16 or
     /// int8 no f32 copy of them ([`crate::models::load_in`]).
-    pub fn load_in(dir: &Path, dtype: crate::ops::DType) -> Result<Self> {
+    pub fn load_in(dir: &Path, dtype: crate::weights::DType) -> Result<Self> {
         let modules_path = dir.join("modules.json");
         let (transformer_dir, pooling_dir, normalize) = if modules_path.is_file() {
             read_modules(dir, &modules_path)?
@@ -105,7 +105,7 @@ impl SentenceEncoder {
         }
 
         // an encoder of embeddings only ever runs forward: its weights are packed once
-        if dtype == crate::ops::DType::F32 {
+        if dtype == crate::weights::DType::F32 {
             model.pack_weights();
         }
         let hidden = model.info().hidden;

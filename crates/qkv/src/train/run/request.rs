@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
-use crate::ops::DType;
+use crate::weights::DType;
 
 /// A new Transformer's preset; the model settings override parts of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -6,8 +6,8 @@ use super::operands::Operands;
 use super::weight::Bf16Weight;
 use super::{amx, gemm, gemv};
 use crate::error::Result;
-use crate::ops::stored::{check_operands, widened_product};
 use crate::ops::Par;
+use crate::weights::stored::{check_operands, widened_product};
 
 /// Which form a product of `rows` rows takes. Each computes bf16(x)·Wᵀ with products
 /// and sums in f32; they differ in the order of the sums.
@@ -105,7 +105,7 @@ fn widened(ops: Operands<'_>, par: Par) -> Result<()> {
 mod tests {
     use super::super::reference;
     use super::*;
-    use crate::ops::stored::checks;
+    use crate::weights::stored::checks;
 
     /// Each form this CPU runs equals the twin within f32 rounding of the sums (their
     /// order differs):

@@ -11,7 +11,7 @@ use super::convert::{bf16_to_f32, pair};
 use crate::error::Result;
 use crate::ops::isa::Isa;
 use crate::ops::matmul::check_weight;
-use crate::ops::stored::StoredWeight;
+use crate::weights::stored::StoredWeight;
 use rayon::prelude::*;
 
 /// Output columns of a panel.
@@ -209,7 +209,7 @@ impl StoredWeight for Bf16Weight {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::bf16::convert::round_to_bf16;
+    use crate::weights::bf16::convert::round_to_bf16;
 
     #[test]
     fn holds_each_weight_rounded_once_and_refuses_bad_shapes() {

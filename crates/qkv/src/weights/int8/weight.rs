@@ -14,7 +14,7 @@
 use super::quant::{block_scale, quantize, BLOCK};
 use crate::error::{Error, Result};
 use crate::ops::matmul::check_weight;
-use crate::ops::stored::StoredWeight;
+use crate::weights::stored::StoredWeight;
 
 /// Output columns of a panel.
 pub const PANEL: usize = 16;

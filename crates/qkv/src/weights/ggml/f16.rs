@@ -10,11 +10,11 @@
 
 use crate::error::{Error, Result};
 use crate::ops::disjoint::Disjoint;
-use crate::ops::int8::Start;
 use crate::ops::isa::Isa;
 use crate::ops::matmul::SlabSource;
-use crate::ops::stored::{check_operands, widened_product, StoredWeight};
 use crate::ops::Par;
+use crate::weights::int8::Start;
+use crate::weights::stored::{check_operands, widened_product, StoredWeight};
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
@@ -332,7 +332,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::stored::{checks, reference_product};
+    use crate::weights::stored::{checks, reference_product};
 
     fn weight(n: usize, k: usize, seed: u64) -> F16Weight {
         let v = crate::rng::Rng::new(seed).normals(n * k, 1.0);

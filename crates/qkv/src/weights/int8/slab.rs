@@ -45,6 +45,6 @@ mod tests {
         let wf: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.71).cos()).collect();
         let w = Int8Weight::new(&wf, n, k, ScaleLayout::Blocks).unwrap();
         let slabs = [(0, 45, 0, 37), (3, 33, 16, 21), (31, 2, 32, 5)];
-        crate::ops::stored::checks::assert_slabs(&w, &slabs);
+        crate::weights::stored::checks::assert_slabs(&w, &slabs);
     }
 }

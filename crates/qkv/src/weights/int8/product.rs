@@ -7,8 +7,8 @@ pub use super::start::Start;
 use super::weight::{Int8Weight, PANEL};
 use crate::error::{Error, Result};
 use crate::ops::disjoint::Disjoint;
-use crate::ops::stored::{check_operands, panels_per_task, widened_product};
 use crate::ops::Par;
+use crate::weights::stored::{check_operands, panels_per_task, widened_product};
 use rayon::prelude::*;
 
 /// Which form a product takes. Both compute deq(q(x))·deq(W)ᵀ; they differ in the
@@ -45,7 +45,7 @@ pub fn forms_here() -> Vec<Form> {
     if kernel::vnni() {
         forms.push(Form::Dot);
     }
-    if crate::ops::amx::int8() {
+    if crate::weights::amx::int8() {
         forms.push(Form::Amx);
     }
     forms
@@ -206,7 +206,7 @@ mod tests {
     use super::super::reference;
     use super::super::weight::ScaleLayout;
     use super::*;
-    use crate::ops::stored::checks;
+    use crate::weights::stored::checks;
 
     /// Every form, and the tiles with the plain kernel on any CPU, equal the twin within
     /// f32 rounding of the sums over groups: row counts around a tile, one row, odd K, a
@@ -256,7 +256,11 @@ mod tests {
                 }
             }
         }
-        assert_eq!(amx_runs > 0, crate::ops::amx::int8(), "AMX ran where it is");
+        assert_eq!(
+            amx_runs > 0,
+            crate::weights::amx::int8(),
+            "AMX ran where it is"
+        );
     }
 
     /// Quantizing over the pool gives the serial pass's codes, scales and offsets.

@@ -1,4 +1,4 @@
-//! The many-rows int8 product on AMX ([`crate::ops::amx`]) for a weight with one scale
+//! The many-rows int8 product on AMX ([`crate::weights::amx`]) for a weight with one scale
 //! per row: y `[M, N]` ← start + deq(q(x))·deq(W)ᵀ by `tdpbsud`, 16 × 16 × 64
 //! multiply-adds an instruction, each sum exact in i32 over the whole of K.
 //!
@@ -17,8 +17,8 @@
 use super::rows::QuantizedRows;
 use super::start::Start;
 use super::weight::{Int8Weight, PANEL};
-use crate::ops::amx::{self, Block, Dot, PanelTiles, Tiles};
 use crate::ops::disjoint::Disjoint;
+use crate::weights::amx::{self, Block, Dot, PanelTiles, Tiles};
 use rayon::prelude::*;
 
 /// K steps (bytes) in a tile's row.

@@ -106,7 +106,7 @@ mod tests {
         let wf: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.71).cos()).collect();
         let w = Bf16Weight::new(&wf, n, k).unwrap();
         let slabs = [(0, 23, 0, 37), (2, 9, 16, 21), (3, 8, 32, 5), (4, 1, 0, 16)];
-        crate::ops::stored::checks::assert_slabs(&w, &slabs);
+        crate::weights::stored::checks::assert_slabs(&w, &slabs);
         for isa in Isa::available() {
             let words = w.panel(1);
             let mut got = vec![0.0; 2 * words.len()];

@@ -3,8 +3,8 @@
 //! registers) by the same 4 activation bytes broadcast; the mins through `vpdpwssd`.
 
 use super::operands::Tile;
-use crate::ops::blocks::layout::BlockType;
-use crate::ops::blocks::panels::{Parts, PANEL, VECTOR};
+use crate::weights::ggml::layout::BlockType;
+use crate::weights::ggml::panels::{Parts, PANEL, VECTOR};
 use std::arch::x86_64::*;
 
 /// The 4 activation bytes at `step` of `q`, on every lane.

@@ -6,7 +6,7 @@ use super::layout::{half, BlockType};
 use super::panels::{self, Parts, PANEL};
 use crate::error::{Error, Result};
 use crate::ops::matmul::SlabSource;
-use crate::ops::stored::StoredWeight;
+use crate::weights::stored::StoredWeight;
 
 /// A weight in one [`BlockType`] (see the module documentation).
 #[derive(Clone)]
@@ -182,7 +182,7 @@ pub(crate) mod tests {
                 assert!(same, "{ty:?} row {r}");
             }
             let slabs = [(0, k, 0, 37), (3, 300, 16, 21), (255, 2, 32, 5)];
-            crate::ops::stored::checks::assert_slabs(&w, &slabs);
+            crate::weights::stored::checks::assert_slabs(&w, &slabs);
             let err = BlockWeight::from_rows(ty, 2, k, |_, dst| {
                 dst.fill(0);
                 dst[ty.scale_fields()[0] + 1] = 0x7c; // f16 infinity

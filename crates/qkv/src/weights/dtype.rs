@@ -1,7 +1,7 @@
 //! The number types a weight can be stored in. Activations, norms, softmax and the
 //! residual stream stay f32 whatever the weights are.
 
-use super::blocks::BlockType;
+use super::ggml::BlockType;
 use crate::error::{Error, Result};
 
 /// How a layer's weight is stored for its products. Stored (in a training checkpoint's
@@ -13,18 +13,18 @@ pub enum DType {
     #[default]
     F32,
     /// 2 bytes a weight: f32's exponent range with 8 bits of precision
-    /// ([`crate::ops::bf16`]).
+    /// ([`crate::weights::bf16`]).
     Bf16,
     /// 8-bit codes with one scale per 32 weights of a row, as GGUF's Q8_0
-    /// ([`crate::ops::int8`]).
+    /// ([`crate::weights::int8`]).
     Int8,
     /// 8-bit codes with one scale per row: the layout ONNX Runtime and CTranslate2 use.
     Int8Row,
     /// A GGUF file's 4- to 6-bit blocks, computed from as stored
-    /// ([`crate::ops::blocks`]): a layer is loaded in them, never packed into them, so
+    /// ([`crate::weights::ggml`]): a layer is loaded in them, never packed into them, so
     /// they are not among [`DType::ALL`] (a layer asked to pack into them packs in f32).
     Blocks(BlockType),
-    /// A GGUF file's f16 values, computed from as stored ([`crate::ops::blocks::f16`]);
+    /// A GGUF file's f16 values, computed from as stored ([`crate::weights::ggml::f16`]);
     /// likewise loaded, never packed into.
     F16,
 }

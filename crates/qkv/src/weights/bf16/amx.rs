@@ -1,4 +1,4 @@
-//! The many-rows product on AMX ([`crate::ops::amx`]): y `[M, N]` (+)= bf16(x)·Wᵀ by
+//! The many-rows product on AMX ([`crate::weights::amx`]): y `[M, N]` (+)= bf16(x)·Wᵀ by
 //! `tdpbf16ps`, 16 × 16 × 32 multiply-adds an instruction, each pair of products summed
 //! into f32.
 //!
@@ -15,8 +15,8 @@
 use super::convert::round_pairs;
 use super::operands::Operands;
 use super::weight::PANEL;
-use crate::ops::amx::{self, Block, Dot, PanelTiles, Tiles};
 use crate::ops::disjoint::Disjoint;
+use crate::weights::amx::{self, Block, Dot, PanelTiles, Tiles};
 use rayon::prelude::*;
 
 /// Pairs in a tile's row (64 bytes).

@@ -3,9 +3,9 @@
 //! weight widened slab by slab) and the readable twin (the whole weight widened, then
 //! the f32 product).
 
-use super::matmul::{gemm_source, SlabSource};
-use super::{gemm, MatMut, MatRef, Par};
 use crate::error::{Error, Result};
+use crate::ops::matmul::{gemm_source, SlabSource};
+use crate::ops::{gemm, MatMut, MatRef, Par};
 
 /// A `[N, K]` weight stored in another number type, for y = x·Wᵀ.
 pub trait StoredWeight: SlabSource {

@@ -9,8 +9,8 @@
 //! does).
 
 use super::operands::Tile;
-use crate::ops::blocks::layout::BlockType;
-use crate::ops::blocks::panels::{Parts, PANEL, VECTOR};
+use crate::weights::ggml::layout::BlockType;
+use crate::weights::ggml::panels::{Parts, PANEL, VECTOR};
 use std::arch::x86_64::*;
 
 /// Rows of a 256-bit vector.

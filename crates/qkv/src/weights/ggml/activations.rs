@@ -12,7 +12,7 @@
 //! it makes the group's scale NaN, so that the product it enters is NaN, as in f32.
 
 use super::layout::{BlockType, QK_K};
-use crate::ops::int8::quant::{block_scale, quantize_groups};
+use crate::weights::int8::quant::{block_scale, quantize_groups};
 use rayon::prelude::*;
 
 /// Rows from which quantizing x is worth spreading over the pool.
@@ -218,7 +218,8 @@ mod tests {
             let (codes, scales, _) = qx.row(r);
             for b in 0..2 {
                 let mut want = [0i8; 32];
-                let d = crate::ops::int8::quant::quantize(&xs[r * 64 + 32 * b..][..32], &mut want);
+                let d =
+                    crate::weights::int8::quant::quantize(&xs[r * 64 + 32 * b..][..32], &mut want);
                 assert_eq!(scales[b], block_scale(d));
                 assert_eq!(&codes[32 * b..][..32], &want);
             }

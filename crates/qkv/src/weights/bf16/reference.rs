@@ -1,10 +1,10 @@
 //! The readable twin of the bf16 products: x rounded to bf16, the weight widened to
-//! f32, then the f32 product ([`crate::ops::stored`]). The tests hold every fast form
+//! f32, then the f32 product ([`crate::weights::stored`]). The tests hold every fast form
 //! to it.
 
 use super::convert::round_to_bf16;
 use super::weight::Bf16Weight;
-use crate::ops::stored::reference_product;
+use crate::weights::stored::reference_product;
 
 /// y `[rows, N]` ← (accumulate ? y : 0) + bf16(x)·Wᵀ: x rounded to bf16, both widened
 /// to f32, the f32 product.

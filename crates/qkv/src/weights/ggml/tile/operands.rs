@@ -1,7 +1,7 @@
 //! What one tile multiplies: R rows of quantized x and NP panels of a block weight.
 
-use crate::ops::blocks::activations::XRow;
-use crate::ops::blocks::layout::BlockType;
+use crate::weights::ggml::activations::XRow;
+use crate::weights::ggml::layout::BlockType;
 
 /// One tile's operands: R rows of x, NP panels (each all its panel blocks, in order).
 pub(crate) struct Tile<'a, const R: usize, const NP: usize> {

@@ -7,9 +7,9 @@ use super::tile::{self, Kernel, Tile};
 use super::weight::BlockWeight;
 use crate::error::{Error, Result};
 use crate::ops::disjoint::Disjoint;
-use crate::ops::int8::Start;
-use crate::ops::stored::{check_operands, widened_product};
 use crate::ops::Par;
+use crate::weights::int8::Start;
+use crate::weights::stored::{check_operands, widened_product};
 use rayon::prelude::*;
 
 /// Which form a product takes. All compute deq(q(x))·deq(W)ᵀ; they differ in the
@@ -204,8 +204,8 @@ mod tests {
     use super::super::weight::tests::random;
     use super::super::BlockType;
     use super::*;
-    use crate::ops::stored::checks;
     use crate::rng::Rng;
+    use crate::weights::stored::checks;
 
     /// Every form equals the twin within f32 rounding of the sums over K, for every
     /// type: one row and a few (the dot products), more (widened), an odd count of
