@@ -237,7 +237,7 @@ fn modernbert_sequence_classifiers_pool_by_cls_and_by_mean_as_hf() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/classify")
             .join(name);
-        let m = qkv::models::SequenceClassifier::load(&dir, qkv::ops::DType::F32)
+        let m = qkv::models::SequenceClassifier::load(&dir, qkv::weights::DType::F32)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let f = common::fixture("classify", &format!("{name}/reference"));
         assert_eq!(m.labels(), ["no", "yes"]);

@@ -21,7 +21,7 @@ use common::models::{batch, load, model_dir, reference};
 use qkv::models::generate::{generate_causal, GenerateOptions, Sampling};
 use qkv::models::KvDType;
 use qkv::module::Module;
-use qkv::ops::DType;
+use qkv::weights::DType;
 use qkv::Tensor;
 
 use common::models::{ATOL, RTOL};

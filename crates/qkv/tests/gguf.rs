@@ -541,7 +541,7 @@ fn against(logits: &qkv::Tensor, rows: &[Vec<f32>]) -> (f32, usize) {
 #[test]
 fn q8_0_files_run_from_their_blocks_as_llama_cpp_runs_them() {
     use qkv::module::Module;
-    use qkv::ops::DType;
+    use qkv::weights::DType;
     let refs = quant_reference();
     for name in ["llama_gqa", "qwen2"] {
         let q8 = format!("{name}_q8_0");
@@ -1213,7 +1213,7 @@ fn llama_cpp_reads_rope_freqs_and_the_byte_tokenizer_as_qkv_does() {
 #[test]
 fn f16_layers_compute_from_their_stored_values() {
     use qkv::io::gguf::GgmlType;
-    use qkv::ops::DType;
+    use qkv::weights::DType;
     let tmp = std::env::temp_dir().join(format!("qkv-gguf-f16-{}.gguf", std::process::id()));
     let m = qkv::models::load(&common::models::model_dir("llama_gqa"))
         .unwrap()
@@ -1262,8 +1262,8 @@ fn f16_layers_compute_from_their_stored_values() {
 
 #[test]
 fn k_quant_files_from_llama_cpp_s_quantizer_read_as_llama_cpp_reads_them() {
-    use qkv::ops::blocks::BlockType;
-    use qkv::ops::DType;
+    use qkv::weights::ggml::BlockType;
+    use qkv::weights::DType;
     let refs = quant_reference();
     let types = [
         ("q4_k_m", BlockType::Q4K),

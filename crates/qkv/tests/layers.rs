@@ -1,12 +1,16 @@
-//! ARCHITECTURE.md's table of layers, enforced on the library's sources. The table is
-//! the input: each row's layer number and the modules it lists. The rules:
-//! - a module imports only modules of its own layer or lower ones, and the modules of
-//!   one layer import each other without a cycle;
-//! - inside the crate, nothing is imported through `lib.rs`'s re-exports
+//! ARCHITECTURE.md's tables of layers, enforced on the sources of each crate: the
+//! library (`crates/qkv/src`), the `qkv` binary (`crates/qkv-cli/src`) and the Python
+//! package (`crates/qkv-py/src`). Each table is the input: every row's layer, its
+//! modules and what they may import. The rules:
+//! - a module imports only what its row's "may import" cell names: whole layers below
+//!   it (`layers 0–2`), modules by name, or its row's other modules (`each other`);
+//!   the modules of one layer import each other without a cycle;
+//! - inside the crate, nothing is imported through the root's re-exports
 //!   (`crate::Tensor`): every path names the module that holds the item;
-//! - inside a folder, a file imports a sibling by the sibling's own path, never through
-//!   the folder's `mod.rs` (which declares the siblings, so that would be a circle), and
-//!   the siblings import each other without a cycle.
+//! - inside a folder, a file imports a sibling by the sibling's own path: never an item
+//!   its folder's `mod.rs` defines (which declares the siblings, so that would be a
+//!   circle), nor one that `mod.rs` re-exports; the siblings import each other without
+//!   a cycle.
 //!
 //! Paths are read from the code (comments and strings left out, and each file's
 //! `#[cfg(test)]` tail); `$crate::` paths of exported macros are the macro's users'.
@@ -21,24 +25,97 @@ struct Source {
     code: String,
 }
 
-/// The modules of each layer, from ARCHITECTURE.md's table.
-fn layers(architecture: &str) -> BTreeMap<String, u32> {
+/// What a module may import, from its row of a table.
+#[derive(Clone, Debug, Default)]
+struct Row {
+    layer: u32,
+    /// the modules of its row
+    mates: BTreeSet<String>,
+    /// whole layers below it, inclusive
+    layers: Option<(u32, u32)>,
+    /// modules named in the cell
+    names: BTreeSet<String>,
+    /// the row's modules import each other
+    each_other: bool,
+}
+
+impl Row {
+    /// Whether a module of this row may import `target` (of `row`).
+    fn allows(&self, target: &str, row: &Row) -> bool {
+        self.names.contains(target)
+            || (self.each_other && self.mates.contains(target))
+            || self
+                .layers
+                .is_some_and(|(lo, hi)| (lo..=hi).contains(&row.layer))
+    }
+}
+
+/// The table under the heading `heading` (the first table after that line).
+fn section<'a>(architecture: &'a str, heading: &str) -> &'a str {
+    let at = architecture
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("ARCHITECTURE.md has no heading {heading:?}"));
+    let rest = &architecture[at + heading.len() + 2..];
+    let table = rest.find("\n|").map_or(rest, |t| &rest[t + 1..]);
+    let end = table.find("\n\n").unwrap_or(table.len());
+    &table[..end]
+}
+
+/// Each module's row of `table` (markdown: layer | modules | what it is | may import).
+/// A "may import" cell lists, between commas, `layer N` or `layers A–B` (below the
+/// row's own layer), modules in backticks, `each other`, `nothing`, or `the library`
+/// (another crate, which these rules do not reach). Anything else is an error, so the
+/// cell cannot say more than the check reads.
+fn layers(table: &str) -> BTreeMap<String, Row> {
     let mut out = BTreeMap::new();
-    for line in architecture.lines() {
+    for line in table.lines() {
         let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-        let (Some(layer), Some(modules)) = (cells.get(1), cells.get(2)) else {
+        let (Some(layer), Some(modules), Some(may)) = (cells.get(1), cells.get(2), cells.get(4))
+        else {
             continue;
         };
         let Ok(layer) = layer.parse::<u32>() else {
             continue;
         };
-        for name in modules.split('`').skip(1).step_by(2) {
-            if !name.contains('/') {
-                out.insert(name.to_string(), layer);
+        let mut row = Row {
+            layer,
+            mates: ticked(modules).collect(),
+            ..Row::default()
+        };
+        for item in may.split(',').map(str::trim) {
+            let numbers = item
+                .strip_prefix("layers ")
+                .or_else(|| item.strip_prefix("layer "));
+            if let Some(numbers) = numbers {
+                let (lo, hi) = numbers.split_once('–').unwrap_or((numbers, numbers));
+                let (lo, hi): (u32, u32) = (lo.parse().unwrap(), hi.parse().unwrap());
+                assert!(hi < layer, "{line}: `{item}` is not below layer {layer}");
+                row.layers = Some((lo, hi));
+            } else if item == "each other" {
+                row.each_other = true;
+            } else if item.starts_with('`') && item.ends_with('`') {
+                row.names.extend(ticked(item));
+            } else {
+                assert!(
+                    item == "nothing" || item == "the library",
+                    "{line}: the check cannot read `{item}` in \"may import\""
+                );
             }
+        }
+        for name in row.mates.clone() {
+            out.insert(name, row.clone());
         }
     }
     out
+}
+
+/// The names in backticks of `cell` that name a module (not a path of files).
+fn ticked(cell: &str) -> impl Iterator<Item = String> + '_ {
+    cell.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|n| !n.contains('/') && !n.contains('.'))
+        .map(str::to_string)
 }
 
 /// `text` without comments, string and char literals, and test modules
@@ -350,7 +427,10 @@ fn sources(src: &Path) -> Vec<Source> {
                 .iter()
                 .map(|c| c.to_string_lossy().trim_end_matches(".rs").to_string())
                 .collect();
-            if module.last().is_some_and(|m| m == "mod" || m == "lib") {
+            if module
+                .last()
+                .is_some_and(|m| m == "mod" || m == "lib" || m == "main")
+            {
                 module.pop();
             }
             out.push(Source {
@@ -402,9 +482,9 @@ fn defining(
     None
 }
 
-/// The rules of the module comment over `sources` of the crate in `src`, with
-/// `layer` from the table: every breach, described.
-fn breaches(src: &Path, layer: &BTreeMap<String, u32>, sources: &[Source]) -> Vec<String> {
+/// The rules of the module comment over `sources` of the crate in `src`, with each
+/// module's `row` of its table: every breach, described.
+fn breaches(src: &Path, rows: &BTreeMap<String, Row>, sources: &[Source]) -> Vec<String> {
     let mut bound: BTreeMap<Vec<String>, Vec<(String, Vec<String>)>> = BTreeMap::new();
     for s in sources {
         for (inline, name, path) in bindings(&s.code) {
@@ -418,9 +498,9 @@ fn breaches(src: &Path, layer: &BTreeMap<String, u32>, sources: &[Source]) -> Ve
     let mut siblings: BTreeMap<Vec<String>, BTreeSet<(String, String)>> = BTreeMap::new();
     for s in sources {
         let Some(top) = s.module.first() else {
-            continue; // lib.rs: the facade
+            continue; // lib.rs or main.rs: the root
         };
-        let Some(&own) = layer.get(top) else {
+        let Some(own) = rows.get(top) else {
             found.insert(format!(
                 "{}: module `{top}` is in no row of the table",
                 s.file
@@ -437,31 +517,46 @@ fn breaches(src: &Path, layer: &BTreeMap<String, u32>, sources: &[Source]) -> Ve
             }
             if !is_module(src, &abs[..1]) {
                 found.insert(format!(
-                    "{}: `{shown}` goes through lib.rs's re-exports: name the module that holds it",
+                    "{}: `{shown}` goes through the crate root's re-exports: name the module that holds it",
                     s.file
                 ));
                 continue;
             }
+            let named_len = (1..=abs.len())
+                .take_while(|&k| is_module(src, &abs[..k]))
+                .last()
+                .unwrap_or(1);
+            let named = abs[..named_len].to_vec();
             let Some(def) = defining(src, &bound, abs) else {
                 continue;
             };
             let target = &def[0];
             if target != top {
-                match layer.get(target) {
+                match rows.get(target) {
                     None => {
                         found.insert(format!("{}: `{target}` is in no row of the table", s.file));
                     }
-                    Some(&l) if l > own => {
+                    Some(row) if !own.allows(target, row) => {
                         found.insert(format!(
-                            "{}: `{shown}`: layer {own} (`{top}`) imports layer {l} (`{target}`)",
-                            s.file
+                            "{}: `{shown}`: `{top}` (layer {}) may not import `{target}` (layer {})",
+                            s.file, own.layer, row.layer
                         ));
                     }
-                    Some(&l) if l == own => {
+                    Some(row) if row.layer == own.layer => {
                         same_layer.insert((top.clone(), target.clone()));
                     }
                     _ => {}
                 }
+                continue;
+            }
+            // a folder's re-export, read by a file inside the folder
+            if def != named && s.module.starts_with(&named) && s.module != named {
+                found.insert(format!(
+                    "{}: `{shown}` goes through {}'s re-exports: name {} (the file that holds it)",
+                    s.file,
+                    named.join("/"),
+                    def.join("/")
+                ));
                 continue;
             }
             let common = s
@@ -555,34 +650,85 @@ fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The crates the tables cover: the heading of each one's table, its sources, and its
+/// root file.
+const CRATES: [(&str, &str, &str); 3] = [
+    ("## Layers and what each may import", "src", "lib.rs"),
+    ("### The `qkv` binary", "../qkv-cli/src", "main.rs"),
+    ("### The Python package", "../qkv-py/src", "lib.rs"),
+];
+
+/// Each crate's table, sources and root, read from the repository.
+fn crates() -> Vec<(BTreeMap<String, Row>, PathBuf, Vec<Source>)> {
+    let architecture = std::fs::read_to_string(crate_dir().join("../../ARCHITECTURE.md")).unwrap();
+    CRATES
+        .iter()
+        .map(|&(heading, dir, root)| {
+            let rows = layers(section(&architecture, heading));
+            let src = crate_dir().join(dir);
+            let all = sources(&src);
+            // every module the root declares has a row
+            let code = &all.iter().find(|s| s.file == root).unwrap().code;
+            for line in code.lines() {
+                let line = line
+                    .trim()
+                    .trim_start_matches("pub ")
+                    .trim_start_matches("pub(crate) ");
+                if let Some(name) = line.strip_prefix("mod ").and_then(|n| n.strip_suffix(';')) {
+                    assert!(
+                        rows.contains_key(name),
+                        "{dir}/{root} declares `{name}`, which no row of {heading:?} lists"
+                    );
+                }
+            }
+            (rows, src, all)
+        })
+        .collect()
+}
+
 #[test]
-fn the_library_keeps_the_table_of_layers() {
-    let table = std::fs::read_to_string(crate_dir().join("../../ARCHITECTURE.md")).unwrap();
-    let layer = layers(&table);
-    assert!(
-        layer.len() >= 16,
-        "the table lists too few modules: {layer:?}"
-    );
-    let src = crate_dir().join("src");
-    let all = sources(&src);
-    // every module lib.rs declares has a row
-    let lib = &all.iter().find(|s| s.file == "lib.rs").unwrap().code;
-    for line in lib.lines() {
-        if let Some(name) = line.trim().strip_prefix("pub mod ") {
-            let name = name.trim_end_matches(';');
-            assert!(
-                layer.contains_key(name),
-                "lib.rs declares `{name}`, which no row lists"
-            );
-        }
+fn every_crate_keeps_its_table_of_layers() {
+    for (rows, src, all) in crates() {
+        assert!(
+            rows.len() >= 5,
+            "{}: too few modules: {rows:?}",
+            src.display()
+        );
+        let found = breaches(&src, &rows, &all);
+        assert!(
+            found.is_empty(),
+            "{}: {} breaches:\n{}",
+            src.display(),
+            found.len(),
+            found.join("\n")
+        );
     }
-    let found = breaches(&src, &layer, &all);
-    assert!(
-        found.is_empty(),
-        "{} breaches:\n{}",
-        found.len(),
-        found.join("\n")
-    );
+}
+
+/// In each crate, an import planted into a file of its lowest row, of a module of its
+/// highest row, is caught.
+#[test]
+fn a_planted_import_fails_in_each_crate() {
+    for (rows, src, mut all) in crates() {
+        let low = rows.values().map(|r| r.layer).min().unwrap();
+        let high = rows.iter().max_by_key(|(_, r)| r.layer).unwrap().0.clone();
+        let (lowest, _) = rows.iter().find(|(_, r)| r.layer == low).unwrap();
+        let file = all
+            .iter_mut()
+            .find(|s| s.module.first() == Some(lowest))
+            .unwrap();
+        file.code
+            .push_str(&format!("\nuse crate::{high}::Planted;\n"));
+        let planted = file.file.clone();
+        let found = breaches(&src, &rows, &all);
+        assert!(
+            found
+                .iter()
+                .any(|f| f.starts_with(&format!("{planted}: `crate::{high}::Planted`"))),
+            "{}: the planted import in {planted} was not caught: {found:?}",
+            src.display()
+        );
+    }
 }
 
 /// The check itself, on a small tree written here: each wrong import is caught.
@@ -597,28 +743,39 @@ fn the_check_catches_each_kind_of_breach() {
     };
     write(
         "lib.rs",
-        "pub mod low;\npub mod high;\npub mod kernels;\npub use low::Thing;\n",
+        "pub mod low;\npub mod side;\npub mod high;\npub mod kernels;\npub use low::Thing;\n",
     );
     write(
         "low.rs",
-        "use crate::high::Model; // lower imports higher\npub struct Thing;\n",
+        "use crate::high::Model; // lower imports higher\nuse crate::side::Other; // a sibling the cell does not name\npub struct Thing;\n",
     );
+    write("side.rs", "pub struct Other;\n");
     write(
         "high.rs",
         "use crate::Thing; /* through the facade */\nuse crate::low::{self, Thing as T};\n",
     );
-    write("kernels/mod.rs", "mod a;\nmod b;\npub struct Out;\n");
+    write(
+        "kernels/mod.rs",
+        "mod a;\nmod b;\nmod c;\npub struct Out;\npub use c::Sum;\n",
+    );
     write("kernels/a.rs", "use super::Out;\nuse super::b::run;\n");
     write(
         "kernels/b.rs",
         "use super::a::{x, y::z};\nlet s = \"crate::high::Hidden\"; // a string\n",
     );
-    let table = "| 0 | `low`, `kernels` | … |\n| 1 | `high` | … |\n";
+    write("kernels/c.rs", "pub struct Sum;\n");
+    write(
+        "kernels/d.rs",
+        "use crate::kernels::Sum; // the folder's re-export\n",
+    );
+    let table = "| 0 | `low`, `side`, `kernels` | … | nothing |\n| 1 | `high` | … | layer 0 |\n";
     let found = breaches(&src, &layers(table), &sources(&src));
     let expect = [
-        "low.rs: `crate::high::Model`: layer 0 (`low`) imports layer 1 (`high`)",
-        "high.rs: `crate::Thing` goes through lib.rs's re-exports",
+        "low.rs: `crate::high::Model`: `low` (layer 0) may not import `high` (layer 1)",
+        "low.rs: `crate::side::Other`: `low` (layer 0) may not import `side` (layer 0)",
+        "high.rs: `crate::Thing` goes through the crate root's re-exports",
         "kernels/a.rs: `super::Out` is defined in kernels's mod.rs",
+        "kernels/d.rs: `crate::kernels::Sum` goes through kernels's re-exports",
         "files of kernels import each other in a circle: a → b → a",
     ];
     for e in expect {

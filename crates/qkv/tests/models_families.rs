@@ -207,7 +207,7 @@ fn classifier(name: &str) -> (qkv::models::SequenceClassifier, common::Fixture) 
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/classify")
         .join(name);
-    let m = qkv::models::SequenceClassifier::load(&dir, qkv::ops::DType::F32)
+    let m = qkv::models::SequenceClassifier::load(&dir, qkv::weights::DType::F32)
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     (m, common::fixture("classify", &format!("{name}/reference")))
 }
@@ -336,7 +336,7 @@ fn a_folder_without_a_classification_head_is_refused_by_name() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models");
     let err = |name: &str| match qkv::models::SequenceClassifier::load(
         &dir.join(name),
-        qkv::ops::DType::F32,
+        qkv::weights::DType::F32,
     ) {
         Ok(_) => panic!("{name}: loaded as a classifier"),
         Err(e) => e.to_string(),

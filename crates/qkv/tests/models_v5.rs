@@ -319,7 +319,7 @@ fn sequence_classifiers_equal_transformers_5() {
     for entry in std::fs::read_dir(&root).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();
         let twin = Twin::classifier(&name);
-        let m = qkv::models::SequenceClassifier::load(twin.path(), qkv::ops::DType::F32)
+        let m = qkv::models::SequenceClassifier::load(twin.path(), qkv::weights::DType::F32)
             .unwrap_or_else(|e| panic!("{}: {e}", twin.label));
         let f = &twin.reference;
         let tokens = common::models::batch(f, "input_ids", Some("attention_mask"));

@@ -27,6 +27,7 @@ use qkv::ops::{argmax, Par};
 use qkv::rng::Rng;
 use qkv::weights::bf16::{self, Bf16Weight};
 use qkv::weights::int8::{self, Int8Weight, ScaleLayout};
+use qkv::weights::stored::Start;
 use qkv::weights::DType;
 use qkv::{AttentionSpec, CausalAlign, Kernel, Tensor};
 use serde_json::{json, Map, Value};
@@ -346,10 +347,10 @@ fn bench_matmul(a: &MatmulArgs, p: &mut Printer<impl Write>) -> Result<()> {
             match &weight {
                 MatmulWeight::F32 => product_into(y, &x, &w, 1.0, false)?,
                 MatmulWeight::Bf16(w) => {
-                    bf16::product(y.data_mut(), x.data(), m, w, false, Par::Auto)?
+                    bf16::product(y.data_mut(), x.data(), m, w, Start::Zero, Par::Auto)?
                 }
                 MatmulWeight::Int8(w) => {
-                    int8::product(y.data_mut(), x.data(), m, w, int8::Start::Zero, Par::Auto)?
+                    int8::product(y.data_mut(), x.data(), m, w, Start::Zero, Par::Auto)?
                 }
             }
             Ok(())

@@ -11,10 +11,10 @@ use crate::error::{Error, Result};
 use crate::ops::{gemm, gemm_packed, MatMut, MatRef, PackedWeight, Par};
 use crate::tensor::Tensor;
 use crate::weights::bf16::{self, Bf16Weight};
-use crate::weights::ggml::f16::{self as f16w, F16Weight};
-use crate::weights::ggml::{self, BlockWeight};
-use crate::weights::int8::{self, Int8Weight, ScaleLayout};
-use crate::weights::stored::StoredWeight;
+use crate::weights::ggml::f16::F16Weight;
+use crate::weights::ggml::BlockWeight;
+use crate::weights::int8::{Int8Weight, ScaleLayout};
+use crate::weights::stored::{self, Start, StoredWeight};
 use crate::weights::DType;
 use std::sync::{Arc, OnceLock};
 
@@ -47,6 +47,20 @@ enum Packed {
     Blocks(BlockWeight),
     /// A GGUF file's f16 values as stored, likewise.
     F16(F16Weight),
+}
+
+impl Packed {
+    /// The copy in a stored number type, which every product of the layer reads
+    /// through one interface; `None` for f32 panels.
+    fn stored(&self) -> Option<&dyn StoredWeight> {
+        match self {
+            Packed::F32(_) => None,
+            Packed::Bf16(c) => Some(&c.w),
+            Packed::Int8(w) => Some(w),
+            Packed::Blocks(w) => Some(w),
+            Packed::F16(w) => Some(w),
+        }
+    }
 }
 
 /// A weight's bf16 copy `[out, in]`, and its transpose `[in, out]` for the backward's
@@ -205,15 +219,10 @@ impl Linear {
     pub fn weight_row(&self, r: usize, out: &mut [f32]) {
         let n_in = self.in_features();
         assert!(r < self.out_features() && out.len() == n_in);
-        let stored: &dyn StoredWeight = match self.packed_only.and(self.current_packed()) {
-            Some(Packed::Bf16(c)) => &c.w,
-            Some(Packed::Int8(w)) => w,
-            Some(Packed::Blocks(w)) => w,
-            Some(Packed::F16(w)) => w,
-            _ => {
-                out.copy_from_slice(&self.weight.data()[r * n_in..][..n_in]);
-                return;
-            }
+        let packed = self.packed_only.and(self.current_packed());
+        let Some(stored) = packed.and_then(Packed::stored) else {
+            out.copy_from_slice(&self.weight.data()[r * n_in..][..n_in]);
+            return;
         };
         for (c, v) in out.iter_mut().enumerate() {
             *v = stored.element(r, c);
@@ -338,12 +347,9 @@ impl Linear {
     /// Bytes of the weight as the forward reads it: its copy in bf16 or int8 (scales
     /// included), else the f32 weight's.
     pub fn weight_bytes(&self) -> usize {
-        match self.current_packed() {
-            Some(Packed::Bf16(c)) => c.w.bytes(),
-            Some(Packed::Int8(w)) => w.bytes(),
-            Some(Packed::Blocks(w)) => w.bytes(),
-            Some(Packed::F16(w)) => w.bytes(),
-            _ => 4 * self.weight.numel(),
+        match self.current_packed().and_then(Packed::stored) {
+            Some(w) => w.bytes(),
+            None => 4 * self.weight.numel(),
         }
     }
 
@@ -381,28 +387,13 @@ impl Linear {
         let bias = self.bias.as_ref().filter(|_| with_bias);
         let rows = x.numel() / self.in_features();
         // the bias is added as each tile of y is written: no pass over y before
-        let start = bias.map_or(int8::Start::Zero, |b| int8::Start::Bias(b.data()));
-        match self.current_packed() {
-            Some(Packed::Int8(w)) => {
-                int8::product(y.data_mut(), x.data(), rows, w, start, Par::Auto)?;
-                return Ok(y);
-            }
-            Some(Packed::Blocks(w)) => {
-                ggml::product(y.data_mut(), x.data(), rows, w, start, Par::Auto)?;
-                return Ok(y);
-            }
-            Some(Packed::F16(w)) => {
-                f16w::product(y.data_mut(), x.data(), rows, w, start, Par::Auto)?;
-                return Ok(y);
-            }
-            _ => {}
+        let start = bias.map_or(Start::Zero, |b| Start::Bias(b.data()));
+        if let Some(w) = self.current_packed().and_then(Packed::stored) {
+            stored::product(w, y.data_mut(), x.data(), rows, start, Par::Auto)?;
+            return Ok(y);
         }
-        if let Some(b) = bias {
-            for row in y.data_mut().chunks_exact_mut(n_out) {
-                row.copy_from_slice(b.data());
-            }
-        }
-        let accumulate = bias.is_some();
+        start.prepare(y.data_mut(), n_out);
+        let accumulate = start.accumulates();
         match self.current_packed() {
             // one row (a decoding step) reads the weight once in place, at memory speed,
             // whichever copy it reads: the unpacked path's dot products suit it best
@@ -414,9 +405,6 @@ impl Linear {
                 accumulate,
                 Par::Auto,
             )?,
-            Some(Packed::Bf16(c)) => {
-                bf16::product(y.data_mut(), x.data(), rows, &c.w, accumulate, Par::Auto)?
-            }
             _ => product_into(&mut y, x, &self.weight, 1.0, accumulate)?,
         }
         Ok(y)

@@ -1,14 +1,97 @@
-//! What the weight types stored in fewer bits ([`super::bf16`], [`super::int8`]) share:
-//! reading an element, the operands' check, the widened form (the f32 product with the
+//! What every stored weight type shares: the [`StoredWeight`] interface (elements,
+//! forms, the product in each), what a product starts from ([`Start`]), the operands'
+//! check, the panel sweep of the tiled types, the widened form (the f32 product with the
 //! weight widened slab by slab) and the readable twin (the whole weight widened, then
 //! the f32 product).
 
 use crate::error::{Error, Result};
+use crate::ops::disjoint::Disjoint;
 use crate::ops::matmul::{gemm_source, SlabSource};
 use crate::ops::{gemm, MatMut, MatRef, Par};
+use rayon::prelude::*;
 
-/// A `[N, K]` weight stored in another number type, for y = x·Wᵀ.
-pub trait StoredWeight: SlabSource {
+/// What a row of y starts from, before a product is added to it.
+#[derive(Clone, Copy, Debug)]
+pub enum Start<'a> {
+    /// Zero: y is overwritten.
+    Zero,
+    /// y's own values.
+    Accumulate,
+    /// A bias `[N]` (y's values are not read): a linear layer's, added as each tile is
+    /// written (or copied into y first, where a form cannot).
+    Bias(&'a [f32]),
+}
+
+impl Start<'_> {
+    /// y's own values when `accumulate`, else zero.
+    pub fn adding(accumulate: bool) -> Start<'static> {
+        if accumulate {
+            Start::Accumulate
+        } else {
+            Start::Zero
+        }
+    }
+
+    /// Whether the product adds to y's values (a bias copied into y first counts).
+    pub fn accumulates(self) -> bool {
+        !matches!(self, Start::Zero)
+    }
+
+    /// y `[rows, N]` as the product expects to find it when it adds to y: a bias copied
+    /// into every row, else y untouched.
+    pub fn prepare(self, y: &mut [f32], n: usize) {
+        if let Start::Bias(b) = self {
+            y.chunks_exact_mut(n).for_each(|row| row.copy_from_slice(b));
+        }
+    }
+
+    /// y's element given s, the product's sum, and y's element before.
+    #[inline(always)]
+    fn apply(self, before: f32, s: f32, column: usize) -> f32 {
+        match self {
+            Start::Zero => s,
+            Start::Accumulate => before + s,
+            Start::Bias(b) => s + b[column],
+        }
+    }
+}
+
+/// Which instructions compute a form's dot products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// Plain loops: any CPU (the twin of the vector kernels, which tests run).
+    Plain,
+    /// 256-bit vectors (AVX2, FMA, and F16C or the integer madds where the type needs
+    /// them).
+    Avx2,
+    /// 512-bit vectors.
+    Avx512,
+    /// AVX-512 VNNI's `vpdpbusd`: four byte products summed into an i32 lane.
+    Vnni,
+    /// AVX512-BF16's `vdpbf16ps`: two bf16 products summed into an f32 lane.
+    Bf16,
+}
+
+/// How a product of a stored weight runs. Every form computes the same products; they
+/// differ in the order of the f32 sums (some not even in that).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// x rounded as the type rounds it, then the f32 product with the weight widened
+    /// slab by slab as the product packs it.
+    Widened,
+    /// A few rows of x against each weight row, the weight streamed from memory once
+    /// and widened in registers.
+    Rows(Kernel),
+    /// Register tiles of rows × panels of 16 output columns.
+    Tiles(Kernel),
+    /// Intel AMX's tile registers.
+    Amx,
+}
+
+/// A `[N, K]` weight stored in another number type, for y = start + x·Wᵀ. Every type
+/// of [`super`] implements it: one interface for its elements, its forms on this CPU
+/// and its product in each.
+pub trait StoredWeight: SlabSource + Sync {
     /// (N, K).
     fn shape(&self) -> (usize, usize);
 
@@ -20,28 +103,104 @@ pub trait StoredWeight: SlabSource {
         let (n, k) = self.shape();
         (0..n * k).map(|i| self.element(i / k, i % k)).collect()
     }
+
+    /// Bytes the weight takes as stored.
+    fn bytes(&self) -> usize;
+
+    /// The type's name, for errors: `bf16`, `int8`, `q4_k`, `f16`.
+    fn type_name(&self) -> &'static str;
+
+    /// The forms this CPU runs for this weight: what the tests compare.
+    fn forms_here(&self) -> Vec<Form>;
+
+    /// The form [`product`] takes for `rows` rows on this CPU.
+    fn form(&self, rows: usize) -> Form;
+
+    /// y `[rows, N]` ← start + x `[rows, K]`·Wᵀ in `form`, one of [`Self::forms_here`],
+    /// on operands [`product_as`] checked, rows > 0.
+    fn run(
+        &self,
+        form: Form,
+        y: &mut [f32],
+        x: &[f32],
+        rows: usize,
+        start: Start,
+        par: Par,
+    ) -> Result<()>;
 }
 
-/// Errors unless x is `[rows, K]` and y `[rows, N]` for `w`; `what` names the product.
-pub(crate) fn check_operands(
-    what: &str,
+/// y `[rows, N]` ← start + x `[rows, K]`·Wᵀ, row-major, in the form the weight's type
+/// takes for `rows` rows on this CPU. Errors when the lengths do not match the weight.
+pub fn product(
+    w: &dyn StoredWeight,
+    y: &mut [f32],
+    x: &[f32],
+    rows: usize,
+    start: Start,
+    par: Par,
+) -> Result<()> {
+    check_operands(w, y, x, rows, start)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    w.run(w.form(rows), y, x, rows, start, par)
+}
+
+/// [`product`] in a given form; an error when this CPU does not run it for `w`.
+pub fn product_as(
+    form: Form,
+    w: &dyn StoredWeight,
+    y: &mut [f32],
+    x: &[f32],
+    rows: usize,
+    start: Start,
+    par: Par,
+) -> Result<()> {
+    check_operands(w, y, x, rows, start)?;
+    if !w.forms_here().contains(&form) {
+        return Err(Error::invalid(
+            "form",
+            format!(
+                "this CPU does not run {form:?} for a {} weight",
+                w.type_name()
+            ),
+        ));
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    w.run(form, y, x, rows, start, par)
+}
+
+/// Errors unless x is `[rows, K]`, y `[rows, N]` and a bias `[N]` for `w`.
+fn check_operands(
+    w: &dyn StoredWeight,
     y: &[f32],
     x: &[f32],
     rows: usize,
-    w: &dyn StoredWeight,
+    start: Start,
 ) -> Result<()> {
     let (n, k) = w.shape();
     if rows.checked_mul(k) != Some(x.len()) || rows.checked_mul(n) != Some(y.len()) {
         return Err(Error::shape(
-            what,
+            format!("{} product operands", w.type_name()),
             format!("x [rows, {k}] and y [rows, {n}] for the weight [{n}, {k}], rows = {rows}"),
             &[x.len(), y.len()],
         ));
     }
+    if let Start::Bias(b) = start {
+        if b.len() != n {
+            return Err(Error::shape(
+                format!("{} product bias", w.type_name()),
+                format!("[{n}]"),
+                &[b.len()],
+            ));
+        }
+    }
     Ok(())
 }
 
-/// y `[rows, N]` ← (accumulate ? y : 0) + x·Wᵀ on the f32 micro-kernel, the weight
+/// The widened form: y `[rows, N]` ← start + x·Wᵀ on the f32 micro-kernel, the weight
 /// widened slab by slab as the product packs it; x `[rows, K]` is already rounded as
 /// the type rounds it.
 pub(crate) fn widened_product(
@@ -49,16 +208,17 @@ pub(crate) fn widened_product(
     x: &[f32],
     rows: usize,
     w: &dyn StoredWeight,
-    accumulate: bool,
+    start: Start,
     par: Par,
 ) -> Result<()> {
     let (n, k) = w.shape();
+    start.prepare(y, n);
     gemm_source(
         MatMut::row_major(y, rows, n),
         MatRef::row_major(x, rows, k),
         (w, k, n),
         1.0,
-        accumulate,
+        start.accumulates(),
         par,
     )
 }
@@ -83,6 +243,84 @@ pub(crate) fn reference_product(
         Par::Auto,
     )
     .expect("shapes from the weight");
+}
+
+/// Output columns of a panel, in every tiled type.
+pub(crate) const PANEL: usize = 16;
+
+/// Rows of x a tile takes at most.
+pub(crate) const TILE_ROWS: usize = 4;
+
+/// Where one tile of [`sweep_panels`] lies: rows `r0..r0 + rows` of x against panels
+/// `j..j + panels` of the weight (of `width` panels a tile: four for one row, a decoding
+/// step, else two; missing panels are the last live one repeated, their sums dropped).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TileAt {
+    pub r0: usize,
+    pub rows: usize,
+    pub j: usize,
+    pub panels: usize,
+    pub width: usize,
+}
+
+/// A tile's sums: `[row][column of its panels]`.
+pub(crate) type TileSums = [[f32; 4 * PANEL]; TILE_ROWS];
+
+/// The panel sweep of the tiled types: y `[rows, N]` ← start + the sums `tile` gives
+/// for each [`TileAt`]. The weight's `panels` panels of [`PANEL`] columns are split
+/// into runs, about `tasks_per_thread` a thread; a task sweeps every row tile over its
+/// run, so its panels stay in cache while x streams past, and the weight is read from
+/// memory once.
+pub(crate) fn sweep_panels(
+    y: &mut [f32],
+    rows: usize,
+    n: usize,
+    start: Start,
+    tasks_per_thread: usize,
+    parallel: bool,
+    tile: impl Fn(TileAt, &mut TileSums) + Sync,
+) {
+    let width = if rows == 1 { 4 } else { 2 };
+    let panels = n.div_ceil(PANEL);
+    let chunk = if parallel {
+        panels
+            .div_ceil(tasks_per_thread * rayon::current_num_threads())
+            .next_multiple_of(width)
+    } else {
+        panels
+    };
+    let out = Disjoint::new(y);
+    let run = |j0: usize| {
+        let j1 = panels.min(j0 + chunk);
+        let mut sums = [[0.0f32; 4 * PANEL]; TILE_ROWS];
+        for j in (j0..j1).step_by(width) {
+            let live = (j1 - j).min(width);
+            let cols = (n - j * PANEL).min(live * PANEL);
+            for r0 in (0..rows).step_by(TILE_ROWS) {
+                let r_live = (rows - r0).min(TILE_ROWS);
+                let at = TileAt {
+                    r0,
+                    rows: r_live,
+                    j,
+                    panels: live,
+                    width,
+                };
+                tile(at, &mut sums);
+                for (r, row) in sums.iter().enumerate().take(r_live) {
+                    // SAFETY: columns j·PANEL.. of this task's panels belong to it alone.
+                    let dst = unsafe { out.range((r0 + r) * n + j * PANEL, cols) };
+                    for (c, (d, &s)) in dst.iter_mut().zip(row).enumerate() {
+                        *d = start.apply(*d, s, j * PANEL + c);
+                    }
+                }
+            }
+        }
+    };
+    if parallel {
+        (0..panels).into_par_iter().step_by(chunk).for_each(run);
+    } else {
+        run(0);
+    }
 }
 
 /// Panels a task takes when `panels` panels of output columns are split over the

@@ -460,7 +460,7 @@ fn phi3_s_fused_q8_0_tensors_run_from_their_blocks() {
     })
     .unwrap();
     let mut blocks = qkv::models::load(&q8).unwrap().model;
-    assert_eq!(blocks.dtype(), qkv::ops::DType::Int8);
+    assert_eq!(blocks.dtype(), qkv::weights::DType::Int8);
     assert!(
         !blocks.has_f32_weights(),
         "every linear layer from its blocks"

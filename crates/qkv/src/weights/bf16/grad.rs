@@ -14,6 +14,7 @@ use super::product::product;
 use super::weight::{Bf16Weight, PANEL};
 use crate::error::{Error, Result};
 use crate::ops::Par;
+use crate::weights::stored::Start;
 use rayon::prelude::*;
 
 /// dx `[rows, in]` ← (accumulate ? dx : 0) + bf16(α·dy)·W for dy `[rows, out]`, where
@@ -28,10 +29,10 @@ pub fn input_grad(
     par: Par,
 ) -> Result<()> {
     if alpha == 1.0 {
-        return product(dx, dy, rows, wt, accumulate, par);
+        return product(dx, dy, rows, wt, Start::adding(accumulate), par);
     }
     let scaled: Vec<f32> = dy.iter().map(|&v| alpha * v).collect();
-    product(dx, &scaled, rows, wt, accumulate, par)
+    product(dx, &scaled, rows, wt, Start::adding(accumulate), par)
 }
 
 /// dW `[out, in]` += bf16(α·dy)ᵀ·bf16(x) for x `[rows, in]` and dy `[rows, out]`, sums
@@ -63,7 +64,7 @@ pub fn weight_grad(
     }
     let dyt = transposed_scaled(dy, rows, n_out, alpha);
     let xt = Bf16Weight::transposed(x, rows, n_in)?;
-    product(dw, &dyt, n_out, &xt, true, par)
+    product(dw, &dyt, n_out, &xt, Start::Accumulate, par)
 }
 
 /// α·aᵀ `[cols, rows]` for a row-major `[rows, cols]` a. Each task writes a block of

@@ -5,107 +5,125 @@ use super::convert::round_to_bf16;
 use super::operands::Operands;
 use super::weight::Bf16Weight;
 use super::{amx, gemm, gemv};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::ops::isa::Isa;
 use crate::ops::Par;
-use crate::weights::stored::{check_operands, widened_product};
+use crate::weights::stored::{self, widened_product, Form, Kernel, Start, StoredWeight};
 
-/// Which form a product of `rows` rows takes. Each computes bf16(x)·Wᵀ with products
-/// and sums in f32; they differ in the order of the sums.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Form {
-    /// The weight widened in registers: a few rows.
-    FewRows,
-    /// `vdpbf16ps`: many rows on AVX512-BF16.
-    DotBf16,
-    /// `tdpbf16ps`: many rows on AMX.
-    Amx,
-    /// x and the weight widened to f32 once, then the f32 product: many rows elsewhere.
-    Widened,
-}
-
-/// The form [`product`] takes for `rows` rows on this CPU.
-pub fn form(rows: usize) -> Form {
-    if rows <= gemv::ROWS {
-        Form::FewRows
-    } else if amx::available() {
-        Form::Amx
-    } else if gemm::preferred() {
-        Form::DotBf16
-    } else {
-        Form::Widened
-    }
-}
-
-/// y `[rows, N]` ← (accumulate ? y : 0) + bf16(x) `[rows, K]`·Wᵀ, row-major: x rounded
-/// to bf16 as the weight is, products and sums in f32. Errors when the lengths do not
-/// match the weight's shape.
+/// y `[rows, N]` ← start + bf16(x) `[rows, K]`·Wᵀ, row-major: x rounded to bf16 as the
+/// weight is, products and sums in f32. Errors when the lengths do not match the
+/// weight's shape.
 pub fn product(
     y: &mut [f32],
     x: &[f32],
     rows: usize,
     w: &Bf16Weight,
-    accumulate: bool,
+    start: Start,
     par: Par,
 ) -> Result<()> {
-    check_operands("bf16 product operands", y, x, rows, w)?;
-    if rows == 0 {
-        return Ok(());
-    }
-    let ops = Operands {
-        y,
-        x,
-        rows,
-        w,
-        accumulate,
-    };
-    run(form(rows), ops, par)
+    stored::product(w, y, x, rows, start, par)
 }
 
-/// The forms this CPU can run (what the tests compare): the few-rows and widened forms
-/// everywhere, `vdpbf16ps` where the CPU has AVX512-BF16, `tdpbf16ps` where it has AMX.
-pub fn forms_here() -> Vec<Form> {
-    let mut forms = vec![Form::FewRows, Form::Widened];
-    if gemm::available() {
-        forms.push(Form::DotBf16);
+/// The few-rows form's kernel: the widest vectors this CPU runs.
+fn rows_kernel() -> Kernel {
+    match Isa::detect() {
+        Isa::Avx512 => Kernel::Avx512,
+        Isa::Avx2 => Kernel::Avx2,
+        Isa::Portable => Kernel::Plain,
     }
-    if amx::available() {
-        forms.push(Form::Amx);
-    }
-    forms
 }
 
-/// [`product`] in a given form, on checked operands (the few-rows form takes at most
-/// four rows).
-fn run(form: Form, ops: Operands<'_>, par: Par) -> Result<()> {
-    let parallel = par == Par::Auto;
-    match form {
-        Form::FewRows => gemv::product(ops, parallel),
-        Form::DotBf16 => gemm::product(ops, parallel),
-        Form::Amx => amx::product(ops, parallel),
-        Form::Widened => widened(ops, par)?,
+/// The forms (module docs of [`super`]): up to four rows with the weight widened in
+/// registers; more through AMX's `tdpbf16ps`, AVX512-BF16's `vdpbf16ps` tiles, or x and
+/// the weight widened into the f32 product.
+impl StoredWeight for Bf16Weight {
+    fn shape(&self) -> (usize, usize) {
+        (self.n(), self.k())
     }
-    Ok(())
-}
 
-/// The widened form: x rounded once, then the f32 product with the weight widened slab
-/// by slab as the product packs it ([`crate::ops::matmul::SlabSource`]).
-fn widened(ops: Operands<'_>, par: Par) -> Result<()> {
-    let Operands {
-        y,
-        x,
-        rows,
-        w,
-        accumulate,
-    } = ops;
-    let xr: Vec<f32> = x.iter().map(|&v| round_to_bf16(v)).collect();
-    widened_product(y, &xr, rows, w, accumulate, par)
+    fn element(&self, r: usize, c: usize) -> f32 {
+        self.get(r, c)
+    }
+
+    fn bytes(&self) -> usize {
+        Bf16Weight::bytes(self)
+    }
+
+    fn type_name(&self) -> &'static str {
+        "bf16"
+    }
+
+    /// The few-rows and widened forms everywhere, `vdpbf16ps` where the CPU has
+    /// AVX512-BF16, `tdpbf16ps` where it has AMX.
+    fn forms_here(&self) -> Vec<Form> {
+        let mut forms = vec![Form::Rows(rows_kernel()), Form::Widened];
+        if gemm::available() {
+            forms.push(Form::Tiles(Kernel::Bf16));
+        }
+        if amx::available() {
+            forms.push(Form::Amx);
+        }
+        forms
+    }
+
+    fn form(&self, rows: usize) -> Form {
+        if rows <= gemv::ROWS {
+            Form::Rows(rows_kernel())
+        } else if amx::available() {
+            Form::Amx
+        } else if gemm::preferred() {
+            Form::Tiles(Kernel::Bf16)
+        } else {
+            Form::Widened
+        }
+    }
+
+    /// A bias is copied into y first: these forms add to y or overwrite it.
+    fn run(
+        &self,
+        form: Form,
+        y: &mut [f32],
+        x: &[f32],
+        rows: usize,
+        start: Start,
+        par: Par,
+    ) -> Result<()> {
+        if matches!(form, Form::Rows(_)) && rows > gemv::ROWS {
+            return Err(Error::invalid(
+                "form",
+                format!(
+                    "the few-rows form takes at most {} rows, not {rows}",
+                    gemv::ROWS
+                ),
+            ));
+        }
+        if form == Form::Widened {
+            let xr: Vec<f32> = x.iter().map(|&v| round_to_bf16(v)).collect();
+            return widened_product(y, &xr, rows, self, start, par);
+        }
+        start.prepare(y, self.n());
+        let ops = Operands {
+            y,
+            x,
+            rows,
+            w: self,
+            accumulate: start.accumulates(),
+        };
+        let parallel = par == Par::Auto;
+        match form {
+            Form::Rows(_) => gemv::product(ops, parallel),
+            Form::Amx => amx::product(ops, parallel),
+            _ => gemm::product(ops, parallel),
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::reference;
     use super::*;
-    use crate::weights::stored::checks;
+    use crate::weights::stored::{checks, product_as};
 
     /// Each form this CPU runs equals the twin within f32 rounding of the sums (their
     /// order differs):
@@ -115,22 +133,17 @@ mod tests {
     fn every_row_count_equals_the_twin() {
         for ((rows, k, n), [x, wf, y0]) in checks::cases(7) {
             let w = Bf16Weight::new(&wf, n, k).unwrap();
-            let forms = forms_here()
-                .into_iter()
-                .filter(|&f| f != Form::FewRows || rows <= 4);
-            for (form, accumulate) in forms.flat_map(|f| [(f, false), (f, true)]) {
+            let bias: Vec<f32> = (0..n).map(|c| c as f32 * 0.25 - 3.0).collect();
+            let forms = w.forms_here().into_iter();
+            let forms = forms.filter(|f| !matches!(f, Form::Rows(_)) || rows <= 4);
+            let starts = [Start::Zero, Start::Accumulate, Start::Bias(&bias)];
+            for (form, start) in forms.flat_map(|f| starts.map(|s| (f, s))) {
                 let mut got = y0.clone();
-                let ops = Operands {
-                    y: &mut got,
-                    x: &x,
-                    rows,
-                    w: &w,
-                    accumulate,
-                };
-                run(form, ops, Par::Auto).unwrap();
+                product_as(form, &w, &mut got, &x, rows, start, Par::Auto).unwrap();
                 let mut want = y0.clone();
-                reference::product(&mut want, &x, rows, &w, accumulate);
-                let what = format!("{form:?} {rows}x{k}x{n} acc {accumulate}");
+                start.prepare(&mut want, n);
+                reference::product(&mut want, &x, rows, &w, start.accumulates());
+                let what = format!("{form:?} {rows}x{k}x{n} {start:?}");
                 checks::assert_near(&what, &got, &want, k);
             }
         }
@@ -152,20 +165,11 @@ mod tests {
             let mut want = vec![0.0; rows * n];
             reference::product(&mut want, &x, rows, &w, false);
             assert!(want.iter().all(|&v| v > 5e-9), "{}", want[0]);
-            let forms = forms_here()
-                .into_iter()
-                .filter(|&f| f != Form::FewRows || rows <= 4);
-            for form in forms {
+            let forms = w.forms_here().into_iter();
+            for form in forms.filter(|f| !matches!(f, Form::Rows(_)) || rows <= 4) {
                 let mut got = vec![0.0; rows * n];
-                let ops = Operands {
-                    y: &mut got,
-                    x: &x,
-                    rows,
-                    w: &w,
-                    accumulate: false,
-                };
-                run(form, ops, Par::Auto).unwrap();
-                let flushed = matches!(form, Form::DotBf16 | Form::Amx);
+                product_as(form, &w, &mut got, &x, rows, Start::Zero, Par::Auto).unwrap();
+                let flushed = matches!(form, Form::Tiles(Kernel::Bf16) | Form::Amx);
                 for (i, (&g, &t)) in got.iter().zip(&want).enumerate() {
                     // relative: the sums lie far below the other tests' absolute tolerance
                     let ok = if flushed {
@@ -183,7 +187,17 @@ mod tests {
     fn mismatched_lengths_are_errors() {
         let w = Bf16Weight::new(&[1.0; 6], 2, 3).unwrap();
         let mut y = vec![0.0; 2];
-        assert!(product(&mut y, &[1.0; 4], 1, &w, false, Par::Auto).is_err());
-        assert!(product(&mut y, &[1.0; 3], 2, &w, false, Par::Auto).is_err());
+        assert!(product(&mut y, &[1.0; 4], 1, &w, Start::Zero, Par::Auto).is_err());
+        assert!(product(&mut y, &[1.0; 3], 2, &w, Start::Zero, Par::Auto).is_err());
+        let few = product_as(
+            Form::Rows(rows_kernel()),
+            &w,
+            &mut [0.0; 10],
+            &[1.0; 15],
+            5,
+            Start::Zero,
+            Par::Auto,
+        );
+        assert!(few.unwrap_err().to_string().contains("at most 4 rows"));
     }
 }

@@ -11,11 +11,10 @@ use super::convert::{bf16_to_f32, pair};
 use crate::error::Result;
 use crate::ops::isa::Isa;
 use crate::ops::matmul::check_weight;
-use crate::weights::stored::StoredWeight;
 use rayon::prelude::*;
 
 /// Output columns of a panel.
-pub const PANEL: usize = 16;
+pub const PANEL: usize = crate::weights::stored::PANEL;
 
 /// Words below which a packing task is not worth handing to another thread.
 const PARALLEL_WORDS: usize = 1 << 15;
@@ -90,6 +89,16 @@ impl Bf16Weight {
     /// Bytes the weight takes.
     pub fn bytes(&self) -> usize {
         self.words.len() * 4
+    }
+
+    /// W[r, c] as the products read it.
+    pub fn get(&self, r: usize, c: usize) -> f32 {
+        let word = self.panel(r / PANEL)[(c / 2) * PANEL + r % PANEL];
+        bf16_to_f32(if c.is_multiple_of(2) {
+            word as u16
+        } else {
+            (word >> 16) as u16
+        })
     }
 
     /// Panel j's words: `pairs · PANEL` of them.
@@ -191,25 +200,11 @@ fn fill_body(source: Source<'_>, (n, k): (usize, usize), j: usize, panel: &mut [
     }
 }
 
-impl StoredWeight for Bf16Weight {
-    fn shape(&self) -> (usize, usize) {
-        (self.n, self.k)
-    }
-
-    fn element(&self, r: usize, c: usize) -> f32 {
-        let word = self.panel(r / PANEL)[(c / 2) * PANEL + r % PANEL];
-        bf16_to_f32(if c.is_multiple_of(2) {
-            word as u16
-        } else {
-            (word >> 16) as u16
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::weights::bf16::convert::round_to_bf16;
+    use crate::weights::stored::StoredWeight;
 
     #[test]
     fn holds_each_weight_rounded_once_and_refuses_bad_shapes() {

@@ -13,8 +13,7 @@ use crate::ops::disjoint::Disjoint;
 use crate::ops::isa::Isa;
 use crate::ops::matmul::SlabSource;
 use crate::ops::Par;
-use crate::weights::int8::Start;
-use crate::weights::stored::{check_operands, widened_product, StoredWeight};
+use crate::weights::stored::{self, widened_product, Form, Kernel, Start, StoredWeight};
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
@@ -39,35 +38,14 @@ impl std::fmt::Debug for F16Weight {
     }
 }
 
-/// How the dot products run on this CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Form {
-    Avx512,
-    Avx2,
-    Plain,
-    /// The slabs widened into the f32 product (more than 4 rows).
-    Widened,
-}
-
-/// The dot products' form on this CPU.
-fn dot_form() -> Form {
+/// The dot products' kernel on this CPU.
+fn dot_kernel() -> Kernel {
     match Isa::detect() {
-        Isa::Avx512 => Form::Avx512,
+        Isa::Avx512 => Kernel::Avx512,
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 if is_x86_feature_detected!("f16c") => Form::Avx2,
-        _ => Form::Plain,
+        Isa::Avx2 if is_x86_feature_detected!("f16c") => Kernel::Avx2,
+        _ => Kernel::Plain,
     }
-}
-
-/// The forms this CPU can run (what the tests compare).
-pub fn forms_here() -> Vec<Form> {
-    let mut forms = vec![Form::Plain, Form::Widened];
-    match dot_form() {
-        Form::Avx512 => forms.extend([Form::Avx512, Form::Avx2]),
-        Form::Avx2 => forms.push(Form::Avx2),
-        _ => {}
-    }
-    forms
 }
 
 impl F16Weight {
@@ -109,6 +87,9 @@ impl F16Weight {
     }
 }
 
+/// The forms: dot products along each weight row for up to four rows (16 values a
+/// `vcvtph2ps` on AVX-512, 8 with F16C on AVX2, plain loops anywhere), and each slab
+/// widened into the f32 product for more.
 impl StoredWeight for F16Weight {
     fn shape(&self) -> (usize, usize) {
         (self.n, self.k)
@@ -116,6 +97,49 @@ impl StoredWeight for F16Weight {
 
     fn element(&self, r: usize, c: usize) -> f32 {
         f16::from_bits(self.bits[r * self.k + c]).to_f32()
+    }
+
+    fn bytes(&self) -> usize {
+        F16Weight::bytes(self)
+    }
+
+    fn type_name(&self) -> &'static str {
+        "f16"
+    }
+
+    fn forms_here(&self) -> Vec<Form> {
+        let mut forms = vec![Form::Rows(Kernel::Plain), Form::Widened];
+        match dot_kernel() {
+            Kernel::Avx512 => forms.extend([Form::Rows(Kernel::Avx512), Form::Rows(Kernel::Avx2)]),
+            Kernel::Avx2 => forms.push(Form::Rows(Kernel::Avx2)),
+            _ => {}
+        }
+        forms
+    }
+
+    fn form(&self, rows: usize) -> Form {
+        if rows > FEW_ROWS {
+            Form::Widened
+        } else {
+            Form::Rows(dot_kernel())
+        }
+    }
+
+    fn run(
+        &self,
+        form: Form,
+        y: &mut [f32],
+        x: &[f32],
+        rows: usize,
+        start: Start,
+        par: Par,
+    ) -> Result<()> {
+        let x = &rounded(x);
+        match form {
+            Form::Rows(kernel) => dot_rows(kernel, y, x, rows, self, start, par),
+            _ => widened_product(y, x, rows, self, start, par)?,
+        }
+        Ok(())
     }
 }
 
@@ -149,45 +173,20 @@ pub fn product(
     start: Start,
     par: Par,
 ) -> Result<()> {
-    let form = if rows > FEW_ROWS {
-        Form::Widened
-    } else {
-        dot_form()
-    };
-    product_as(form, y, x, rows, w, start, par)
+    stored::product(w, y, x, rows, start, par)
 }
 
-/// [`product`] in a given form (one of [`forms_here`]).
-pub fn product_as(
-    form: Form,
+/// The dot products' form: threads split the weight's rows; each task takes its rows
+/// [`DOTS`] at a time against every row of x (x rounded already).
+fn dot_rows(
+    kernel: Kernel,
     y: &mut [f32],
     x: &[f32],
     rows: usize,
     w: &F16Weight,
     start: Start,
     par: Par,
-) -> Result<()> {
-    check_operands("f16 product operands", y, x, rows, w)?;
-    if let Start::Bias(b) = start {
-        if b.len() != w.n {
-            return Err(Error::shape(
-                "f16 product bias",
-                format!("[{}]", w.n),
-                &[b.len()],
-            ));
-        }
-    }
-    if rows == 0 {
-        return Ok(());
-    }
-    let x = &rounded(x);
-    if form == Form::Widened {
-        if let Start::Bias(b) = start {
-            y.chunks_exact_mut(w.n)
-                .for_each(|row| row.copy_from_slice(b));
-        }
-        return widened_product(y, x, rows, w, !matches!(start, Start::Zero), par);
-    }
+) {
     let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
     let (n, k) = (w.n, w.k);
     let chunk = if parallel {
@@ -205,7 +204,7 @@ pub fn product_as(
             for (q, dst) in (j0..j1).step_by(DOTS).zip(dst.chunks_mut(DOTS)) {
                 // a short last quad repeats its last row; those sums are dropped
                 let rows = std::array::from_fn(|i| w.row((q + i).min(j1 - 1)));
-                for (i, (d, v)) in dst.iter_mut().zip(dots(form, rows, xr)).enumerate() {
+                for (i, (d, v)) in dst.iter_mut().zip(dots(kernel, rows, xr)).enumerate() {
                     *d = match start {
                         Start::Zero => v,
                         Start::Accumulate => *d + v,
@@ -220,7 +219,6 @@ pub fn product_as(
     } else {
         run(0);
     }
-    Ok(())
 }
 
 /// x rounded to f16 (to nearest, ties to even), as llama.cpp rounds the activations of
@@ -232,15 +230,15 @@ pub fn rounded(x: &[f32]) -> Vec<f32> {
 /// Weight rows a pass of the dot products takes: x is read once for all of them.
 const DOTS: usize = 4;
 
-/// Σ_c w[i][c]·x[c] for each of the rows w[i], in the given form.
-fn dots(form: Form, w: [&[u16]; DOTS], x: &[f32]) -> [f32; DOTS] {
-    match form {
+/// Σ_c w[i][c]·x[c] for each of the rows w[i], by the given kernel.
+fn dots(kernel: Kernel, w: [&[u16]; DOTS], x: &[f32]) -> [f32; DOTS] {
+    match kernel {
         // SAFETY: the form is one the CPU runs (`forms_here`); the lengths are equal.
         #[cfg(target_arch = "x86_64")]
-        Form::Avx512 => unsafe { x86::dots512(w, x) },
+        Kernel::Avx512 => unsafe { x86::dots512(w, x) },
         // SAFETY: as above
         #[cfg(target_arch = "x86_64")]
-        Form::Avx2 => unsafe { x86::dots256(w, x) },
+        Kernel::Avx2 => unsafe { x86::dots256(w, x) },
         _ => w.map(|w| {
             w.iter()
                 .zip(x)
@@ -366,9 +364,9 @@ mod tests {
                     &w,
                     !matches!(start, Start::Zero),
                 );
-                for f in forms_here() {
+                for f in w.forms_here() {
                     let mut got = y0.clone();
-                    product_as(f, &mut got, &x, rows, &w, start, Par::Auto).unwrap();
+                    stored::product_as(f, &w, &mut got, &x, rows, start, Par::Auto).unwrap();
                     checks::assert_near(&format!("{f:?} {rows}x{k}x{n} {start:?}"), &got, &want, k);
                 }
             }

@@ -21,7 +21,7 @@ use super::layout::{
 };
 
 /// Rows of a panel: the lanes of a 512-bit vector of i32.
-pub const PANEL: usize = 16;
+pub const PANEL: usize = crate::weights::stored::PANEL;
 
 /// Bytes of one vector of a panel block.
 pub const VECTOR: usize = 64;

@@ -2,51 +2,18 @@
 //! docs of [`super`]).
 
 use super::activations::QuantizedX;
-use super::panels::PANEL;
-use super::tile::{self, Kernel, Tile};
+use super::panels::{self, Parts};
+use super::tile::{self, Kernel as Loops, Tile};
 use super::weight::BlockWeight;
-use crate::error::{Error, Result};
-use crate::ops::disjoint::Disjoint;
+use crate::error::Result;
 use crate::ops::Par;
-use crate::weights::int8::Start;
-use crate::weights::stored::{check_operands, widened_product};
-use rayon::prelude::*;
-
-/// Which form a product takes. All compute deq(q(x))·deq(W)ᵀ; they differ in the
-/// order of the f32 sums (the tile kernels not even in that).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Form {
-    /// Tiles of integer dot products by one kernel.
-    Tiles(Kernel),
-    /// Both operands dequantized into the f32 product, slab by slab: more rows where
-    /// only the plain kernel runs.
-    Widened,
-}
+use crate::weights::stored::{
+    self, sweep_panels, widened_product, Form, Kernel, Start, StoredWeight, TileAt, TileSums, PANEL,
+};
 
 /// Most rows that take the plain tiles: beyond them, the f32 product's tiles reuse
 /// each dequantized slab over many rows.
 const FEW_ROWS: usize = 4;
-
-/// Rows of a tile.
-const MR: usize = 4;
-
-/// The form [`product`] takes on this CPU for `rows` rows.
-pub fn form(rows: usize) -> Form {
-    match Kernel::best() {
-        Kernel::Plain if rows > FEW_ROWS => Form::Widened,
-        kernel => Form::Tiles(kernel),
-    }
-}
-
-/// The forms this CPU can run (what the tests compare).
-pub fn forms_here() -> Vec<Form> {
-    let mut forms: Vec<Form> = Kernel::available()
-        .iter()
-        .map(|&k| Form::Tiles(k))
-        .collect();
-    forms.push(Form::Widened);
-    forms
-}
 
 /// y `[rows, N]` ← start + deq(q(x))·deq(W)ᵀ, row-major: x `[rows, K]` quantized as
 /// llama.cpp quantizes it for the weight's type ([`super::activations`]). Errors when
@@ -59,125 +26,89 @@ pub fn product(
     start: Start,
     par: Par,
 ) -> Result<()> {
-    product_as(form(rows), y, x, rows, w, start, par)
+    stored::product(w, y, x, rows, start, par)
 }
 
-/// [`product`] in a given form (one of [`forms_here`]).
-pub fn product_as(
-    form: Form,
-    y: &mut [f32],
-    x: &[f32],
-    rows: usize,
-    w: &BlockWeight,
-    start: Start,
-    par: Par,
-) -> Result<()> {
-    check_operands("block product operands", y, x, rows, w)?;
-    if let Start::Bias(b) = start {
-        if b.len() != w.n() {
-            return Err(Error::shape(
-                "block product bias",
-                format!("[{}]", w.n()),
-                &[b.len()],
-            ));
+/// The kernel of the tiles' loops a form names.
+fn loops(kernel: Kernel) -> Loops {
+    match kernel {
+        Kernel::Vnni => Loops::Vnni,
+        Kernel::Avx2 => Loops::Avx2,
+        _ => Loops::Plain,
+    }
+}
+
+/// The forms: tiles of integer dot products by each kernel this CPU runs, and both
+/// operands dequantized into the f32 product slab by slab (more rows where only the
+/// plain loops run).
+impl StoredWeight for BlockWeight {
+    fn shape(&self) -> (usize, usize) {
+        (self.n(), self.k())
+    }
+
+    fn element(&self, r: usize, c: usize) -> f32 {
+        let (per, bytes) = (self.ty().weights(), Parts::of(self.ty()).bytes);
+        let pb = &self.panel(r / PANEL)[(c / per) * bytes..][..bytes];
+        panels::weight(self.ty(), pb, r % PANEL, c % per)
+    }
+
+    fn bytes(&self) -> usize {
+        BlockWeight::bytes(self)
+    }
+
+    fn type_name(&self) -> &'static str {
+        self.ty().name()
+    }
+
+    fn forms_here(&self) -> Vec<Form> {
+        let mut forms: Vec<Form> = Loops::available()
+            .iter()
+            .map(|&k| Form::Tiles(k.kernel()))
+            .collect();
+        forms.push(Form::Widened);
+        forms
+    }
+
+    fn form(&self, rows: usize) -> Form {
+        match Loops::best() {
+            Loops::Plain if rows > FEW_ROWS => Form::Widened,
+            best => Form::Tiles(best.kernel()),
         }
     }
-    if rows == 0 {
-        return Ok(());
-    }
-    let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
-    let xq = QuantizedX::new(x, rows, w.k(), w.ty(), parallel);
-    match form {
-        Form::Tiles(kernel) => tiles(y, &xq, w, start, kernel, parallel),
-        Form::Widened => {
-            if let Start::Bias(b) = start {
-                y.chunks_exact_mut(w.n())
-                    .for_each(|row| row.copy_from_slice(b));
+
+    fn run(
+        &self,
+        form: Form,
+        y: &mut [f32],
+        x: &[f32],
+        rows: usize,
+        start: Start,
+        par: Par,
+    ) -> Result<()> {
+        let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
+        let xq = QuantizedX::new(x, rows, self.k(), self.ty(), parallel);
+        match form {
+            // one task a thread: a decoding step's products are too short to pay for more
+            Form::Tiles(kernel) => {
+                sweep_panels(y, rows, self.n(), start, 1, parallel, |at, sums| {
+                    tile(loops(kernel), &xq, at, self, sums)
+                })
             }
-            let accumulate = !matches!(start, Start::Zero);
-            widened_product(y, &xq.dequantized(), rows, w, accumulate, par)?;
+            _ => widened_product(y, &xq.dequantized(), rows, self, start, par)?,
         }
-    }
-    Ok(())
-}
-
-/// The tiles: one row (a decoding step) takes four panels a tile, more rows tiles of
-/// [`MR`] rows × 2 panels. A task owns a run of panels and sweeps every row tile over
-/// them, so its panels stay in cache while x streams past; one task a thread, since a
-/// decoding step's products are too short to pay for more.
-fn tiles(
-    y: &mut [f32],
-    xq: &QuantizedX,
-    w: &BlockWeight,
-    start: Start,
-    kernel: Kernel,
-    parallel: bool,
-) {
-    let (n, rows) = (w.n(), xq.rows());
-    let group = if rows == 1 { 4 } else { 2 };
-    let panels = w.panel_count();
-    let chunk = if parallel {
-        panels
-            .div_ceil(rayon::current_num_threads())
-            .next_multiple_of(group)
-    } else {
-        panels
-    };
-    let out = Disjoint::new(y);
-    let run = |j0: usize| {
-        let j1 = panels.min(j0 + chunk);
-        let mut sums = [[0.0f32; 4 * PANEL]; MR];
-        for j in (j0..j1).step_by(group) {
-            let live = (j1 - j).min(group);
-            let cols = (n - j * PANEL).min(live * PANEL);
-            for r0 in (0..rows).step_by(MR) {
-                let r_live = (rows - r0).min(MR);
-                tile(kernel, xq, r0, r_live, w, j, live, group == 4, &mut sums);
-                for (r, row) in sums.iter().enumerate().take(r_live) {
-                    // SAFETY: columns j·PANEL.. of this task's panels belong to it alone.
-                    let dst = unsafe { out.range((r0 + r) * n + j * PANEL, cols) };
-                    match start {
-                        Start::Zero => dst.copy_from_slice(&row[..cols]),
-                        Start::Accumulate => dst.iter_mut().zip(row).for_each(|(d, &s)| *d += s),
-                        Start::Bias(b) => {
-                            let b = &b[j * PANEL..][..cols];
-                            dst.iter_mut()
-                                .zip(row.iter().zip(b))
-                                .for_each(|(d, (&s, &b))| *d = s + b)
-                        }
-                    }
-                }
-            }
-        }
-    };
-    if parallel {
-        (0..panels).into_par_iter().step_by(chunk).for_each(run);
-    } else {
-        run(0);
+        Ok(())
     }
 }
 
-/// Sums of rows `r0..r0 + r_live` against panels `j..j + live` (of four when `four`,
-/// else two) into `sums[r][c]`, the panels' columns c.
-#[allow(clippy::too_many_arguments)]
-fn tile(
-    kernel: Kernel,
-    xq: &QuantizedX,
-    r0: usize,
-    r_live: usize,
-    w: &BlockWeight,
-    j: usize,
-    live: usize,
-    four: bool,
-    sums: &mut [[f32; 4 * PANEL]; MR],
-) {
+/// The sums of one tile of the sweep into `sums[r][c]`, the panels' columns c.
+fn tile(kernel: Loops, xq: &QuantizedX, at: TileAt, w: &BlockWeight, sums: &mut TileSums) {
     // missing panels repeat the last live one; their sums are dropped
-    let panel = |i: usize| j + i.min(live - 1);
+    let panel = |i: usize| at.j + i.min(at.panels - 1);
     macro_rules! call {
         ($r:literal, $np:literal) => {{
             let t = Tile::<$r, $np> {
                 ty: w.ty(),
-                x: std::array::from_fn(|i| xq.row(r0 + i)),
+                x: std::array::from_fn(|i| xq.row(at.r0 + i)),
                 panels: std::array::from_fn(|i| w.panel(panel(i))),
             };
             let mut out = [[[0.0f32; PANEL]; $np]; $r];
@@ -189,9 +120,9 @@ fn tile(
             }
         }};
     }
-    match (r_live, four) {
-        (1, true) => call!(1, 4),
-        (1, false) => call!(1, 2),
+    match (at.rows, at.width) {
+        (1, 4) => call!(1, 4),
+        (1, _) => call!(1, 2),
         (2, _) => call!(2, 2),
         (3, _) => call!(3, 2),
         _ => call!(4, 2),
@@ -205,7 +136,7 @@ mod tests {
     use super::super::BlockType;
     use super::*;
     use crate::rng::Rng;
-    use crate::weights::stored::checks;
+    use crate::weights::stored::{checks, product_as};
 
     /// Every form equals the twin within f32 rounding of the sums over K, for every
     /// type: one row and a few (the dot products), more (widened), an odd count of
@@ -227,10 +158,10 @@ mod tests {
                             .for_each(|row| row.copy_from_slice(b));
                     }
                     reference::product(&mut want, &x, rows, &w, !matches!(start, Start::Zero));
-                    for f in forms_here() {
+                    for f in w.forms_here() {
                         for par in [Par::Auto, Par::Single] {
                             let mut got = y0.clone();
-                            product_as(f, &mut got, &x, rows, &w, start, par).unwrap();
+                            product_as(f, &w, &mut got, &x, rows, start, par).unwrap();
                             let what = format!("{ty:?} {f:?} {rows}x{k}x{n} {start:?} {par:?}");
                             checks::assert_near(&what, &got, &want, k);
                         }
@@ -251,9 +182,9 @@ mod tests {
                 panels: std::array::from_fn(|j| w.panel(j + 1)),
             };
             let mut want = [[[0.0; PANEL]; NP]; R];
-            tile::tile_on(Kernel::Plain, &t, &mut want);
+            tile::tile_on(Loops::Plain, &t, &mut want);
             assert!(want.iter().flatten().flatten().any(|&v| v != 0.0));
-            for &kernel in Kernel::available() {
+            for &kernel in Loops::available() {
                 let mut got = [[[1.0; PANEL]; NP]; R];
                 tile::tile_on(kernel, &t, &mut got);
                 assert_eq!(got, want, "{ty:?} {kernel:?} {R}x{NP}");
@@ -281,9 +212,9 @@ mod tests {
             let w = random(ty, 3, k, 1);
             let mut x = vec![0.5; k];
             x[40] = f32::NAN;
-            for f in forms_here() {
+            for f in w.forms_here() {
                 let mut y = vec![0.0; 3];
-                product_as(f, &mut y, &x, 1, &w, Start::Zero, Par::Auto).unwrap();
+                product_as(f, &w, &mut y, &x, 1, Start::Zero, Par::Auto).unwrap();
                 assert!(y.iter().all(|v| v.is_nan()), "{ty:?} {f:?}: {y:?}");
             }
         }

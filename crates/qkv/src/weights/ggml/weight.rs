@@ -94,18 +94,6 @@ impl BlockWeight {
     }
 }
 
-impl StoredWeight for BlockWeight {
-    fn shape(&self) -> (usize, usize) {
-        (self.n, self.k)
-    }
-
-    fn element(&self, r: usize, c: usize) -> f32 {
-        let (per, bytes) = (self.ty.weights(), Parts::of(self.ty).bytes);
-        let pb = &self.panel(r / PANEL)[(c / per) * bytes..][..bytes];
-        panels::weight(self.ty, pb, r % PANEL, c % per)
-    }
-}
-
 /// The weight as the f32 product's B operand (Wᵀ, `[K, N]`): each slab's weights
 /// dequantized into the packed layout as the product asks for them.
 impl SlabSource for BlockWeight {

@@ -15,10 +15,10 @@
 //! 64 steps, two blocks with their own scales, whose sums the unit cannot keep apart.
 
 use super::rows::QuantizedRows;
-use super::start::Start;
 use super::weight::{Int8Weight, PANEL};
 use crate::ops::disjoint::Disjoint;
 use crate::weights::amx::{self, Block, Dot, PanelTiles, Tiles};
+use crate::weights::stored::Start;
 use rayon::prelude::*;
 
 /// K steps (bytes) in a tile's row.

@@ -22,8 +22,7 @@ pub mod quant;
 pub mod reference;
 mod rows;
 mod slab;
-mod start;
 pub mod weight;
 
-pub use product::{product, Start};
+pub use product::product;
 pub use weight::{Int8Weight, ScaleLayout};

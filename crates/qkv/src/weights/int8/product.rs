@@ -1,58 +1,18 @@
 //! y (+)= x·Wᵀ for an int8 weight: the form by the CPU (module docs of [`super`]).
 
 use super::amx;
-use super::kernel::{self, Kernel, Tile};
+use super::kernel::{self, Kernel as Loops, Tile};
 use super::rows::QuantizedRows;
-pub use super::start::Start;
-use super::weight::{Int8Weight, PANEL};
-use crate::error::{Error, Result};
-use crate::ops::disjoint::Disjoint;
+use super::weight::Int8Weight;
+use crate::error::Result;
 use crate::ops::Par;
-use crate::weights::stored::{check_operands, panels_per_task, widened_product};
-use rayon::prelude::*;
-
-/// Which form a product takes. Both compute deq(q(x))·deq(W)ᵀ; they differ in the
-/// order of the f32 sums.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Form {
-    /// `vpdpbusd` tiles, exact in i32 within a group: every row count on AVX-512 VNNI.
-    Dot,
-    /// Both operands dequantized, then the f32 product: elsewhere.
-    Widened,
-    /// AMX's `tdpbsud`, exact in i32 over all of K: more than four rows times
-    /// a weight with a scale per row, where the process has AMX-INT8.
-    Amx,
-}
+use crate::weights::stored::{
+    self, sweep_panels, widened_product, Form, Kernel, Start, StoredWeight, TileAt, TileSums, PANEL,
+};
 
 /// Most rows that take the VNNI tiles even where AMX is there: a decoding step's few
 /// rows would fill a sixteenth of a tile.
 const FEW_ROWS: usize = 4;
-
-/// The form [`product`] takes on this CPU for `rows` rows times `w`.
-pub fn form(rows: usize, w: &Int8Weight) -> Form {
-    if rows > FEW_ROWS && amx::available(w) {
-        Form::Amx
-    } else if kernel::vnni() {
-        Form::Dot
-    } else {
-        Form::Widened
-    }
-}
-
-/// The forms this CPU can run (what the tests compare).
-pub fn forms_here() -> Vec<Form> {
-    let mut forms = vec![Form::Widened];
-    if kernel::vnni() {
-        forms.push(Form::Dot);
-    }
-    if crate::weights::amx::int8() {
-        forms.push(Form::Amx);
-    }
-    forms
-}
-
-/// Rows of a tile.
-const MR: usize = 4;
 
 /// y `[rows, N]` ← start + deq(q(x))·deq(W)ᵀ, row-major: x `[rows, K]` quantized in the
 /// weight's groups ([`super::quant`]), each group's sum exact in integers. Errors when
@@ -65,101 +25,98 @@ pub fn product(
     start: Start,
     par: Par,
 ) -> Result<()> {
-    check_operands("int8 product operands", y, x, rows, w)?;
-    if let Start::Bias(b) = start {
-        if b.len() != w.n() {
-            return Err(Error::shape(
-                "int8 product bias",
-                format!("[{}]", w.n()),
-                &[b.len()],
-            ));
-        }
-    }
-    if rows == 0 {
-        return Ok(());
-    }
-    let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
-    let xq = QuantizedRows::new(x, rows, w, parallel);
-    match form(rows, w) {
-        Form::Dot => tiles(y, &xq, rows, w, start, Kernel::Vnni, par),
-        Form::Widened => widened(y, &xq, rows, w, start, par)?,
-        Form::Amx => amx::product(y, &xq, rows, w, start, parallel),
-    }
-    Ok(())
+    stored::product(w, y, x, rows, start, par)
 }
 
-/// The tiled form with a given kernel. One row (a decoding step) takes four panels a
-/// tile (64 columns, 8 vectors of sums); more rows take tiles of [`MR`] rows × 2
-/// panels. A task owns a run of panels and sweeps every row tile over them, so its
-/// panels stay in cache while x streams past; the weight is read from memory once.
+/// The forms (module docs of [`super`]): `vpdpbusd` tiles (exact in i32 within a group)
+/// on AVX-512 VNNI, the same tiles in plain loops, both operands dequantized into the
+/// f32 product, and AMX's `tdpbsud` (exact in i32 over all of K) for more than four rows
+/// times a weight with a scale per row, where the process has AMX-INT8.
+impl StoredWeight for Int8Weight {
+    fn shape(&self) -> (usize, usize) {
+        (self.n(), self.k())
+    }
+
+    fn element(&self, r: usize, c: usize) -> f32 {
+        f32::from(self.code(r, c)) * self.scale(r, c)
+    }
+
+    fn bytes(&self) -> usize {
+        Int8Weight::bytes(self)
+    }
+
+    fn type_name(&self) -> &'static str {
+        "int8"
+    }
+
+    fn forms_here(&self) -> Vec<Form> {
+        let mut forms = vec![Form::Widened, Form::Tiles(Kernel::Plain)];
+        if kernel::vnni() {
+            forms.push(Form::Tiles(Kernel::Vnni));
+        }
+        if amx::available(self) {
+            forms.push(Form::Amx);
+        }
+        forms
+    }
+
+    fn form(&self, rows: usize) -> Form {
+        if rows > FEW_ROWS && amx::available(self) {
+            Form::Amx
+        } else if kernel::vnni() {
+            Form::Tiles(Kernel::Vnni)
+        } else {
+            Form::Widened
+        }
+    }
+
+    fn run(
+        &self,
+        form: Form,
+        y: &mut [f32],
+        x: &[f32],
+        rows: usize,
+        start: Start,
+        par: Par,
+    ) -> Result<()> {
+        let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
+        let xq = QuantizedRows::new(x, rows, self, parallel);
+        match form {
+            Form::Tiles(Kernel::Vnni) => tiles(y, &xq, rows, self, start, Loops::Vnni, parallel),
+            Form::Tiles(_) => tiles(y, &xq, rows, self, start, Loops::Plain, parallel),
+            Form::Amx => amx::product(y, &xq, rows, self, start, parallel),
+            Form::Widened | Form::Rows(_) => {
+                widened_product(y, &xq.dequantized(self.k()), rows, self, start, par)?
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The tiled form with a given kernel, over the shared panel sweep (four tasks a
+/// thread).
 fn tiles(
     y: &mut [f32],
     xq: &QuantizedRows,
     rows: usize,
     w: &Int8Weight,
     start: Start,
-    kernel: Kernel,
-    par: Par,
+    kernel: Loops,
+    parallel: bool,
 ) {
-    let n = w.n();
-    let group = if rows == 1 { 4 } else { 2 };
-    let panels = w.panels();
-    let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
-    let chunk = panels_per_task(panels, group, parallel);
-    let out = Disjoint::new(y);
-    let run = |j0: usize| {
-        let j1 = panels.min(j0 + chunk);
-        let mut sums = [[0.0f32; 4 * PANEL]; MR];
-        for j in (j0..j1).step_by(group) {
-            let live = (j1 - j).min(group);
-            let cols = (n - j * PANEL).min(live * PANEL);
-            for r0 in (0..rows).step_by(MR) {
-                let r_live = (rows - r0).min(MR);
-                tile(kernel, xq, r0, r_live, w, j, live, group == 4, &mut sums);
-                for (r, row) in sums.iter().enumerate().take(r_live) {
-                    // SAFETY: columns j·PANEL.. of this task's panels belong to it alone.
-                    let dst = unsafe { out.range((r0 + r) * n + j * PANEL, cols) };
-                    match start {
-                        Start::Zero => dst.copy_from_slice(&row[..cols]),
-                        Start::Accumulate => dst.iter_mut().zip(row).for_each(|(d, &s)| *d += s),
-                        Start::Bias(b) => {
-                            let b = &b[j * PANEL..][..cols];
-                            dst.iter_mut()
-                                .zip(row.iter().zip(b))
-                                .for_each(|(d, (&s, &b))| *d = s + b)
-                        }
-                    }
-                }
-            }
-        }
-    };
-    if parallel {
-        (0..panels).into_par_iter().step_by(chunk).for_each(run);
-    } else {
-        run(0);
-    }
+    sweep_panels(y, rows, w.n(), start, 4, parallel, |at, sums| {
+        tile(kernel, xq, at, w, sums)
+    });
 }
 
-/// Sums of rows `r0..r0 + r_live` against panels `j..j + live` (of four when `four`,
-/// else two) into `sums[r][c]`, the panels' columns c.
-#[allow(clippy::too_many_arguments)]
-fn tile(
-    kernel: Kernel,
-    xq: &QuantizedRows,
-    r0: usize,
-    r_live: usize,
-    w: &Int8Weight,
-    j: usize,
-    live: usize,
-    four: bool,
-    sums: &mut [[f32; 4 * PANEL]; MR],
-) {
+/// The sums of one tile of the sweep into `sums[r][c]`, the panels' columns c.
+fn tile(kernel: Loops, xq: &QuantizedRows, at: TileAt, w: &Int8Weight, sums: &mut TileSums) {
     // missing panels repeat the last live one; their sums are dropped
-    let panel = |i: usize| j + i.min(live - 1);
+    let panel = |i: usize| at.j + i.min(at.panels - 1);
     macro_rules! call {
         ($r:literal, $np:literal) => {{
             let t = Tile::<$r, $np> {
-                x: std::array::from_fn(|i| xq.row(r0 + i)),
+                x: std::array::from_fn(|i| xq.row(at.r0 + i)),
                 codes: std::array::from_fn(|i| w.panel_codes(panel(i))),
                 scales: std::array::from_fn(|i| w.panel_scales(panel(i))),
                 group: w.group(),
@@ -173,32 +130,13 @@ fn tile(
             }
         }};
     }
-    match (r_live, four) {
-        (1, true) => call!(1, 4),
-        (1, false) => call!(1, 2),
+    match (at.rows, at.width) {
+        (1, 4) => call!(1, 4),
+        (1, _) => call!(1, 2),
         (2, _) => call!(2, 2),
         (3, _) => call!(3, 2),
         _ => call!(4, 2),
     }
-}
-
-/// The widened form: x dequantized once, then the f32 product with the weight
-/// dequantized slab by slab as the product packs it
-/// ([`crate::ops::matmul::SlabSource`]); a bias is copied into y's rows first.
-fn widened(
-    y: &mut [f32],
-    xq: &QuantizedRows,
-    rows: usize,
-    w: &Int8Weight,
-    start: Start,
-    par: Par,
-) -> Result<()> {
-    if let Start::Bias(b) = start {
-        y.chunks_exact_mut(w.n())
-            .for_each(|row| row.copy_from_slice(b));
-    }
-    let accumulate = !matches!(start, Start::Zero);
-    widened_product(y, &xq.dequantized(w.k()), rows, w, accumulate, par)
 }
 
 #[cfg(test)]
@@ -206,7 +144,7 @@ mod tests {
     use super::super::reference;
     use super::super::weight::ScaleLayout;
     use super::*;
-    use crate::weights::stored::checks;
+    use crate::weights::stored::{checks, product_as};
 
     /// Every form, and the tiles with the plain kernel on any CPU, equal the twin within
     /// f32 rounding of the sums over groups: row counts around a tile, one row, odd K, a
@@ -219,7 +157,6 @@ mod tests {
             let bias: Vec<f32> = (0..n).map(|c| c as f32 * 0.25 - 3.0).collect();
             for layout in [ScaleLayout::Blocks, ScaleLayout::Rows] {
                 let w = Int8Weight::new(&wf, n, k, layout).unwrap();
-                let xq = QuantizedRows::new(&x, rows, &w, true);
                 for start in [Start::Zero, Start::Accumulate, Start::Bias(&bias)] {
                     let mut want = y0.clone();
                     if let Start::Bias(b) = start {
@@ -228,27 +165,26 @@ mod tests {
                     }
                     reference::product(&mut want, &x, rows, &w, !matches!(start, Start::Zero));
                     let mut runs: Vec<(String, Vec<f32>)> = Vec::new();
-                    for kernel in kernel::kernels_here() {
-                        let mut got = y0.clone();
-                        tiles(&mut got, &xq, rows, &w, start, kernel, Par::Auto);
-                        runs.push((format!("tiles {kernel:?}"), got));
-                    }
-                    let mut got = y0.clone();
-                    widened(&mut got, &xq, rows, &w, start, Par::Auto).unwrap();
-                    runs.push(("widened".into(), got));
-                    if amx::available(&w) {
-                        let mut got = y0.clone();
-                        amx::product(&mut got, &xq, rows, &w, start, true);
-                        // the same operations as the VNNI tiles, in the same order
-                        if let Some((_, vnni)) = runs.iter().find(|(n, _)| n == "tiles Vnni") {
-                            assert_eq!(&got, vnni, "amx {layout:?} {rows}x{k}x{n} {start:?}");
+                    for f in w.forms_here() {
+                        for par in [Par::Auto, Par::Single] {
+                            let mut got = y0.clone();
+                            product_as(f, &w, &mut got, &x, rows, start, par).unwrap();
+                            runs.push((format!("{f:?} {par:?}"), got));
                         }
-                        runs.push(("amx".into(), got));
+                    }
+                    if amx::available(&w) {
+                        // the same operations as the VNNI tiles, in the same order
+                        let vnni = format!("{:?} Auto", Form::Tiles(Kernel::Vnni));
+                        let amx = format!("{:?} Auto", Form::Amx);
+                        let find = |name: &str| runs.iter().find(|(n, _)| n == name).map(|r| &r.1);
+                        if let (Some(a), Some(v)) = (find(&amx), find(&vnni)) {
+                            assert_eq!(a, v, "amx {layout:?} {rows}x{k}x{n} {start:?}");
+                        }
                         amx_runs += 1;
                     }
                     let mut got = y0.clone();
                     product(&mut got, &x, rows, &w, start, Par::Auto).unwrap();
-                    runs.push((format!("product ({:?})", form(rows, &w)), got));
+                    runs.push((format!("product ({:?})", w.form(rows)), got));
                     for (name, got) in runs {
                         let what = format!("{name} {layout:?} {rows}x{k}x{n} {start:?}");
                         checks::assert_near(&what, &got, &want, k);
@@ -296,15 +232,9 @@ mod tests {
         x[40] = f32::NAN;
         for layout in [ScaleLayout::Blocks, ScaleLayout::Rows] {
             let w = Int8Weight::new(&[1.0; 64], 1, 64, layout).unwrap();
-            let forms = forms_here().into_iter();
-            for f in forms.filter(|&f| f != Form::Amx || amx::available(&w)) {
+            for f in w.forms_here() {
                 let mut y = vec![0.0; 1];
-                let xq = QuantizedRows::new(&x, 1, &w, false);
-                match f {
-                    Form::Dot => tiles(&mut y, &xq, 1, &w, Start::Zero, Kernel::Vnni, Par::Auto),
-                    Form::Widened => widened(&mut y, &xq, 1, &w, Start::Zero, Par::Auto).unwrap(),
-                    Form::Amx => amx::product(&mut y, &xq, 1, &w, Start::Zero, false),
-                }
+                product_as(f, &w, &mut y, &x, 1, Start::Zero, Par::Auto).unwrap();
                 assert!(y[0].is_nan(), "{f:?} {layout:?}: {}", y[0]);
             }
         }

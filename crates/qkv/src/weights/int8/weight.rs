@@ -14,10 +14,9 @@
 use super::quant::{block_scale, quantize, BLOCK};
 use crate::error::{Error, Result};
 use crate::ops::matmul::check_weight;
-use crate::weights::stored::StoredWeight;
 
 /// Output columns of a panel.
-pub const PANEL: usize = 16;
+pub const PANEL: usize = crate::weights::stored::PANEL;
 
 /// Most K steps one scale covers: the i32 sums of a group, at most 255·127 a step,
 /// must not overflow.
@@ -196,19 +195,10 @@ impl Int8Weight {
     }
 }
 
-impl StoredWeight for Int8Weight {
-    fn shape(&self) -> (usize, usize) {
-        (self.n, self.k)
-    }
-
-    fn element(&self, r: usize, c: usize) -> f32 {
-        f32::from(self.code(r, c)) * self.scale(r, c)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::weights::stored::StoredWeight;
 
     #[test]
     fn holds_each_group_quantized_and_refuses_bad_weights() {

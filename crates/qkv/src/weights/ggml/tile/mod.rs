@@ -33,6 +33,17 @@ pub enum Kernel {
 }
 
 impl Kernel {
+    /// What a product's [`Form::Tiles`](crate::weights::stored::Form::Tiles) calls this
+    /// kernel.
+    pub fn kernel(self) -> crate::weights::stored::Kernel {
+        use crate::weights::stored::Kernel as Named;
+        match self {
+            Kernel::Vnni => Named::Vnni,
+            Kernel::Avx2 => Named::Avx2,
+            Kernel::Plain => Named::Plain,
+        }
+    }
+
     /// The fastest kernel this CPU runs (within the `QKV_ISA` cap).
     pub fn best() -> Kernel {
         Self::available()[0]
