@@ -25,9 +25,9 @@ use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{Arch, TokenBatch, Transformer};
 use qkv::ops::{argmax, Par};
 use qkv::rng::Rng;
-use qkv::weights::bf16::{self, Bf16Weight};
-use qkv::weights::int8::{self, Int8Weight, ScaleLayout};
-use qkv::weights::stored::Start;
+use qkv::weights::bf16::Bf16Weight;
+use qkv::weights::int8::{Int8Weight, ScaleLayout};
+use qkv::weights::stored::{self, Start};
 use qkv::weights::DType;
 use qkv::{AttentionSpec, CausalAlign, Kernel, Tensor};
 use serde_json::{json, Map, Value};
@@ -347,10 +347,10 @@ fn bench_matmul(a: &MatmulArgs, p: &mut Printer<impl Write>) -> Result<()> {
             match &weight {
                 MatmulWeight::F32 => product_into(y, &x, &w, 1.0, false)?,
                 MatmulWeight::Bf16(w) => {
-                    bf16::product(y.data_mut(), x.data(), m, w, Start::Zero, Par::Auto)?
+                    stored::product(w, y.data_mut(), x.data(), m, Start::Zero, Par::Auto)?
                 }
                 MatmulWeight::Int8(w) => {
-                    int8::product(y.data_mut(), x.data(), m, w, Start::Zero, Par::Auto)?
+                    stored::product(w, y.data_mut(), x.data(), m, Start::Zero, Par::Auto)?
                 }
             }
             Ok(())

@@ -20,8 +20,8 @@ use super::scratch::{Scratch, BLOCK_K};
 use super::spec::Scorer;
 use super::view::HeadsView;
 use crate::ops::Par;
-use crate::weights::bf16::{self, Bf16Weight};
-use crate::weights::stored::Start;
+use crate::weights::bf16::Bf16Weight;
+use crate::weights::stored::{self, Start};
 
 /// Query rows per task: each product call costs a set-up (rounding x, the tiles'
 /// configuration) that 32 rows did not amortise.
@@ -113,7 +113,7 @@ pub(super) fn query_block(
         }
         let cols = block.keys.n();
         let tile = &mut scratch.tile[..rows * cols];
-        bf16::product(tile, q_rows, rows, &block.keys, Start::Zero, Par::Single)
+        stored::product(&block.keys, tile, q_rows, rows, Start::Zero, Par::Single)
             .expect("operands sized from the block");
         tile.iter_mut().for_each(|s| *s *= scorer.scale);
         let whole = j0 >= lo_last && j0 + cols <= hi_first && !scorer.needs_row_pass();
@@ -139,7 +139,7 @@ pub(super) fn query_block(
             row.iter_mut().for_each(|a| *a *= c);
         }
         let p = &scratch.tile[..rows * cols];
-        bf16::product(acc, p, rows, &block.values, Start::Accumulate, Par::Single)
+        stored::product(&block.values, acc, p, rows, Start::Accumulate, Par::Single)
             .expect("operands sized from the block");
         j0 += cols;
     }

@@ -116,17 +116,17 @@ pub trait StoredWeight: SlabSource + Sync {
     /// The form [`product`] takes for `rows` rows on this CPU.
     fn form(&self, rows: usize) -> Form;
 
-    /// y `[rows, N]` ← start + x `[rows, K]`·Wᵀ in `form`, one of [`Self::forms_here`],
-    /// on operands [`product_as`] checked, rows > 0.
-    fn run(
-        &self,
-        form: Form,
-        y: &mut [f32],
-        x: &[f32],
-        rows: usize,
-        start: Start,
-        par: Par,
-    ) -> Result<()>;
+    /// The product in `form`, one of [`Self::forms_here`], on operands [`product`]
+    /// checked, rows > 0.
+    fn run(&self, form: Form, ops: Operands, par: Par) -> Result<()>;
+}
+
+/// A product's operands: y `[rows, N]` ← start + x `[rows, K]`·Wᵀ, row-major.
+pub struct Operands<'a> {
+    pub y: &'a mut [f32],
+    pub x: &'a [f32],
+    pub rows: usize,
+    pub start: Start<'a>,
 }
 
 /// y `[rows, N]` ← start + x `[rows, K]`·Wᵀ, row-major, in the form the weight's type
@@ -139,37 +139,31 @@ pub fn product(
     start: Start,
     par: Par,
 ) -> Result<()> {
-    check_operands(w, y, x, rows, start)?;
-    if rows == 0 {
-        return Ok(());
-    }
-    w.run(w.form(rows), y, x, rows, start, par)
+    product_in(None, w, Operands { y, x, rows, start }, par)
 }
 
 /// [`product`] in a given form; an error when this CPU does not run it for `w`.
-pub fn product_as(
-    form: Form,
-    w: &dyn StoredWeight,
-    y: &mut [f32],
-    x: &[f32],
-    rows: usize,
-    start: Start,
-    par: Par,
-) -> Result<()> {
-    check_operands(w, y, x, rows, start)?;
-    if !w.forms_here().contains(&form) {
-        return Err(Error::invalid(
-            "form",
-            format!(
-                "this CPU does not run {form:?} for a {} weight",
-                w.type_name()
-            ),
-        ));
-    }
-    if rows == 0 {
+pub fn product_as(form: Form, w: &dyn StoredWeight, ops: Operands, par: Par) -> Result<()> {
+    product_in(Some(form), w, ops, par)
+}
+
+/// The product in `form`, or the one for the row count; operands checked first.
+fn product_in(form: Option<Form>, w: &dyn StoredWeight, ops: Operands, par: Par) -> Result<()> {
+    check_operands(w, ops.y, ops.x, ops.rows, ops.start)?;
+    let form = match form {
+        None => w.form(ops.rows),
+        Some(f) if w.forms_here().contains(&f) => f,
+        Some(f) => {
+            return Err(Error::invalid(
+                "form",
+                format!("this CPU does not run {f:?} for a {} weight", w.type_name()),
+            ))
+        }
+    };
+    if ops.rows == 0 {
         return Ok(());
     }
-    w.run(form, y, x, rows, start, par)
+    w.run(form, ops, par)
 }
 
 /// Errors unless x is `[rows, K]`, y `[rows, N]` and a bias `[N]` for `w`.
@@ -203,14 +197,8 @@ fn check_operands(
 /// The widened form: y `[rows, N]` ← start + x·Wᵀ on the f32 micro-kernel, the weight
 /// widened slab by slab as the product packs it; x `[rows, K]` is already rounded as
 /// the type rounds it.
-pub(crate) fn widened_product(
-    y: &mut [f32],
-    x: &[f32],
-    rows: usize,
-    w: &dyn StoredWeight,
-    start: Start,
-    par: Par,
-) -> Result<()> {
+pub(crate) fn widened_product(w: &dyn StoredWeight, ops: Operands, par: Par) -> Result<()> {
+    let Operands { y, x, rows, start } = ops;
     let (n, k) = w.shape();
     start.prepare(y, n);
     gemm_source(
@@ -251,35 +239,68 @@ pub(crate) const PANEL: usize = 16;
 /// Rows of x a tile takes at most.
 pub(crate) const TILE_ROWS: usize = 4;
 
-/// Where one tile of [`sweep_panels`] lies: rows `r0..r0 + rows` of x against panels
-/// `j..j + panels` of the weight (of `width` panels a tile: four for one row, a decoding
-/// step, else two; missing panels are the last live one repeated, their sums dropped).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct TileAt {
-    pub r0: usize,
-    pub rows: usize,
-    pub j: usize,
-    pub panels: usize,
-    pub width: usize,
+/// The sums of one tile: `[row][panel][column]`.
+pub(crate) type Sums<const R: usize, const NP: usize> = [[[f32; PANEL]; NP]; R];
+
+/// A tiled type's kernel: the sums of R rows of x against NP panels of the weight.
+pub(crate) trait TileKernel: Sync {
+    /// `out[r][np][c]`: row `r0 + r` of x against column c of panel `panels[np]`.
+    fn sums<const R: usize, const NP: usize>(
+        &self,
+        at: (usize, [usize; NP]),
+        out: &mut Sums<R, NP>,
+    );
 }
 
-/// A tile's sums: `[row][column of its panels]`.
-pub(crate) type TileSums = [[f32; 4 * PANEL]; TILE_ROWS];
+/// Rows of x and panels of the weight in one tile: four panels for one row (a decoding
+/// step, 64 columns, eight vectors of sums), else two; up to [`TILE_ROWS`] rows.
+type TileSums = [[f32; 4 * PANEL]; TILE_ROWS];
 
-/// The panel sweep of the tiled types: y `[rows, N]` ← start + the sums `tile` gives
-/// for each [`TileAt`]. The weight's `panels` panels of [`PANEL`] columns are split
-/// into runs, about `tasks_per_thread` a thread; a task sweeps every row tile over its
-/// run, so its panels stay in cache while x streams past, and the weight is read from
-/// memory once.
+/// The tile of rows `r0..r0 + rows` against panels `j..j + live` (of `width` a tile)
+/// into `sums[r][c]`, the panels' columns c, in the shape the kernel is compiled for.
+fn tile_sums(
+    kernel: &impl TileKernel,
+    (r0, rows): (usize, usize),
+    (j, live, width): (usize, usize, usize),
+    sums: &mut TileSums,
+) {
+    fn shaped<const R: usize, const NP: usize>(
+        kernel: &impl TileKernel,
+        r0: usize,
+        (j, live): (usize, usize),
+        sums: &mut TileSums,
+    ) {
+        // missing panels repeat the last live one; their sums are dropped
+        let panels = std::array::from_fn(|i| j + i.min(live - 1));
+        let mut out = [[[0.0f32; PANEL]; NP]; R];
+        kernel.sums::<R, NP>((r0, panels), &mut out);
+        for (dst, src) in sums.iter_mut().zip(&out) {
+            for (np, cols) in src.iter().enumerate() {
+                dst[np * PANEL..][..PANEL].copy_from_slice(cols);
+            }
+        }
+    }
+    match (rows, width) {
+        (1, 4) => shaped::<1, 4>(kernel, r0, (j, live), sums),
+        (1, _) => shaped::<1, 2>(kernel, r0, (j, live), sums),
+        (2, _) => shaped::<2, 2>(kernel, r0, (j, live), sums),
+        (3, _) => shaped::<3, 2>(kernel, r0, (j, live), sums),
+        _ => shaped::<4, 2>(kernel, r0, (j, live), sums),
+    }
+}
+
+/// The panel sweep of the tiled types: y `[rows, N]` ← start + the sums of `kernel`.
+/// The weight's panels of [`PANEL`] columns are split into runs, about
+/// `tasks_per_thread` a thread; a task sweeps every row tile over its run, so its
+/// panels stay in cache while x streams past, and the weight is read from memory once.
 pub(crate) fn sweep_panels(
-    y: &mut [f32],
-    rows: usize,
+    kernel: &impl TileKernel,
+    ops: Operands,
     n: usize,
-    start: Start,
     tasks_per_thread: usize,
     parallel: bool,
-    tile: impl Fn(TileAt, &mut TileSums) + Sync,
 ) {
+    let Operands { y, rows, start, .. } = ops;
     let width = if rows == 1 { 4 } else { 2 };
     let panels = n.div_ceil(PANEL);
     let chunk = if parallel {
@@ -298,14 +319,7 @@ pub(crate) fn sweep_panels(
             let cols = (n - j * PANEL).min(live * PANEL);
             for r0 in (0..rows).step_by(TILE_ROWS) {
                 let r_live = (rows - r0).min(TILE_ROWS);
-                let at = TileAt {
-                    r0,
-                    rows: r_live,
-                    j,
-                    panels: live,
-                    width,
-                };
-                tile(at, &mut sums);
+                tile_sums(kernel, (r0, r_live), (j, live, width), &mut sums);
                 for (r, row) in sums.iter().enumerate().take(r_live) {
                     // SAFETY: columns j·PANEL.. of this task's panels belong to it alone.
                     let dst = unsafe { out.range((r0 + r) * n + j * PANEL, cols) };
@@ -339,8 +353,53 @@ pub(crate) fn panels_per_task(panels: usize, group: usize, parallel: bool) -> us
 /// Checks both stored types' tests share.
 #[cfg(test)]
 pub(crate) mod checks {
-    use super::StoredWeight;
+    use super::{product_as, Form, Operands, Start, StoredWeight};
+    use crate::ops::Par;
     use crate::rng::Rng;
+
+    /// y0 after `w`'s product with x in `form`.
+    pub fn run_form(
+        w: &dyn StoredWeight,
+        form: Form,
+        (x, y0): (&[f32], &[f32]),
+        rows: usize,
+        start: Start,
+        par: Par,
+    ) -> Vec<f32> {
+        let mut y = y0.to_vec();
+        product_as(
+            form,
+            w,
+            Operands {
+                y: &mut y,
+                x,
+                rows,
+                start,
+            },
+            par,
+        )
+        .unwrap();
+        y
+    }
+
+    /// What the twin gives from y0 `[rows, n]`: `start` applied as the products apply
+    /// it, then `twin(y, accumulate)`.
+    pub fn twin(
+        y0: &[f32],
+        n: usize,
+        start: Start,
+        twin: impl FnOnce(&mut [f32], bool),
+    ) -> Vec<f32> {
+        let mut want = y0.to_vec();
+        start.prepare(&mut want, n);
+        twin(&mut want, start.accumulates());
+        want
+    }
+
+    /// A bias `[n]` for the products' third start.
+    pub fn bias(n: usize) -> Vec<f32> {
+        (0..n).map(|c| c as f32 * 0.25 - 3.0).collect()
+    }
 
     /// Products' shapes (rows, K, N): one row and a few, both sides of a tile, odd K, a
     /// last panel of fewer than 16 columns.

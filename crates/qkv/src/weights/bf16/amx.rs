@@ -13,7 +13,7 @@
 //! the panels' tiles in 6–7.
 
 use super::convert::round_pairs;
-use super::operands::Operands;
+use super::job::Job;
 use super::weight::PANEL;
 use crate::ops::disjoint::Disjoint;
 use crate::weights::amx::{self, Block, Dot, PanelTiles, Tiles};
@@ -31,14 +31,14 @@ pub(super) fn available() -> bool {
 
 /// y `[rows, N]` ← (accumulate ? y : 0) + bf16(x)`[rows, K]`·Wᵀ, all row-major. Only
 /// where [`available`] says yes.
-pub(super) fn product(ops: Operands<'_>, parallel: bool) {
-    let Operands {
+pub(super) fn product(job: Job<'_>, parallel: bool) {
+    let Job {
         y,
         x,
         rows,
         w,
         accumulate,
-    } = ops;
+    } = job;
     assert!(available(), "tdpbf16ps needs AMX-BF16");
     let (n, k, pairs) = (w.n(), w.k(), w.pairs());
     assert!(x.len() == rows * k && y.len() == rows * n);

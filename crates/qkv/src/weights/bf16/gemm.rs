@@ -8,7 +8,7 @@
 //! pair each) stay in L1/L2 while the row tiles stream past.
 
 use super::convert::round_pairs;
-use super::operands::Operands;
+use super::job::Job;
 use super::weight::PANEL;
 use crate::ops::disjoint::Disjoint;
 use rayon::prelude::*;
@@ -72,14 +72,14 @@ pub(super) fn x_pairs(x: &[f32], rows: usize, k: usize) -> Vec<u32> {
 
 /// y `[rows, N]` ← (accumulate ? y : 0) + bf16(x)`[rows, K]`·Wᵀ, all row-major. Only
 /// where [`available`] says yes.
-pub(super) fn product(ops: Operands<'_>, parallel: bool) {
-    let Operands {
+pub(super) fn product(job: Job<'_>, parallel: bool) {
+    let Job {
         y,
         x,
         rows,
         w,
         accumulate,
-    } = ops;
+    } = job;
     assert!(available(), "vdpbf16ps needs AVX512-BF16");
     let (n, k, pairs) = (w.n(), w.k(), w.pairs());
     assert!(x.len() == rows * k && y.len() == rows * n);

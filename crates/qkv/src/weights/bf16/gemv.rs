@@ -11,7 +11,7 @@
 //! are two 8-lane vectors) stay within the 16 registers.
 
 use super::convert::round_to_bf16;
-use super::operands::Operands;
+use super::job::Job;
 use super::weight::{Bf16Weight, PANEL};
 use crate::ops::disjoint::Disjoint;
 use crate::ops::isa::Isa;
@@ -21,14 +21,14 @@ use rayon::prelude::*;
 pub(super) const ROWS: usize = 4;
 
 /// y `[rows, N]` ← (accumulate ? y : 0) + x `[rows, K]`·Wᵀ, all row-major.
-pub(super) fn product(ops: Operands<'_>, parallel: bool) {
-    let Operands {
+pub(super) fn product(job: Job<'_>, parallel: bool) {
+    let Job {
         y,
         x,
         rows,
         w,
         accumulate,
-    } = ops;
+    } = job;
     let (n, k, pairs) = (w.n(), w.k(), w.pairs());
     assert!(rows <= ROWS && x.len() == rows * k && y.len() == rows * n);
     // rows rounded and padded to whole pairs, so the kernels read x two steps at a time

@@ -10,10 +10,10 @@
 //! The transposed copies cost O(N·(in + out)) and O(in·out) moves against the product's
 //! O(N·in·out) multiply-adds.
 
-use super::product::product;
 use super::weight::{Bf16Weight, PANEL};
 use crate::error::{Error, Result};
 use crate::ops::Par;
+use crate::weights::stored::product;
 use crate::weights::stored::Start;
 use rayon::prelude::*;
 
@@ -29,10 +29,10 @@ pub fn input_grad(
     par: Par,
 ) -> Result<()> {
     if alpha == 1.0 {
-        return product(dx, dy, rows, wt, Start::adding(accumulate), par);
+        return product(wt, dx, dy, rows, Start::adding(accumulate), par);
     }
     let scaled: Vec<f32> = dy.iter().map(|&v| alpha * v).collect();
-    product(dx, &scaled, rows, wt, Start::adding(accumulate), par)
+    product(wt, dx, &scaled, rows, Start::adding(accumulate), par)
 }
 
 /// dW `[out, in]` += bf16(α·dy)ᵀ·bf16(x) for x `[rows, in]` and dy `[rows, out]`, sums
@@ -64,7 +64,7 @@ pub fn weight_grad(
     }
     let dyt = transposed_scaled(dy, rows, n_out, alpha);
     let xt = Bf16Weight::transposed(x, rows, n_in)?;
-    product(dw, &dyt, n_out, &xt, Start::Accumulate, par)
+    product(&xt, dw, &dyt, n_out, Start::Accumulate, par)
 }
 
 /// α·aᵀ `[cols, rows]` for a row-major `[rows, cols]` a. Each task writes a block of

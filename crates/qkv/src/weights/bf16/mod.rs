@@ -27,12 +27,12 @@ pub mod convert;
 mod gemm;
 mod gemv;
 pub mod grad;
-mod operands;
+mod job;
 pub mod product;
 pub mod reference;
 mod slab;
 pub mod weight;
 
 pub use convert::{bf16_to_f32, f32_to_bf16};
-pub use product::product;
+
 pub use weight::Bf16Weight;

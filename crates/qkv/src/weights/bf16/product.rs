@@ -2,27 +2,13 @@
 //! of [`super`]).
 
 use super::convert::round_to_bf16;
-use super::operands::Operands;
+use super::job::Job;
 use super::weight::Bf16Weight;
 use super::{amx, gemm, gemv};
 use crate::error::{Error, Result};
 use crate::ops::isa::Isa;
 use crate::ops::Par;
-use crate::weights::stored::{self, widened_product, Form, Kernel, Start, StoredWeight};
-
-/// y `[rows, N]` ← start + bf16(x) `[rows, K]`·Wᵀ, row-major: x rounded to bf16 as the
-/// weight is, products and sums in f32. Errors when the lengths do not match the
-/// weight's shape.
-pub fn product(
-    y: &mut [f32],
-    x: &[f32],
-    rows: usize,
-    w: &Bf16Weight,
-    start: Start,
-    par: Par,
-) -> Result<()> {
-    stored::product(w, y, x, rows, start, par)
-}
+use crate::weights::stored::{widened_product, Form, Kernel, Operands, StoredWeight};
 
 /// The few-rows form's kernel: the widest vectors this CPU runs.
 fn rows_kernel() -> Kernel {
@@ -79,15 +65,8 @@ impl StoredWeight for Bf16Weight {
     }
 
     /// A bias is copied into y first: these forms add to y or overwrite it.
-    fn run(
-        &self,
-        form: Form,
-        y: &mut [f32],
-        x: &[f32],
-        rows: usize,
-        start: Start,
-        par: Par,
-    ) -> Result<()> {
+    fn run(&self, form: Form, ops: Operands, par: Par) -> Result<()> {
+        let Operands { y, x, rows, start } = ops;
         if matches!(form, Form::Rows(_)) && rows > gemv::ROWS {
             return Err(Error::invalid(
                 "form",
@@ -99,10 +78,19 @@ impl StoredWeight for Bf16Weight {
         }
         if form == Form::Widened {
             let xr: Vec<f32> = x.iter().map(|&v| round_to_bf16(v)).collect();
-            return widened_product(y, &xr, rows, self, start, par);
+            return widened_product(
+                self,
+                Operands {
+                    y,
+                    x: &xr,
+                    rows,
+                    start,
+                },
+                par,
+            );
         }
         start.prepare(y, self.n());
-        let ops = Operands {
+        let job = Job {
             y,
             x,
             rows,
@@ -111,9 +99,9 @@ impl StoredWeight for Bf16Weight {
         };
         let parallel = par == Par::Auto;
         match form {
-            Form::Rows(_) => gemv::product(ops, parallel),
-            Form::Amx => amx::product(ops, parallel),
-            _ => gemm::product(ops, parallel),
+            Form::Rows(_) => gemv::product(job, parallel),
+            Form::Amx => amx::product(job, parallel),
+            _ => gemm::product(job, parallel),
         }
         Ok(())
     }
@@ -123,7 +111,7 @@ impl StoredWeight for Bf16Weight {
 mod tests {
     use super::super::reference;
     use super::*;
-    use crate::weights::stored::{checks, product_as};
+    use crate::weights::stored::{checks, product, product_as, Start};
 
     /// Each form this CPU runs equals the twin within f32 rounding of the sums (their
     /// order differs):
@@ -133,16 +121,15 @@ mod tests {
     fn every_row_count_equals_the_twin() {
         for ((rows, k, n), [x, wf, y0]) in checks::cases(7) {
             let w = Bf16Weight::new(&wf, n, k).unwrap();
-            let bias: Vec<f32> = (0..n).map(|c| c as f32 * 0.25 - 3.0).collect();
+            let bias = checks::bias(n);
             let forms = w.forms_here().into_iter();
             let forms = forms.filter(|f| !matches!(f, Form::Rows(_)) || rows <= 4);
             let starts = [Start::Zero, Start::Accumulate, Start::Bias(&bias)];
             for (form, start) in forms.flat_map(|f| starts.map(|s| (f, s))) {
-                let mut got = y0.clone();
-                product_as(form, &w, &mut got, &x, rows, start, Par::Auto).unwrap();
-                let mut want = y0.clone();
-                start.prepare(&mut want, n);
-                reference::product(&mut want, &x, rows, &w, start.accumulates());
+                let got = checks::run_form(&w, form, (&x, &y0), rows, start, Par::Auto);
+                let want = checks::twin(&y0, n, start, |y, acc| {
+                    reference::product(y, &x, rows, &w, acc)
+                });
                 let what = format!("{form:?} {rows}x{k}x{n} {start:?}");
                 checks::assert_near(&what, &got, &want, k);
             }
@@ -168,7 +155,18 @@ mod tests {
             let forms = w.forms_here().into_iter();
             for form in forms.filter(|f| !matches!(f, Form::Rows(_)) || rows <= 4) {
                 let mut got = vec![0.0; rows * n];
-                product_as(form, &w, &mut got, &x, rows, Start::Zero, Par::Auto).unwrap();
+                product_as(
+                    form,
+                    &w,
+                    Operands {
+                        y: &mut got,
+                        x: &x,
+                        rows,
+                        start: Start::Zero,
+                    },
+                    Par::Auto,
+                )
+                .unwrap();
                 let flushed = matches!(form, Form::Tiles(Kernel::Bf16) | Form::Amx);
                 for (i, (&g, &t)) in got.iter().zip(&want).enumerate() {
                     // relative: the sums lie far below the other tests' absolute tolerance
@@ -187,17 +185,15 @@ mod tests {
     fn mismatched_lengths_are_errors() {
         let w = Bf16Weight::new(&[1.0; 6], 2, 3).unwrap();
         let mut y = vec![0.0; 2];
-        assert!(product(&mut y, &[1.0; 4], 1, &w, Start::Zero, Par::Auto).is_err());
-        assert!(product(&mut y, &[1.0; 3], 2, &w, Start::Zero, Par::Auto).is_err());
-        let few = product_as(
-            Form::Rows(rows_kernel()),
-            &w,
-            &mut [0.0; 10],
-            &[1.0; 15],
-            5,
-            Start::Zero,
-            Par::Auto,
-        );
+        assert!(product(&w, &mut y, &[1.0; 4], 1, Start::Zero, Par::Auto).is_err());
+        assert!(product(&w, &mut y, &[1.0; 3], 2, Start::Zero, Par::Auto).is_err());
+        let ops = Operands {
+            y: &mut [0.0; 10],
+            x: &[1.0; 15],
+            rows: 5,
+            start: Start::Zero,
+        };
+        let few = product_as(Form::Rows(rows_kernel()), &w, ops, Par::Auto);
         assert!(few.unwrap_err().to_string().contains("at most 4 rows"));
     }
 }

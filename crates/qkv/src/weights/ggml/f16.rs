@@ -13,7 +13,7 @@ use crate::ops::disjoint::Disjoint;
 use crate::ops::isa::Isa;
 use crate::ops::matmul::SlabSource;
 use crate::ops::Par;
-use crate::weights::stored::{self, widened_product, Form, Kernel, Start, StoredWeight};
+use crate::weights::stored::{widened_product, Form, Kernel, Operands, Start, StoredWeight};
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
@@ -125,19 +125,12 @@ impl StoredWeight for F16Weight {
         }
     }
 
-    fn run(
-        &self,
-        form: Form,
-        y: &mut [f32],
-        x: &[f32],
-        rows: usize,
-        start: Start,
-        par: Par,
-    ) -> Result<()> {
-        let x = &rounded(x);
+    fn run(&self, form: Form, ops: Operands, par: Par) -> Result<()> {
+        let x = &rounded(ops.x);
+        let ops = Operands { x, ..ops };
         match form {
-            Form::Rows(kernel) => dot_rows(kernel, y, x, rows, self, start, par),
-            _ => widened_product(y, x, rows, self, start, par)?,
+            Form::Rows(kernel) => dot_rows(kernel, self, ops, par),
+            _ => widened_product(self, ops, par)?,
         }
         Ok(())
     }
@@ -163,30 +156,10 @@ impl SlabSource for F16Weight {
     }
 }
 
-/// y `[rows, N]` ← start + x·Wᵀ for x `[rows, K]` (f32) and the f16 weight W. Errors
-/// when the lengths do not match.
-pub fn product(
-    y: &mut [f32],
-    x: &[f32],
-    rows: usize,
-    w: &F16Weight,
-    start: Start,
-    par: Par,
-) -> Result<()> {
-    stored::product(w, y, x, rows, start, par)
-}
-
 /// The dot products' form: threads split the weight's rows; each task takes its rows
 /// [`DOTS`] at a time against every row of x (x rounded already).
-fn dot_rows(
-    kernel: Kernel,
-    y: &mut [f32],
-    x: &[f32],
-    rows: usize,
-    w: &F16Weight,
-    start: Start,
-    par: Par,
-) {
+fn dot_rows(kernel: Kernel, w: &F16Weight, ops: Operands, par: Par) {
+    let Operands { y, x, rows, start } = ops;
     let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
     let (n, k) = (w.n, w.k);
     let chunk = if parallel {
@@ -251,7 +224,28 @@ fn dots(kernel: Kernel, w: [&[u16]; DOTS], x: &[f32]) -> [f32; DOTS] {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::DOTS;
+    use crate::ops::vector::Vector;
     use std::arch::x86_64::*;
+
+    /// A vector width that f16 weights widen into.
+    trait HalfWidth: Vector {
+        /// `LANES` f16 values from memory, widened to f32.
+        unsafe fn widen(p: *const u16) -> Self;
+    }
+
+    impl HalfWidth for __m512 {
+        #[inline(always)]
+        unsafe fn widen(p: *const u16) -> Self {
+            _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+        }
+    }
+
+    impl HalfWidth for __m256 {
+        #[inline(always)]
+        unsafe fn widen(p: *const u16) -> Self {
+            _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+        }
+    }
 
     /// The values of `w` and `x` from `at` on, fewer than a vector's `L`, as vectors
     /// padded with zeros (zero times zero adds nothing to the sums).
@@ -262,75 +256,55 @@ mod x86 {
         (wt, xt)
     }
 
-    /// acc[i] += w[i][0..16]·x[0..16], lane by lane.
+    /// acc[i] += w[i][0..L]·x[0..L], lane by lane.
     #[inline(always)]
-    unsafe fn step512(acc: &mut [__m512; DOTS], w: [*const u16; DOTS], x: *const f32) {
-        let xv = _mm512_loadu_ps(x);
+    unsafe fn step<V: HalfWidth>(acc: &mut [V; DOTS], w: [*const u16; DOTS], x: *const f32) {
+        let xv = V::load(x);
         for (a, w) in acc.iter_mut().zip(w) {
-            let wv = _mm512_cvtph_ps(_mm256_loadu_si256(w.cast()));
-            *a = _mm512_fmadd_ps(wv, xv, *a);
+            *a = V::widen(w).mul_add(xv, *a);
         }
+    }
+
+    /// The dot products on vectors of `L` = `V::LANES` lanes: whole vectors, then the
+    /// tail zero-padded to one.
+    #[inline(always)]
+    unsafe fn dots<V: HalfWidth, const L: usize>(w: [&[u16]; DOTS], x: &[f32]) -> [f32; DOTS] {
+        debug_assert_eq!(L, V::LANES);
+        let whole = x.len() / L * L;
+        let mut acc = [V::zero(); DOTS];
+        for c in (0..whole).step_by(L) {
+            step(&mut acc, w.map(|w| w.as_ptr().add(c)), x.as_ptr().add(c));
+        }
+        if whole < x.len() {
+            let tails = w.map(|w| padded::<L>(w, x, whole));
+            step(
+                &mut acc,
+                tails.each_ref().map(|t| t.0.as_ptr()),
+                tails[0].1.as_ptr(),
+            );
+        }
+        acc.map(|a| a.sum())
     }
 
     /// # Safety
     /// AVX-512 F and F16C; every row of `w` as long as `x`.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(super) unsafe fn dots512(w: [&[u16]; DOTS], x: &[f32]) -> [f32; DOTS] {
-        let whole = x.len() / 16 * 16;
-        let mut acc = [_mm512_setzero_ps(); DOTS];
-        for c in (0..whole).step_by(16) {
-            step512(&mut acc, w.map(|w| w.as_ptr().add(c)), x.as_ptr().add(c));
-        }
-        if whole < x.len() {
-            let tails = w.map(|w| padded::<16>(w, x, whole));
-            step512(
-                &mut acc,
-                tails.each_ref().map(|t| t.0.as_ptr()),
-                tails[0].1.as_ptr(),
-            );
-        }
-        acc.map(|a| _mm512_reduce_add_ps(a))
-    }
-
-    /// acc[i] += w[i][0..8]·x[0..8], lane by lane.
-    #[inline(always)]
-    unsafe fn step256(acc: &mut [__m256; DOTS], w: [*const u16; DOTS], x: *const f32) {
-        let xv = _mm256_loadu_ps(x);
-        for (a, w) in acc.iter_mut().zip(w) {
-            let wv = _mm256_cvtph_ps(_mm_loadu_si128(w.cast()));
-            *a = _mm256_fmadd_ps(wv, xv, *a);
-        }
+        dots::<__m512, 16>(w, x)
     }
 
     /// # Safety
     /// AVX2, FMA and F16C; every row of `w` as long as `x`.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dots256(w: [&[u16]; DOTS], x: &[f32]) -> [f32; DOTS] {
-        let whole = x.len() / 8 * 8;
-        let mut acc = [_mm256_setzero_ps(); DOTS];
-        for c in (0..whole).step_by(8) {
-            step256(&mut acc, w.map(|w| w.as_ptr().add(c)), x.as_ptr().add(c));
-        }
-        if whole < x.len() {
-            let tails = w.map(|w| padded::<8>(w, x, whole));
-            step256(
-                &mut acc,
-                tails.each_ref().map(|t| t.0.as_ptr()),
-                tails[0].1.as_ptr(),
-            );
-        }
-        acc.map(|a| {
-            let lanes = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-            let pairs = _mm_add_ps(lanes, _mm_movehl_ps(lanes, lanes));
-            _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)))
-        })
+        dots::<__m256, 8>(w, x)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::weights::stored::{checks, reference_product};
+    use crate::weights::stored::{self, checks, reference_product};
 
     fn weight(n: usize, k: usize, seed: u64) -> F16Weight {
         let v = crate::rng::Rng::new(seed).normals(n * k, 1.0);
@@ -352,21 +326,12 @@ mod tests {
             let w = weight(n, k, rows as u64);
             let bias = rng.normals(n, 1.0);
             for start in [Start::Zero, Start::Accumulate, Start::Bias(&bias)] {
-                let mut want = y0.clone();
-                if let Start::Bias(b) = start {
-                    want.chunks_exact_mut(n)
-                        .for_each(|row| row.copy_from_slice(b));
-                }
-                reference_product(
-                    &mut want,
-                    &rounded(&x),
-                    rows,
-                    &w,
-                    !matches!(start, Start::Zero),
-                );
+                let xr = rounded(&x);
+                let want = checks::twin(&y0, n, start, |y, acc| {
+                    reference_product(y, &xr, rows, &w, acc)
+                });
                 for f in w.forms_here() {
-                    let mut got = y0.clone();
-                    stored::product_as(f, &w, &mut got, &x, rows, start, Par::Auto).unwrap();
+                    let got = checks::run_form(&w, f, (&x, &y0), rows, start, Par::Auto);
                     checks::assert_near(&format!("{f:?} {rows}x{k}x{n} {start:?}"), &got, &want, k);
                 }
             }
@@ -385,10 +350,10 @@ mod tests {
         assert!(err.unwrap_err().to_string().contains("row 1, column 2"));
         let w = weight(2, 3, 1);
         let mut y = vec![0.0; 2];
-        assert!(product(&mut y, &[1.0; 4], 1, &w, Start::Zero, Par::Auto).is_err());
+        assert!(stored::product(&w, &mut y, &[1.0; 4], 1, Start::Zero, Par::Auto).is_err());
         let mut x = vec![1.0; 3];
         x[1] = f32::NAN;
-        product(&mut y, &x, 1, &w, Start::Zero, Par::Auto).unwrap();
+        stored::product(&w, &mut y, &x, 1, Start::Zero, Par::Auto).unwrap();
         assert!(y.iter().all(|v| v.is_nan()));
     }
 }

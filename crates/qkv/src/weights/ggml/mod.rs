@@ -32,5 +32,5 @@ mod tile;
 pub mod weight;
 
 pub use layout::BlockType;
-pub use product::product;
+
 pub use weight::BlockWeight;

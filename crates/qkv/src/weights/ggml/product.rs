@@ -8,26 +8,12 @@ use super::weight::BlockWeight;
 use crate::error::Result;
 use crate::ops::Par;
 use crate::weights::stored::{
-    self, sweep_panels, widened_product, Form, Kernel, Start, StoredWeight, TileAt, TileSums, PANEL,
+    sweep_panels, widened_product, Form, Kernel, Operands, StoredWeight, Sums, TileKernel, PANEL,
 };
 
 /// Most rows that take the plain tiles: beyond them, the f32 product's tiles reuse
 /// each dequantized slab over many rows.
 const FEW_ROWS: usize = 4;
-
-/// y `[rows, N]` ← start + deq(q(x))·deq(W)ᵀ, row-major: x `[rows, K]` quantized as
-/// llama.cpp quantizes it for the weight's type ([`super::activations`]). Errors when
-/// the lengths do not match the weight's shape.
-pub fn product(
-    y: &mut [f32],
-    x: &[f32],
-    rows: usize,
-    w: &BlockWeight,
-    start: Start,
-    par: Par,
-) -> Result<()> {
-    stored::product(w, y, x, rows, start, par)
-}
 
 /// The kernel of the tiles' loops a form names.
 fn loops(kernel: Kernel) -> Loops {
@@ -76,56 +62,55 @@ impl StoredWeight for BlockWeight {
         }
     }
 
-    fn run(
-        &self,
-        form: Form,
-        y: &mut [f32],
-        x: &[f32],
-        rows: usize,
-        start: Start,
-        par: Par,
-    ) -> Result<()> {
+    fn run(&self, form: Form, ops: Operands, par: Par) -> Result<()> {
+        let Operands { y, x, rows, start } = ops;
         let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
         let xq = QuantizedX::new(x, rows, self.k(), self.ty(), parallel);
         match form {
             // one task a thread: a decoding step's products are too short to pay for more
             Form::Tiles(kernel) => {
-                sweep_panels(y, rows, self.n(), start, 1, parallel, |at, sums| {
-                    tile(loops(kernel), &xq, at, self, sums)
-                })
+                let tiles = Tiles {
+                    kernel: loops(kernel),
+                    xq: &xq,
+                    w: self,
+                };
+                sweep_panels(
+                    &tiles,
+                    Operands { y, x, rows, start },
+                    self.n(),
+                    1,
+                    parallel,
+                )
             }
-            _ => widened_product(y, &xq.dequantized(), rows, self, start, par)?,
+            _ => {
+                let x = &xq.dequantized();
+                widened_product(self, Operands { y, x, rows, start }, par)?
+            }
         }
         Ok(())
     }
 }
 
-/// The sums of one tile of the sweep into `sums[r][c]`, the panels' columns c.
-fn tile(kernel: Loops, xq: &QuantizedX, at: TileAt, w: &BlockWeight, sums: &mut TileSums) {
-    // missing panels repeat the last live one; their sums are dropped
-    let panel = |i: usize| at.j + i.min(at.panels - 1);
-    macro_rules! call {
-        ($r:literal, $np:literal) => {{
-            let t = Tile::<$r, $np> {
-                ty: w.ty(),
-                x: std::array::from_fn(|i| xq.row(at.r0 + i)),
-                panels: std::array::from_fn(|i| w.panel(panel(i))),
-            };
-            let mut out = [[[0.0f32; PANEL]; $np]; $r];
-            tile::tile_on(kernel, &t, &mut out);
-            for (dst, src) in sums.iter_mut().zip(&out) {
-                for (np, cols) in src.iter().enumerate() {
-                    dst[np * PANEL..][..PANEL].copy_from_slice(cols);
-                }
-            }
-        }};
-    }
-    match (at.rows, at.width) {
-        (1, 4) => call!(1, 4),
-        (1, _) => call!(1, 2),
-        (2, _) => call!(2, 2),
-        (3, _) => call!(3, 2),
-        _ => call!(4, 2),
+/// The tiles of one product: x's rows quantized, the weight's panels, by one kernel.
+struct Tiles<'a> {
+    kernel: Loops,
+    xq: &'a QuantizedX,
+    w: &'a BlockWeight,
+}
+
+impl TileKernel for Tiles<'_> {
+    fn sums<const R: usize, const NP: usize>(
+        &self,
+        at: (usize, [usize; NP]),
+        out: &mut Sums<R, NP>,
+    ) {
+        let (r0, panels) = at;
+        let t = Tile::<R, NP> {
+            ty: self.w.ty(),
+            x: std::array::from_fn(|i| self.xq.row(r0 + i)),
+            panels: panels.map(|j| self.w.panel(j)),
+        };
+        tile::tile_on(self.kernel, &t, out);
     }
 }
 
@@ -136,7 +121,7 @@ mod tests {
     use super::super::BlockType;
     use super::*;
     use crate::rng::Rng;
-    use crate::weights::stored::{checks, product_as};
+    use crate::weights::stored::{checks, product, product_as, Start};
 
     /// Every form equals the twin within f32 rounding of the sums over K, for every
     /// type: one row and a few (the dot products), more (widened), an odd count of
@@ -150,18 +135,14 @@ mod tests {
                 let w = random(ty, n, k, rows as u64);
                 let x = rng.normals(rows * k, 1.0);
                 let y0 = rng.normals(rows * n, 1.0);
-                let bias: Vec<f32> = (0..n).map(|c| c as f32 * 0.25 - 3.0).collect();
+                let bias = checks::bias(n);
                 for start in [Start::Zero, Start::Accumulate, Start::Bias(&bias)] {
-                    let mut want = y0.clone();
-                    if let Start::Bias(b) = start {
-                        want.chunks_exact_mut(n)
-                            .for_each(|row| row.copy_from_slice(b));
-                    }
-                    reference::product(&mut want, &x, rows, &w, !matches!(start, Start::Zero));
+                    let want = checks::twin(&y0, n, start, |y, acc| {
+                        reference::product(y, &x, rows, &w, acc)
+                    });
                     for f in w.forms_here() {
                         for par in [Par::Auto, Par::Single] {
-                            let mut got = y0.clone();
-                            product_as(f, &w, &mut got, &x, rows, start, par).unwrap();
+                            let got = checks::run_form(&w, f, (&x, &y0), rows, start, par);
                             let what = format!("{ty:?} {f:?} {rows}x{k}x{n} {start:?} {par:?}");
                             checks::assert_near(&what, &got, &want, k);
                         }
@@ -213,8 +194,7 @@ mod tests {
             let mut x = vec![0.5; k];
             x[40] = f32::NAN;
             for f in w.forms_here() {
-                let mut y = vec![0.0; 3];
-                product_as(f, &w, &mut y, &x, 1, Start::Zero, Par::Auto).unwrap();
+                let y = checks::run_form(&w, f, (&x, &[0.0; 3]), 1, Start::Zero, Par::Auto);
                 assert!(y.iter().all(|v| v.is_nan()), "{ty:?} {f:?}: {y:?}");
             }
         }
@@ -224,8 +204,8 @@ mod tests {
     fn mismatched_lengths_are_errors() {
         let w = random(BlockType::Q4K, 2, QK, 1);
         let mut y = vec![0.0; 2];
-        assert!(product(&mut y, &[1.0; 4], 1, &w, Start::Zero, Par::Auto).is_err());
-        let err = product(&mut y, &[1.0; QK], 1, &w, Start::Bias(&[0.0; 3]), Par::Auto);
+        assert!(product(&w, &mut y, &[1.0; 4], 1, Start::Zero, Par::Auto).is_err());
+        let err = product(&w, &mut y, &[1.0; QK], 1, Start::Bias(&[0.0; 3]), Par::Auto);
         assert!(err.unwrap_err().to_string().contains("bias"));
     }
 }

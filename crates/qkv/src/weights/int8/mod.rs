@@ -24,5 +24,4 @@ mod rows;
 mod slab;
 pub mod weight;
 
-pub use product::product;
 pub use weight::{Int8Weight, ScaleLayout};

@@ -7,26 +7,12 @@ use super::weight::Int8Weight;
 use crate::error::Result;
 use crate::ops::Par;
 use crate::weights::stored::{
-    self, sweep_panels, widened_product, Form, Kernel, Start, StoredWeight, TileAt, TileSums, PANEL,
+    sweep_panels, widened_product, Form, Kernel, Operands, StoredWeight, Sums, TileKernel,
 };
 
 /// Most rows that take the VNNI tiles even where AMX is there: a decoding step's few
 /// rows would fill a sixteenth of a tile.
 const FEW_ROWS: usize = 4;
-
-/// y `[rows, N]` ← start + deq(q(x))·deq(W)ᵀ, row-major: x `[rows, K]` quantized in the
-/// weight's groups ([`super::quant`]), each group's sum exact in integers. Errors when
-/// the lengths do not match the weight's shape.
-pub fn product(
-    y: &mut [f32],
-    x: &[f32],
-    rows: usize,
-    w: &Int8Weight,
-    start: Start,
-    par: Par,
-) -> Result<()> {
-    stored::product(w, y, x, rows, start, par)
-}
 
 /// The forms (module docs of [`super`]): `vpdpbusd` tiles (exact in i32 within a group)
 /// on AVX-512 VNNI, the same tiles in plain loops, both operands dequantized into the
@@ -70,72 +56,61 @@ impl StoredWeight for Int8Weight {
         }
     }
 
-    fn run(
-        &self,
-        form: Form,
-        y: &mut [f32],
-        x: &[f32],
-        rows: usize,
-        start: Start,
-        par: Par,
-    ) -> Result<()> {
+    fn run(&self, form: Form, ops: Operands, par: Par) -> Result<()> {
+        let Operands { y, x, rows, start } = ops;
         let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
         let xq = QuantizedRows::new(x, rows, self, parallel);
         match form {
-            Form::Tiles(Kernel::Vnni) => tiles(y, &xq, rows, self, start, Loops::Vnni, parallel),
-            Form::Tiles(_) => tiles(y, &xq, rows, self, start, Loops::Plain, parallel),
+            Form::Tiles(kernel) => {
+                let kernel = match kernel {
+                    Kernel::Vnni => Loops::Vnni,
+                    _ => Loops::Plain,
+                };
+                let tiles = Tiles {
+                    kernel,
+                    xq: &xq,
+                    w: self,
+                };
+                // four tasks a thread
+                sweep_panels(
+                    &tiles,
+                    Operands { y, x, rows, start },
+                    self.n(),
+                    4,
+                    parallel,
+                )
+            }
             Form::Amx => amx::product(y, &xq, rows, self, start, parallel),
             Form::Widened | Form::Rows(_) => {
-                widened_product(y, &xq.dequantized(self.k()), rows, self, start, par)?
+                let x = &xq.dequantized(self.k());
+                widened_product(self, Operands { y, x, rows, start }, par)?
             }
         }
         Ok(())
     }
 }
 
-/// The tiled form with a given kernel, over the shared panel sweep (four tasks a
-/// thread).
-fn tiles(
-    y: &mut [f32],
-    xq: &QuantizedRows,
-    rows: usize,
-    w: &Int8Weight,
-    start: Start,
+/// The tiles of one product: x's rows quantized, the weight's panels, by one kernel.
+struct Tiles<'a> {
     kernel: Loops,
-    parallel: bool,
-) {
-    sweep_panels(y, rows, w.n(), start, 4, parallel, |at, sums| {
-        tile(kernel, xq, at, w, sums)
-    });
+    xq: &'a QuantizedRows,
+    w: &'a Int8Weight,
 }
 
-/// The sums of one tile of the sweep into `sums[r][c]`, the panels' columns c.
-fn tile(kernel: Loops, xq: &QuantizedRows, at: TileAt, w: &Int8Weight, sums: &mut TileSums) {
-    // missing panels repeat the last live one; their sums are dropped
-    let panel = |i: usize| at.j + i.min(at.panels - 1);
-    macro_rules! call {
-        ($r:literal, $np:literal) => {{
-            let t = Tile::<$r, $np> {
-                x: std::array::from_fn(|i| xq.row(at.r0 + i)),
-                codes: std::array::from_fn(|i| w.panel_codes(panel(i))),
-                scales: std::array::from_fn(|i| w.panel_scales(panel(i))),
-                group: w.group(),
-            };
-            let mut out = [[[0.0f32; PANEL]; $np]; $r];
-            kernel::tile_on(kernel, &t, &mut out);
-            for (dst, src) in sums.iter_mut().zip(&out) {
-                for (np, cols) in src.iter().enumerate() {
-                    dst[np * PANEL..][..PANEL].copy_from_slice(cols);
-                }
-            }
-        }};
-    }
-    match (at.rows, at.width) {
-        (1, 4) => call!(1, 4),
-        (1, _) => call!(1, 2),
-        (2, _) => call!(2, 2),
-        (3, _) => call!(3, 2),
-        _ => call!(4, 2),
+impl TileKernel for Tiles<'_> {
+    fn sums<const R: usize, const NP: usize>(
+        &self,
+        at: (usize, [usize; NP]),
+        out: &mut Sums<R, NP>,
+    ) {
+        let (r0, panels) = at;
+        let t = Tile::<R, NP> {
+            x: std::array::from_fn(|i| self.xq.row(r0 + i)),
+            codes: panels.map(|j| self.w.panel_codes(j)),
+            scales: panels.map(|j| self.w.panel_scales(j)),
+            group: self.w.group(),
+        };
+        kernel::tile_on(self.kernel, &t, out);
     }
 }
 
@@ -144,7 +119,7 @@ mod tests {
     use super::super::reference;
     use super::super::weight::ScaleLayout;
     use super::*;
-    use crate::weights::stored::{checks, product_as};
+    use crate::weights::stored::{checks, product, product_as, Start};
 
     /// Every form, and the tiles with the plain kernel on any CPU, equal the twin within
     /// f32 rounding of the sums over groups: row counts around a tile, one row, odd K, a
@@ -154,21 +129,17 @@ mod tests {
     fn every_form_equals_the_twin() {
         let mut amx_runs = 0;
         for ((rows, k, n), [x, wf, y0]) in checks::cases(11) {
-            let bias: Vec<f32> = (0..n).map(|c| c as f32 * 0.25 - 3.0).collect();
+            let bias = checks::bias(n);
             for layout in [ScaleLayout::Blocks, ScaleLayout::Rows] {
                 let w = Int8Weight::new(&wf, n, k, layout).unwrap();
                 for start in [Start::Zero, Start::Accumulate, Start::Bias(&bias)] {
-                    let mut want = y0.clone();
-                    if let Start::Bias(b) = start {
-                        want.chunks_exact_mut(n)
-                            .for_each(|row| row.copy_from_slice(b));
-                    }
-                    reference::product(&mut want, &x, rows, &w, !matches!(start, Start::Zero));
+                    let want = checks::twin(&y0, n, start, |y, acc| {
+                        reference::product(y, &x, rows, &w, acc)
+                    });
                     let mut runs: Vec<(String, Vec<f32>)> = Vec::new();
                     for f in w.forms_here() {
                         for par in [Par::Auto, Par::Single] {
-                            let mut got = y0.clone();
-                            product_as(f, &w, &mut got, &x, rows, start, par).unwrap();
+                            let got = checks::run_form(&w, f, (&x, &y0), rows, start, par);
                             runs.push((format!("{f:?} {par:?}"), got));
                         }
                     }
@@ -183,7 +154,7 @@ mod tests {
                         amx_runs += 1;
                     }
                     let mut got = y0.clone();
-                    product(&mut got, &x, rows, &w, start, Par::Auto).unwrap();
+                    product(&w, &mut got, &x, rows, start, Par::Auto).unwrap();
                     runs.push((format!("product ({:?})", w.form(rows)), got));
                     for (name, got) in runs {
                         let what = format!("{name} {layout:?} {rows}x{k}x{n} {start:?}");
@@ -219,9 +190,9 @@ mod tests {
     fn mismatched_lengths_are_errors() {
         let w = Int8Weight::new(&[1.0; 6], 2, 3, ScaleLayout::Blocks).unwrap();
         let mut y = vec![0.0; 2];
-        assert!(product(&mut y, &[1.0; 4], 1, &w, Start::Zero, Par::Auto).is_err());
-        assert!(product(&mut y, &[1.0; 3], 2, &w, Start::Zero, Par::Auto).is_err());
-        let err = product(&mut y, &[1.0; 3], 1, &w, Start::Bias(&[0.0; 3]), Par::Auto);
+        assert!(product(&w, &mut y, &[1.0; 4], 1, Start::Zero, Par::Auto).is_err());
+        assert!(product(&w, &mut y, &[1.0; 3], 2, Start::Zero, Par::Auto).is_err());
+        let err = product(&w, &mut y, &[1.0; 3], 1, Start::Bias(&[0.0; 3]), Par::Auto);
         assert!(err.unwrap_err().to_string().contains("bias"));
     }
 
@@ -233,8 +204,7 @@ mod tests {
         for layout in [ScaleLayout::Blocks, ScaleLayout::Rows] {
             let w = Int8Weight::new(&[1.0; 64], 1, 64, layout).unwrap();
             for f in w.forms_here() {
-                let mut y = vec![0.0; 1];
-                product_as(f, &w, &mut y, &x, 1, Start::Zero, Par::Auto).unwrap();
+                let y = checks::run_form(&w, f, (&x, &[0.0; 1]), 1, Start::Zero, Par::Auto);
                 assert!(y[0].is_nan(), "{f:?} {layout:?}: {}", y[0]);
             }
         }
