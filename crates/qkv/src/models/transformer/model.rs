@@ -213,8 +213,6 @@ impl Transformer {
         })
     }
 
-    /// An empty KV cache for `batch` rows of the decoder, storing its rows in
-    /// [`Transformer::kv_dtype`].
     /// A LongRoPE model's pre-training length, at which its generation recomputes the
     /// sequence with the long factors (see `generate`).
     pub fn long_rope_switch(&self) -> Option<usize> {
@@ -227,6 +225,8 @@ impl Transformer {
         }
     }
 
+    /// An empty KV cache for `batch` rows of the decoder, storing its rows in
+    /// [`Transformer::kv_dtype`].
     pub fn new_cache(&self, batch: usize) -> KvCache {
         let d = self.arch.stack();
         KvCache::new_as(
