@@ -4,7 +4,7 @@
 //! - [`net`]: the network (the architecture, its parameters, forward, backward);
 //! - [`families`]: the checkpoint families, one file each (its `config.json` read into
 //!   an [`Arch`], its tensor-name table, its quirks) and their registry;
-//! - `transformer.rs`, `folder.rs`, `info.rs`: the model, a model folder in and out, what
+//! - `transformer/`, `folder.rs`, `info.rs`: the model, a model folder in and out, what
 //!   `qkv inspect` says of it;
 //! - [`generate`]: greedy, sampled and beam generation under a folder's settings;
 //! - [`sentence`]: sentence-transformers embeddings.

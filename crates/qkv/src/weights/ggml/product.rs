@@ -121,7 +121,7 @@ mod tests {
     use super::super::BlockType;
     use super::*;
     use crate::rng::Rng;
-    use crate::weights::stored::{checks, product, product_as, Start};
+    use crate::weights::stored::{checks, product, Start};
 
     /// Every form equals the twin within f32 rounding of the sums over K, for every
     /// type: one row and a few (the dot products), more (widened), an odd count of

@@ -1,21 +1,19 @@
-//! [`Transformer`]: one model for every family and for both uses. It runs checkpoints
-//! (with a KV cache when generating), trains (a forward that keeps what the backward
-//! needs, and the backward), returns attention weights when asked, and saves itself in
-//! its family's layout.
+//! [`Transformer`], its inputs and outputs, and its entry points: inference with or
+//! without a KV cache, the encoder alone, and the training forward and backward.
 
 use serde_json::{Map, Value};
 
-use super::families::special::SpecialTokens;
-use super::families::Family;
-use super::info::ModelInfo;
-use super::net::arch::{Arch, Head, ModelKind};
-use super::net::backward::Tape;
-use super::net::footprint;
-use super::net::forward::{Caches, Encoded, Net, Side, StackInput, StackTape};
-use super::net::weights::Weights;
 use crate::attention::{Kernel, KvCache, KvDType};
 use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
+use crate::models::families::special::SpecialTokens;
+use crate::models::families::Family;
+use crate::models::info::ModelInfo;
+use crate::models::net::arch::{Arch, Head, ModelKind};
+use crate::models::net::backward::Tape;
+use crate::models::net::footprint;
+use crate::models::net::forward::{Caches, Encoded, Net, Side, StackInput};
+use crate::models::net::weights::Weights;
 use crate::module::Module;
 use crate::ops::on_pool;
 use crate::tensor::Tensor;
@@ -36,16 +34,16 @@ pub struct Transformer {
     /// `[V]` a fixed bias on the logits (Marian's `final_logits_bias`)
     pub logits_bias: Option<Tensor>,
     /// What the linear layers compute in ([`Transformer::set_dtype`]).
-    dtype: DType,
+    pub(super) dtype: DType,
     /// Weights the linear layers hold only in `dtype`, not in f32
     /// ([`Transformer::keep_packed_only`]); 0 when they hold their f32 weights.
-    packed_only: usize,
+    pub(super) packed_only: usize,
     /// What [`Transformer::new_cache`]'s caches store their rows in.
     pub kv_dtype: KvDType,
     info: ModelInfo,
     /// The `config.json` the model was read from (Hugging Face families), written back
     /// on save so the folder stays what transformers expects.
-    pub(super) source_config: Option<Map<String, Value>>,
+    pub(crate) source_config: Option<Map<String, Value>>,
     /// What the folder says that qkv reads differently from transformers or not at
     /// all, each naming its file and field (`config.json` keys no table knows, special
     /// ids outside the vocabulary): for the CLI and Python to show at load.
@@ -216,8 +214,6 @@ impl Transformer {
         })
     }
 
-    /// An empty KV cache for `batch` rows of the decoder, storing its rows in
-    /// [`Transformer::kv_dtype`].
     /// A LongRoPE model's pre-training length, at which its generation recomputes the
     /// sequence with the long factors (see `generate`).
     pub fn long_rope_switch(&self) -> Option<usize> {
@@ -230,6 +226,8 @@ impl Transformer {
         }
     }
 
+    /// An empty KV cache for `batch` rows of the decoder, storing its rows in
+    /// [`Transformer::kv_dtype`].
     pub fn new_cache(&self, batch: usize) -> KvCache {
         let d = self.arch.stack();
         KvCache::new_as(
@@ -365,154 +363,6 @@ impl Transformer {
         Ok(out.h)
     }
 
-    /// Packs every linear layer for inference ([`crate::layers::Linear::pack`]): faster
-    /// products for a sentence or a prompt, at the cost of a second copy of the
-    /// projection weights. Training afterwards stays correct (a changed weight is
-    /// used as it is), but the copies are then dead weight.
-    pub fn pack_weights(&mut self) {
-        self.weights.pack_weights(DType::F32);
-    }
-
-    /// Computes with the weights of every linear layer in `dtype` from now on
-    /// ([`crate::layers::Linear::pack_as`]); [`DType::F32`] packs them as
-    /// [`Transformer::pack_weights`] does. Norms, embeddings, attention and a tied head
-    /// stay f32. [`Transformer::dtype`] says which type the layers compute in. The copy
-    /// sits beside the f32 weights: one the machine's free memory cannot hold is refused
-    /// before it is made.
-    ///
-    /// A model kept as [`Transformer::keep_packed_only`] packs again from its widened
-    /// copies; in f32 it then holds f32 weights (the rounded values) again.
-    pub fn set_dtype(&mut self, dtype: DType) -> Result<()> {
-        let weights: usize = self
-            .weights
-            .linears_mut()
-            .map(|l| l.out_features() * l.in_features())
-            .sum();
-        let bytes = (weights as f64 * dtype.bytes_per_weight()).ceil() as usize;
-        let what = format!("a {dtype} copy of the linear layers' weights");
-        crate::io::memory::check(Some(bytes), &what)?;
-        self.weights.pack_weights(dtype);
-        self.dtype = dtype;
-        if dtype == DType::F32 {
-            self.weights.embed_tokens.unpack();
-            self.packed_only = 0;
-        }
-        Ok(())
-    }
-
-    /// Drops the f32 weights of the linear layers, which then hold only their copies in
-    /// the model's reduced type ([`crate::layers::Linear::keep_packed_only`]): an
-    /// inference model in bf16 holds its projections in half the bytes, in int8 in a
-    /// quarter. It still runs every forward, and refuses [`Transformer::forward_train`]
-    /// and [`Transformer::save`]. [`crate::models::load_in`] loads a folder this way.
-    pub fn keep_packed_only(&mut self) -> Result<()> {
-        if self.dtype == DType::F32 {
-            return Err(Error::invalid(
-                "dtype",
-                "a model keeps its linear layers packed only in bf16 or int8, not f32",
-            ));
-        }
-        let mut packed_only = 0;
-        for l in self.weights.linears_mut() {
-            // an empty layer (no inputs or outputs) has no copy and nothing to drop
-            if l.out_features() * l.in_features() > 0 {
-                l.keep_packed_only()?;
-                packed_only += l.out_features() * l.in_features();
-            }
-        }
-        self.packed_only = packed_only;
-        Ok(())
-    }
-
-    /// Takes the model's type and what it holds only packed from its linear layers,
-    /// each packed as it was read (a GGUF file's Q8_0 blocks as stored, its other
-    /// weights in the load's type): the model's type is the one most of their weights
-    /// compute in.
-    pub(super) fn adopt_layer_types(&mut self) {
-        let mut counts: Vec<(DType, usize)> = Vec::new();
-        let mut packed_only = 0;
-        for l in self.weights.linears_mut() {
-            let size = l.out_features() * l.in_features();
-            if !l.has_f32_weight() {
-                packed_only += size;
-            }
-            match counts.iter_mut().find(|(t, _)| *t == l.dtype()) {
-                Some((_, n)) => *n += size,
-                None => counts.push((l.dtype(), size)),
-            }
-        }
-        self.dtype = counts
-            .into_iter()
-            .max_by_key(|&(_, n)| n)
-            .map_or(DType::F32, |(t, _)| t);
-        // a token table held as stored has no f32 weight either
-        if let Some(table) = self.weights.embed_tokens.stored() {
-            packed_only += table.out_features() * table.in_features();
-        }
-        self.packed_only = packed_only;
-    }
-
-    /// Whether the linear layers hold their f32 weights (see
-    /// [`Transformer::keep_packed_only`]).
-    pub fn has_f32_weights(&self) -> bool {
-        self.packed_only == 0
-    }
-
-    /// Errors when the model holds no f32 weights to `what` (train, save) with.
-    pub(crate) fn expect_f32_weights(&self, what: &str) -> Result<()> {
-        match self.packed_only {
-            0 => Ok(()),
-            _ => Err(Error::Unsupported(format!(
-                "cannot {what}: the model keeps its linear layers only in {} (loaded for inference); load it in f32",
-                self.dtype
-            ))),
-        }
-    }
-
-    /// Drops the linear layers' packed copies: they compute with their f32 weights
-    /// again, unpacked (as a model trains in f32); a model kept packed only holds its
-    /// copies widened, and a token table held as stored is widened too.
-    pub fn unpack_weights(&mut self) {
-        self.weights.linears_mut().for_each(|l| l.unpack());
-        self.weights.embed_tokens.unpack();
-        self.dtype = DType::F32;
-        self.packed_only = 0;
-    }
-
-    /// Packs again, in the model's type, each linear layer's copy that its weight's
-    /// update left stale: a training step in bf16 computes with copies of the weights
-    /// the last update left (the f32 weights are the master copies).
-    pub fn repack_weights(&mut self) {
-        let dtype = self.dtype;
-        self.weights.linears_mut().for_each(|l| l.repack(dtype));
-    }
-
-    /// Bytes the weights take as the forward reads them: `(linear, rest)`, the linear
-    /// layers' weights in their type ([`Transformer::set_dtype`]) and everything else
-    /// (embeddings, norms, biases, a tied head) in f32.
-    pub fn weight_bytes(&mut self) -> (usize, usize) {
-        let (mut linear, mut linear_params) = (0, 0);
-        for l in self.weights.linears_mut() {
-            linear += l.weight_bytes();
-            linear_params += l.out_features() * l.in_features();
-        }
-        let table = &self.weights.embed_tokens;
-        match table.stored() {
-            // the table counts at its stored size, not as f32
-            Some(_) => {
-                let table_params = table.vocab_size() * table.dim();
-                let rest = 4 * (self.num_params() - linear_params - table_params);
-                (linear, rest + table.bytes())
-            }
-            None => (linear, 4 * (self.num_params() - linear_params)),
-        }
-    }
-
-    /// The number type the linear layers compute in ([`Transformer::set_dtype`]).
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-
     /// A whole forward without a cache: logits (or an encoder's hidden states), and
     /// every layer's attention weights when `attentions` is set.
     /// A request larger than the machine's free memory is refused before it runs.
@@ -526,7 +376,7 @@ impl Transformer {
 
     /// Refuses a whole forward of `input` (with every map when `attentions`) that would
     /// not fit in the machine's free memory.
-    fn check_forward(&self, input: &Input, attentions: bool) -> Result<()> {
+    pub(super) fn check_forward(&self, input: &Input, attentions: bool) -> Result<()> {
         let rows = |b: Option<&TokenBatch>| b.map_or((0, 0), |b| (b.batch, b.len));
         let ((bs, source), (bt, target)) = (rows(input.source), rows(input.target));
         self.check_memory(footprint::Shapes {
@@ -539,7 +389,7 @@ impl Transformer {
     }
 
     /// Refuses a forward of `shapes` that would not fit in the machine's free memory.
-    pub(super) fn check_memory(&self, shapes: footprint::Shapes) -> Result<()> {
+    pub(crate) fn check_memory(&self, shapes: footprint::Shapes) -> Result<()> {
         let maps = match shapes.attentions {
             true => " with every attention map",
             false => "",
@@ -567,102 +417,6 @@ impl Transformer {
         Ok((logits, tape.expect("a model with a head keeps its tape")))
     }
 
-    /// Every attention map of `input` and the gradient of a scalar target with respect
-    /// to each (attribution by gradients): the training forward keeping the maps, then
-    /// `target` turns its logits (a headless encoder's hidden states) into d target /
-    /// d logits, and the training backward carries that down, returning each layer's
-    /// d target / d A `[B,H,T,S]` on the way. The parameters' gradients go into a
-    /// scratch tree and are dropped: the model's own are untouched.
-    pub fn attention_grads(
-        &self,
-        input: &Input,
-        target: impl FnOnce(&Tensor) -> Result<Tensor>,
-    ) -> Result<(Attentions, Attentions)> {
-        self.expect_f32_weights("attention gradients")?;
-        let (logits, tape, maps) = on_pool(|| self.run(input, true, true, None))?;
-        let tape = tape.expect("a training forward keeps its tape");
-        let dlogits = target(&logits)?;
-        dlogits.expect_shape(
-            "d target / d logits",
-            &logits.shape().iter().map(|&n| Some(n)).collect::<Vec<_>>(),
-        )?;
-        dlogits.check_finite("d target / d logits")?;
-        let mut scratch = self.weights.zeros_like();
-        let net = Net {
-            map_grads: true,
-            ..self.net()
-        };
-        let grads = on_pool(|| net.backward(tape, &dlogits, &mut scratch))?;
-        Ok((
-            maps,
-            Attentions {
-                encoder: grads.encoder,
-                decoder: grads.decoder,
-                cross: grads.cross,
-            },
-        ))
-    }
-
-    /// Every attention map of `input` weighed by the size of what each key adds through
-    /// its head (Kobayashi et al. 2020, "Attention is not only a weight"): α_{h,t,s} ·
-    /// ‖W_O^h · v_{h,s}‖, `[B,H,T,S]` per layer of each kind, as the maps.
-    pub fn value_norms(&self, input: &Input) -> Result<Attentions> {
-        self.expect_f32_weights("value norms")?;
-        let (_, tape, maps) = on_pool(|| self.run(input, true, true, None))?;
-        let tape = tape.expect("a training forward keeps its tape");
-        let weigh = |map: &Tensor, norms: Tensor| -> Result<Tensor> {
-            // map [B,H,T,S] times norms [B,H,S] along the keys
-            let (t, s) = (map.shape()[2], map.shape()[3]);
-            let mut out = map.clone();
-            for (rows, n) in out
-                .data_mut()
-                .chunks_exact_mut(t * s)
-                .zip(norms.data().chunks_exact(s))
-            {
-                for row in rows.chunks_exact_mut(s) {
-                    row.iter_mut().zip(n).for_each(|(a, &w)| *a *= w);
-                }
-            }
-            Ok(out)
-        };
-        let stack =
-            |side: Side, tapes: &Option<StackTape>, maps: &[Tensor]| -> Result<Vec<Tensor>> {
-                let weights = match side {
-                    Side::Encoder => self.weights.encoder.as_ref(),
-                    Side::Decoder => self.weights.decoder.as_ref(),
-                };
-                let (Some(tapes), Some(stack)) = (tapes, weights) else {
-                    return Ok(Vec::new());
-                };
-                tapes
-                    .layers
-                    .iter()
-                    .zip(&stack.layers)
-                    .zip(maps)
-                    .map(|((lt, layer), map)| {
-                        let v = lt.self_values().expect("self-attention keeps its values");
-                        weigh(map, layer.attn.value_norms(v)?)
-                    })
-                    .collect()
-            };
-        let cross = match (&tape.memory, self.weights.decoder.as_ref()) {
-            (Some(memory), Some(dec)) => dec
-                .layers
-                .iter()
-                .zip(&memory.cross)
-                .zip(&maps.cross)
-                .filter_map(|((layer, kv), map)| layer.cross.as_ref().map(|c| (c, kv, map)))
-                .map(|(c, kv, map)| weigh(map, c.value_norms(&kv.v)?))
-                .collect::<Result<Vec<_>>>()?,
-            _ => Vec::new(),
-        };
-        Ok(Attentions {
-            encoder: stack(Side::Encoder, &tape.encoder, &maps.encoder)?,
-            decoder: stack(Side::Decoder, &tape.decoder, &maps.decoder)?,
-            cross,
-        })
-    }
-
     /// Backward from d loss / d logits `[B,T,V]` of a [`Transformer::forward_train`]:
     /// **accumulates** into the gradients (allocated, zero, on first use).
     pub fn backward(&mut self, tape: Tape, dlogits: &Tensor) -> Result<()> {
@@ -677,38 +431,7 @@ impl Transformer {
         result.map(|_| ())
     }
 
-    /// Logits (a headless encoder's hidden states) `[B, T, V]` with key `hidden[b]` of
-    /// row b's input text hidden from every attention that reads it: the self-attention
-    /// of its stack and, in an encoder-decoder, the cross-attention over the source.
-    /// Positions stay those of the whole text (as a Hugging Face forward with a hole in
-    /// `attention_mask` keeps them), so the one change is that no query sees the key:
-    /// the ablation that attribution compares its methods with. The input text is the
-    /// source of an encoder or encoder-decoder and the tokens of a decoder-only model.
-    pub fn forward_hiding(&self, input: &Input, hidden: &[usize]) -> Result<Tensor> {
-        let text = match self.kind() {
-            ModelKind::Decoder => input.target,
-            _ => input.source,
-        };
-        let rows = text.map_or(0, |t| t.batch);
-        let len = text.map_or(0, |t| t.len);
-        if hidden.len() != rows {
-            return Err(Error::invalid(
-                "hidden",
-                format!("{} keys for {rows} rows: one per row", hidden.len()),
-            ));
-        }
-        if let Some(&bad) = hidden.iter().find(|&&k| k >= len) {
-            return Err(Error::OutOfRange {
-                what: "hidden key".into(),
-                index: bad,
-                size: len,
-            });
-        }
-        self.check_forward(input, false)?;
-        on_pool(|| self.run(input, false, false, Some(hidden))).map(|(logits, _, _)| logits)
-    }
-
-    fn run(
+    pub(super) fn run(
         &self,
         input: &Input,
         keep: bool,
