@@ -133,7 +133,7 @@ struct DecodeArgs {
     #[arg(long, value_enum, default_value_t = KernelArg::Tiled)]
     kernel: KernelArg,
     #[command(flatten)]
-    kv_dtype: super::KvDTypeFlag,
+    kv_dtype: super::shared_flags::KvDTypeFlag,
     #[command(flatten)]
     common: Common,
 }
@@ -155,7 +155,7 @@ struct MinilmArgs {
     print_sentences: bool,
     /// Below f32, the embeddings are first checked against f32's (least cosine)
     #[command(flatten)]
-    dtype: super::DTypeFlag,
+    dtype: super::shared_flags::DTypeFlag,
     #[command(flatten)]
     common: Common,
 }
@@ -204,10 +204,10 @@ struct LlamaArgs {
     /// Below f32, each workload is first checked against the f32 model: the prefill's
     /// logits, and the greedy tokens
     #[command(flatten)]
-    dtype: super::DTypeFlag,
+    dtype: super::shared_flags::DTypeFlag,
     /// The KV cache's type, for both workloads (the accuracy reference stays f32)
     #[command(flatten)]
-    kv_dtype: super::KvDTypeFlag,
+    kv_dtype: super::shared_flags::KvDTypeFlag,
     #[command(flatten)]
     common: Common,
 }
@@ -229,7 +229,7 @@ struct MatmulArgs {
     /// The weight's number type: f32 (the product read in place), or another (its copy,
     /// made before timing; its error against f32 printed to stderr)
     #[command(flatten)]
-    dtype: super::DTypeFlag,
+    dtype: super::shared_flags::DTypeFlag,
     #[command(flatten)]
     common: Common,
 }
@@ -258,7 +258,7 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<()> {
     if !(common.min_time >= 0.0 && common.min_time.is_finite()) {
         bail!("--min-time must be a finite number ≥ 0");
     }
-    super::set_threads(common.threads)?;
+    super::shared_flags::set_threads(common.threads)?;
     let mut printer = Printer::new(common, out);
     match &args.workload {
         Workload::Attention(a) => bench_attention(a, &mut printer),
@@ -620,7 +620,7 @@ fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
     let (mut model, reference): (Transformer, Box<dyn Fn() -> Result<Transformer>>) = match &a.model
     {
         Some(path) => {
-            let model = super::load_model(path, dtype)?.model;
+            let model = super::load::load_model(path, dtype)?.model;
             let path = path.clone();
             let reference = move || -> Result<Transformer> {
                 let mut m = qkv::models::load_in(&path, DType::F32)?.model;

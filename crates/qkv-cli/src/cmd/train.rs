@@ -136,7 +136,7 @@ pub struct TrainArgs {
     /// What the products compute in: f32, or bf16 (mixed precision: every linear
     /// layer's products forward and backward in bf16, summed in f32, with f32 master
     /// weights, gradients and AdamW) [default: f32]
-    #[arg(long, help_heading = "Optimisation", value_parser = super::parse_dtype)]
+    #[arg(long, help_heading = "Optimisation", value_parser = super::shared_flags::parse_dtype)]
     dtype: Option<DType>,
     /// Seed of the initial weights and of the data [default: 0]
     #[arg(long, help_heading = "Optimisation")]
@@ -263,7 +263,7 @@ impl Watch for Progress {
 
 pub fn run(args: &TrainArgs) -> Result<()> {
     if let Some(p) = &args.log_json {
-        super::check_writable("--log-json", p)?;
+        super::writable::check_writable("--log-json", p)?;
     }
     let now = Instant::now();
     let mut p = Progress {
@@ -274,8 +274,8 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         t_end: now,
         bench: (args.bench_warmup.unwrap_or(0), None),
     };
-    let summary =
-        qkv::train::run::run(&args.request(), &mut p).map_err(super::in_flags::<TrainArgs>)?;
+    let summary = qkv::train::run::run(&args.request(), &mut p)
+        .map_err(super::flags::in_flags::<TrainArgs>)?;
     p.bar.finish_and_clear();
     let (start, tokens) = (summary.info.start, summary.info.tokens_per_step as f64);
     if let (Some(t), true) = (p.bench.1, args.bench_warmup.is_some()) {

@@ -82,9 +82,9 @@ pub struct ServeArgs {
     #[arg(long)]
     threads: Option<usize>,
     #[command(flatten)]
-    dtype: crate::cmd::DTypeFlag,
+    dtype: crate::cmd::shared_flags::DTypeFlag,
     #[command(flatten)]
-    kv_dtype: crate::cmd::KvDTypeFlag,
+    kv_dtype: crate::cmd::shared_flags::KvDTypeFlag,
 }
 
 /// A text generator: the model, its folder's tokenizer, generation defaults and chat
@@ -181,7 +181,7 @@ fn check_args(a: &ServeArgs) -> Result<()> {
 
 pub fn run(args: &ServeArgs) -> Result<()> {
     check_args(args)?;
-    crate::cmd::set_threads(args.threads)?;
+    crate::cmd::shared_flags::set_threads(args.threads)?;
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
         .with_context(|| format!("--host {} --port {}: not an address", args.host, args.port))?;
@@ -200,7 +200,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         max_prompt: args.max_prompt,
         max_inputs: 2048,
     };
-    let mut loaded = crate::cmd::load_model(&args.model, args.dtype.dtype)?;
+    let mut loaded = crate::cmd::load::load_model(&args.model, args.dtype.dtype)?;
     let mut threads = Vec::new();
     let classifies = loaded.model.kind() == ModelKind::Encoder
         && loaded
@@ -242,7 +242,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 loaded.model.pack_weights();
             }
             let model = Arc::new(loaded.model);
-            let tokenizer = crate::cmd::tokenizer(&args.model, &model, false)?.map(Arc::new);
+            let tokenizer = crate::cmd::load::tokenizer(&args.model, &model, false)?.map(Arc::new);
             let template = ChatTemplate::from_dir(&args.model)?;
             let config = GenerationConfig::read(&args.model)?;
             for w in &config.unapplied {
@@ -264,7 +264,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 tokenizer,
                 config,
                 template,
-                renderer: crate::cmd::template_renderer()?,
+                renderer: crate::cmd::load::template_renderer()?,
                 queue,
             };
             (Some(g), None, None)
