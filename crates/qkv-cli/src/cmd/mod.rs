@@ -14,7 +14,6 @@ pub mod forward;
 pub mod generate;
 pub mod inspect;
 pub mod load;
-mod machine;
 pub mod shared_flags;
 pub mod train;
 mod writable;
