@@ -16,8 +16,10 @@ use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{Input, ModelKind, TokenBatch, Transformer};
 use qkv::text::Tokenizer;
 
+use crate::maps::document::{labels, Maps};
+use crate::maps::select::{check_count, expected_shapes, Heads, Kind, Selection};
 use crate::maps::target::{self, TargetDoc};
-use crate::maps::{check_count, expected_shapes, labels, viewer, Heads, Kind, Maps, Selection};
+use crate::maps::viewer;
 use crate::report::{heatmap, raster};
 
 /// Most tokens a side of one heatmap may have: at the smallest cells (6 px, drawn at
