@@ -131,7 +131,7 @@ GGUF_TYPES = {"q8_0": None, "q4_k_m": 15}
 # qkv's number types and the peer's type each pairs with (llama-cpp: the GGUF --outtype above).
 ORT_TYPES = {"f32": "f32", "int8": "int8", "int8-row": "int8"}
 CT2_TYPES = {"f32": "float32", "int8": "int8", "int8-row": "int8"}
-# bench.rs's SINGLE_SENTENCE, checked against the row qkv bench prints (the peer needs it before).
+# cmd/bench/minilm.rs's SINGLE_SENTENCE, checked against the row qkv bench prints (the peer needs it before).
 SINGLE_SENTENCE = "Attention lets every word look at all the other words."
 
 # Run by the converter's interpreter: a small SentencePiece model for the converter to read, then

@@ -13,6 +13,7 @@ mod errors;
 mod experiment;
 mod generate;
 mod ints;
+mod methods;
 mod model;
 mod position;
 mod train;

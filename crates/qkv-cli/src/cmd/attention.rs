@@ -16,8 +16,10 @@ use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{Input, ModelKind, TokenBatch, Transformer};
 use qkv::text::Tokenizer;
 
+use crate::maps::document::{labels, Maps};
+use crate::maps::select::{check_count, expected_shapes, Heads, Kind, Selection};
 use crate::maps::target::{self, TargetDoc};
-use crate::maps::{check_count, expected_shapes, labels, viewer, Heads, Kind, Maps, Selection};
+use crate::maps::viewer;
 use crate::report::{heatmap, raster};
 
 /// Most tokens a side of one heatmap may have: at the smallest cells (6 px, drawn at
@@ -34,7 +36,7 @@ pub struct AttentionArgs {
     #[arg(long)]
     model: PathBuf,
     #[command(flatten)]
-    dtype: super::DTypeFlag,
+    dtype: super::shared_flags::DTypeFlag,
     /// Input text (needs the folder's tokenizer.json); the source of an encoder-decoder
     #[arg(
         long,
@@ -271,13 +273,13 @@ fn decoder_input(
 
 pub fn run(args: &AttentionArgs) -> Result<()> {
     // ---- every option and output checked before any work ---------------------------
-    super::set_threads(args.threads)?;
+    super::shared_flags::set_threads(args.threads)?;
     let format = args.out.as_deref().map(format_of).transpose()?;
     if let Some(out) = &args.out {
-        super::check_writable("--out", out)?;
+        super::writable::check_writable("--out", out)?;
     }
     if let Some(json) = &args.json {
-        super::check_writable("--json", json)?;
+        super::writable::check_writable("--json", json)?;
     }
     if let Some(font) = &args.font {
         if format != Some(Format::Png) {
@@ -304,14 +306,17 @@ pub fn run(args: &AttentionArgs) -> Result<()> {
             SentenceEncoder::load_in(&args.model, args.dtype.dtype)
                 .with_context(|| format!("loading sentence encoder {}", args.model.display()))?,
         )),
-        None => Loaded::Model(Box::new(super::load_model(&args.model, args.dtype.dtype)?)),
+        None => Loaded::Model(Box::new(super::load::load_model(
+            &args.model,
+            args.dtype.dtype,
+        )?)),
     };
     let model = loaded.model();
     if let Loaded::Sentence(s) = &loaded {
-        super::show_load_warnings(s.encoder());
+        super::load::show_load_warnings(s.encoder());
     }
     steps.step("loaded");
-    let tok = super::tokenizer(&args.model, model, args.text.is_some())?;
+    let tok = super::load::tokenizer(&args.model, model, args.text.is_some())?;
     let ids = match (&args.text, &args.input_ids, &tok, &loaded) {
         // as the sentence encoder reads it: lower-cased if it says so, cut to its length
         (Some(text), _, _, Loaded::Sentence(se)) => se.tokenize(&[text])?.ids,

@@ -28,7 +28,7 @@ pub struct ClassifyArgs {
     #[arg(long, value_enum, default_value = "warn")]
     truncate: Truncate,
     #[command(flatten)]
-    dtype: super::DTypeFlag,
+    dtype: super::shared_flags::DTypeFlag,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +54,7 @@ pub fn run(args: &ClassifyArgs, out: &mut impl Write) -> Result<()> {
         );
     }
     let model = SequenceClassifier::load(&args.model, args.dtype.dtype)?;
-    super::show_load_warnings(model.encoder());
+    super::load::show_load_warnings(model.encoder());
     let inputs: Vec<(&str, Option<&str>)> = args
         .text
         .iter()

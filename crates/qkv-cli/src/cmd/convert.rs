@@ -39,7 +39,7 @@ pub fn run(args: &ConvertArgs, out: &mut impl Write) -> Result<()> {
             args.to.display()
         );
     }
-    let mut loaded = super::load_model(&args.model, DType::F32)?;
+    let mut loaded = super::load::load_model(&args.model, DType::F32)?;
     // a GGUF file's blocks widened: any model qkv reads converts
     loaded.model.unpack_weights();
     let vocab = qkv::text::folder_gguf_metadata(&args.model, loaded.model.arch.vocab)

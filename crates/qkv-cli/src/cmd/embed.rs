@@ -22,7 +22,7 @@ pub struct EmbedArgs {
     #[arg(long, value_name = "FILE")]
     input: Option<PathBuf>,
     #[command(flatten)]
-    dtype: super::DTypeFlag,
+    dtype: super::shared_flags::DTypeFlag,
 }
 
 /// The most bytes `--input` reads: a corpus past this is a job for a program of its own.
@@ -58,7 +58,7 @@ fn read_lines(path: &Path) -> Result<Vec<String>> {
 pub fn run(args: &EmbedArgs, out: &mut impl Write) -> Result<()> {
     let read = args.input.as_deref().map(read_lines).transpose()?;
     let encoder = SentenceEncoder::load_in(&args.model, args.dtype.dtype)?;
-    super::show_load_warnings(encoder.encoder());
+    super::load::show_load_warnings(encoder.encoder());
     let texts: Vec<&str> = read
         .as_ref()
         .unwrap_or(&args.texts)

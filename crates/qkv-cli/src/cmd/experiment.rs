@@ -55,7 +55,7 @@ pub fn run(args: &ExperimentArgs, out: &mut impl Write) -> Result<()> {
             args.name
         );
     }
-    super::set_threads(args.threads)?;
+    super::shared_flags::set_threads(args.threads)?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating --out {}", args.out.display()))?;
     let options = Options {

@@ -20,12 +20,12 @@ pub struct ForwardArgs {
     #[arg(long)]
     output: PathBuf,
     #[command(flatten)]
-    dtype: super::DTypeFlag,
+    dtype: super::shared_flags::DTypeFlag,
 }
 
 pub fn run(args: &ForwardArgs) -> Result<()> {
-    super::check_writable("--output", &args.output)?;
-    let model = super::load_model(&args.model, args.dtype.dtype)?.model;
+    super::writable::check_writable("--output", &args.output)?;
+    let model = super::load::load_model(&args.model, args.dtype.dtype)?.model;
     let input = TensorFile::open(&args.input)?;
     let tokens = input.token_batch("input_ids", Some("attention_mask"))?;
     // the encoder's own table where it has one (Marian may), else the one table

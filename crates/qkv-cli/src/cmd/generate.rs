@@ -80,9 +80,9 @@ pub struct GenerateArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
-    dtype: super::DTypeFlag,
+    dtype: super::shared_flags::DTypeFlag,
     #[command(flatten)]
-    kv_dtype: super::KvDTypeFlag,
+    kv_dtype: super::shared_flags::KvDTypeFlag,
 }
 
 impl GenerateArgs {
@@ -113,13 +113,13 @@ const BYTES_PER_TOKEN: usize = 32;
 const MAX_MESSAGES: usize = 4096;
 
 pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
-    let mut loaded = super::load_model(&args.model, args.dtype.dtype)?;
+    let mut loaded = super::load::load_model(&args.model, args.dtype.dtype)?;
     loaded.model.kv_dtype = args.kv_dtype.kv_dtype;
     // the model's trained positions (RoPE's too) where it names them
     let positions = loaded.model.info().max_positions;
     let max_prompt = args.max_prompt.or(positions).unwrap_or(32768);
     let text_in = args.prompt.is_some() || args.chat.is_some() || args.user.is_some();
-    let tokenizer = super::tokenizer(&args.model, &loaded.model, text_in)?;
+    let tokenizer = super::load::tokenizer(&args.model, &loaded.model, text_in)?;
     let text_fits = |what: &str, bytes: usize| {
         let most = max_prompt.saturating_mul(BYTES_PER_TOKEN);
         match bytes > most {
@@ -162,11 +162,11 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
     let plan = args
         .request()
         .plan(m, folder_settings, ids.len())
-        .map_err(super::in_flags::<GenerateArgs>)?;
+        .map_err(super::flags::in_flags::<GenerateArgs>)?;
     if let Some(c) = plan.clamped {
         eprintln!(
             "warning: {} goes past the model's positions; generating at most {}",
-            super::as_flags::<GenerateArgs>(&c.setting),
+            super::flags::as_flags::<GenerateArgs>(&c.setting),
             c.allowed
         );
     }
@@ -282,6 +282,6 @@ fn chat_prompt(args: &GenerateArgs, fits: &dyn Fn(&str, usize) -> Result<()>) ->
     if messages.is_empty() {
         bail!("--chat: the conversation has no messages");
     }
-    let renderer = super::template_renderer()?;
+    let renderer = super::load::template_renderer()?;
     Ok(renderer.render(&template, &messages, true, &serde_json::Map::new())?)
 }

@@ -13,7 +13,7 @@ pub struct InspectArgs {
     model: PathBuf,
     /// Also print the weights' memory with the linear layers in this type (f32, bf16,
     /// int8, int8-row), as `--dtype` on the other commands would hold them
-    #[arg(long, value_parser = super::parse_dtype)]
+    #[arg(long, value_parser = super::shared_flags::parse_dtype)]
     dtype: Option<DType>,
 }
 
@@ -24,7 +24,7 @@ pub fn run(args: &InspectArgs, out: &mut impl Write) -> Result<()> {
         }
         return gguf(&args.model, out);
     }
-    let mut loaded = super::load_model(&args.model, DType::F32)?;
+    let mut loaded = super::load::load_model(&args.model, DType::F32)?;
     let i = loaded.model.info();
     let dtypes: Vec<String> = loaded
         .dtypes

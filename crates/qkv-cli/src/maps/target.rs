@@ -1,13 +1,11 @@
 //! The target `qkv attention` explains by default, and how the document names it.
 
 use anyhow::{bail, Result};
-use qkv::models::attribute::{Method, Target, TargetValue};
+use qkv::models::attribute::{token_labels, Method, Target, TargetValue};
 use qkv::models::sentence::PoolingMode;
 use qkv::models::{Head, Transformer};
 use qkv::text::Tokenizer;
 use serde::Serialize;
-
-use super::labels;
 
 /// A fixed target as the document shows it.
 #[derive(Clone, Debug, Serialize)]
@@ -39,7 +37,7 @@ impl TargetDoc {
     ) -> Result<TargetDoc> {
         let label = v
             .token
-            .map(|t| labels(tok, &[t], model).map(|l| l[0].label()))
+            .map(|t| token_labels(model, tok, &[t]).map(|l| l[0].label()))
             .transpose()?;
         let quoted = label.as_deref().unwrap_or("?");
         let (kind, description) = match &v.target {

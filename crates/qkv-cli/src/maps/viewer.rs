@@ -18,7 +18,7 @@
 use anyhow::{Context, Result};
 use qkv::models::attribute::Method;
 
-use super::Maps;
+use super::document::Maps;
 
 const PAGE: &str = include_str!("viewer.html");
 const STYLE: &str = include_str!("viewer.css");

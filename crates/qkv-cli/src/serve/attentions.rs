@@ -10,7 +10,9 @@ use qkv::text::Tokenizer;
 use serde_json::Value;
 
 use super::api::{ApiError, QkvOptions};
-use crate::maps::{expected_shapes, labels, viewer, Heads, Kind, Maps, Selection, MAX_WEIGHTS};
+use crate::maps::document::{labels, Maps};
+use crate::maps::select::{expected_shapes, Heads, Kind, Selection, MAX_WEIGHTS};
+use crate::maps::viewer;
 
 fn every_map() -> Selection {
     Selection {

@@ -16,11 +16,12 @@ mod embedder;
 mod metrics;
 mod routes;
 mod scheduler;
+mod state;
 mod stop;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,10 +31,11 @@ use axum::routing::{get, post};
 use axum::Router;
 use qkv::models::generate::config::GenerationConfig;
 use qkv::models::sentence::SentenceEncoder;
-use qkv::models::{ModelKind, SequenceClassifier, Transformer};
-use qkv::text::{ChatTemplate, Tokenizer};
+use qkv::models::{ModelKind, SequenceClassifier};
+use qkv::text::ChatTemplate;
 
 use metrics::Metrics;
+use state::{AppState, Classifier, Embedder, Generator, RequestLimits};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -82,84 +84,9 @@ pub struct ServeArgs {
     #[arg(long)]
     threads: Option<usize>,
     #[command(flatten)]
-    dtype: crate::cmd::DTypeFlag,
+    dtype: crate::cmd::shared_flags::DTypeFlag,
     #[command(flatten)]
-    kv_dtype: crate::cmd::KvDTypeFlag,
-}
-
-/// A text generator: the model, its folder's tokenizer, generation defaults and chat
-/// template, and the scheduler's queue.
-pub struct Generator {
-    model: Arc<Transformer>,
-    tokenizer: Option<Arc<Tokenizer>>,
-    config: GenerationConfig,
-    template: Option<ChatTemplate>,
-    /// renders `template` in worker processes, bounded in memory and time
-    renderer: qkv::text::Renderer,
-    queue: scheduler::Queue,
-}
-
-pub struct Embedder {
-    encoder: Arc<SentenceEncoder>,
-    queue: embedder::EmbedQueue,
-}
-
-pub struct Classifier {
-    model: Arc<SequenceClassifier>,
-    queue: classifier::ClassifyQueue,
-}
-
-/// Bounds on what one request may ask.
-#[derive(Clone, Copy)]
-struct RequestLimits {
-    max_tokens: usize,
-    max_prompt: usize,
-    /// texts in one embeddings request
-    max_inputs: usize,
-}
-
-pub struct AppState {
-    name: String,
-    created: u64,
-    metrics: Arc<Metrics>,
-    limits: RequestLimits,
-    generator: Option<Generator>,
-    embedder: Option<Embedder>,
-    classifier: Option<Classifier>,
-    ids: AtomicU64,
-}
-
-impl AppState {
-    fn next_id(&self) -> u64 {
-        self.ids.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// The routes this model answers, as the start line lists them.
-    fn endpoints(&self) -> Vec<&'static str> {
-        let mut e = Vec::new();
-        if let Some(g) = &self.generator {
-            e.push("POST /v1/completions");
-            if g.template.is_some() {
-                e.push("POST /v1/chat/completions");
-            }
-        }
-        if self.embedder.is_some() {
-            e.push("POST /v1/embeddings");
-        }
-        if let Some(c) = &self.classifier {
-            e.push("POST /v1/classify");
-            if c.model.check_reranker().is_ok() {
-                e.push("POST /v1/rerank");
-            }
-        }
-        e.extend([
-            "POST /tokenize",
-            "GET /v1/models",
-            "GET /health",
-            "GET /metrics",
-        ]);
-        e
-    }
+    kv_dtype: crate::cmd::shared_flags::KvDTypeFlag,
 }
 
 fn check_args(a: &ServeArgs) -> Result<()> {
@@ -181,7 +108,7 @@ fn check_args(a: &ServeArgs) -> Result<()> {
 
 pub fn run(args: &ServeArgs) -> Result<()> {
     check_args(args)?;
-    crate::cmd::set_threads(args.threads)?;
+    crate::cmd::shared_flags::set_threads(args.threads)?;
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
         .with_context(|| format!("--host {} --port {}: not an address", args.host, args.port))?;
@@ -200,7 +127,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         max_prompt: args.max_prompt,
         max_inputs: 2048,
     };
-    let mut loaded = crate::cmd::load_model(&args.model, args.dtype.dtype)?;
+    let mut loaded = crate::cmd::load::load_model(&args.model, args.dtype.dtype)?;
     let mut threads = Vec::new();
     let classifies = loaded.model.kind() == ModelKind::Encoder
         && loaded
@@ -242,7 +169,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 loaded.model.pack_weights();
             }
             let model = Arc::new(loaded.model);
-            let tokenizer = crate::cmd::tokenizer(&args.model, &model, false)?.map(Arc::new);
+            let tokenizer = crate::cmd::load::tokenizer(&args.model, &model, false)?.map(Arc::new);
             let template = ChatTemplate::from_dir(&args.model)?;
             let config = GenerationConfig::read(&args.model)?;
             for w in &config.unapplied {
@@ -264,7 +191,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 tokenizer,
                 config,
                 template,
-                renderer: crate::cmd::template_renderer()?,
+                renderer: crate::cmd::load::template_renderer()?,
                 queue,
             };
             (Some(g), None, None)

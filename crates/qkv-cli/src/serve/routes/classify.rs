@@ -14,7 +14,7 @@ use crate::serve::api::{
     body_json, parse, ApiError, ClassifyInput, ClassifyRequest, RerankRequest, CLASSIFY, RERANK,
 };
 use crate::serve::classifier::ClassifyJob;
-use crate::serve::{AppState, Classifier};
+use crate::serve::state::{AppState, Classifier};
 
 pub async fn rerank(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;

@@ -14,7 +14,7 @@ use crate::serve::api::{
     TOKENIZE,
 };
 use crate::serve::embedder::EmbedJob;
-use crate::serve::AppState;
+use crate::serve::state::AppState;
 
 pub async fn embeddings(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;

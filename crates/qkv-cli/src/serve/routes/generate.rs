@@ -22,7 +22,7 @@ use crate::serve::api::{
     SETTINGS,
 };
 use crate::serve::scheduler::{Event, Job};
-use crate::serve::AppState;
+use crate::serve::state::AppState;
 
 impl AppState {
     fn job(

@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use crate::serve::api::ApiError;
-use crate::serve::AppState;
+use crate::serve::state::AppState;
 
 pub type Shared = State<Arc<AppState>>;
 pub type Reply = Result<Response, ApiError>;
@@ -94,7 +94,7 @@ impl AppState {
         Ok(())
     }
 
-    pub fn generator(&self) -> Result<&crate::serve::Generator, ApiError> {
+    pub fn generator(&self) -> Result<&crate::serve::state::Generator, ApiError> {
         self.generator.as_ref().ok_or_else(|| self.elsewhere())
     }
 

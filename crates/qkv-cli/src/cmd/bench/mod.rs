@@ -1,0 +1,80 @@
+//! `qkv bench`: times qkv on the workloads of issue 8 (attention forward and backward,
+//! decoding against a long cache, all-MiniLM-L6-v2, a random Llama), and the machine's
+//! own limits (FMA peak, memory read bandwidth), and prints, per workload, the best and
+//! the median seconds per call. `bench/compare_torch.py` runs
+//! the same workloads on PyTorch, alternating rounds with this command.
+//!
+//! One file per workload, each with its flags (attention.rs: attention and decoding;
+//! llama.rs, with its check against f32 in accuracy.rs; machine.rs, over the probes of
+//! probes.rs); timing.rs times them all the same way, printer.rs prints their rows.
+
+mod accuracy;
+mod attention;
+mod llama;
+mod machine;
+mod matmul;
+mod minilm;
+mod printer;
+mod probes;
+mod timing;
+
+use std::io::Write;
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+
+use crate::cmd::shared_flags::set_threads;
+use attention::{AttentionArgs, DecodeArgs};
+use llama::LlamaArgs;
+use machine::MachineArgs;
+use matmul::MatmulArgs;
+use minilm::MinilmArgs;
+use printer::Printer;
+
+#[derive(Args)]
+#[command(
+    after_help = "Training throughput against PyTorch: bench/train_tokens_per_sec.sh.\n\
+                        qkv against PyTorch on every workload: python3 bench/compare_torch.py all"
+)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    workload: Workload,
+}
+
+#[derive(Subcommand)]
+enum Workload {
+    /// Attention forward (and backward) on random Q, K, V: [B,N,H,D] against [B,N,G,D]
+    Attention(AttentionArgs),
+    /// Decoding: one query against a KV cache of S keys and values (bottom-right causal)
+    Decode(DecodeArgs),
+    /// all-MiniLM-L6-v2 sentence embeddings: a batch of sentences, and one sentence
+    Minilm(MinilmArgs),
+    /// A randomly initialised Llama: prefill of a prompt and greedy decoding
+    Llama(LlamaArgs),
+    /// Matrix products as a linear layer runs them: y [M,N] = x [M,K] · Wᵀ, W stored [N,K]
+    Matmul(MatmulArgs),
+    /// The machine's limits: f32 FMA peak (GFLOP/s) and memory read bandwidth (GB/s)
+    Machine(MachineArgs),
+}
+
+pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<()> {
+    let common = match &args.workload {
+        Workload::Attention(a) => &a.common,
+        Workload::Decode(a) => &a.common,
+        Workload::Minilm(a) => &a.common,
+        Workload::Llama(a) => &a.common,
+        Workload::Matmul(a) => &a.common,
+        Workload::Machine(a) => &a.common,
+    };
+    common.check()?;
+    set_threads(common.threads)?;
+    let mut printer = Printer::new(common, out);
+    match &args.workload {
+        Workload::Attention(a) => attention::bench_attention(a, &mut printer),
+        Workload::Decode(a) => attention::bench_decode(a, &mut printer),
+        Workload::Minilm(a) => minilm::bench_minilm(a, &mut printer),
+        Workload::Llama(a) => llama::bench_llama(a, &mut printer),
+        Workload::Matmul(a) => matmul::bench_matmul(a, &mut printer),
+        Workload::Machine(a) => machine::bench_machine(a, &mut printer),
+    }
+}

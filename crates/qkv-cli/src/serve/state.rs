@@ -1,0 +1,91 @@
+//! What the handlers share: the model's engine (a generator, an embedder or a
+//! classifier, each with its queue), the request limits, and the server's own name,
+//! metrics and ids.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use qkv::models::generate::config::GenerationConfig;
+use qkv::models::sentence::SentenceEncoder;
+use qkv::models::{SequenceClassifier, Transformer};
+use qkv::text::{ChatTemplate, Tokenizer};
+
+use super::classifier::ClassifyQueue;
+use super::embedder::EmbedQueue;
+use super::metrics::Metrics;
+use super::scheduler::Queue;
+
+/// A text generator: the model, its folder's tokenizer, generation defaults and chat
+/// template, and the scheduler's queue.
+pub struct Generator {
+    pub(super) model: Arc<Transformer>,
+    pub(super) tokenizer: Option<Arc<Tokenizer>>,
+    pub(super) config: GenerationConfig,
+    pub(super) template: Option<ChatTemplate>,
+    /// renders `template` in worker processes, bounded in memory and time
+    pub(super) renderer: qkv::text::Renderer,
+    pub(super) queue: Queue,
+}
+
+pub struct Embedder {
+    pub(super) encoder: Arc<SentenceEncoder>,
+    pub(super) queue: EmbedQueue,
+}
+
+pub struct Classifier {
+    pub(super) model: Arc<SequenceClassifier>,
+    pub(super) queue: ClassifyQueue,
+}
+
+/// Bounds on what one request may ask.
+#[derive(Clone, Copy)]
+pub struct RequestLimits {
+    pub(super) max_tokens: usize,
+    pub(super) max_prompt: usize,
+    /// texts in one embeddings request
+    pub(super) max_inputs: usize,
+}
+
+pub struct AppState {
+    pub(super) name: String,
+    pub(super) created: u64,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) limits: RequestLimits,
+    pub(super) generator: Option<Generator>,
+    pub(super) embedder: Option<Embedder>,
+    pub(super) classifier: Option<Classifier>,
+    pub(super) ids: AtomicU64,
+}
+
+impl AppState {
+    pub(super) fn next_id(&self) -> u64 {
+        self.ids.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The routes this model answers, as the start line lists them.
+    pub(super) fn endpoints(&self) -> Vec<&'static str> {
+        let mut e = Vec::new();
+        if let Some(g) = &self.generator {
+            e.push("POST /v1/completions");
+            if g.template.is_some() {
+                e.push("POST /v1/chat/completions");
+            }
+        }
+        if self.embedder.is_some() {
+            e.push("POST /v1/embeddings");
+        }
+        if let Some(c) = &self.classifier {
+            e.push("POST /v1/classify");
+            if c.model.check_reranker().is_ok() {
+                e.push("POST /v1/rerank");
+            }
+        }
+        e.extend([
+            "POST /tokenize",
+            "GET /v1/models",
+            "GET /health",
+            "GET /metrics",
+        ]);
+        e
+    }
+}
