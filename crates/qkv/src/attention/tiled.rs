@@ -15,7 +15,7 @@ use super::decode::{self, KvRows};
 use super::micro::{self, MulAcc, Scores, SoftmaxRows, Strided, PANEL};
 use super::output::AttentionOutput;
 use super::packed::{Panels, Rows};
-use super::scratch::{Scratch, BLOCK_K};
+use super::scratch::{QueryRows, Scratch, BLOCK_K};
 use super::spec::Scorer;
 use super::tiled_bf16;
 use super::view::HeadsView;
@@ -71,9 +71,10 @@ pub(crate) fn attention(
             let (b, h) = (bh / h_n, bh % h_n);
             let i0 = qb * block_q;
             let rows = block_q.min(t - i0);
+            let at = QueryRows { b, h, i0, rows };
             match &blocks {
-                Some(blocks) => tiled_bf16::query_block(q, blocks, scorer, b, h, i0, rows, scratch),
-                None => query_block(q, &keys, &values, scorer, b, h, i0, rows, scratch),
+                Some(blocks) => tiled_bf16::query_block(q, blocks, scorer, at, scratch),
+                None => query_block(q, (&keys, &values), scorer, at, scratch),
             }
             for r in 0..rows {
                 let i = i0 + r;
@@ -110,18 +111,14 @@ pub(crate) fn attention(
 /// Runs the online softmax for query rows i0..i0+rows of head h in batch b,
 /// leaving acc, m and l in `scratch`. Key blocks no row of the block may see are
 /// skipped; the mask is applied only to blocks where some row sees only part of it.
-#[allow(clippy::too_many_arguments)]
 fn query_block(
     q: &HeadsView,
-    keys: &Panels,
-    values: &Rows,
+    (keys, values): (&Panels, &Rows),
     scorer: &Scorer,
-    b: usize,
-    h: usize,
-    i0: usize,
-    rows: usize,
+    at: QueryRows,
     scratch: &mut Scratch,
 ) {
+    let QueryRows { b, h, i0, rows } = at;
     let dims = scorer.dims;
     let kernels = micro::Kernels::detect();
     let (d, dv) = (dims.d, dims.dv);

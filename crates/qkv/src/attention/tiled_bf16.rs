@@ -16,7 +16,7 @@
 use std::sync::OnceLock;
 
 use super::micro::{Kernels, SoftmaxRows};
-use super::scratch::{Scratch, BLOCK_K};
+use super::scratch::{QueryRows, Scratch, BLOCK_K};
 use super::spec::Scorer;
 use super::view::HeadsView;
 use crate::ops::Par;
@@ -81,17 +81,14 @@ impl<'a> Blocks<'a> {
 /// for query rows i0..i0+rows of head h in batch b, leaving acc, m and l in `scratch`.
 /// Key blocks start at multiples of [`BLOCK_K`] (where they were packed); the keys of
 /// a block a row may not see are masked, as the f32 kernel masks a partial block.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn query_block(
     q: &HeadsView,
     blocks: &Blocks,
     scorer: &Scorer,
-    b: usize,
-    h: usize,
-    i0: usize,
-    rows: usize,
+    at: QueryRows,
     scratch: &mut Scratch,
 ) {
+    let QueryRows { b, h, i0, rows } = at;
     let dims = scorer.dims;
     let (d, dv) = (dims.d, dims.dv);
     let kernels = Kernels::detect();

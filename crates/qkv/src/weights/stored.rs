@@ -242,14 +242,17 @@ pub(crate) const TILE_ROWS: usize = 4;
 /// The sums of one tile: `[row][panel][column]`.
 pub(crate) type Sums<const R: usize, const NP: usize> = [[[f32; PANEL]; NP]; R];
 
+/// Where a tile lies: rows `r0..` of x against the weight's panels `panels`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct At<const NP: usize> {
+    pub r0: usize,
+    pub panels: [usize; NP],
+}
+
 /// A tiled type's kernel: the sums of R rows of x against NP panels of the weight.
 pub(crate) trait TileKernel: Sync {
     /// `out[r][np][c]`: row `r0 + r` of x against column c of panel `panels[np]`.
-    fn sums<const R: usize, const NP: usize>(
-        &self,
-        at: (usize, [usize; NP]),
-        out: &mut Sums<R, NP>,
-    );
+    fn sums<const R: usize, const NP: usize>(&self, at: At<NP>, out: &mut Sums<R, NP>);
 }
 
 /// Rows of x and panels of the weight in one tile: four panels for one row (a decoding
@@ -273,7 +276,7 @@ fn tile_sums(
         // missing panels repeat the last live one; their sums are dropped
         let panels = std::array::from_fn(|i| j + i.min(live - 1));
         let mut out = [[[0.0f32; PANEL]; NP]; R];
-        kernel.sums::<R, NP>((r0, panels), &mut out);
+        kernel.sums::<R, NP>(At { r0, panels }, &mut out);
         for (dst, src) in sums.iter_mut().zip(&out) {
             for (np, cols) in src.iter().enumerate() {
                 dst[np * PANEL..][..PANEL].copy_from_slice(cols);
@@ -296,11 +299,11 @@ fn tile_sums(
 pub(crate) fn sweep_panels(
     kernel: &impl TileKernel,
     ops: Operands,
-    n: usize,
     tasks_per_thread: usize,
     parallel: bool,
 ) {
     let Operands { y, rows, start, .. } = ops;
+    let n = y.len() / rows;
     let width = if rows == 1 { 4 } else { 2 };
     let panels = n.div_ceil(PANEL);
     let chunk = if parallel {

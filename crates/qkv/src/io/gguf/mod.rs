@@ -12,7 +12,6 @@ mod write;
 
 use std::path::Path;
 
-pub use dequant::q8_0_parts;
 pub use header::{Header, TensorInfo};
 pub use types::GgmlType;
 pub use value::{Array, Value, ValueType};

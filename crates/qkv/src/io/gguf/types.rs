@@ -4,6 +4,7 @@
 //! computes with are those [`GgmlType::dequantizes`] says.
 
 use crate::weights::ggml::BlockType;
+use crate::weights::int8::q8_0;
 
 /// A ggml tensor type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -16,21 +17,27 @@ pub struct GgmlType {
     pub block_bytes: usize,
 }
 
-/// (code, name, weights per block, bytes per block) of every type ggml defines.
+/// (code, name, weights per block, bytes per block) of every type ggml defines; the
+/// sizes of the types qkv computes with are their layouts' own.
 const TYPES: &[(u32, &str, usize, usize)] = &[
     (0, "F32", 1, 4),
     (1, "F16", 1, 2),
-    (2, "Q4_0", 32, 18),
+    (
+        2,
+        "Q4_0",
+        BlockType::Q4_0.weights(),
+        BlockType::Q4_0.bytes(),
+    ),
     (3, "Q4_1", 32, 20),
     (6, "Q5_0", 32, 22),
     (7, "Q5_1", 32, 24),
-    (8, "Q8_0", 32, 34),
+    (8, "Q8_0", q8_0::WEIGHTS, q8_0::BYTES),
     (9, "Q8_1", 32, 40),
     (10, "Q2_K", 256, 84),
     (11, "Q3_K", 256, 110),
-    (12, "Q4_K", 256, 144),
-    (13, "Q5_K", 256, 176),
-    (14, "Q6_K", 256, 210),
+    (12, "Q4_K", BlockType::Q4K.weights(), BlockType::Q4K.bytes()),
+    (13, "Q5_K", BlockType::Q5K.weights(), BlockType::Q5K.bytes()),
+    (14, "Q6_K", BlockType::Q6K.weights(), BlockType::Q6K.bytes()),
     (15, "Q8_K", 256, 292),
     (16, "IQ2_XXS", 256, 66),
     (17, "IQ2_XS", 256, 74),

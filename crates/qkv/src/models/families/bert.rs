@@ -46,6 +46,7 @@ pub(crate) static BERT: FamilyDef = FamilyDef {
         out: "classifier",
     }),
     keys: KEYS,
+    gguf: None,
 };
 
 /// A masked-LM folder keeps its head when the checkpoint has it.

@@ -34,6 +34,7 @@ pub(crate) static BLOOM: FamilyDef = FamilyDef {
     native: false,
     classifier: None,
     keys: KEYS,
+    gguf: None,
 };
 
 /// Hugging Face `BloomConfig`. Released configs disagree on names (`bloom-560m` writes

@@ -47,6 +47,9 @@ pub(crate) struct FamilyDef {
     /// What the reader does with each `config.json` key (`keys.rs`); qkv's own folder
     /// has none to check.
     pub keys: KeyTable,
+    /// The GGUF architecture (`general.architecture`, as llama.cpp's converter names
+    /// it) whose files this family's tensors read and write, where qkv reads them.
+    pub gguf: Option<&'static str>,
 }
 
 /// A sequence-classification head as BERT-family checkpoints store it: the first
@@ -98,6 +101,7 @@ pub(crate) const fn hf_family(
         native: false,
         classifier: None,
         keys: &[],
+        gguf: None,
     }
 }
 
@@ -116,6 +120,14 @@ impl FamilyDef {
     /// This family with `keys` as its table of `config.json` keys.
     pub(crate) const fn with_keys(self, keys: KeyTable) -> FamilyDef {
         FamilyDef { keys, ..self }
+    }
+
+    /// This family with its GGUF files named `gguf` (`general.architecture`).
+    pub(crate) const fn in_gguf(self, gguf: &'static str) -> FamilyDef {
+        FamilyDef {
+            gguf: Some(gguf),
+            ..self
+        }
     }
 
     /// This family with its sequence-classification head stored as `layout` says.

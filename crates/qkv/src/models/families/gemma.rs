@@ -46,7 +46,8 @@ pub(crate) static GEMMA: FamilyDef = hf_family(
     names,
     "model.",
 )
-.with_keys(GEMMA_KEYS);
+.with_keys(GEMMA_KEYS)
+.in_gguf("gemma");
 
 pub(crate) static GEMMA2: FamilyDef = hf_family(
     "gemma2",
@@ -55,7 +56,8 @@ pub(crate) static GEMMA2: FamilyDef = hf_family(
     names,
     "model.",
 )
-.with_keys(KEYS);
+.with_keys(KEYS)
+.in_gguf("gemma2");
 
 pub(crate) static GEMMA3: FamilyDef = hf_family(
     "gemma3_text",
@@ -64,7 +66,8 @@ pub(crate) static GEMMA3: FamilyDef = hf_family(
     names,
     "model.",
 )
-.with_keys(KEYS);
+.with_keys(KEYS)
+.in_gguf("gemma3");
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Version {

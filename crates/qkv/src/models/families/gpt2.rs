@@ -37,6 +37,7 @@ pub(crate) static GPT2: FamilyDef = FamilyDef {
     native: false,
     classifier: None,
     keys: KEYS,
+    gguf: None,
 };
 
 /// Hugging Face `GPT2Config`. Sizes are required; the alternative names are those of

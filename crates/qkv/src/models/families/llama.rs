@@ -39,6 +39,7 @@ pub(crate) static LLAMA: FamilyDef = FamilyDef {
     native: false,
     classifier: None,
     keys: KEYS,
+    gguf: Some("llama"),
 };
 
 pub(crate) static MISTRAL: FamilyDef =
@@ -48,11 +49,13 @@ pub(crate) static MISTRAL: FamilyDef =
 
 pub(crate) static QWEN2: FamilyDef = llama_like("qwen2", &["Qwen2ForCausalLM"], |dir, _, _| {
     read(dir, Variant::Qwen2)
-});
+})
+.in_gguf("qwen2");
 
 pub(crate) static QWEN3: FamilyDef = llama_like("qwen3", &["Qwen3ForCausalLM"], |dir, _, _| {
     read(dir, Variant::Qwen3)
-});
+})
+.in_gguf("qwen3");
 
 /// A family read as Llama with its own `config.json` reader, which a fresh model is
 /// never saved as (it saves as Llama).
@@ -66,6 +69,7 @@ const fn llama_like(
         architectures,
         read,
         fresh: None,
+        gguf: None,
         ..LLAMA
     }
 }

@@ -41,6 +41,7 @@ pub(crate) static MARIAN: FamilyDef = FamilyDef {
     native: false,
     classifier: None,
     keys: KEYS,
+    gguf: None,
 };
 
 /// Older Marian checkpoints keep the shared table under the encoder.

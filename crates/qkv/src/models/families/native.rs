@@ -28,6 +28,7 @@ pub(crate) static QKV: FamilyDef = FamilyDef {
     native: true,
     classifier: None,
     keys: &[],
+    gguf: None,
 };
 
 #[derive(serde::Deserialize)]

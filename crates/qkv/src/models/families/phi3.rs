@@ -29,7 +29,8 @@ pub(crate) static PHI3: FamilyDef = hf_family(
     names,
     "model.",
 )
-.with_keys(KEYS);
+.with_keys(KEYS)
+.in_gguf("phi3");
 
 /// Hugging Face `Phi3Config`, with its defaults where the file is silent.
 #[derive(Deserialize)]

@@ -71,6 +71,12 @@ impl Family {
         FAMILIES.iter().find(reads).map(|&f| Family(f))
     }
 
+    /// The family whose GGUF files are named `gguf` (`general.architecture`).
+    pub fn in_gguf(gguf: &str) -> Option<Family> {
+        let named = |f: &&&FamilyDef| f.gguf == Some(gguf);
+        FAMILIES.iter().find(named).map(|&f| Family(f))
+    }
+
     /// The family a freshly built `arch` saves as: the first that it fits exactly
     /// (GPT-2, Llama), else qkv's own.
     pub fn of_fresh(arch: &Arch) -> Family {

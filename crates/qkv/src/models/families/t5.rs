@@ -44,6 +44,7 @@ pub(crate) static T5: FamilyDef = FamilyDef {
     native: false,
     classifier: None,
     keys: KEYS,
+    gguf: None,
 };
 
 /// Without a decoder start token, generation starts from BOS, as Hugging Face's

@@ -24,7 +24,7 @@ use super::meta::{pattern_layers, Kind, Meta, RopeFactors};
 use super::view::{gguf_name, offset_norm, permuted_row};
 use crate::error::{Error, Result};
 use crate::io::gguf::{self, Array, GgmlType, Header, OutTensor, TensorInfo, Value, ValueType};
-use crate::models::families::{names, Family};
+use crate::models::families::names;
 use crate::models::net::arch::{Arch, ModelKind, Position};
 use crate::models::transformer::Transformer;
 use crate::position::RopeScaling;
@@ -97,7 +97,7 @@ pub fn save_gguf(
         )));
     }
     let kind = kind_of(model);
-    let family = Family::reading(kind.architecture()).expect("a family reads each GGUF kind");
+    let family = kind.family();
     let stack = arch.stack();
     let mut notes = Vec::new();
 

@@ -4,6 +4,7 @@
 use crate::block::Residual;
 use crate::error::{Error, Result};
 use crate::io::gguf::{Header, Value};
+use crate::models::families::Family;
 use crate::models::net::arch::{Arch, Head, Position};
 use crate::ops::Activation;
 use crate::position::rope_scaling::LongRopeScaling;
@@ -49,17 +50,15 @@ impl Kind {
         Kind::ALL.into_iter().find(|k| k.name() == name)
     }
 
-    /// The Hugging Face architecture whose family reads and writes its tensors.
+    /// The family whose files these are (its file in `families/` names the GGUF
+    /// architecture), which reads and writes their tensors.
+    pub fn family(self) -> Family {
+        Family::in_gguf(self.name()).expect("a family names each GGUF kind")
+    }
+
+    /// The Hugging Face architecture a folder of it is saved as.
     pub fn architecture(self) -> &'static str {
-        match self {
-            Kind::Llama => "LlamaForCausalLM",
-            Kind::Qwen2 => "Qwen2ForCausalLM",
-            Kind::Qwen3 => "Qwen3ForCausalLM",
-            Kind::Gemma => "GemmaForCausalLM",
-            Kind::Gemma2 => "Gemma2ForCausalLM",
-            Kind::Gemma3 => "Gemma3ForCausalLM",
-            Kind::Phi3 => "Phi3ForCausalLM",
-        }
+        self.family().architecture()
     }
 
     /// The names qkv reads, for an error.
@@ -544,5 +543,30 @@ impl Sizes {
         arch.attention.qk_norm = self.qk_norm;
         arch.head = Head::lm(self.tied);
         arch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Kind;
+
+    /// Each GGUF architecture qkv reads is named by one family's file, whose folders
+    /// are the Hugging Face architecture llama.cpp's converter reads for it.
+    #[test]
+    fn each_kind_is_named_by_one_family() {
+        let want = [
+            "LlamaForCausalLM",
+            "Qwen2ForCausalLM",
+            "Qwen3ForCausalLM",
+            "GemmaForCausalLM",
+            "Gemma2ForCausalLM",
+            "Gemma3ForCausalLM",
+            "Phi3ForCausalLM",
+        ];
+        for (kind, want) in Kind::ALL.into_iter().zip(want) {
+            assert_eq!(Kind::from_name(kind.name()), Some(kind));
+            assert_eq!(kind.architecture(), want, "{kind:?}");
+            assert_eq!(kind.family().def().gguf, Some(kind.name()));
+        }
     }
 }

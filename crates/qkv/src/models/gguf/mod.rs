@@ -106,7 +106,7 @@ pub fn load_gguf(path: &Path, dtype: DType) -> Result<Loaded> {
         ))
     })?;
     let architecture = kind.architecture();
-    let family = Family::reading(architecture).expect("a family reads each GGUF kind");
+    let family = kind.family();
     let id = |key: &str| meta.opt_u64(key).map(|v| v as usize);
     // a tied head over a table stored in blocks computes from those blocks, as
     // llama.cpp's does: a head of its own that reads the table's blocks

@@ -4,13 +4,14 @@
 
 use super::meta::Kind;
 use crate::error::{Error, Result};
-use crate::io::gguf::{q8_0_parts, GgmlType, GgufFile};
+use crate::io::gguf::{GgmlType, GgufFile};
 use crate::io::TensorSource;
 use crate::layers::Linear;
 use crate::models::net::arch::Arch;
 use crate::tensor::Tensor;
 use crate::weights::ggml::f16::F16Weight;
 use crate::weights::ggml::BlockWeight;
+use crate::weights::int8::q8_0;
 use crate::weights::int8::Int8Weight;
 use crate::weights::DType;
 
@@ -278,7 +279,7 @@ impl<'f> HfView<'f> {
         let row_bytes = cols / ty.block * ty.block_bytes;
         let w = Int8Weight::from_blocks(rows, cols, |r, g, q| {
             let src = source_row(r);
-            let (d, codes) = q8_0_parts(&bytes[src * row_bytes + g * ty.block_bytes..]);
+            let (d, codes) = q8_0::parts(&bytes[src * row_bytes + g * ty.block_bytes..]);
             if !d.is_finite() {
                 return Err(Error::Gguf {
                     path: self.file.path().to_string(),

@@ -44,7 +44,7 @@ impl BlockType {
     }
 
     /// Weights a block holds.
-    pub fn weights(self) -> usize {
+    pub const fn weights(self) -> usize {
         match self {
             BlockType::Q4_0 => 32,
             _ => QK_K,
@@ -52,7 +52,7 @@ impl BlockType {
     }
 
     /// Bytes a block takes.
-    pub fn bytes(self) -> usize {
+    pub const fn bytes(self) -> usize {
         match self {
             BlockType::Q4_0 => 18,
             BlockType::Q4K => 144,

@@ -8,7 +8,8 @@ use super::weight::BlockWeight;
 use crate::error::Result;
 use crate::ops::Par;
 use crate::weights::stored::{
-    sweep_panels, widened_product, Form, Kernel, Operands, StoredWeight, Sums, TileKernel, PANEL,
+    sweep_panels, widened_product, At, Form, Kernel, Operands, StoredWeight, Sums, TileKernel,
+    PANEL,
 };
 
 /// Most rows that take the plain tiles: beyond them, the f32 product's tiles reuse
@@ -63,29 +64,22 @@ impl StoredWeight for BlockWeight {
     }
 
     fn run(&self, form: Form, ops: Operands, par: Par) -> Result<()> {
-        let Operands { y, x, rows, start } = ops;
         let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
-        let xq = QuantizedX::new(x, rows, self.k(), self.ty(), parallel);
+        let xq = QuantizedX::new(ops.x, ops.rows, self.k(), self.ty(), parallel);
         match form {
             // one task a thread: a decoding step's products are too short to pay for more
             Form::Tiles(kernel) => {
-                let tiles = Tiles {
-                    kernel: loops(kernel),
-                    xq: &xq,
-                    w: self,
-                };
-                sweep_panels(
-                    &tiles,
-                    Operands { y, x, rows, start },
-                    self.n(),
-                    1,
-                    parallel,
-                )
+                let (kernel, w) = (loops(kernel), self);
+                sweep_panels(&Tiles { kernel, xq: &xq, w }, ops, 1, parallel)
             }
-            _ => {
-                let x = &xq.dequantized();
-                widened_product(self, Operands { y, x, rows, start }, par)?
-            }
+            _ => widened_product(
+                self,
+                Operands {
+                    x: &xq.dequantized(),
+                    ..ops
+                },
+                par,
+            )?,
         }
         Ok(())
     }
@@ -99,12 +93,8 @@ struct Tiles<'a> {
 }
 
 impl TileKernel for Tiles<'_> {
-    fn sums<const R: usize, const NP: usize>(
-        &self,
-        at: (usize, [usize; NP]),
-        out: &mut Sums<R, NP>,
-    ) {
-        let (r0, panels) = at;
+    fn sums<const R: usize, const NP: usize>(&self, at: At<NP>, out: &mut Sums<R, NP>) {
+        let At { r0, panels } = at;
         let t = Tile::<R, NP> {
             ty: self.w.ty(),
             x: std::array::from_fn(|i| self.xq.row(r0 + i)),

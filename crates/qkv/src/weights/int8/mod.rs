@@ -18,6 +18,7 @@
 mod amx;
 mod kernel;
 pub mod product;
+pub mod q8_0;
 pub mod quant;
 pub mod reference;
 mod rows;

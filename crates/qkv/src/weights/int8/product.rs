@@ -7,7 +7,7 @@ use super::weight::Int8Weight;
 use crate::error::Result;
 use crate::ops::Par;
 use crate::weights::stored::{
-    sweep_panels, widened_product, Form, Kernel, Operands, StoredWeight, Sums, TileKernel,
+    sweep_panels, widened_product, At, Form, Kernel, Operands, StoredWeight, Sums, TileKernel,
 };
 
 /// Most rows that take the VNNI tiles even where AMX is there: a decoding step's few
@@ -57,33 +57,30 @@ impl StoredWeight for Int8Weight {
     }
 
     fn run(&self, form: Form, ops: Operands, par: Par) -> Result<()> {
-        let Operands { y, x, rows, start } = ops;
         let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
-        let xq = QuantizedRows::new(x, rows, self, parallel);
+        let xq = QuantizedRows::new(ops.x, ops.rows, self, parallel);
         match form {
             Form::Tiles(kernel) => {
                 let kernel = match kernel {
                     Kernel::Vnni => Loops::Vnni,
                     _ => Loops::Plain,
                 };
-                let tiles = Tiles {
-                    kernel,
-                    xq: &xq,
-                    w: self,
-                };
                 // four tasks a thread
                 sweep_panels(
-                    &tiles,
-                    Operands { y, x, rows, start },
-                    self.n(),
+                    &Tiles {
+                        kernel,
+                        xq: &xq,
+                        w: self,
+                    },
+                    ops,
                     4,
                     parallel,
                 )
             }
-            Form::Amx => amx::product(y, &xq, rows, self, start, parallel),
+            Form::Amx => amx::product(ops.y, &xq, ops.rows, self, ops.start, parallel),
             Form::Widened | Form::Rows(_) => {
                 let x = &xq.dequantized(self.k());
-                widened_product(self, Operands { y, x, rows, start }, par)?
+                widened_product(self, Operands { x, ..ops }, par)?
             }
         }
         Ok(())
@@ -98,12 +95,8 @@ struct Tiles<'a> {
 }
 
 impl TileKernel for Tiles<'_> {
-    fn sums<const R: usize, const NP: usize>(
-        &self,
-        at: (usize, [usize; NP]),
-        out: &mut Sums<R, NP>,
-    ) {
-        let (r0, panels) = at;
+    fn sums<const R: usize, const NP: usize>(&self, at: At<NP>, out: &mut Sums<R, NP>) {
+        let At { r0, panels } = at;
         let t = Tile::<R, NP> {
             x: std::array::from_fn(|i| self.xq.row(r0 + i)),
             codes: panels.map(|j| self.w.panel_codes(j)),

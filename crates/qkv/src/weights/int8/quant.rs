@@ -11,7 +11,7 @@
 use crate::ops::isa::Isa;
 
 /// K steps of a block: one scale per 32 weights of a row, as GGUF's Q8_0.
-pub const BLOCK: usize = 32;
+pub const BLOCK: usize = super::q8_0::WEIGHTS;
 
 /// A block's scale as Q8_0 stores it: d rounded to the nearest f16, or d itself
 /// where f16 cannot hold it (|d| > 65504: values past 8·10⁶, which Q8_0 would make
