@@ -15,7 +15,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::def::{as_given, ClassifierLayout, FamilyDef, PoolActivation};
+use super::def::{hf_family, ClassifierLayout, FamilyDef, PoolActivation};
 use super::keys::{KeyTable, Rule::*, CACHE, DROPOUT, INIT};
 use super::names::{same, Name};
 use super::special::TokenIds;
@@ -25,29 +25,25 @@ use crate::io::{bad_field, check_heads, read_config};
 use crate::models::net::arch::{Arch, Head, Position};
 use crate::ops::Activation;
 
-pub(crate) static BERT: FamilyDef = FamilyDef {
-    name: "bert",
-    architectures: &[
+pub(crate) static BERT: FamilyDef = hf_family(
+    "bert",
+    &[
         "BertForMaskedLM",
         "BertModel",
         "BertForSequenceClassification",
     ],
-    read: read_folder,
+    read_folder,
     names,
-    prefix: "bert.",
-    aliases: tensorflow_names,
-    special: as_given,
-    fresh: None,
-    native: false,
-    classifier: Some(ClassifierLayout {
-        dense: "bert.pooler.dense",
-        activation: PoolActivation::Tanh,
-        norm: None,
-        out: "classifier",
-    }),
-    keys: KEYS,
-    gguf: None,
-};
+    "bert.",
+)
+.with_keys(KEYS)
+.with_aliases(tensorflow_names)
+.classifying(ClassifierLayout {
+    dense: "bert.pooler.dense",
+    activation: PoolActivation::Tanh,
+    norm: None,
+    out: "classifier",
+});
 
 /// A masked-LM folder keeps its head when the checkpoint has it.
 fn read_folder(dir: &Path, architecture: &str, ckpt: &Checkpoint) -> Result<(Arch, TokenIds)> {

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::def::{as_given, no_aliases, FamilyDef};
+use super::def::{hf_family, FamilyDef};
 use super::keys::{KeyTable, Rule, Rule::*, CACHE, DROPOUT, INIT};
 use super::names::{same, stored, How, Name};
 use super::special::TokenIds;
@@ -22,20 +22,14 @@ use crate::error::Result;
 use crate::io::{check_positive, epsilon, read_config};
 use crate::models::net::arch::{Arch, Head, Position};
 
-pub(crate) static BLOOM: FamilyDef = FamilyDef {
-    name: "bloom",
-    architectures: &["BloomForCausalLM"],
-    read: |dir, _, _| read(dir),
+pub(crate) static BLOOM: FamilyDef = hf_family(
+    "bloom",
+    &["BloomForCausalLM"],
+    |dir, _, _| read(dir),
     names,
-    prefix: "transformer.",
-    aliases: no_aliases,
-    special: as_given,
-    fresh: None,
-    native: false,
-    classifier: None,
-    keys: KEYS,
-    gguf: None,
-};
+    "transformer.",
+)
+.with_keys(KEYS);
 
 /// Hugging Face `BloomConfig`. Released configs disagree on names (`bloom-560m` writes
 /// `hidden_size` and `n_head`, the 176B model `n_embed` and `num_attention_heads`), so

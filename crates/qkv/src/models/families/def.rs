@@ -122,6 +122,27 @@ impl FamilyDef {
         FamilyDef { keys, ..self }
     }
 
+    /// This family with other spellings of its tensors' names.
+    pub(crate) const fn with_aliases(self, aliases: fn(&str) -> Vec<String>) -> FamilyDef {
+        FamilyDef { aliases, ..self }
+    }
+
+    /// This family with its own reading of the special tokens.
+    pub(crate) const fn with_special(
+        self,
+        special: fn(SpecialTokens) -> SpecialTokens,
+    ) -> FamilyDef {
+        FamilyDef { special, ..self }
+    }
+
+    /// This family as what a freshly built model that `fresh` fits is saved as.
+    pub(crate) const fn saving_fresh(self, fresh: Fresh) -> FamilyDef {
+        FamilyDef {
+            fresh: Some(fresh),
+            ..self
+        }
+    }
+
     /// This family with its GGUF files named `gguf` (`general.architecture`).
     pub(crate) const fn in_gguf(self, gguf: &'static str) -> FamilyDef {
         FamilyDef {

@@ -16,7 +16,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::def::{as_given, no_aliases, FamilyDef, Fresh};
+use super::def::{hf_family, FamilyDef, Fresh};
 use super::keys::{KeyRows, KeyTable, Rule, Rule::*, CACHE, DROPOUT, INIT};
 use super::names::{same, stored, How, Name};
 use super::special::TokenIds;
@@ -25,20 +25,15 @@ use crate::io::{aliased_size, bad_field, check_heads, check_positive, epsilon, r
 use crate::models::net::arch::{Arch, Head, Position, StackDims};
 use crate::ops::Activation;
 
-pub(crate) static GPT2: FamilyDef = FamilyDef {
-    name: "gpt2",
-    architectures: &["GPT2LMHeadModel", "GPT2Model"],
-    read: |dir, _, _| read(dir),
-    names: |_| names(),
-    prefix: "transformer.",
-    aliases: no_aliases,
-    special: as_given,
-    fresh: Some(Fresh { fits, config_json }),
-    native: false,
-    classifier: None,
-    keys: KEYS,
-    gguf: None,
-};
+pub(crate) static GPT2: FamilyDef = hf_family(
+    "gpt2",
+    &["GPT2LMHeadModel", "GPT2Model"],
+    |dir, _, _| read(dir),
+    |_| names(),
+    "transformer.",
+)
+.with_keys(KEYS)
+.saving_fresh(Fresh { fits, config_json });
 
 /// Hugging Face `GPT2Config`. Sizes are required; the alternative names are those of
 /// `attribute_map` (`hidden_size` → `n_embd`, …), which some tools write instead.

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::checks::DecoderSizes;
-use super::def::{as_given, no_aliases, FamilyDef, Fresh, ReadConfig};
+use super::def::{hf_family, FamilyDef, Fresh, ReadConfig};
 use super::keys::{KeyTable, Rule::*, DECODER_SIZES, DECODER_TRAINING, ROPE_KEYS};
 use super::names::{layer_rows, same, Name};
 use super::special::TokenIds;
@@ -27,20 +27,16 @@ use crate::models::net::arch::{Arch, Head, Position};
 use crate::ops::Activation;
 use crate::position::rope_scaling::{HfRopeConfig, RopeParameters, RopeScaling};
 
-pub(crate) static LLAMA: FamilyDef = FamilyDef {
-    name: "llama",
-    architectures: &["LlamaForCausalLM"],
-    read: |dir, _, _| read(dir, Variant::Llama),
-    names: |_| names(),
-    prefix: "model.",
-    aliases: no_aliases,
-    special: as_given,
-    fresh: Some(Fresh { fits, config_json }),
-    native: false,
-    classifier: None,
-    keys: KEYS,
-    gguf: Some("llama"),
-};
+pub(crate) static LLAMA: FamilyDef = hf_family(
+    "llama",
+    &["LlamaForCausalLM"],
+    |dir, _, _| read(dir, Variant::Llama),
+    |_| names(),
+    "model.",
+)
+.with_keys(KEYS)
+.saving_fresh(Fresh { fits, config_json })
+.in_gguf("llama");
 
 pub(crate) static MISTRAL: FamilyDef =
     llama_like("mistral", &["MistralForCausalLM"], |dir, _, _| {

@@ -18,7 +18,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::def::{as_given, FamilyDef};
+use super::def::{hf_family, FamilyDef};
 use super::keys::{KeyTable, Rule, Rule::*, CACHE, DROPOUT, INIT};
 use super::names::{same, Name};
 use super::special::{Ids, TokenIds};
@@ -29,20 +29,15 @@ use crate::models::net::arch::{Arch, Head, Position, StackDims};
 use crate::ops::Activation;
 use crate::position::SinusoidalLayout;
 
-pub(crate) static MARIAN: FamilyDef = FamilyDef {
-    name: "marian",
-    architectures: &["MarianMTModel"],
-    read: |dir, _, _| read(dir),
+pub(crate) static MARIAN: FamilyDef = hf_family(
+    "marian",
+    &["MarianMTModel"],
+    |dir, _, _| read(dir),
     names,
-    prefix: "model.",
-    aliases: shared_table,
-    special: as_given,
-    fresh: None,
-    native: false,
-    classifier: None,
-    keys: KEYS,
-    gguf: None,
-};
+    "model.",
+)
+.with_keys(KEYS)
+.with_aliases(shared_table);
 
 /// Older Marian checkpoints keep the shared table under the encoder.
 fn shared_table(name: &str) -> Vec<String> {

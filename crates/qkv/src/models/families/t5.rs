@@ -21,7 +21,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::def::{no_aliases, FamilyDef};
+use super::def::{hf_family, FamilyDef};
 use super::keys::{KeyTable, Rule::*, CACHE, DROPOUT, INIT};
 use super::names::{same, Name};
 use super::special::{SpecialTokens, TokenIds};
@@ -32,20 +32,15 @@ use crate::layers::NormKind;
 use crate::models::net::arch::{Arch, Head, Position, StackDims};
 use crate::ops::Activation;
 
-pub(crate) static T5: FamilyDef = FamilyDef {
-    name: "t5",
-    architectures: &["T5ForConditionalGeneration"],
-    read: |dir, _, ckpt| read(dir, ckpt),
+pub(crate) static T5: FamilyDef = hf_family(
+    "t5",
+    &["T5ForConditionalGeneration"],
+    |dir, _, ckpt| read(dir, ckpt),
     names,
-    prefix: "",
-    aliases: no_aliases,
-    special: start_from_bos,
-    fresh: None,
-    native: false,
-    classifier: None,
-    keys: KEYS,
-    gguf: None,
-};
+    "",
+)
+.with_keys(KEYS)
+.with_special(start_from_bos);
 
 /// Without a decoder start token, generation starts from BOS, as Hugging Face's
 /// `generate` does.
