@@ -1,11 +1,11 @@
 //! `Model.attribute`: what a model used on one text, by attention weights, value norms,
-//! rollout, flow, gradient × attention or ablation (`qkv::models::attribute`), as
+//! rollout, flow, gradient × attention or ablation (`qkv::models::explain`), as
 //! NumPy arrays.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
-use qkv::models::attribute::{attribute as run, token_labels, Method, Target};
+use qkv::models::explain::{attribute as run, token_labels, Method, Target};
 use qkv::models::{Input, ModelKind, TokenBatch};
 use qkv::text::TokenLabel;
 use qkv::Tensor;

@@ -12,7 +12,7 @@ mod common;
 // every layer's `{prefix}.{l}` at query rows whose token is real
 use common::models::check_maps as check;
 use common::models::{batch, load, reference};
-use qkv::models::attribute::{attribute, Method, Target};
+use qkv::models::explain::{attribute, Method, Target};
 use qkv::models::{Input, ModelKind};
 use qkv::Tensor;
 

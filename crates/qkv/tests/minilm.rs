@@ -344,7 +344,7 @@ fn rollout_flow_and_value_norms_of_the_animal_sentence_equal_the_references() {
 #[test]
 #[ignore = "needs all-MiniLM-L6-v2: set QKV_MINILM_DIR (tools/fetch_minilm.sh DIR), as .ci/run does"]
 fn gradient_and_ablation_of_a_sentence_cosine_equal_the_references() {
-    use qkv::models::attribute::{attribute, Method, Target};
+    use qkv::models::explain::{attribute, Method, Target};
     let f = common::fixture("attribution", "minilm");
     let ids: Vec<usize> = f.ints("input_ids").1.iter().map(|&i| i as usize).collect();
     let encoder = load(&model_dir());

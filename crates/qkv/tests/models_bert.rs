@@ -278,10 +278,10 @@ fn transformers_5_config_without_position_type_loads() {
 }
 
 /// Rows of different lengths packed into one row of tokens, no padding
-/// (`hidden_states_packed`, how `qkv embed` and the server run a batch of texts), give
+/// (`hidden_states_varlen`, how `qkv embed` and the server run a batch of texts), give
 /// the states each has alone; packing is refused where it cannot apply.
 #[test]
-fn packed_sequences_equal_each_alone() {
+fn varlen_sequences_equal_each_alone() {
     let m = load_encoder("bert");
     let vocab = m.arch.vocab;
     let sequences: Vec<Vec<usize>> = [5, 1, 9, 3]
@@ -290,8 +290,8 @@ fn packed_sequences_equal_each_alone() {
         .map(|(s, &len)| (0..len).map(|i| (2 + 7 * s + 5 * i) % vocab).collect())
         .collect();
     let refs: Vec<&[usize]> = sequences.iter().map(Vec::as_slice).collect();
-    assert!(m.runs_packed());
-    let packed = m.hidden_states_packed(&refs).unwrap();
+    assert!(m.runs_varlen());
+    let packed = m.hidden_states_varlen(&refs).unwrap();
     let c = m.arch.d_model;
     assert_eq!(packed.shape(), &[18, c]);
     let mut rows = packed.data().chunks_exact(c);
@@ -304,24 +304,24 @@ fn packed_sequences_equal_each_alone() {
             for (g, w) in got.iter().zip(want) {
                 assert!(
                     (g - w).abs() <= 1e-5 + 1e-4 * w.abs(),
-                    "sequence {s}, position {p}: {g} packed, {w} alone"
+                    "sequence {s}, position {p}: {g} varlen, {w} alone"
                 );
             }
         }
     }
 
-    let err = m.hidden_states_packed(&[&[1, 2], &[]]).unwrap_err();
+    let err = m.hidden_states_varlen(&[&[1, 2], &[]]).unwrap_err();
     assert!(err.to_string().contains("sequence 1 is empty"), "{err}");
-    let err = m.hidden_states_packed(&[&[1, vocab]]).unwrap_err();
+    let err = m.hidden_states_varlen(&[&[1, vocab]]).unwrap_err();
     assert!(
         matches!(err, Error::OutOfRange { index, .. } if index == vocab),
         "{err}"
     );
-    assert_eq!(m.hidden_states_packed(&[]).unwrap().shape(), &[0, c]);
+    assert_eq!(m.hidden_states_varlen(&[]).unwrap().shape(), &[0, c]);
 
     let decoder = common::models::load_causal("gpt2");
-    assert!(!decoder.runs_packed());
-    let err = decoder.hidden_states_packed(&[&[1, 2]]).unwrap_err();
+    assert!(!decoder.runs_varlen());
+    let err = decoder.hidden_states_varlen(&[&[1, 2]]).unwrap_err();
     assert!(matches!(err, Error::Unsupported(_)), "{err}");
 }
 
@@ -355,7 +355,7 @@ fn sentence_batches_equal_each_text_alone_packed_and_padded() {
         )
         .unwrap();
         let enc = SentenceEncoder::load(&dir).unwrap();
-        assert_eq!(enc.encoder().runs_packed(), packed, "{name}");
+        assert_eq!(enc.encoder().runs_varlen(), packed, "{name}");
         let batched = enc.embed_batched(&texts, 3).unwrap();
         for (text, got) in texts.iter().zip(&batched) {
             let alone = enc.embed(&[text]).unwrap().remove(0);

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use qkv::attribution::MAX_FLOW_TOKENS;
 use qkv::io::write_atomic;
-use qkv::models::attribute::{attribute_with_progress, Attribution, Method};
+use qkv::models::explain::{attribute_with_progress, Attribution, Method};
 use qkv::models::generate::generate_seq2seq;
 use qkv::models::generation_config::GenerationConfig;
 use qkv::models::request::Request;

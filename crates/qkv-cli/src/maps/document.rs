@@ -22,7 +22,7 @@
 
 use anyhow::Result;
 use qkv::experiments::{Heatmaps, Panel};
-use qkv::models::attribute::{token_labels, Method};
+use qkv::models::explain::{token_labels, Method};
 use qkv::models::Transformer;
 use qkv::text::{TokenLabel, Tokenizer};
 use serde::ser::{SerializeSeq, SerializeStruct};

@@ -3,7 +3,7 @@
 //! model's sizes before it runs, and the weights they hold.
 
 use anyhow::{bail, Result};
-use qkv::models::attribute::Method;
+use qkv::models::explain::Method;
 use qkv::models::{Attentions, ModelKind, Transformer};
 use qkv::Tensor;
 use serde::Serialize;

@@ -1,7 +1,7 @@
 //! The target `qkv attention` explains by default, and how the document names it.
 
 use anyhow::{bail, Result};
-use qkv::models::attribute::{token_labels, Method, Target, TargetValue};
+use qkv::models::explain::{token_labels, Method, Target, TargetValue};
 use qkv::models::sentence::PoolingMode;
 use qkv::models::{Head, Transformer};
 use qkv::text::Tokenizer;

@@ -16,7 +16,7 @@
 //! for the target (the `scores`), the whole of what ablation shows.
 
 use anyhow::{Context, Result};
-use qkv::models::attribute::Method;
+use qkv::models::explain::Method;
 
 use super::document::Maps;
 

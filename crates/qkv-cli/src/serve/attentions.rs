@@ -4,7 +4,7 @@
 //! head), and with `"viewer": true` the offline viewer page holding them.
 
 use anyhow::Result;
-use qkv::models::attribute::Method;
+use qkv::models::explain::Method;
 use qkv::models::{Input, ModelKind, TokenBatch, Transformer};
 use qkv::text::Tokenizer;
 use serde_json::Value;

@@ -11,7 +11,7 @@ mod call;
 mod decode;
 mod micro;
 mod output;
-mod packed;
+mod panels;
 mod reference;
 mod scratch;
 mod spec;

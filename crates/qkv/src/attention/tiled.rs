@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use super::decode::{self, KvRows};
 use super::micro::{self, MulAcc, Scores, SoftmaxRows, Strided, PANEL};
 use super::output::AttentionOutput;
-use super::packed::{Panels, Rows};
+use super::panels::{Panels, Rows};
 use super::scratch::{QueryRows, Scratch, BLOCK_K};
 use super::spec::Scorer;
 use super::tiled_bf16;

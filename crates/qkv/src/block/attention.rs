@@ -99,10 +99,10 @@ pub enum Keys<'c> {
     /// `caches[i]` (one row each, any lengths). The projections run once over the B
     /// rows; each row then attends over its own cache.
     OwnPerRow(Vec<&'c mut LayerKv>),
-    /// Self-attention over a packed batch: x `[1,N,C]` holds whole sequences one after
+    /// Self-attention over a varlen batch: x `[1,N,C]` holds whole sequences one after
     /// another, `lens` tokens each (Σ lens = N), and each attends to its own tokens
     /// alone. The projections run once over all N rows, with no padding.
-    OwnPacked(&'c [usize]),
+    OwnVarlen(&'c [usize]),
     /// An encoder's keys and values (cross-attention).
     Cross(&'c CrossKv),
 }
@@ -173,7 +173,7 @@ fn per_sequence_spec(spec: &AttentionSpec, over: &str) -> Result<()> {
 /// tokens, each attending over its own keys: out `[1,N,H,Dv]`, lse `[1,H,N]`. The
 /// sequences run in parallel, each read in place through the kernel a whole sequence
 /// takes.
-fn attend_packed(
+fn attend_varlen(
     lens: &[usize],
     q: &Tensor,
     k: &Tensor,
@@ -187,13 +187,13 @@ fn attend_packed(
     let (g, dv) = (k.shape()[2], v.shape()[3]);
     if b != 1 || lens.iter().sum::<usize>() != n || lens.contains(&0) {
         return Err(Error::invalid(
-            "packed sequences",
+            "varlen sequences",
             format!(
                 "lengths {lens:?} for [{b}, {n}] tokens: one row, cut into non-empty sequences"
             ),
         ));
     }
-    per_sequence_spec(spec, "packed sequences")?;
+    per_sequence_spec(spec, "varlen sequences")?;
     if lens.len() == 1 {
         return attention(q, k, v, spec);
     }
@@ -478,7 +478,7 @@ impl MultiHeadAttention {
             keep,
         )?;
         let (mut own, k_norm_in) = match keys {
-            Keys::Own(_) | Keys::OwnPerRow(_) | Keys::OwnPacked(_) => {
+            Keys::Own(_) | Keys::OwnPerRow(_) | Keys::OwnVarlen(_) => {
                 let k = self.k.forward(x)?.reshape(&[b, t, g, d])?;
                 let (k, k_norm_in) = maybe_norm(self.k_norm.as_ref(), k, keep)?;
                 let v = self.v.forward(x)?.reshape(&[b, t, g, self.value_dim()])?;
@@ -519,18 +519,18 @@ impl MultiHeadAttention {
                 }
                 attend_per_row(caches, &q, k, v, &rule.spec)?
             }
-            (Keys::OwnPacked(lens), Some((k, v))) => {
+            (Keys::OwnVarlen(lens), Some((k, v))) => {
                 if keep {
                     return Err(Error::invalid(
-                        "packed sequences",
-                        "a training forward runs a padded batch, not packed sequences",
+                        "varlen sequences",
+                        "a training forward runs a padded batch, not varlen sequences",
                     ));
                 }
-                attend_packed(lens, &q, k, v, &rule.spec)?
+                attend_varlen(lens, &q, k, v, &rule.spec)?
             }
             (Keys::Own(_), Some((k, v))) => attention(&q, k, v, &rule.spec)?,
             (Keys::Cross(kv), _) => attention(&q, &kv.k, &kv.v, &rule.spec)?,
-            (Keys::Own(_) | Keys::OwnPerRow(_) | Keys::OwnPacked(_), None) => {
+            (Keys::Own(_) | Keys::OwnPerRow(_) | Keys::OwnVarlen(_), None) => {
                 unreachable!("own keys are projected above")
             }
         };

@@ -25,19 +25,19 @@
 //! | [`t5`] | `T5ForConditionalGeneration` | relative position buckets, unscaled scores, gated FFN |
 //! | qkv | `QkvTransformer` | any [`Arch`] no Hugging Face class has (ALiBi + post-norm, …) |
 
-pub mod attribute;
 mod classify;
+pub mod explain;
 pub mod families;
 mod folder;
 pub mod generate;
 mod gguf;
 mod info;
 pub mod net;
-mod packed;
 mod reading;
 mod rows;
 pub mod sentence;
 mod transformer;
+mod varlen;
 
 pub use classify::{Scoring, SequenceClassifier};
 pub use families::{

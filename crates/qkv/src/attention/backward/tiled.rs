@@ -26,7 +26,7 @@ use rayon::prelude::*;
 
 use super::super::micro::{self, MulAcc, Scores, Strided, PANEL};
 use super::super::output::AttentionOutput;
-use super::super::packed::{Panels, Rows};
+use super::super::panels::{Panels, Rows};
 use super::super::spec::{softcap_backward, Dims, Scorer};
 use super::super::view::HeadsView;
 use super::grads::AttentionGrads;

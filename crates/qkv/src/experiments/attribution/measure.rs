@@ -2,7 +2,7 @@
 //! Spearman's ρ between their per-key scores, and whether both put the same key first.
 
 use crate::error::Result;
-use crate::models::attribute::{attribute, Method, Target};
+use crate::models::explain::{attribute, Method, Target};
 use crate::models::{Input, Transformer};
 
 /// The methods compared with ablation, in the order the report lists them.

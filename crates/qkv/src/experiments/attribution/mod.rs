@@ -21,7 +21,7 @@ use serde_json::json;
 
 use super::report::{Claim, Heatmaps, Options, Panel, Report, Verdict};
 use crate::error::Result;
-use crate::models::attribute::Target;
+use crate::models::explain::Target;
 use crate::models::{Input, TokenBatch};
 use measure::{agreement, Agreement, COMPARED};
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use super::measure::{agreement, Agreement};
 use crate::batch::TokenBatch;
 use crate::error::{Error, Result};
-use crate::models::attribute::{attribute, token_labels, Method, Target};
+use crate::models::explain::{attribute, token_labels, Method, Target};
 use crate::models::sentence::SentenceEncoder;
 use crate::models::Input;
 use crate::tensor::Tensor;

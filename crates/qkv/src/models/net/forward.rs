@@ -50,8 +50,8 @@ pub(crate) enum Caches<'c, 'r> {
     /// Row i (one token) continues the sequence cached in `caches[i]`.
     PerRow(&'c mut [&'r mut KvCache]),
     /// No cache: the one row holds whole sequences of these lengths one after another
-    /// (a packed batch), each attending to its own tokens.
-    Packed(&'c [usize]),
+    /// (a varlen batch), each attending to its own tokens.
+    Varlen(&'c [usize]),
 }
 
 /// One stack run's inputs.
@@ -344,7 +344,7 @@ impl<'m> Net<'m> {
                 Caches::PerRow(rows) => {
                     Keys::OwnPerRow(rows.iter_mut().map(|c| &mut c.layers[l]).collect())
                 }
-                Caches::Packed(lens) => Keys::OwnPacked(lens),
+                Caches::Varlen(lens) => Keys::OwnVarlen(lens),
             };
             let cross = enc.map(|e| &e.cross[l]);
             let r = block.forward(&rule, x, own, cross, keep)?;

@@ -207,7 +207,7 @@ impl SentenceEncoder {
 
     /// As [`SentenceEncoder::embed`], with `batch_size` texts per forward pass at most
     /// (as sentence-transformers' `encode(batch_size=...)`). A pass packs its texts into
-    /// one row of tokens without padding ([`Transformer::hidden_states_packed`]), so a
+    /// one row of tokens without padding ([`Transformer::hidden_states_varlen`]), so a
     /// mix of lengths (a server's batch of requests) costs what its tokens cost. An
     /// encoder that cannot run packed (a dense score bias: T5, ALiBi) runs padded
     /// batches instead (see `embed_padded`). Padding never changes a result.
@@ -223,7 +223,7 @@ impl SentenceEncoder {
         let lens: Vec<usize> = (0..texts.len())
             .map(|i| all.mask[i * t..(i + 1) * t].iter().filter(|&&m| m).count())
             .collect();
-        if !self.model.runs_packed() {
+        if !self.model.runs_varlen() {
             return self.embed_padded(&all, &lens, batch_size);
         }
         let c = self.model.info().hidden;
@@ -234,7 +234,7 @@ impl SentenceEncoder {
             let sequences: Vec<&[usize]> = (first..first + pass.len())
                 .map(|i| &all.ids[i * t..i * t + lens[i]])
                 .collect();
-            let hidden = self.model.hidden_states_packed(&sequences)?;
+            let hidden = self.model.hidden_states_varlen(&sequences)?;
             let mut rows = hidden.data().chunks_exact(c);
             for &len in pass {
                 let states: Vec<f32> = rows.by_ref().take(len).flatten().copied().collect();

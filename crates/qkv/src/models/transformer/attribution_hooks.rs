@@ -1,4 +1,4 @@
-//! What attribution (`models::attribute`, the `attribution` module) asks of a
+//! What attribution (`models::explain`, the `attribution` module) asks of a
 //! [`Transformer`]'s forward: every map's gradient, the maps weighed by value norms,
 //! and logits with one key hidden.
 

@@ -1,5 +1,5 @@
-//! Packed batches: several whole sequences run as one row of tokens, one after another,
-//! with no padding. The linear layers, norms and FFN see every real token once; each
+//! Varlen batches (flash-attention's name): several whole sequences run as one row of
+//! tokens, one after another, with no padding. The linear layers, norms and FFN see every real token once; each
 //! sequence attends to its own tokens alone. A batch of texts of mixed lengths then
 //! costs what its tokens cost, where a padded `[B, T]` batch costs B × the longest
 //! (text-embeddings-inference runs its batches this way).
@@ -14,9 +14,9 @@ use crate::ops::on_pool;
 use crate::tensor::Tensor;
 
 impl Transformer {
-    /// Whether [`Transformer::hidden_states_packed`] runs this model: an encoder whose
+    /// Whether [`Transformer::hidden_states_varlen`] runs this model: an encoder whose
     /// positions need no dense score bias (not T5's relative bias, not ALiBi).
-    pub fn runs_packed(&self) -> bool {
+    pub fn runs_varlen(&self) -> bool {
         self.arch.encoder.is_some()
             && !matches!(
                 self.arch.position,
@@ -28,16 +28,16 @@ impl Transformer {
     /// N = Σ lengths, sequence i's states in its own rows in order. Each sequence is
     /// embedded from position 0 with token type 0 and attends to itself alone, so
     /// its rows equal [`Transformer::hidden_states`] of it alone (up to rounding).
-    pub fn hidden_states_packed(&self, sequences: &[&[usize]]) -> Result<Tensor> {
-        if !self.runs_packed() {
+    pub fn hidden_states_varlen(&self, sequences: &[&[usize]]) -> Result<Tensor> {
+        if !self.runs_varlen() {
             return Err(Error::Unsupported(
-                "packed sequences through a decoder-only model or a dense score bias (T5, ALiBi)"
+                "varlen sequences through a decoder-only model or a dense score bias (T5, ALiBi)"
                     .into(),
             ));
         }
         if let Some(i) = sequences.iter().position(|s| s.is_empty()) {
             return Err(Error::invalid(
-                "packed sequences",
+                "varlen sequences",
                 format!("sequence {i} is empty"),
             ));
         }
@@ -71,7 +71,7 @@ impl Transformer {
             b: 1,
             t: n,
             positions,
-            // every token is real; each sequence's keys are cut out by `Caches::Packed`
+            // every token is real; each sequence's keys are cut out by `Caches::Varlen`
             key_padding: Vec::new(),
             past: 0,
         };
@@ -79,7 +79,7 @@ impl Transformer {
             net.run_stack(
                 Side::Encoder,
                 input,
-                Caches::Packed(&lens),
+                Caches::Varlen(&lens),
                 None,
                 false,
                 false,
