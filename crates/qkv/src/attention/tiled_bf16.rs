@@ -1,6 +1,6 @@
 //! The tiled kernel's two products from bf16 operands ([`AttentionSpec::bf16`]): S =
 //! scale·bf16(Q)·bf16(K)ᵀ and acc = corr·acc + bf16(P)·bf16(V), each through the bf16
-//! matrix product ([`crate::weights::bf16::product`]: `tdpbf16ps` on AMX, `vdpbf16ps` on
+//! matrix product ([`crate::weights::stored::product`] of a bf16 weight: `tdpbf16ps` on AMX, `vdpbf16ps` on
 //! AMD's AVX512-BF16, the operands widened to f32 elsewhere), products and sums in f32.
 //! The online softmax, the mask and the output stay f32, in the same loop as the f32
 //! kernel's (`super::tiled`).

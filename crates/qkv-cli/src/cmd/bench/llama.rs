@@ -184,11 +184,12 @@ pub fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
         Ok(())
     })?;
     // Every decoding step reads every weight but the embedding table (one row of it),
-    // which stays f32 (a tied head reads it whole in f32).
+    // unless a tied head reads it whole; the table counts at its size as stored (a GGUF
+    // file's in blocks).
     let (linear, rest) = model.weight_bytes();
     let table = match arch.head.tied() {
         true => 0,
-        false => 4 * vocab * arch.d_model,
+        false => model.weights.embed_tokens.bytes(),
     };
     let weight_bytes = (linear + rest - table) as f64;
     let fields = merge(
