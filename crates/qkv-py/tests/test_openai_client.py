@@ -56,7 +56,8 @@ def chat_server(tmp_path_factory):
     shutil.copy(FIXTURES / "tokenizers" / "qwen2_bytelevel" / "tokenizer.json", folder)
     shutil.copy(TOOLS / "chat_templates" / "Qwen-Qwen2.5-7B-Instruct.jinja", folder / "chat_template.jinja")
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "bos_token": None}))
-    server = Server(folder, "--name", "tiny")
+    # --strict-model: another model's name is a 404 (by default any name is answered)
+    server = Server(folder, "--name", "tiny", "--strict-model")
     yield folder, server
     server.stop()
 
@@ -96,6 +97,10 @@ def test_errors_reach_the_client_as_its_exception_types(chat_server):
         s.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                          temperature=5)
     assert s.client.completions.create(model="tiny", prompt="hi", max_tokens=2).usage.completion_tokens == 2
+    # a field qkv does not read is ignored (not --strict), as llama-server and vLLM ignore it
+    r = s.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                         max_tokens=2, service_tier="auto")
+    assert r.usage.completion_tokens == 2
 
 
 def test_embeddings_through_the_openai_client_equal_qkv_embed():

@@ -75,27 +75,38 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// A request body as JSON: an object whose keys are all in `fields`.
-pub fn body_json(body: &[u8], fields: &[&[&str]]) -> Result<Value, ApiError> {
+/// A request body as JSON: an object, with the keys outside `fields` taken out and
+/// returned (llama-server and vLLM ignore them too), or refused with a 400 naming the
+/// first when `strict`.
+pub fn body_json(
+    body: &[u8],
+    fields: &[&[&str]],
+    strict: bool,
+) -> Result<(Value, Vec<String>), ApiError> {
     let whole = |message: String| ApiError {
         param: None,
         ..ApiError::invalid("", message)
     };
-    let value: Value =
+    let mut value: Value =
         serde_json::from_slice(body).map_err(|e| whole(format!("invalid request body: {e}")))?;
-    let Value::Object(map) = &value else {
+    let Value::Object(map) = &mut value else {
         return Err(whole("the request body must be a JSON object".into()));
     };
-    if let Some(k) = map
+    let unknown: Vec<String> = map
         .keys()
-        .find(|k| !fields.iter().any(|f| f.contains(&k.as_str())))
-    {
+        .filter(|k| !fields.iter().any(|f| f.contains(&k.as_str())))
+        .cloned()
+        .collect();
+    if let (true, Some(k)) = (strict, unknown.first()) {
         return Err(ApiError::invalid(
             k.clone(),
-            format!("unrecognized request argument supplied: {k}"),
+            format!("unrecognized request argument supplied: {k} (the server runs with --strict)"),
         ));
     }
-    Ok(value)
+    for k in &unknown {
+        map.remove(k);
+    }
+    Ok((value, unknown))
 }
 
 /// Reads a request (or the part of it that `T` takes) from its JSON, naming the field

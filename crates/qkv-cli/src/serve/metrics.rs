@@ -67,6 +67,7 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(String, u16), u64>>,
     prompt_tokens: AtomicU64,
     generated_tokens: AtomicU64,
+    ignored_fields: AtomicU64,
     queue_depth: AtomicI64,
     batch_size: Histogram,
     step_seconds: Histogram,
@@ -80,6 +81,7 @@ impl Default for Metrics {
             requests: Mutex::new(BTreeMap::new()),
             prompt_tokens: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
+            ignored_fields: AtomicU64::new(0),
             queue_depth: AtomicI64::new(0),
             batch_size: Histogram::new(SIZES),
             step_seconds: Histogram::new(SECONDS),
@@ -104,6 +106,11 @@ impl Metrics {
 
     pub fn tokens(&self, n: usize) {
         self.generated_tokens.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Unknown request fields ignored (not refused: the server is not `--strict`).
+    pub fn ignored_fields(&self, n: usize) {
+        self.ignored_fields.fetch_add(n as u64, Ordering::Relaxed);
     }
 
     /// A job entered (+1) or left (−1) the queue.
@@ -147,6 +154,11 @@ impl Metrics {
                 "qkv_generated_tokens_total",
                 "Tokens generated.",
                 &self.generated_tokens,
+            ),
+            (
+                "qkv_ignored_fields_total",
+                "Unknown request fields ignored.",
+                &self.ignored_fields,
             ),
         ];
         for (name, help, v) in counters {

@@ -35,7 +35,7 @@ use qkv::models::{ModelKind, SequenceClassifier};
 use qkv::text::ChatTemplate;
 
 use metrics::Metrics;
-use state::{AppState, Classifier, Embedder, Generator, RequestLimits};
+use state::{AppState, Classifier, Embedder, Generator, Leniency, RequestLimits};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -54,6 +54,18 @@ pub struct ServeArgs {
     /// The model's name in the API [default: the folder's name]
     #[arg(long)]
     name: Option<String>,
+    /// Another name the model answers to and `/v1/models` lists (repeat for more); any
+    /// name is answered unless --strict-model
+    #[arg(long = "alias", value_name = "NAME")]
+    aliases: Vec<String>,
+    /// Answer 404 to a request naming a model other than --name and the aliases (by
+    /// default any name is answered: there is one model)
+    #[arg(long)]
+    strict_model: bool,
+    /// Refuse request fields qkv does not read with a 400 naming the field (by default
+    /// they are ignored, logged once each and counted in /metrics)
+    #[arg(long)]
+    strict: bool,
     /// Sequences decoded together at most
     #[arg(long, default_value_t = 32)]
     max_batch: usize,
@@ -102,6 +114,9 @@ fn check_args(a: &ServeArgs) -> Result<()> {
         if v == 0 {
             anyhow::bail!("{flag} must be at least 1");
         }
+    }
+    if a.aliases.iter().any(|n| n.trim().is_empty()) {
+        anyhow::bail!("--alias: a name must not be empty");
     }
     Ok(())
 }
@@ -199,6 +214,12 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     };
     let state = Arc::new(AppState {
         name,
+        leniency: Leniency {
+            strict_fields: args.strict,
+            strict_model: args.strict_model,
+            aliases: args.aliases.clone(),
+        },
+        logged_fields: Default::default(),
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),

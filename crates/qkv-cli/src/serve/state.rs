@@ -2,8 +2,9 @@
 //! classifier, each with its queue), the request limits, and the server's own name,
 //! metrics and ids.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use qkv::models::generate::config::GenerationConfig;
 use qkv::models::sentence::SentenceEncoder;
@@ -46,8 +47,27 @@ pub struct RequestLimits {
     pub(super) max_inputs: usize,
 }
 
+/// How strictly requests are read: what OpenAI clients and agents send beyond what
+/// qkv reads (unknown fields, another model's name) is accepted unless asked otherwise.
+#[derive(Clone, Debug, Default)]
+pub struct Leniency {
+    /// Unknown fields are a 400 (`--strict`), not ignored.
+    pub(super) strict_fields: bool,
+    /// A model name other than the server's and its aliases is a 404 (`--strict-model`).
+    pub(super) strict_model: bool,
+    /// Other names the model answers to (`--alias`), listed by `/v1/models`.
+    pub(super) aliases: Vec<String>,
+}
+
+/// Distinct unknown field names logged at most: a client cannot fill the log (or this
+/// set) by sending new names.
+const LOGGED_FIELDS: usize = 64;
+
 pub struct AppState {
     pub(super) name: String,
+    pub(super) leniency: Leniency,
+    /// unknown field names already logged (once each)
+    pub(super) logged_fields: Mutex<BTreeSet<String>>,
     pub(super) created: u64,
     pub(super) metrics: Arc<Metrics>,
     pub(super) limits: RequestLimits,
@@ -58,6 +78,27 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The names the model answers to: the server's, then the aliases.
+    pub(super) fn model_names(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.name.as_str()).chain(self.leniency.aliases.iter().map(String::as_str))
+    }
+
+    /// Counts the unknown fields a request brought (ignored unless `--strict`), and logs
+    /// each name the first time it is seen.
+    pub(super) fn ignored_fields(&self, endpoint: &str, fields: &[String]) {
+        if fields.is_empty() {
+            return;
+        }
+        self.metrics.ignored_fields(fields.len());
+        let mut logged = self.logged_fields.lock().unwrap_or_else(|e| e.into_inner());
+        for f in fields {
+            if logged.len() < LOGGED_FIELDS && logged.insert(f.clone()) {
+                let shown: String = f.chars().take(64).collect();
+                eprintln!("qkv serve: {endpoint}: ignoring the unknown field {shown:?} (logged once; --strict refuses them)");
+            }
+        }
+    }
+
     pub(super) fn next_id(&self) -> u64 {
         self.ids.fetch_add(1, Ordering::Relaxed)
     }

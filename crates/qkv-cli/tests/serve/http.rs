@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -15,6 +15,8 @@ pub struct Server {
     pub addr: SocketAddr,
     /// the routes the start line lists
     pub endpoints: String,
+    /// what the server has written to stderr so far
+    log: Arc<Mutex<String>>,
 }
 
 impl Server {
@@ -43,9 +45,15 @@ impl Server {
             .expect("qkv serve starts");
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = mpsc::channel();
+        let log = Arc::new(Mutex::new(String::new()));
+        let kept = log.clone();
         // read the log to its end, so that the server never blocks writing it
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut kept = kept.lock().unwrap();
+                kept.push_str(&line);
+                kept.push('\n');
+                drop(kept);
                 if let Some(addr) = line.split("on http://").nth(1) {
                     let _ = tx.send(addr.trim().to_string());
                 }
@@ -68,6 +76,19 @@ impl Server {
             child,
             addr,
             endpoints,
+            log,
+        }
+    }
+
+    /// The server's stderr once it holds `needle` (or after 10 s without it).
+    pub fn log_with(&self, needle: &str) -> String {
+        let start = std::time::Instant::now();
+        loop {
+            let log = self.log.lock().unwrap().clone();
+            if log.contains(needle) || start.elapsed() > Duration::from_secs(10) {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 

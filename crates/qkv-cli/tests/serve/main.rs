@@ -443,9 +443,53 @@ fn concurrent_requests_are_batched_and_each_equals_its_own_run() {
     assert!(sum > count, "batch sizes: sum {sum} over {count} steps");
 }
 
+/// By default the server answers what OpenAI clients and agents send beyond what it
+/// reads: fields it does not know are ignored (each name logged once, all counted in
+/// /metrics), and any model name is answered; `--alias` names are listed.
+#[test]
+fn unknown_fields_and_other_model_names_are_answered_by_default() {
+    let s = Server::start(model(), &["--alias", "gpt-4o-mini"]);
+    let body = json!({
+        "model": "some-hard-coded-name",
+        "prompt": "hi",
+        "max_tokens": 2,
+        "parallel_tool_calls": true,
+        "service_tier": "auto",
+    });
+    let r = s.post("/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.json()["choices"][0]["text"]
+            .as_str()
+            .map(|t| !t.is_empty()),
+        Some(true)
+    );
+    let r = s.post("/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let metrics = s.get("/metrics").body;
+    assert!(
+        metrics.lines().any(|l| l == "qkv_ignored_fields_total 4"),
+        "{metrics}"
+    );
+    let ids: Vec<Value> = s.get("/v1/models").json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].clone())
+        .collect();
+    assert_eq!(ids, [json!(s.name()), json!("gpt-4o-mini")]);
+    let said = "ignoring the unknown field \"service_tier\"";
+    let logged = s.log_with(said);
+    assert_eq!(logged.matches(said).count(), 1, "{logged}");
+}
+
 #[test]
 fn bad_requests_get_openai_errors_naming_the_field_and_the_server_keeps_serving() {
-    let s = Server::start(model(), &["--max-body", "4000", "--max-tokens", "100"]);
+    let strict = ["--strict", "--strict-model", "--alias", "tiny-alias"];
+    let s = Server::start(
+        model(),
+        &[&["--max-body", "4000", "--max-tokens", "100"][..], &strict].concat(),
+    );
     let name = s.name();
     let check = |r: http::Reply, status: u16, param: Option<&str>, says: &str| {
         assert_eq!(r.status, status, "{}", r.body);
@@ -474,6 +518,7 @@ fn bad_requests_get_openai_errors_naming_the_field_and_the_server_keeps_serving(
         Some("model"),
         "does not exist",
     );
+    assert_eq!(with("model", json!("tiny-alias")).status, 200);
     check(
         with("max_tokens", json!(1_000_000)),
         400,
@@ -809,7 +854,8 @@ fn rerank_and_classify_equal_qkv_classify_and_bad_requests_get_4xx() {
     }
     let cli: Value = serde_json::from_str(&qkv(&args)).unwrap();
     let cli_score = |i: usize| cli[i][0]["score"].as_f64().unwrap();
-    let s = Server::start(&dir, &["--name", "ce"]);
+    // strict, so that an unknown field and another model's name are refused
+    let s = Server::start(&dir, &["--name", "ce", "--strict", "--strict-model"]);
     // the start line lists what this model answers
     assert!(
         s.endpoints

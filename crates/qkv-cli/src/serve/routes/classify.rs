@@ -11,14 +11,14 @@ use serde_json::{json, Value};
 
 use super::shared::{body, engine_failed, Reply, Shared};
 use crate::serve::api::{
-    body_json, parse, ApiError, ClassifyInput, ClassifyRequest, RerankRequest, CLASSIFY, RERANK,
+    parse, ApiError, ClassifyInput, ClassifyRequest, RerankRequest, CLASSIFY, RERANK,
 };
 use crate::serve::classifier::ClassifyJob;
 use crate::serve::state::{AppState, Classifier};
 
 pub async fn rerank(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
-    let req: RerankRequest = parse(&body_json(&b, &[RERANK])?)?;
+    let req: RerankRequest = parse(&s.request_json("/v1/rerank", &b, &[RERANK])?)?;
     let c = classifier(&s)?;
     s.check_model(&req.model)?;
     c.model
@@ -54,7 +54,7 @@ pub async fn rerank(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply
 
 pub async fn classify(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
-    let req: ClassifyRequest = parse(&body_json(&b, &[CLASSIFY])?)?;
+    let req: ClassifyRequest = parse(&s.request_json("/v1/classify", &b, &[CLASSIFY])?)?;
     let c = classifier(&s)?;
     s.check_model(&req.model)?;
     let inputs: Vec<(String, Option<String>)> = match req.input {

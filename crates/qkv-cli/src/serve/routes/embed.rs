@@ -10,15 +10,14 @@ use serde_json::{json, Value};
 
 use super::shared::{body, engine_failed, off_thread, Reply, Shared};
 use crate::serve::api::{
-    body_json, parse, ApiError, EmbeddingInput, EmbeddingRequest, TokenizeRequest, EMBEDDING,
-    TOKENIZE,
+    parse, ApiError, EmbeddingInput, EmbeddingRequest, TokenizeRequest, EMBEDDING, TOKENIZE,
 };
 use crate::serve::embedder::EmbedJob;
 use crate::serve::state::AppState;
 
 pub async fn embeddings(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
-    let req: EmbeddingRequest = parse(&body_json(&b, &[EMBEDDING])?)?;
+    let req: EmbeddingRequest = parse(&s.request_json("/v1/embeddings", &b, &[EMBEDDING])?)?;
     let e = s.embedder.as_ref().ok_or_else(|| s.elsewhere())?;
     s.check_model(&req.model)?;
     let base64 = match req.encoding_format.as_deref() {
@@ -91,7 +90,7 @@ pub async fn embeddings(State(s): Shared, b: Result<Bytes, BytesRejection>) -> R
 
 pub async fn tokenize(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
-    let req: TokenizeRequest = parse(&body_json(&b, &[TOKENIZE])?)?;
+    let req: TokenizeRequest = parse(&s.request_json("/tokenize", &b, &[TOKENIZE])?)?;
     s.check_text("content", &req.content)?;
     let st = s.clone();
     let tokens = off_thread(move || st.tokens(&req)).await?;

@@ -18,8 +18,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::shared::{body, engine_failed, now, off_thread, Reply, Shared, MAX_MESSAGES};
 use crate::serve::api::{
-    body_json, parse, ApiError, ChatRequest, CompletionRequest, Content, Prompt, Settings, Usage,
-    SETTINGS,
+    parse, ApiError, ChatRequest, CompletionRequest, Content, Prompt, Settings, Usage, SETTINGS,
 };
 use crate::serve::scheduler::{Event, Job};
 use crate::serve::state::AppState;
@@ -213,7 +212,7 @@ impl Kind {
 
 pub async fn completions(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
-    let v = body_json(&b, &[&["model", "prompt"], SETTINGS])?;
+    let v = s.request_json("/v1/completions", &b, &[&["model", "prompt"], SETTINGS])?;
     let req: CompletionRequest = parse(&v)?;
     let mut settings: Settings = parse(&v)?;
     s.generator()?;
@@ -244,7 +243,11 @@ async fn encoded(s: &Arc<AppState>, text: String) -> Result<Vec<usize>, ApiError
 
 pub async fn chat(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
-    let v = body_json(&b, &[&["model", "messages"], SETTINGS])?;
+    let v = s.request_json(
+        "/v1/chat/completions",
+        &b,
+        &[&["model", "messages"], SETTINGS],
+    )?;
     if let Some(n) = v["messages"]
         .as_array()
         .map(Vec::len)

@@ -31,7 +31,9 @@ pub async fn health() -> Json<Value> {
 pub async fn models(State(s): Shared) -> Json<Value> {
     Json(json!({
         "object": "list",
-        "data": [{"id": s.name, "object": "model", "created": s.created, "owned_by": "qkv"}],
+        "data": s.model_names()
+            .map(|id| json!({"id": id, "object": "model", "created": s.created, "owned_by": "qkv"}))
+            .collect::<Vec<_>>(),
     }))
 }
 

@@ -10,7 +10,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 
-use crate::serve::api::ApiError;
+use serde_json::Value;
+
+use crate::serve::api::{body_json, ApiError};
 use crate::serve::state::AppState;
 
 pub type Shared = State<Arc<AppState>>;
@@ -77,21 +79,37 @@ impl AppState {
         Ok(())
     }
 
+    /// The request body of `endpoint` as JSON, its unknown fields ignored and counted
+    /// (or refused with `--strict`).
+    pub fn request_json(
+        &self,
+        endpoint: &str,
+        body: &[u8],
+        fields: &[&[&str]],
+    ) -> Result<Value, ApiError> {
+        let (value, unknown) = body_json(body, fields, self.leniency.strict_fields)?;
+        self.ignored_fields(endpoint, &unknown);
+        Ok(value)
+    }
+
+    /// Any model name is answered, as there is one model, unless `--strict-model`: then
+    /// only the server's name and its aliases, else a 404 naming them.
     pub fn check_model(&self, model: &str) -> Result<(), ApiError> {
-        if model != self.name {
-            return Err(ApiError {
-                code: Some("model_not_found"),
-                param: Some("model".into()),
-                ..ApiError::status(
-                    StatusCode::NOT_FOUND,
-                    format!(
-                        "the model `{model}` does not exist; this server serves `{}`",
-                        self.name
-                    ),
-                )
-            });
+        if !self.leniency.strict_model || self.model_names().any(|n| n == model) {
+            return Ok(());
         }
-        Ok(())
+        let names: Vec<&str> = self.model_names().collect();
+        Err(ApiError {
+            code: Some("model_not_found"),
+            param: Some("model".into()),
+            ..ApiError::status(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "the model `{model}` does not exist; this server serves `{}` (--strict-model)",
+                    names.join("`, `")
+                ),
+            )
+        })
     }
 
     pub fn generator(&self) -> Result<&crate::serve::state::Generator, ApiError> {
