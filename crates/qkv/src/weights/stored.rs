@@ -306,13 +306,7 @@ pub(crate) fn sweep_panels(
     let n = y.len() / rows;
     let width = if rows == 1 { 4 } else { 2 };
     let panels = n.div_ceil(PANEL);
-    let chunk = if parallel {
-        panels
-            .div_ceil(tasks_per_thread * rayon::current_num_threads())
-            .next_multiple_of(width)
-    } else {
-        panels
-    };
+    let chunk = panels_per_task(panels, width, tasks_per_thread, parallel);
     let out = Disjoint::new(y);
     let run = |j0: usize| {
         let j1 = panels.min(j0 + chunk);
@@ -341,12 +335,17 @@ pub(crate) fn sweep_panels(
 }
 
 /// Panels a task takes when `panels` panels of output columns are split over the
-/// threads (`parallel`): about four tasks a thread, a multiple of `group` (the panels
-/// a kernel call takes); all of them on one thread.
-pub(crate) fn panels_per_task(panels: usize, group: usize, parallel: bool) -> usize {
+/// threads (`parallel`): about `tasks_per_thread` tasks a thread, a multiple of `group`
+/// (the panels a kernel call takes); all of them on one thread.
+pub(crate) fn panels_per_task(
+    panels: usize,
+    group: usize,
+    tasks_per_thread: usize,
+    parallel: bool,
+) -> usize {
     if parallel {
         panels
-            .div_ceil(4 * rayon::current_num_threads())
+            .div_ceil(tasks_per_thread * rayon::current_num_threads())
             .next_multiple_of(group)
     } else {
         panels

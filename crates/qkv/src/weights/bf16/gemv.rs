@@ -42,7 +42,7 @@ pub(super) fn product(job: Job<'_>, parallel: bool) {
     let group = if rows == 1 { 4 } else { 1 };
     let most_rows = if isa == Isa::Avx2 { 2 } else { ROWS };
     let panels = w.panels();
-    let chunk = crate::weights::stored::panels_per_task(panels, group, parallel);
+    let chunk = crate::weights::stored::panels_per_task(panels, group, 4, parallel);
     let out = Disjoint::new(y);
     let run = |j0: usize| {
         let j1 = panels.min(j0 + chunk);

@@ -24,8 +24,7 @@ pub(super) struct Tile<'a, const R: usize, const NP: usize> {
 pub(super) enum Kernel {
     /// AVX-512 VNNI's `vpdpbusd`.
     Vnni,
-    /// Plain loops: the twin, which the tests run.
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// Plain loops: the twin, which the tests run, and the tiles' form on any CPU.
     Plain,
 }
 
