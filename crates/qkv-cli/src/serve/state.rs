@@ -66,7 +66,7 @@ const LOGGED_FIELDS: usize = 64;
 pub struct AppState {
     pub(super) name: String,
     pub(super) leniency: Leniency,
-    /// unknown field names already logged (once each)
+    /// unknown field names already logged (once each), their first 64 characters
     pub(super) logged_fields: Mutex<BTreeSet<String>>,
     pub(super) created: u64,
     pub(super) metrics: Arc<Metrics>,
@@ -92,8 +92,9 @@ impl AppState {
         self.metrics.ignored_fields(fields.len());
         let mut logged = self.logged_fields.lock().unwrap_or_else(|e| e.into_inner());
         for f in fields {
-            if logged.len() < LOGGED_FIELDS && logged.insert(f.clone()) {
-                let shown: String = f.chars().take(64).collect();
+            // the name as logged and kept: a key may be megabytes long
+            let shown: String = f.chars().take(64).collect();
+            if logged.len() < LOGGED_FIELDS && logged.insert(shown.clone()) {
                 eprintln!("qkv serve: {endpoint}: ignoring the unknown field {shown:?} (logged once; --strict refuses them)");
             }
         }
