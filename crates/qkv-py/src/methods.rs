@@ -274,7 +274,10 @@ impl Model {
     ///     num_beams: beam search with this many beams.
     ///     length_penalty: beam scores are divided by the length to this power.
     ///     early_stopping: ``True``, ``False`` or ``"never"``, as transformers.
-    ///     temperature, top_k, top_p: sample (in this order of processing).
+    ///     temperature, top_k, top_p, min_p: sample (in this order of processing).
+    ///     repetition_penalty: the logits of tokens already read or written divided
+    ///         by it (multiplied when negative), as transformers applies it (default:
+    ///         the folder's).
     ///     seed: the sampler's seed.
     ///     stream: return an iterator over the output as it is made (one prompt
     ///         only): text pieces for a text prompt, as ``qkv generate`` prints
@@ -285,9 +288,9 @@ impl Model {
     ///
     /// Returns:
     ///     The generated text when ``prompt`` is text, else the list of new token ids.
-    #[pyo3(signature = (prompt=None, *, messages=None, max_new_tokens=None, greedy=false, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, seed=Int::of(0), stream=false))]
+    #[pyo3(signature = (prompt=None, *, messages=None, max_new_tokens=None, greedy=false, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, min_p=None, repetition_penalty=None, seed=Int::of(0), stream=false))]
     #[pyo3(
-        text_signature = "($self, prompt=None, *, messages=None, max_new_tokens=None, greedy=False, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, seed=0, stream=False)"
+        text_signature = "($self, prompt=None, *, messages=None, max_new_tokens=None, greedy=False, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, min_p=None, repetition_penalty=None, seed=0, stream=False)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn generate<'py>(
@@ -302,6 +305,8 @@ impl Model {
         temperature: Option<f64>,
         top_k: Option<Int>,
         top_p: Option<f64>,
+        min_p: Option<f64>,
+        repetition_penalty: Option<f64>,
         seed: Int,
         stream: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
@@ -314,7 +319,10 @@ impl Model {
             temperature: temperature.map(|t| t as f32),
             top_k: ints::count(top_k, "top_k")?,
             top_p: top_p.map(|p| p as f32),
+            min_p: min_p.map(|p| p as f32),
             seed: seed.seed("seed")?,
+            repetition_penalty: repetition_penalty.map(|r| r as f32),
+            ..Request::default()
         };
         let prompt = match (prompt, messages) {
             (Some(p), None) => generate::Prompt::Given(p),

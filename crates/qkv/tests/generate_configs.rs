@@ -2,8 +2,10 @@
 //! (tools/fixtures/gen_generate.py): beam search with its length penalty and each
 //! early-stopping rule, banned words and forced EOS, on an OPUS-MT style Marian folder
 //! (its own generation_config.json, then overrides) and on a Llama with a prompt and a
-//! left-padded batch. Frequent tokens stand in for EOS in some runs so that hypotheses
-//! finish before the length limit.
+//! left-padded batch, greedy and beams under a repetition penalty. Frequent tokens stand
+//! in for EOS in some runs so that hypotheses finish before the length limit. The
+//! sampling warpers (temperature, top-k, top-p, min-p) and the repetition penalty are
+//! held to transformers' own processors on fixed rows of logits.
 
 #![cfg(feature = "models")]
 
@@ -11,7 +13,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use qkv::models::generate::{generate_causal, generate_seq2seq, GenerateOptions, Sampling};
+use qkv::models::generate::{
+    candidates, generate_causal, generate_seq2seq, GenerateOptions, Penalties, Sampling,
+};
 use qkv::models::generation_config::{EarlyStopping, GenerationConfig};
 use qkv::models::request::Request;
 use qkv::models::{self, TokenBatch};
@@ -52,6 +56,9 @@ fn apply(config: &mut GenerationConfig, kwargs: &Value) -> Option<Vec<usize>> {
     }
     if let Some(n) = kw.get("max_new_tokens") {
         config.max_new_tokens = Some(n.as_u64().unwrap() as usize);
+    }
+    if let Some(r) = kw.get("repetition_penalty") {
+        config.search.penalties.repetition = r.as_f64().unwrap() as f32;
     }
     if let Some(id) = kw.get("forced_eos_token_id") {
         config.search.forced_eos = vec![id.as_u64().unwrap() as usize];
@@ -137,7 +144,7 @@ fn llama_beam_search_matches_transformers_on_a_prompt_and_a_padded_batch() {
         .model;
     let r = read(&fixtures().join("generate/llama_gqa_beams.json"));
     let runs = r["runs"].as_array().unwrap();
-    assert!(runs.len() >= 7);
+    assert!(runs.len() >= 10);
     for run in runs {
         let kwargs = &run["kwargs"];
         let mut config = GenerationConfig::default();
@@ -164,6 +171,67 @@ fn llama_beam_search_matches_transformers_on_a_prompt_and_a_padded_batch() {
     }
 }
 
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().map_or(f32::NEG_INFINITY, |x| x as f32))
+        .collect()
+}
+
+/// The distribution sampling draws from equals transformers' warpers' softmax: the same
+/// tokens kept, the same probabilities.
+#[test]
+fn sampling_candidates_equal_transformers_warpers() {
+    let r = read(&fixtures().join("generate/warpers.json"));
+    let rows: Vec<Vec<f32>> = r["rows"].as_array().unwrap().iter().map(floats).collect();
+    let cases = r["cases"].as_array().unwrap();
+    assert!(cases.len() >= 20);
+    for case in cases {
+        let s = &case["settings"];
+        let sampling = Sampling::Sample {
+            temperature: s["temperature"].as_f64().unwrap() as f32,
+            top_k: s["top_k"].as_u64().map(|k| k as usize),
+            top_p: s["top_p"].as_f64().map(|p| p as f32),
+            min_p: s["min_p"].as_f64().map(|p| p as f32),
+            seed: 0,
+        };
+        let row = &rows[case["row"].as_u64().unwrap() as usize];
+        let want: Vec<f64> = case["probs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_f64().unwrap())
+            .collect();
+        let mut got = vec![0.0; row.len()];
+        for (id, p) in candidates(row, sampling) {
+            got[id] = p;
+        }
+        for (id, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(*g > 0.0, *w > 0.0, "token {id} kept differently under {s}");
+            assert!(
+                (g - w).abs() < 1e-6,
+                "token {id}: {g} against {w} under {s}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_repetition_penalty_equals_transformers() {
+    let r = read(&fixtures().join("generate/warpers.json"));
+    let rows: Vec<Vec<f32>> = r["rows"].as_array().unwrap().iter().map(floats).collect();
+    for case in r["penalties"].as_array().unwrap() {
+        let p = Penalties {
+            repetition: case["penalty"].as_f64().unwrap() as f32,
+            ..Penalties::default()
+        };
+        let mut row = rows[case["row"].as_u64().unwrap() as usize].clone();
+        p.apply(&mut row, &usizes(&case["input_ids"]), &[]);
+        assert_eq!(row, floats(&case["scores"]), "{}", case["penalty"]);
+    }
+}
+
 #[test]
 fn bad_generation_configs_name_the_field() {
     let dir = std::env::temp_dir().join(format!("qkv-genconfig-{}", std::process::id()));
@@ -176,6 +244,8 @@ fn bad_generation_configs_name_the_field() {
         (r#"{"do_sample": true, "temperature": 0}"#, "temperature"),
         (r#"{"num_beams": "four"}"#, "num_beams"),
         (r#"{"do_sample": true, "top_p": 2}"#, "top_p"),
+        (r#"{"repetition_penalty": 0}"#, "repetition_penalty"),
+        (r#"{"do_sample": true, "min_p": 1.5}"#, "min_p"),
         (r#"{"do_sample": true, "top_p": 0}"#, "top_p"),
     ] {
         std::fs::write(dir.join("generation_config.json"), json).unwrap();
@@ -200,6 +270,7 @@ fn beams_with_sampling_are_refused() {
             temperature: 1.0,
             top_k: None,
             top_p: None,
+            min_p: None,
             seed: 0,
         },
         vec![2],

@@ -151,6 +151,7 @@ fn sequences_decoded_side_by_side_equal_generate_alone() {
         temperature: 0.9,
         top_k: Some(20),
         top_p: Some(0.95),
+        min_p: Some(0.02),
         seed,
     };
     let runs = [

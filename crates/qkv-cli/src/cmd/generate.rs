@@ -51,7 +51,7 @@ pub struct GenerateArgs {
     max_new_tokens: Option<usize>,
     /// Always take the most likely token (the default unless the folder's generation
     /// config samples)
-    #[arg(long, conflicts_with_all = ["temperature", "top_k", "top_p", "seed"])]
+    #[arg(long, conflicts_with_all = ["temperature", "top_k", "top_p", "min_p", "seed"])]
     greedy: bool,
     /// Beam search with N beams [default: the folder's num_beams, else 1]
     #[arg(long, value_name = "N")]
@@ -73,6 +73,13 @@ pub struct GenerateArgs {
     /// Sample from the smallest set of tokens whose probability reaches p
     #[arg(long)]
     top_p: Option<f32>,
+    /// Sample among the tokens at least p times as likely as the likeliest one
+    #[arg(long)]
+    min_p: Option<f32>,
+    /// Divide the logit of every token already read or written by this (multiply when
+    /// negative), as transformers does [default: the folder's, else 1]
+    #[arg(long, value_name = "R")]
+    repetition_penalty: Option<f32>,
     /// Seed of the sampler
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -101,7 +108,10 @@ impl GenerateArgs {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
+            min_p: self.min_p,
             seed: self.seed,
+            repetition_penalty: self.repetition_penalty,
+            ..Request::default()
         }
     }
 }

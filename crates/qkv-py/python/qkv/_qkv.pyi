@@ -122,6 +122,8 @@ class Model:
         temperature: Optional[float] = None,
         top_k: Optional[int] = None,
         top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repetition_penalty: Optional[float] = None,
         seed: int = 0,
         stream: Literal[False] = False,
     ) -> str:
@@ -141,6 +143,8 @@ class Model:
         temperature: Optional[float] = None,
         top_k: Optional[int] = None,
         top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repetition_penalty: Optional[float] = None,
         seed: int = 0,
         stream: Literal[False] = False,
     ) -> List[int]:
@@ -160,6 +164,8 @@ class Model:
         temperature: Optional[float] = None,
         top_k: Optional[int] = None,
         top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repetition_penalty: Optional[float] = None,
         seed: int = 0,
         stream: Literal[False] = False,
     ) -> List[str]:
@@ -179,6 +185,8 @@ class Model:
         temperature: Optional[float] = None,
         top_k: Optional[int] = None,
         top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repetition_penalty: Optional[float] = None,
         seed: int = 0,
         stream: Literal[False] = False,
     ) -> List[List[int]]:
@@ -198,6 +206,8 @@ class Model:
         temperature: Optional[float] = None,
         top_k: Optional[int] = None,
         top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repetition_penalty: Optional[float] = None,
         seed: int = 0,
         stream: Literal[True],
     ) -> "Stream":
@@ -217,6 +227,8 @@ class Model:
         temperature: Optional[float] = None,
         top_k: Optional[int] = None,
         top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repetition_penalty: Optional[float] = None,
         seed: int = 0,
         stream: bool = False,
     ) -> Union[str, "Stream"]:

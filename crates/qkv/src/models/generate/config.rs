@@ -13,6 +13,8 @@ use crate::io::{field_error, read_json};
 use crate::models::families::keys::same_value;
 use crate::models::families::special::Ids;
 
+use super::penalties::Penalties;
+
 /// When beam search stops (transformers' `early_stopping`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum EarlyStopping {
@@ -33,10 +35,13 @@ pub struct SampleSettings {
     pub temperature: f32,
     pub top_k: Option<usize>,
     pub top_p: Option<f32>,
+    /// transformers' `min_p`: tokens less likely than this fraction of the likeliest
+    /// one are dropped (after temperature, top-k and top-p).
+    pub min_p: Option<f32>,
 }
 
 /// How tokens are searched for and constrained, besides greedy choice or sampling:
-/// beams and their scoring, banned and forced tokens.
+/// beams and their scoring, banned and forced tokens, penalties on repeats.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Search {
     /// Beam search with this many beams when above 1.
@@ -51,6 +56,9 @@ pub struct Search {
     pub forced_eos: Vec<usize>,
     /// Beam scores log-softmaxed again after the banned and forced tokens.
     pub renormalize_logits: bool,
+    /// The repetition penalty (a folder's), OpenAI's presence and frequency penalties
+    /// and logit biases (a request's).
+    pub penalties: Penalties,
 }
 
 impl Default for Search {
@@ -62,6 +70,7 @@ impl Default for Search {
             bad_words: Vec::new(),
             forced_eos: Vec::new(),
             renormalize_logits: false,
+            penalties: Penalties::default(),
         }
     }
 }
@@ -107,14 +116,12 @@ impl Default for GenerationConfig {
 const UNAPPLIED: &[(&str, &str)] = &[
     ("min_length", "0"),
     ("min_new_tokens", "null"),
-    ("repetition_penalty", "1.0"),
     ("encoder_repetition_penalty", "1.0"),
     ("no_repeat_ngram_size", "0"),
     ("encoder_no_repeat_ngram_size", "0"),
     ("typical_p", "1.0"),
     ("epsilon_cutoff", "0.0"),
     ("eta_cutoff", "0.0"),
-    ("min_p", "null"),
     ("num_beam_groups", "1"),
     ("diversity_penalty", "0.0"),
     ("penalty_alpha", "null"),
@@ -160,6 +167,8 @@ struct Raw {
     temperature: Option<f32>,
     top_k: Option<usize>,
     top_p: Option<f32>,
+    min_p: Option<f32>,
+    repetition_penalty: Option<f32>,
 }
 
 impl GenerationConfig {
@@ -230,6 +239,15 @@ impl GenerationConfig {
             .map(|i| i.valid())
             .unwrap_or_default();
         c.search.renormalize_logits = raw.renormalize_logits.unwrap_or(false);
+        if let Some(r) = raw.repetition_penalty {
+            if !(r.is_finite() && r > 0.0) {
+                return Err(bad(
+                    "repetition_penalty",
+                    format!("must be a positive number, got {r}"),
+                ));
+            }
+            c.search.penalties.repetition = r;
+        }
         if raw.do_sample == Some(true) {
             let temperature = raw.temperature.unwrap_or(1.0);
             if !(temperature.is_finite() && temperature > 0.0) {
@@ -243,10 +261,14 @@ impl GenerationConfig {
             if let Some(p) = raw.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
                 return Err(bad("top_p", format!("must be in (0, 1], got {p}")));
             }
+            if let Some(p) = raw.min_p.filter(|p| !(0.0..=1.0).contains(p)) {
+                return Err(bad("min_p", format!("must be in [0, 1], got {p}")));
+            }
             c.sample = Some(SampleSettings {
                 temperature,
                 top_k: Some(raw.top_k.unwrap_or(50)).filter(|&k| k > 0),
                 top_p: raw.top_p.filter(|&p| p < 1.0),
+                min_p: raw.min_p.filter(|&p| p > 0.0),
             });
         }
         Ok(c)
@@ -297,6 +319,8 @@ impl Raw {
             ("temperature", self.temperature.is_some()),
             ("top_k", self.top_k.is_some()),
             ("top_p", self.top_p.is_some()),
+            ("min_p", self.min_p.is_some()),
+            ("repetition_penalty", self.repetition_penalty.is_some()),
         ];
         set.into_iter()
             .filter(|(_, on)| *on)
@@ -315,7 +339,7 @@ mod tests {
         let path = dir.join("generation_config.json");
         std::fs::write(
             &path,
-            r#"{"repetition_penalty": 1.1, "no_repeat_ngram_size": 0, "suppress_tokens": [],
+            r#"{"no_repeat_ngram_size": 3, "encoder_no_repeat_ngram_size": 0, "suppress_tokens": [],
                 "min_length": 3, "typical_p": 1, "top_k": 5}"#,
         )
         .unwrap();
@@ -323,7 +347,7 @@ mod tests {
         assert_eq!(c.unapplied.len(), 2, "{:?}", c.unapplied);
         assert!(
             c.unapplied[0].contains("generation_config.json: field `min_length` is 3")
-                && c.unapplied[1].contains("field `repetition_penalty` is 1.1"),
+                && c.unapplied[1].contains("field `no_repeat_ngram_size` is 3"),
             "{:?}",
             c.unapplied
         );

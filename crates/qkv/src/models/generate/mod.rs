@@ -1,4 +1,5 @@
-//! Text generation: greedy decoding, seeded sampling and beam search, for decoder-only
+//! Text generation: greedy decoding, seeded sampling and beam search (with penalties
+//! on repeats and log-probabilities of the choices), for decoder-only
 //! and encoder-decoder models, under the settings a folder's `generation_config.json`
 //! gives and a caller's request overrides.
 
@@ -6,7 +7,9 @@ mod beam;
 mod chooser;
 pub mod config;
 mod decode;
+mod logprobs;
 mod options;
+mod penalties;
 pub mod request;
 mod sampling;
 
@@ -15,4 +18,7 @@ pub use decode::{
     generate_causal, generate_causal_each, generate_each, generate_seq2seq, generate_seq2seq_each,
     OnToken,
 };
+pub use logprobs::{logprobs, TokenLogprobs, MAX_TOP_LOGPROBS};
 pub use options::{GenerateOptions, Sampling};
+pub use penalties::Penalties;
+pub use sampling::candidates;

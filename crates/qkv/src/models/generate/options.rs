@@ -9,11 +9,13 @@ use crate::error::{Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Sampling {
     Greedy,
-    /// Applied in Hugging Face's order: temperature, then top-k, then top-p (nucleus).
+    /// Applied in Hugging Face's order: temperature, then top-k, then top-p (nucleus),
+    /// then min-p.
     Sample {
         temperature: f32,
         top_k: Option<usize>,
         top_p: Option<f32>,
+        min_p: Option<f32>,
         seed: u64,
     },
 }
@@ -47,15 +49,19 @@ impl GenerateOptions {
         self
     }
 
-    /// Whether [`GenerateOptions::process`] can change anything: banned or forced tokens.
+    /// Whether [`GenerateOptions::process`] can change anything: penalties, banned or
+    /// forced tokens.
     pub(super) fn constrained(&self) -> bool {
-        !self.search.bad_words.is_empty() || !self.search.forced_eos.is_empty()
+        !self.search.bad_words.is_empty()
+            || !self.search.forced_eos.is_empty()
+            || !self.search.penalties.is_off()
     }
 
-    /// Applies the banned and forced tokens to one row of scores (logits or
-    /// log-probabilities), for a row that has read `prefix` (prompt or decoder start)
-    /// and then generated `tokens`.
+    /// Applies the penalties, then the banned and forced tokens (transformers' order of
+    /// its processors) to one row of scores (logits or log-probabilities), for a row
+    /// that has read `prefix` (prompt or decoder start) and then generated `tokens`.
     pub(crate) fn process(&self, scores: &mut [f32], prefix: &[usize], tokens: &[usize]) {
+        self.search.penalties.apply(scores, prefix, tokens);
         for bad in &self.search.bad_words {
             if bad.len() == 1 && self.eos.contains(&bad[0]) {
                 continue;
@@ -88,6 +94,7 @@ impl Sampling {
             temperature,
             top_k,
             top_p,
+            min_p,
             ..
         } = *self
         {
@@ -108,6 +115,12 @@ impl Sampling {
                     ));
                 }
             }
+            if let Some(p) = min_p.filter(|p| !(0.0..=1.0).contains(p)) {
+                return Err(Error::invalid(
+                    "min_p",
+                    format!("must be in [0, 1], got {p}"),
+                ));
+            }
         }
         Ok(())
     }
@@ -116,6 +129,7 @@ impl Sampling {
 /// Settings no run can use: bad sampling values, or beams with sampling.
 pub(super) fn check(opts: &GenerateOptions) -> Result<()> {
     opts.sampling.validate()?;
+    opts.search.penalties.check()?;
     if opts.search.num_beams == 0 {
         return Err(Error::invalid("num_beams", "must be at least 1"));
     }
@@ -166,6 +180,7 @@ mod tests {
             temperature: 0.0,
             top_k: None,
             top_p: None,
+            min_p: None,
             seed: 0,
         };
         assert!(s

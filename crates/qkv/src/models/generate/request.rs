@@ -21,12 +21,20 @@ pub struct Request {
     pub num_beams: Option<usize>,
     pub length_penalty: Option<f32>,
     pub early_stopping: Option<EarlyStopping>,
-    /// Any of these three asks for sampling (temperature 1 when only top-k/top-p is set).
+    /// Any of these four asks for sampling (temperature 1 when only top-k, top-p or
+    /// min-p is set).
     pub temperature: Option<f32>,
     pub top_k: Option<usize>,
     pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
     /// Seed of the sampler.
     pub seed: u64,
+    /// Over the folder's `repetition_penalty`.
+    pub repetition_penalty: Option<f32>,
+    /// OpenAI's penalties and biases (see [`super::Penalties`]).
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub logit_bias: Vec<(usize, f32)>,
 }
 
 /// A request made concrete for one model and one prompt.
@@ -67,11 +75,14 @@ fn setting(
 impl Request {
     /// Sampling keywords win, then `greedy`, then the folder's `do_sample`.
     fn sampling(&self, config: &GenerationConfig) -> Result<Sampling> {
-        let keywords = self.temperature.is_some() || self.top_k.is_some() || self.top_p.is_some();
+        let keywords = self.temperature.is_some()
+            || self.top_k.is_some()
+            || self.top_p.is_some()
+            || self.min_p.is_some();
         if keywords && self.greedy {
             return Err(Error::invalid(
                 "greedy",
-                "cannot be combined with `temperature`, `top_k` or `top_p`",
+                "cannot be combined with `temperature`, `top_k`, `top_p` or `min_p`",
             ));
         }
         Ok(match (keywords, self.greedy, config.sample) {
@@ -79,12 +90,14 @@ impl Request {
                 temperature: self.temperature.unwrap_or(1.0),
                 top_k: self.top_k,
                 top_p: self.top_p,
+                min_p: self.min_p,
                 seed: self.seed,
             },
             (false, false, Some(s)) => Sampling::Sample {
                 temperature: s.temperature,
                 top_k: s.top_k,
                 top_p: s.top_p,
+                min_p: s.min_p,
                 seed: self.seed,
             },
             _ => Sampling::Greedy,
@@ -111,6 +124,12 @@ impl Request {
         if let Some(e) = self.early_stopping {
             c.search.early_stopping = e;
         }
+        let p = &mut c.search.penalties;
+        p.repetition = self.repetition_penalty.unwrap_or(p.repetition);
+        p.presence = self.presence_penalty.unwrap_or(p.presence);
+        p.frequency = self.frequency_penalty.unwrap_or(p.frequency);
+        p.bias.clone_from(&self.logit_bias);
+        p.check()?;
         Ok(c)
     }
 
@@ -144,6 +163,20 @@ impl Request {
             _ => (1, prompt_len),
         };
         config.check_vocab(model.arch.vocab)?;
+        if let Some(id) = config
+            .search
+            .penalties
+            .largest_id()
+            .filter(|&id| id >= model.arch.vocab)
+        {
+            return Err(Error::invalid(
+                "logit_bias",
+                format!(
+                    "token {id} is outside the vocabulary of {}",
+                    model.arch.vocab
+                ),
+            ));
+        }
         let (asked, length) = match (self.max_new_tokens, config.max_new_tokens) {
             (Some(n), _) => (n, setting("max_new_tokens", n, true, &config)),
             (None, Some(n)) => (n, setting("max_new_tokens", n, false, &config)),
@@ -274,6 +307,7 @@ mod tests {
                 temperature: 1.0,
                 top_k: Some(5),
                 top_p: None,
+                min_p: None,
                 seed: 7
             }
         );

@@ -1,21 +1,41 @@
 //! Choosing a token from a row of logits: the most likely one, or a seeded sample after
-//! temperature, top-k and top-p, in Hugging Face's order.
+//! temperature, top-k, top-p and min-p, in Hugging Face's order.
 
 use super::options::Sampling;
 use crate::rng::Rng;
 
 /// Picks one token from a row of logits.
 pub(super) fn choose(logits: &[f32], sampling: Sampling, rng: &mut Rng) -> usize {
+    if sampling == Sampling::Greedy {
+        return crate::ops::argmax(logits);
+    }
+    let candidates = candidates(logits, sampling);
+    let mut u = rng.uniform();
+    for &(i, q) in &candidates {
+        if u < q {
+            return i;
+        }
+        u -= q;
+    }
+    candidates.last().expect("at least one candidate").0
+}
+
+/// The tokens sampling may pick from a row of logits, with their probabilities, best
+/// first: softmax after temperature, then the top k, then the smallest prefix whose
+/// mass reaches top-p, then those at least min-p times the likeliest one's
+/// probability, renormalised after each cut (transformers' warpers, in its order).
+/// Greedy leaves the likeliest token alone.
+pub fn candidates(logits: &[f32], sampling: Sampling) -> Vec<(usize, f64)> {
     let Sampling::Sample {
         temperature,
         top_k,
         top_p,
+        min_p,
         ..
     } = sampling
     else {
-        return crate::ops::argmax(logits);
+        return vec![(crate::ops::argmax(logits), 1.0)];
     };
-    // Candidates sorted by logit, best first; keep the top k.
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
     order.truncate(top_k.unwrap_or(order.len()).max(1));
@@ -24,31 +44,32 @@ pub(super) fn choose(logits: &[f32], sampling: Sampling, rng: &mut Rng) -> usize
         .iter()
         .map(|&i| ((logits[i] / temperature - max) as f64).exp())
         .collect();
-    let total: f64 = probs.iter().sum();
-    probs.iter_mut().for_each(|p| *p /= total);
+    let mut keep = |probs: &mut Vec<f64>, n: usize| {
+        order.truncate(n);
+        probs.truncate(n);
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|q| *q /= total);
+    };
+    let all = probs.len();
+    keep(&mut probs, all);
     if let Some(p) = top_p {
-        // Smallest prefix whose mass reaches p (at least one token).
+        // the smallest prefix whose mass reaches p (at least one token)
         let mut mass = 0.0;
-        let keep = probs
+        let n = probs
             .iter()
             .position(|&q| {
                 mass += q;
                 mass >= p as f64
             })
             .map_or(probs.len(), |i| i + 1);
-        order.truncate(keep);
-        probs.truncate(keep);
-        let kept: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|q| *q /= kept);
+        keep(&mut probs, n);
     }
-    let mut u = rng.uniform();
-    for (&i, &q) in order.iter().zip(&probs) {
-        if u < q {
-            return i;
-        }
-        u -= q;
+    if let Some(m) = min_p {
+        let floor = m as f64 * probs[0];
+        let n = probs.iter().take_while(|&&q| q >= floor).count().max(1);
+        keep(&mut probs, n);
     }
-    *order.last().expect("at least one candidate")
+    order.into_iter().zip(probs).collect()
 }
 
 #[cfg(test)]
@@ -64,6 +85,7 @@ mod tests {
             temperature: 5.0,
             top_k: Some(1),
             top_p: None,
+            min_p: None,
             seed: 0,
         };
         assert!((0..50).all(|_| choose(&logits, k1, &mut rng) == 1));
@@ -77,6 +99,7 @@ mod tests {
             temperature: 1.0,
             top_k: None,
             top_p: Some(0.7),
+            min_p: None,
             seed: 0,
         };
         let mut rng = Rng::new(3);
