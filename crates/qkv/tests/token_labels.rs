@@ -143,3 +143,40 @@ fn labels_read_as_words_and_characters() {
     );
     assert_eq!(shown("unigram", "The animal"), ["The", "animal", "</s>"]);
 }
+
+/// Each token's bytes, joined over a text's tokens, spell what transformers decodes
+/// without its special tokens (Llama SentencePiece's first `▁` aside, which its decoder
+/// strips): the table that logprobs'
+/// `bytes` and grammar masks read, held to the reference on every scheme that generates.
+#[test]
+fn token_bytes_join_to_the_decoded_text() {
+    for scheme in [
+        "bytelevel",
+        "qwen2_bytelevel",
+        "llama3_bytelevel",
+        "sentencepiece_bpe",
+        "gemma_spm",
+    ] {
+        let tok = Tokenizer::from_dir(&dir(scheme)).unwrap();
+        let cases = reference(scheme).cases;
+        let largest = cases.iter().flat_map(|c| &c.input_ids).max().unwrap();
+        let table = tok.token_bytes(largest + 1);
+        for case in cases {
+            // special tokens (no span in the text) are left out, as decode leaves them
+            let joined: Vec<u8> = case
+                .input_ids
+                .iter()
+                .zip(&case.spans)
+                .filter(|(_, span)| span.is_some())
+                .flat_map(|(&id, _)| table[id].clone())
+                .collect();
+            let text = String::from_utf8(joined).unwrap();
+            // Llama's decoder strips the space its normaliser put first (Gemma's adds none)
+            let text = match scheme == "sentencepiece_bpe" {
+                true => text.strip_prefix(' ').unwrap_or(&text).to_string(),
+                false => text,
+            };
+            assert_eq!(text, case.decoded, "{scheme} {:?}", case.text);
+        }
+    }
+}

@@ -18,6 +18,20 @@ fn byte_char(b: u8) -> char {
     char::from_u32(256 + rank).expect("below U+0144")
 }
 
+/// The byte GPT-2's alphabet spells with `c` ([`byte_char`]'s inverse), if any. Its
+/// characters are all below U+0144, so the inverse is a table of that many.
+pub(crate) fn char_byte(c: char) -> Option<u8> {
+    static INVERSE: std::sync::OnceLock<[Option<u8>; 0x144]> = std::sync::OnceLock::new();
+    let table = INVERSE.get_or_init(|| {
+        let mut t = [None; 0x144];
+        for b in 0..=255u8 {
+            t[byte_char(b) as usize] = Some(b);
+        }
+        t
+    });
+    table.get(c as usize).copied().flatten()
+}
+
 /// `tokenizer.json` of the byte vocabulary.
 pub fn byte_tokenizer_json() -> String {
     let vocab: serde_json::Map<String, serde_json::Value> = (0..=255u8)

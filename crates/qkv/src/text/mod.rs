@@ -12,6 +12,7 @@ mod guards;
 pub mod labels;
 mod marian;
 mod sentencepiece;
+pub mod token_bytes;
 pub mod tokenizer;
 
 pub use chat::ChatTemplate;

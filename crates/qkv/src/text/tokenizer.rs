@@ -15,6 +15,7 @@ use crate::text::guards;
 use crate::text::labels::{label_tokens, TokenLabel};
 use crate::text::marian::{self, MarianVocab};
 use crate::text::sentencepiece;
+use crate::text::token_bytes::Spelling;
 
 /// See [`Tokenizer::stream`].
 pub struct TextStream<'a> {
@@ -467,6 +468,33 @@ impl Tokenizer {
             ))),
             _ => Ok(self),
         }
+    }
+
+    /// The bytes each id below `vocab` stands for ([`token_bytes`](super::token_bytes)):
+    /// a vocabulary piece spelled by the decoder's scheme, an added token as its text;
+    /// an id the tokenizer does not have stands for none.
+    pub fn token_bytes(&self, vocab: usize) -> Vec<Vec<u8>> {
+        if let Some(m) = &self.marian {
+            let spelling = Spelling {
+                metaspace: true,
+                ..Spelling::default()
+            };
+            return (0..vocab)
+                .map(|id| m.piece(id).map_or_else(Vec::new, |p| spelling.bytes(p)))
+                .collect();
+        }
+        let decoder = serde_json::to_value(self.inner.get_decoder()).ok();
+        let spelling = Spelling::of_decoder(decoder.as_ref().filter(|d| !d.is_null()));
+        let added = self.inner.get_added_tokens_decoder();
+        (0..vocab)
+            .map(|id| match added.get(&(id as u32)) {
+                Some(t) => t.content.as_bytes().to_vec(),
+                None => self
+                    .inner
+                    .id_to_token(id as u32)
+                    .map_or_else(Vec::new, |p| spelling.bytes(&p)),
+            })
+            .collect()
     }
 
     /// Id of a token string such as `[PAD]` or `</s>`.
