@@ -1,11 +1,11 @@
 //! The OpenAI API's JSON shapes as the server reads and writes them, and its error
-//! object. Requests name every field they accept: an unknown one is refused with 400 and
-//! its name, as OpenAI's API does, rather than ignored.
+//! object. Requests name every field they read: an unknown one is ignored (and counted),
+//! or refused with 400 and its name under `--strict`, as OpenAI's API does.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 /// An error as OpenAI's API sends it: `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug)]
@@ -75,12 +75,24 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// A request body as JSON: an object, with the keys outside `fields` taken out and
-/// returned (llama-server and vLLM ignore them too), or refused with a 400 naming the
-/// first when `strict`.
+/// The keys a nested object may have: `("stream_options", keys)` for an object field,
+/// `("messages[]", keys)` for each object of a list.
+pub type Nested = (&'static str, &'static [&'static str]);
+
+/// What `stream_options` holds that qkv reads.
+pub const STREAM_OPTIONS: Nested = ("stream_options", &["include_usage"]);
+
+/// What a chat message holds that qkv reads.
+pub const MESSAGE: Nested = ("messages[]", &["role", "content", "name"]);
+
+/// A request body as JSON: an object, with the keys outside `fields` (and, inside the
+/// `nested` objects, outside theirs) taken out and returned by name (`top_k`,
+/// `stream_options.continuous_usage_stats`, `messages[].refusal`), as llama-server and
+/// vLLM ignore them, or refused with a 400 naming the first when `strict`.
 pub fn body_json(
     body: &[u8],
     fields: &[&[&str]],
+    nested: &[Nested],
     strict: bool,
 ) -> Result<(Value, Vec<String>), ApiError> {
     let whole = |message: String| ApiError {
@@ -92,19 +104,41 @@ pub fn body_json(
     let Value::Object(map) = &mut value else {
         return Err(whole("the request body must be a JSON object".into()));
     };
-    let unknown: Vec<String> = map
-        .keys()
-        .filter(|k| !fields.iter().any(|f| f.contains(&k.as_str())))
-        .cloned()
-        .collect();
+    let mut unknown = Vec::new();
+    let mut take = |map: &mut Map<String, Value>, known: &dyn Fn(&str) -> bool, at: &str| {
+        let out: Vec<String> = map.keys().filter(|k| !known(k)).cloned().collect();
+        for k in out {
+            map.remove(&k);
+            unknown.push(format!("{at}{k}"));
+        }
+    };
+    take(map, &|k| fields.iter().any(|f| f.contains(&k)), "");
+    for &(field, keys) in nested {
+        let known = |k: &str| keys.contains(&k);
+        match field.strip_suffix("[]") {
+            Some(list) => {
+                let objects = map.get_mut(list).and_then(Value::as_array_mut);
+                for o in objects
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_object_mut)
+                {
+                    take(o, &known, &format!("{field}."));
+                }
+            }
+            None => {
+                if let Some(o) = map.get_mut(field).and_then(Value::as_object_mut) {
+                    take(o, &known, &format!("{field}."));
+                }
+            }
+        }
+    }
+    unknown.dedup();
     if let (true, Some(k)) = (strict, unknown.first()) {
         return Err(ApiError::invalid(
             k.clone(),
             format!("unrecognized request argument supplied: {k} (the server runs with --strict)"),
         ));
-    }
-    for k in &unknown {
-        map.remove(k);
     }
     Ok((value, unknown))
 }
@@ -125,14 +159,15 @@ pub fn parse<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, ApiErro
     })
 }
 
-/// A prompt: one text, or one sequence of token ids. (A list of several prompts, which
-/// OpenAI answers with one choice each, is refused: `n` and batching are per request.)
+/// A prompt: a text or a sequence of token ids, or a list of several (each answered
+/// with its own `n` choices, numbered prompt by prompt).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub enum Prompt {
     Text(String),
     Texts(Vec<String>),
     Ids(Vec<u32>),
+    IdLists(Vec<Vec<u32>>),
 }
 
 /// `stop`: one string or up to four.
@@ -165,18 +200,28 @@ pub const SETTINGS: &[&str] = &[
     "max_completion_tokens",
     "temperature",
     "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
     "seed",
     "stop",
     "n",
     "stream",
     "stream_options",
-    "frequency_penalty",
-    "presence_penalty",
     "logprobs",
     // who asked, for the caller's own logs: accepted and not used
     "user",
     "qkv",
 ];
+
+/// A completion request's own fields.
+pub const COMPLETION: &[&str] = &["model", "prompt", "echo"];
+
+/// A chat request's own fields.
+pub const CHAT: &[&str] = &["model", "messages", "top_logprobs"];
 
 /// The sampling settings both completion endpoints take.
 #[derive(Debug, Default, Deserialize)]
@@ -187,17 +232,32 @@ pub struct Settings {
     /// 0: greedy. Absent: the folder's generation config decides.
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
+    /// vLLM's and llama-server's: the k likeliest tokens; 0 or −1 for all.
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    /// transformers' (vLLM's too), over the folder's.
+    pub repetition_penalty: Option<f32>,
+    /// OpenAI's, in [−2, 2], over the tokens generated so far.
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    /// Token id (as a string) → a bias in [−100, 100] added to its logit.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
+    /// The sampler's seed; choice i of `n` draws from seed + i.
     pub seed: Option<u64>,
     pub stop: Option<Stop>,
     pub n: Option<usize>,
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
-    /// Accepted at 0 only: qkv applies no frequency or presence penalty.
-    pub frequency_penalty: Option<f32>,
-    pub presence_penalty: Option<f32>,
-    /// Accepted as false or null only.
+    /// Completions: how many alternatives to report with each token's log-probability
+    /// (an integer); chat: whether to report them (a bool; see `top_logprobs`).
     pub logprobs: Option<Value>,
+    /// Chat: alternatives with each token's log-probability, 0 to 20.
+    pub top_logprobs: Option<usize>,
+    /// Completions: the prompt comes back before the completion (with its
+    /// log-probabilities when `logprobs` is given).
+    #[serde(default)]
+    pub echo: bool,
     /// qkv's own: attention maps on request.
     pub qkv: Option<QkvOptions>,
     /// Who asked, for the caller's own logs: read to check it is a string, not used.
@@ -242,6 +302,8 @@ pub struct Message {
 pub enum Content {
     Text(String),
     Parts(Vec<Part>),
+    /// `null`: an assistant's turn that only called tools (no other role's may be).
+    Absent,
 }
 
 /// A content part as OpenAI's clients send it: its `type`, and `text` for a text part;
@@ -261,6 +323,7 @@ impl TryFrom<Value> for Content {
     fn try_from(v: Value) -> Result<Content, String> {
         match v {
             Value::String(s) => Ok(Content::Text(s)),
+            Value::Null => Ok(Content::Absent),
             Value::Array(parts) => parts
                 .into_iter()
                 .enumerate()

@@ -201,9 +201,13 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 metrics.clone(),
             )?;
             threads.push(t);
+            let token_bytes = tokenizer
+                .as_ref()
+                .map(|t| Arc::new(t.token_bytes(model.arch.vocab)));
             let g = Generator {
                 model,
                 tokenizer,
+                token_bytes,
                 config,
                 template,
                 renderer: crate::cmd::load::template_renderer()?,

@@ -21,6 +21,8 @@ use super::scheduler::Queue;
 pub struct Generator {
     pub(super) model: Arc<Transformer>,
     pub(super) tokenizer: Option<Arc<Tokenizer>>,
+    /// the bytes of each token, for log-probabilities (with a tokenizer)
+    pub(super) token_bytes: Option<Arc<Vec<Vec<u8>>>>,
     pub(super) config: GenerationConfig,
     pub(super) template: Option<ChatTemplate>,
     /// renders `template` in worker processes, bounded in memory and time

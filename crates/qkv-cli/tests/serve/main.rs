@@ -10,6 +10,7 @@
 //! test tokenizer and Qwen2.5's chat template.
 
 mod http;
+mod surface;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -543,7 +544,59 @@ fn bad_requests_get_openai_errors_naming_the_field_and_the_server_keeps_serving(
         Some("temperature"),
         "outside",
     );
-    check(with("n", json!(2)), 400, Some("n"), "n = 1");
+    check(with("n", json!(0)), 400, Some("n"), "from 1 to 128");
+    check(with("n", json!(129)), 400, Some("n"), "from 1 to 128");
+    check(
+        with("logprobs", json!(21)),
+        400,
+        Some("logprobs"),
+        "0 to 20",
+    );
+    check(
+        with("logprobs", json!("yes")),
+        400,
+        Some("logprobs"),
+        "0 to 20",
+    );
+    check(with("top_k", json!(-5)), 400, Some("top_k"), "at least 1");
+    check(with("min_p", json!(1.5)), 400, Some("min_p"), "outside");
+    check(
+        with("presence_penalty", json!(3)),
+        400,
+        Some("presence_penalty"),
+        "[-2, 2]",
+    );
+    check(
+        with("repetition_penalty", json!(0)),
+        400,
+        Some("repetition_penalty"),
+        "above 0",
+    );
+    check(
+        with("logit_bias", json!({"5000": 1})),
+        400,
+        Some("logit_bias"),
+        "not a token id",
+    );
+    check(
+        with("logit_bias", json!({"5": 101})),
+        400,
+        Some("logit_bias"),
+        "[-100, 100]",
+    );
+    check(with("prompt", json!([])), 400, Some("prompt"), "0 prompts");
+    check(
+        with("prompt", json!(["a", ""])),
+        400,
+        Some("prompt[1]"),
+        "no tokens",
+    );
+    check(
+        with("stream_options", json!({"include_usage": true, "x": 1})),
+        400,
+        Some("stream_options.x"),
+        "unrecognized",
+    );
     check(
         with("frobnicate", json!(true)),
         400,

@@ -18,7 +18,7 @@ use crate::serve::state::{AppState, Classifier};
 
 pub async fn rerank(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
-    let req: RerankRequest = parse(&s.request_json("/v1/rerank", &b, &[RERANK])?)?;
+    let req: RerankRequest = parse(&s.request_json("/v1/rerank", &b, &[RERANK], &[])?)?;
     let c = classifier(&s)?;
     s.check_model(&req.model)?;
     c.model
@@ -54,7 +54,7 @@ pub async fn rerank(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply
 
 pub async fn classify(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
-    let req: ClassifyRequest = parse(&s.request_json("/v1/classify", &b, &[CLASSIFY])?)?;
+    let req: ClassifyRequest = parse(&s.request_json("/v1/classify", &b, &[CLASSIFY], &[])?)?;
     let c = classifier(&s)?;
     s.check_model(&req.model)?;
     let inputs: Vec<(String, Option<String>)> = match req.input {

@@ -17,7 +17,7 @@ use crate::serve::state::AppState;
 
 pub async fn embeddings(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
-    let req: EmbeddingRequest = parse(&s.request_json("/v1/embeddings", &b, &[EMBEDDING])?)?;
+    let req: EmbeddingRequest = parse(&s.request_json("/v1/embeddings", &b, &[EMBEDDING], &[])?)?;
     let e = s.embedder.as_ref().ok_or_else(|| s.elsewhere())?;
     s.check_model(&req.model)?;
     let base64 = match req.encoding_format.as_deref() {
@@ -90,7 +90,7 @@ pub async fn embeddings(State(s): Shared, b: Result<Bytes, BytesRejection>) -> R
 
 pub async fn tokenize(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
-    let req: TokenizeRequest = parse(&s.request_json("/tokenize", &b, &[TOKENIZE])?)?;
+    let req: TokenizeRequest = parse(&s.request_json("/tokenize", &b, &[TOKENIZE], &[])?)?;
     s.check_text("content", &req.content)?;
     let st = s.clone();
     let tokens = off_thread(move || st.tokens(&req)).await?;

@@ -12,7 +12,7 @@ use axum::response::Response;
 
 use serde_json::Value;
 
-use crate::serve::api::{body_json, ApiError};
+use crate::serve::api::{body_json, ApiError, Nested};
 use crate::serve::state::AppState;
 
 pub type Shared = State<Arc<AppState>>;
@@ -79,15 +79,16 @@ impl AppState {
         Ok(())
     }
 
-    /// The request body of `endpoint` as JSON, its unknown fields ignored and counted
-    /// (or refused with `--strict`).
+    /// The request body of `endpoint` as JSON, its unknown fields (top-level, and in
+    /// the `nested` objects) ignored and counted, or refused with `--strict`.
     pub fn request_json(
         &self,
         endpoint: &str,
         body: &[u8],
         fields: &[&[&str]],
+        nested: &[Nested],
     ) -> Result<Value, ApiError> {
-        let (value, unknown) = body_json(body, fields, self.leniency.strict_fields)?;
+        let (value, unknown) = body_json(body, fields, nested, self.leniency.strict_fields)?;
         self.ignored_fields(endpoint, &unknown);
         Ok(value)
     }

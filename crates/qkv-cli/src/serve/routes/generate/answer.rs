@@ -1,0 +1,299 @@
+//! A request's jobs queued and answered: whole (every choice collected), or as
+//! server-sent events (each choice's pieces as they come, by index).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::response::sse::{Event as Sse, KeepAlive};
+use axum::response::IntoResponse;
+use axum::Json;
+use qkv::models::generate::TokenLogprobs;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use super::job::Shape;
+use super::logprobs::Spelling;
+use super::Kind;
+use crate::serve::api::Usage;
+use crate::serve::routes::shared::{engine_failed, now, Reply};
+use crate::serve::scheduler::{Event, Job};
+use crate::serve::state::AppState;
+
+/// One choice as it is collected.
+#[derive(Default)]
+struct Choice {
+    text: String,
+    finish: Option<&'static str>,
+    tokens: Vec<usize>,
+    logprobs: Vec<TokenLogprobs>,
+    /// its prompt's log-probabilities (`echo` with `logprobs`)
+    prompt: Option<Vec<Option<TokenLogprobs>>>,
+    /// characters of its text so far, for completions' `text_offset`
+    offset: usize,
+}
+
+/// What one answer needs to read its events.
+struct Reader<'a> {
+    shape: &'a Shape,
+    /// each prompt's text, for `echo`
+    echoed: &'a [String],
+    spelling: Spelling<'a>,
+}
+
+impl Reader<'_> {
+    /// The prompt of choice `index`.
+    fn prompt_of(&self, index: usize) -> usize {
+        index / self.shape.n
+    }
+
+    /// The `logprobs` of `tokens` (and, first, of the echoed prompt) for choice `c`.
+    fn logprobs(
+        &self,
+        c: &mut Choice,
+        index: usize,
+        tokens: &[TokenLogprobs],
+        prompt: bool,
+    ) -> Value {
+        if self.shape.logprobs.is_none() {
+            return Value::Null;
+        }
+        match self.shape.kind {
+            Kind::Chat => self.spelling.chat(tokens),
+            Kind::Completion => {
+                let mut rows: Vec<(usize, Option<&TokenLogprobs>)> = Vec::new();
+                let scored = c.prompt.take();
+                if let (true, Some(scored)) = (prompt, &scored) {
+                    let ids = &self.shape.prompts[self.prompt_of(index)];
+                    rows.extend(ids.iter().zip(scored).map(|(&id, lp)| (id, lp.as_ref())));
+                }
+                rows.extend(tokens.iter().map(|t| (t.token, Some(t))));
+                let v = self.spelling.completion(&rows, &mut c.offset);
+                c.prompt = scored;
+                v
+            }
+        }
+    }
+
+    /// A whole answer's choice.
+    fn whole(&self, index: usize, mut c: Choice) -> Value {
+        let echo = self.shape.echo && self.shape.kind == Kind::Completion;
+        let logprobs = std::mem::take(&mut c.logprobs);
+        let lp = self.logprobs(&mut c, index, &logprobs, echo);
+        let finish = json!(c.finish);
+        match self.shape.kind {
+            Kind::Completion => {
+                let text = match echo {
+                    true => self.echoed[self.prompt_of(index)].clone() + &c.text,
+                    false => c.text,
+                };
+                json!({"index": index, "text": text, "finish_reason": finish, "logprobs": lp})
+            }
+            Kind::Chat => json!({"index": index, "finish_reason": finish, "logprobs": lp,
+                "message": {"role": "assistant", "content": c.text}}),
+        }
+    }
+
+    /// A streamed chunk's choice: `text` (none in a closing chunk) and its tokens'
+    /// log-probabilities.
+    fn delta(&self, index: usize, text: Option<String>, logprobs: Value, finish: Value) -> Value {
+        let mut c = json!({"index": index, "finish_reason": finish, "logprobs": logprobs});
+        match self.shape.kind {
+            Kind::Completion => c["text"] = json!(text.unwrap_or_default()),
+            Kind::Chat => c["delta"] = text.map_or(json!({}), |t| json!({"content": t})),
+        }
+        c
+    }
+}
+
+/// Queues the jobs and answers: whole, or as server-sent events. `maps`: the attention
+/// maps of the one choice, with the viewer when asked.
+pub async fn answer(
+    s: Arc<AppState>,
+    jobs: Vec<Job>,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    shape: Shape,
+    echoed: Vec<String>,
+    maps: Option<bool>,
+) -> Reply {
+    let g = s.generator()?;
+    for job in jobs {
+        g.queue.submit(job, &s.metrics)?;
+    }
+    let kind = shape.kind;
+    let id = format!("{}-{:x}", kind.id_prefix(), s.next_id());
+    let created = now();
+    let prompt_tokens: usize = shape.prompts.iter().map(Vec::len).sum();
+    let total = shape.choices();
+    if !shape.stream {
+        let mut choices: Vec<Choice> = (0..total).map(|_| Choice::default()).collect();
+        let mut done = 0;
+        while done < total {
+            match rx.recv().await {
+                Some(Event::Prompt {
+                    first_index,
+                    logprobs,
+                }) => {
+                    for c in &mut choices[first_index..first_index + shape.n] {
+                        c.prompt = Some(logprobs.clone());
+                    }
+                }
+                Some(Event::Piece {
+                    index,
+                    text,
+                    logprobs,
+                }) => {
+                    choices[index].text.push_str(&text);
+                    choices[index].logprobs.extend(logprobs);
+                }
+                Some(Event::Done {
+                    index,
+                    finish,
+                    tokens,
+                }) => {
+                    choices[index].finish = Some(finish);
+                    choices[index].tokens = tokens;
+                    done += 1;
+                }
+                Some(Event::Failed(why)) => return Err(engine_failed(why)),
+                None => return Err(engine_failed("the scheduler stopped".into())),
+            }
+        }
+        let completion_tokens = choices.iter().map(|c| c.tokens.len()).sum();
+        let tokens = choices
+            .first()
+            .map(|c| c.tokens.clone())
+            .unwrap_or_default();
+        let reader = Reader {
+            shape: &shape,
+            echoed: &echoed,
+            spelling: Spelling(g.token_bytes.as_deref().map(Vec::as_slice)),
+        };
+        let choices: Vec<Value> = choices
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| reader.whole(i, c))
+            .collect();
+        let mut whole = json!({
+            "id": id, "object": kind.object(false), "created": created,
+            "model": s.name, "choices": choices,
+            "usage": Usage::new(prompt_tokens, completion_tokens),
+        });
+        if let Some(viewer) = maps {
+            let mut ids = shape.prompts[0].clone();
+            ids.extend(tokens);
+            whole["qkv"] = super::maps_of(&s, ids, viewer).await?;
+        }
+        return Ok(Json(whole).into_response());
+    }
+    let name = s.name.clone();
+    let (out, out_rx) = mpsc::unbounded_channel::<Result<Sse, Infallible>>();
+    let chunk = move |choices: Value, usage: Option<Usage>| -> Sse {
+        let mut c = json!({
+            "id": id, "object": kind.object(true), "created": created, "model": name,
+            "choices": choices,
+        });
+        if let Some(u) = usage {
+            c["usage"] = json!(u);
+        }
+        Sse::default().data(c.to_string())
+    };
+    let table = g.token_bytes.clone();
+    tokio::spawn(async move {
+        let reader = Reader {
+            shape: &shape,
+            echoed: &echoed,
+            spelling: Spelling(table.as_deref().map(Vec::as_slice)),
+        };
+        let send = |e: Sse| out.send(Ok(e)).is_ok();
+        let mut choices: Vec<Choice> = (0..total).map(|_| Choice::default()).collect();
+        // a chat stream opens each choice with the assistant's role; completions with
+        // `echo` open it with the prompt (whose log-probabilities come with the first
+        // piece when asked)
+        for index in 0..total {
+            let opening = match kind {
+                Kind::Chat => {
+                    json!([{"index": index, "delta": {"role": "assistant", "content": ""},
+                                      "finish_reason": null, "logprobs": null}])
+                }
+                Kind::Completion if shape.echo && shape.logprobs.is_none() => {
+                    let text = reader.echoed[reader.prompt_of(index)].clone();
+                    json!([reader.delta(index, Some(text), Value::Null, Value::Null)])
+                }
+                Kind::Completion => continue,
+            };
+            if !send(chunk(opening, None)) {
+                return;
+            }
+        }
+        let mut done = 0;
+        let mut completion_tokens = 0;
+        loop {
+            let ok = match rx.recv().await {
+                Some(Event::Prompt {
+                    first_index,
+                    logprobs,
+                }) => {
+                    let mut ok = true;
+                    let these = choices.iter_mut().enumerate().skip(first_index);
+                    for (index, c) in these.take(shape.n) {
+                        c.prompt = Some(logprobs.clone());
+                        let lp = reader.logprobs(c, index, &[], true);
+                        let text = reader.echoed[reader.prompt_of(index)].clone();
+                        ok &= send(chunk(
+                            json!([reader.delta(index, Some(text), lp, Value::Null)]),
+                            None,
+                        ));
+                    }
+                    ok
+                }
+                Some(Event::Piece {
+                    index,
+                    text,
+                    logprobs,
+                }) => {
+                    let lp = reader.logprobs(&mut choices[index], index, &logprobs, false);
+                    send(chunk(
+                        json!([reader.delta(index, Some(text), lp, Value::Null)]),
+                        None,
+                    ))
+                }
+                Some(Event::Done {
+                    index,
+                    finish,
+                    tokens,
+                }) => {
+                    done += 1;
+                    completion_tokens += tokens.len();
+                    let ok = send(chunk(
+                        json!([reader.delta(index, None, Value::Null, json!(finish))]),
+                        None,
+                    ));
+                    if done == total {
+                        if shape.include_usage {
+                            let usage = Usage::new(prompt_tokens, completion_tokens);
+                            send(chunk(json!([]), Some(usage)));
+                        }
+                        send(Sse::default().data("[DONE]"));
+                        return;
+                    }
+                    ok
+                }
+                Some(Event::Failed(why)) => {
+                    send(Sse::default().data(engine_failed(why).body().to_string()));
+                    return;
+                }
+                None => return,
+            };
+            // the client went away: dropping `rx` frees the sequences at the next step
+            if !ok {
+                return;
+            }
+        }
+    });
+    Ok(
+        axum::response::Sse::new(UnboundedReceiverStream::new(out_rx))
+            .keep_alive(KeepAlive::default())
+            .into_response(),
+    )
+}
