@@ -1,11 +1,13 @@
 """Model.generate on a batch of prompts (left-padded, each row as transformers'
-batched generate gives it) and streamed (the pieces join to the whole output)."""
+batched generate gives it), under a repetition penalty as transformers applies it, and
+streamed (the pieces join to the whole output)."""
 
+import json
 
 import pytest
 
 import qkv
-from conftest import fixture, model_dir
+from conftest import FIXTURES, fixture, model_dir
 
 DECODERS = ["gpt2", "llama_gqa", "mistral", "qwen2", "bloom"]
 
@@ -50,6 +52,19 @@ def test_a_gguf_file_generates_as_the_folder_it_was_converted_from(name):
     got = m.generate(prompts, greedy=True, max_new_tokens=f.params["max_new_tokens"])
     width = f["gen_batch_prompt"].shape[1]
     assert got == [new_tokens(row, width, eos) for row in f["gen_batch_output"]]
+
+
+def test_the_repetition_penalty_equals_transformers_generate():
+    runs = json.loads((FIXTURES / "generate" / "llama_gqa_beams.json").read_text())["runs"]
+    runs = [r for r in runs if "repetition_penalty" in r["kwargs"]]
+    assert len(runs) >= 3
+    m = qkv.load(model_dir("llama_gqa"))
+    for r in runs:
+        kw = r["kwargs"]
+        [prompt] = r["input_ids"]
+        got = m.generate(prompt, greedy=True, max_new_tokens=kw["max_new_tokens"],
+                         num_beams=kw.get("num_beams"), repetition_penalty=kw["repetition_penalty"])
+        assert got == new_tokens(r["output_ids"][0], len(prompt), [kw["eos_token_id"]]), kw
 
 
 TEXTS = ["The cat sat on the mat.", "猫坐在垫子上", "Attention is all you need, they said."]

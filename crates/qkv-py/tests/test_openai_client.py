@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import urllib.request
 
 import openai
 import pytest
@@ -118,3 +119,68 @@ def test_embeddings_through_the_openai_client_equal_qkv_embed():
         assert max(abs(a - b) for a, b in zip(d.embedding, w)) < 1e-5
     assert max(abs(a - b) for a, b in zip(floats.data[0].embedding, want[1])) < 1e-5
     assert got.usage.prompt_tokens > 0
+
+
+def test_sampling_knobs_n_and_logprobs_through_the_openai_client(chat_server):
+    folder, s = chat_server
+    greedy = s.client.completions.create(model="tiny", prompt="Attention is", max_tokens=10, temperature=0)
+    # the client's own parameters, and the ones it passes in extra_body (vLLM's top_k, min_p, …)
+    for extra in ({"top_k": 1}, {"min_p": 1.0}):
+        r = s.client.completions.create(model="tiny", prompt="Attention is", max_tokens=10, temperature=1.2,
+                                        seed=3, extra_body=extra)
+        assert r.choices[0].text == greedy.choices[0].text, extra
+    want = run("generate", "--model", str(folder), "--prompt", "Attention is", "--max-new-tokens", "10",
+               "--greedy", "--repetition-penalty", "1.3").removesuffix("\n")
+    r = s.client.completions.create(model="tiny", prompt="Attention is", max_tokens=10, temperature=0,
+                                    extra_body={"repetition_penalty": 1.3})
+    assert r.choices[0].text == want
+    # a logit bias of 100 forces its token at every step
+    ask = urllib.request.Request(s.url + "/tokenize", json.dumps({"content": "a", "add_special": False}).encode(),
+                                 {"Content-Type": "application/json"})
+    [a] = json.load(urllib.request.urlopen(ask))["tokens"]
+    r = s.client.completions.create(model="tiny", prompt="Attention is", max_tokens=5, temperature=0,
+                                    logit_bias={str(a): 100})
+    assert r.choices[0].text == "aaaaa"
+    # presence and frequency penalties: a greedy answer that repeats a token changes under them
+    long = s.client.completions.create(model="tiny", prompt="Attention is", max_tokens=32, temperature=0,
+                                       logprobs=0)
+    tokens = long.choices[0].logprobs.tokens
+    assert len(set(tokens)) < len(tokens), tokens
+    for knob in ("presence_penalty", "frequency_penalty"):
+        r = s.client.completions.create(model="tiny", prompt="Attention is", max_tokens=32, temperature=0,
+                                        **{knob: 2.0})
+        assert r.choices[0].text != long.choices[0].text, knob
+
+    # n choices of several prompts: choice i is its prompt's request with seed + i
+    r = s.client.completions.create(model="tiny", prompt=["Attention is", "Keys and"], n=2, max_tokens=8,
+                                    temperature=0.9, seed=5)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    for c in r.choices:
+        alone = s.client.completions.create(model="tiny", prompt=["Attention is", "Keys and"][c.index // 2],
+                                            max_tokens=8, temperature=0.9, seed=5 + c.index % 2)
+        assert c.text == alone.choices[0].text
+    texts = {}
+    for chunk in s.client.completions.create(model="tiny", prompt=["Attention is", "Keys and"], n=2,
+                                             max_tokens=8, temperature=0.9, seed=5, stream=True):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert texts == {c.index: c.text for c in r.choices}
+
+    # logprobs: completions with echo (the prompt's first token has none), chat with alternatives
+    r = s.client.completions.create(model="tiny", prompt="Attention is", max_tokens=4, temperature=0,
+                                    logprobs=2, echo=True)
+    lp = r.choices[0].logprobs
+    assert lp.token_logprobs[0] is None and all(x < 0 for x in lp.token_logprobs[1:])
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == len(lp.top_logprobs)
+    assert r.choices[0].text.startswith("Attention is")
+    messages = [{"role": "user", "content": "What is attention?"}]
+    r = s.client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0,
+                                         logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == 5 and all(len(t.top_logprobs) == 3 for t in content)
+    assert all(t.logprob == t.top_logprobs[0].logprob for t in content)
+    assert bytes(b for t in content for b in t.bytes).decode("utf-8", "replace") == r.choices[0].message.content
+    streamed = [t for chunk in s.client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3, stream=True)
+        for c in chunk.choices if c.logprobs for t in c.logprobs.content]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
