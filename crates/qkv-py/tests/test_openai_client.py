@@ -184,3 +184,16 @@ def test_sampling_knobs_n_and_logprobs_through_the_openai_client(chat_server):
         model="tiny", messages=messages, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3, stream=True)
         for c in chunk.choices if c.logprobs for t in c.logprobs.content]
     assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+
+
+def test_api_keys_through_the_openai_client(chat_server):
+    folder, _ = chat_server
+    s = Server(folder, "--name", "tiny", "--api-key", "sk-qkv")
+    try:
+        with pytest.raises(openai.AuthenticationError, match="incorrect API key"):
+            s.client.completions.create(model="tiny", prompt="hi", max_tokens=2)
+        keyed = openai.OpenAI(base_url=s.url + "/v1", api_key="sk-qkv", max_retries=0)
+        assert keyed.completions.create(model="tiny", prompt="hi", max_tokens=2).usage.completion_tokens == 2
+        assert [m.id for m in keyed.models.list()] == ["tiny"]
+    finally:
+        s.stop()

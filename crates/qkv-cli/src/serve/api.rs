@@ -394,6 +394,16 @@ pub struct TokenizeRequest {
     pub add_special: bool,
 }
 
+/// The fields of [`DetokenizeRequest`] (llama-server's shape, and `model` as vLLM's).
+pub const DETOKENIZE: &[&str] = &["tokens", "model"];
+
+#[derive(Debug, Deserialize)]
+pub struct DetokenizeRequest {
+    pub tokens: Vec<u32>,
+    /// Read to check it is a string; any name is answered (unless `--strict-model`).
+    pub model: Option<String>,
+}
+
 fn yes() -> bool {
     true
 }

@@ -9,6 +9,7 @@
 //! embedder (batches across clients) or the classifier on a thread of its own; and the
 //! engine, the library calls the CLI makes, on the rayon pool.
 
+mod access;
 mod api;
 mod attentions;
 mod classifier;
@@ -66,6 +67,21 @@ pub struct ServeArgs {
     /// they are ignored, logged once each and counted in /metrics)
     #[arg(long)]
     strict: bool,
+    /// A key requests must bring as `Authorization: Bearer KEY` (repeat for more); 401
+    /// without it. /health and /metrics stay open unless --protect-health-metrics
+    #[arg(long = "api-key", value_name = "KEY")]
+    api_keys: Vec<String>,
+    /// A file of keys, one a line (blank lines and lines starting with # skipped): keeps
+    /// them out of the process list
+    #[arg(long, value_name = "FILE")]
+    api_key_file: Option<PathBuf>,
+    /// /health and /metrics need a key too
+    #[arg(long)]
+    protect_health_metrics: bool,
+    /// A browser origin allowed to call the API across sites (`https://app.example`, or
+    /// `*` for any; repeat for more); no CORS headers are sent without one
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    cors_origins: Vec<String>,
     /// Sequences decoded together at most
     #[arg(long, default_value_t = 32)]
     max_batch: usize,
@@ -123,6 +139,12 @@ fn check_args(a: &ServeArgs) -> Result<()> {
 
 pub fn run(args: &ServeArgs) -> Result<()> {
     check_args(args)?;
+    let keys = Arc::new(access::Keys::new(
+        &args.api_keys,
+        args.api_key_file.as_deref(),
+        args.protect_health_metrics,
+    )?);
+    let cors = access::cors(&args.cors_origins)?;
     crate::cmd::shared_flags::set_threads(args.threads)?;
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
@@ -244,13 +266,25 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         .route("/v1/rerank", post(routes::rerank))
         .route("/v1/classify", post(routes::classify))
         .route("/tokenize", post(routes::tokenize))
+        .route("/detokenize", post(routes::detokenize))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            keys.clone(),
+            access::require_key,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             routes::log,
         ))
-        .layer(DefaultBodyLimit::max(args.max_body))
+        .layer(DefaultBodyLimit::max(args.max_body));
+    // outside the key check, so that a browser's preflight is answered and a 401 carries
+    // the CORS headers the browser needs to read it
+    let app = match cors {
+        Some(cors) => app.layer(cors),
+        None => app,
+    };
+    let app = app
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked))
         .with_state(state.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -268,6 +302,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             listener.local_addr()?
         );
         eprintln!("qkv serve: {}", state.endpoints().join(", "));
+        if !keys.is_empty() {
+            eprintln!("qkv serve: requests need one of the API keys given");
+        }
         let stop = Arc::new(tokio::sync::Notify::new());
         let stopping = stop.clone();
         let server = axum::serve(listener, app).with_graceful_shutdown(async move {

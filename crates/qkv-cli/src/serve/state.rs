@@ -126,6 +126,7 @@ impl AppState {
         }
         e.extend([
             "POST /tokenize",
+            "POST /detokenize",
             "GET /v1/models",
             "GET /health",
             "GET /metrics",

@@ -107,10 +107,25 @@ impl Server {
     }
 
     pub fn send(&self, method: &str, path: &str, body: Option<&[u8]>) -> Reply {
+        self.send_with(method, path, &[], body)
+    }
+
+    /// [`Server::send`] with more headers.
+    pub fn send_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> Reply {
         let mut s = self.connect();
         let body = body.unwrap_or_default();
+        let extra: String = headers
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}\r\n"))
+            .collect();
         let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: qkv\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: qkv\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n",
             body.len()
         );
         s.write_all(head.as_bytes()).unwrap();

@@ -9,6 +9,7 @@
 //! The model: a tiny random Llama (`qkv bench llama --save`) with the Qwen2 byte-level
 //! test tokenizer and Qwen2.5's chat template.
 
+mod access;
 mod http;
 mod surface;
 

@@ -10,7 +10,8 @@ use serde_json::{json, Value};
 
 use super::shared::{body, engine_failed, off_thread, Reply, Shared};
 use crate::serve::api::{
-    parse, ApiError, EmbeddingInput, EmbeddingRequest, TokenizeRequest, EMBEDDING, TOKENIZE,
+    parse, ApiError, DetokenizeRequest, EmbeddingInput, EmbeddingRequest, TokenizeRequest,
+    DETOKENIZE, EMBEDDING, TOKENIZE,
 };
 use crate::serve::embedder::EmbedJob;
 use crate::serve::state::AppState;
@@ -97,7 +98,43 @@ pub async fn tokenize(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Rep
     Ok(Json(json!({"tokens": tokens})).into_response())
 }
 
+/// Token ids back to text, as `qkv generate` prints them (special tokens left out).
+pub async fn detokenize(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
+    let b = body(b)?;
+    let req: DetokenizeRequest = parse(&s.request_json("/detokenize", &b, &[DETOKENIZE], &[])?)?;
+    if let Some(m) = &req.model {
+        s.check_model(m)?;
+    }
+    let ids: Vec<usize> = req.tokens.iter().map(|&t| t as usize).collect();
+    let st = s.clone();
+    let content = off_thread(move || st.text_of(&ids)).await?;
+    Ok(Json(json!({"content": content})).into_response())
+}
+
 impl AppState {
+    /// `/detokenize`'s text: the generator's tokenizer, or the embedder's.
+    fn text_of(&self, ids: &[usize]) -> Result<String, ApiError> {
+        let (tok, vocab) = match (&self.generator, &self.embedder) {
+            (Some(g), _) => (g.tokenizer.as_deref(), g.model.arch.vocab),
+            (None, Some(e)) => (Some(e.encoder.tokenizer()), usize::MAX),
+            (None, None) => (None, 0),
+        };
+        let tok = tok.ok_or_else(|| {
+            ApiError::invalid(
+                "tokens",
+                "this server's model has no tokenizer to decode with",
+            )
+        })?;
+        if let Some(bad) = ids.iter().find(|&&t| t >= vocab) {
+            return Err(ApiError::invalid(
+                "tokens",
+                format!("token {bad} is outside the vocabulary of {vocab}"),
+            ));
+        }
+        tok.decode(ids)
+            .map_err(|e| ApiError::invalid("tokens", e.to_string()))
+    }
+
     /// `/tokenize`'s tokens: the generator's tokenizer, or the encoder's with its
     /// special tokens.
     fn tokens(&self, req: &TokenizeRequest) -> Result<Vec<usize>, ApiError> {

@@ -8,7 +8,7 @@ mod generate;
 mod shared;
 
 pub use classify::{classify, rerank};
-pub use embed::{embeddings, tokenize};
+pub use embed::{detokenize, embeddings, tokenize};
 pub use generate::{chat, completions};
 
 use std::time::Instant;
@@ -83,6 +83,7 @@ pub async fn log(State(s): Shared, req: Request, next: Next) -> Response {
         | "/v1/rerank"
         | "/v1/classify"
         | "/tokenize"
+        | "/detokenize"
         | "/metrics" => path.as_str(),
         _ => "other",
     };
