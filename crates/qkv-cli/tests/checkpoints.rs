@@ -785,3 +785,102 @@ fn words(line: &str) -> Vec<String> {
     }
     out
 }
+
+/// `--json-schema` and `--grammar` hold the output of `examples/tiny-chat` to what they
+/// say (a JSON object of the schema's keys and ranges; one of a GBNF grammar's words),
+/// sampled or greedy; a schema or grammar that does not compile fails naming its flag
+/// and file.
+#[test]
+fn generate_follows_a_json_schema_or_a_grammar() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let model = root.join("examples/tiny-chat");
+    let m = model.to_str().unwrap();
+    let dir = scratch("structured");
+    let schema = dir.join("person.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+            "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "required": ["name", "age"], "additionalProperties": false}"#,
+    )
+    .unwrap();
+    for seed in ["1", "2", "3"] {
+        let out = qkv(&[
+            "generate",
+            "--model",
+            m,
+            "--user",
+            "Who are you?",
+            "--json-schema",
+            schema.to_str().unwrap(),
+            "--temperature",
+            "1",
+            "--seed",
+            seed,
+            "--max-new-tokens",
+            "60",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        let v: serde_json::Value = serde_json::from_str(text.trim_end()).unwrap();
+        let o = v.as_object().unwrap_or_else(|| panic!("{text}"));
+        assert_eq!(o.len(), 2, "{text}");
+        assert!(o["name"].as_str().unwrap().chars().count() <= 6, "{text}");
+        assert!((0..=99).contains(&o["age"].as_i64().unwrap()), "{text}");
+    }
+    let grammar = dir.join("answer.gbnf");
+    std::fs::write(
+        &grammar,
+        "# one word\nroot ::= \"yes\" | \"no\" | \"maybe\"\n",
+    )
+    .unwrap();
+    let out = qkv(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "So",
+        "--grammar",
+        grammar.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        ["yes\n", "no\n", "maybe\n"].contains(&text.as_str()),
+        "{text:?}"
+    );
+    std::fs::write(&grammar, "root ::= [a-z\n").unwrap();
+    let out = qkv(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "So",
+        "--grammar",
+        grammar.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--grammar") && err.contains("closing `]`"),
+        "{err}"
+    );
+    std::fs::write(&schema, r#"{"type": "frob"}"#).unwrap();
+    let out = qkv(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "So",
+        "--json-schema",
+        schema.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--json-schema") && err.contains("frob"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

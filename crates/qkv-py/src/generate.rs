@@ -7,7 +7,8 @@ use std::sync::Mutex;
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use qkv::models::generate::generate_each;
+use qkv::models::generate::grammar::{Constraint, Grammar, Vocabulary};
+use qkv::models::generate::{gbnf, generate_constrained, generate_each};
 use qkv::models::generation_config::GenerationConfig;
 use qkv::models::request::{Plan, Request};
 use qkv::models::TokenBatch;
@@ -110,11 +111,71 @@ fn plan(py: Python<'_>, model: &Model, request: &Request, longest: usize) -> PyR
     Ok(plan)
 }
 
+/// The grammar of `json_schema=` (a dict, or its JSON text) or `grammar=` (GBNF or
+/// Lark), if any.
+pub fn grammar_of(
+    json_schema: Option<&Bound<'_, PyAny>>,
+    grammar: Option<String>,
+) -> PyResult<Option<Grammar>> {
+    match (json_schema, grammar) {
+        (Some(_), Some(_)) => Err(PyValueError::new_err(
+            "give `json_schema` or `grammar`, not both",
+        )),
+        (Some(s), None) => {
+            let text: String = match s.extract::<String>() {
+                Ok(t) => t,
+                Err(_) => s
+                    .py()
+                    .import("json")?
+                    .call_method1("dumps", (s,))?
+                    .extract()?,
+            };
+            let schema = serde_json::from_str(&text)
+                .map_err(|e| PyValueError::new_err(format!("`json_schema` is not JSON: {e}")))?;
+            Ok(Some(Grammar::JsonSchema(schema)))
+        }
+        (None, Some(g)) if g.contains("::=") => {
+            Ok(Some(Grammar::Lark(gbnf::to_lark(&g).or_py()?)))
+        }
+        (None, Some(g)) => Ok(Some(Grammar::Lark(g))),
+        (None, None) => Ok(None),
+    }
+}
+
+/// `grammar` compiled for `model`'s vocabulary (built once per model).
+fn constraint(model: &Model, grammar: &Grammar) -> PyResult<Constraint> {
+    let vocabulary = match model.vocabulary.get() {
+        Some(v) => v,
+        None => {
+            let v = Vocabulary::of_model(model.transformer(), model.tokenizer()?).or_py()?;
+            let _ = model.vocabulary.set(v);
+            model.vocabulary.get().expect("just set")
+        }
+    };
+    vocabulary.constraint(grammar).or_py()
+}
+
+/// Runs the generation: the library's batched loop, or one sequence under a grammar.
+fn run(
+    m: &qkv::models::Transformer,
+    batch: &TokenBatch,
+    plan: &Plan,
+    constraint: Option<Constraint>,
+    on_token: &mut dyn FnMut(usize, usize),
+) -> qkv::Result<Vec<Vec<usize>>> {
+    match constraint {
+        Some(c) => generate_constrained(m, &batch.ids, &plan.options, c, &mut |id| on_token(0, id))
+            .map(|new| vec![new]),
+        None => generate_each(m, batch, &plan.options, on_token),
+    }
+}
+
 /// `Model.generate` (its docs are the method's).
 pub fn generate<'py>(
     slf: &Bound<'py, Model>,
     prompt: Prompt<'_, 'py>,
     request: &Request,
+    grammar: Option<Grammar>,
     stream: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = slf.py();
@@ -127,18 +188,27 @@ pub fn generate<'py>(
     let plan = plan(py, model, request, longest)?;
     let pad = model.transformer().special_tokens().pad.unwrap_or(0);
     let batch = TokenBatch::left_padded(&p.rows, pad).or_py()?;
+    let constraint = match &grammar {
+        Some(_) if p.batch => {
+            return Err(PyValueError::new_err(
+                "`json_schema` and `grammar` take one prompt, not a list",
+            ))
+        }
+        Some(g) => Some(constraint(model, g)?),
+        None => None,
+    };
     if stream {
         if p.batch {
             return Err(PyValueError::new_err(
                 "`stream` takes one prompt, not a list",
             ));
         }
-        let stream = Stream::start(slf.clone().unbind(), batch, plan, p.text);
+        let stream = Stream::start(slf.clone().unbind(), batch, plan, constraint, p.text);
         return Ok(Bound::new(py, stream)?.into_any());
     }
     let m = model.transformer();
     let new = py
-        .detach(|| generate_each(m, &batch, &plan.options, &mut |_, _| {}))
+        .detach(|| run(m, &batch, &plan, constraint, &mut |_, _| {}))
         .or_py()?;
     let outputs: Vec<Bound<'py, PyAny>> = new
         .into_iter()
@@ -173,7 +243,13 @@ pub struct Stream {
 
 impl Stream {
     /// Starts generating `batch` (one row) with `model` on a thread of its own.
-    fn start(model: Py<Model>, batch: TokenBatch, plan: Plan, text: bool) -> Stream {
+    fn start(
+        model: Py<Model>,
+        batch: TokenBatch,
+        plan: Plan,
+        constraint: Option<Constraint>,
+        text: bool,
+    ) -> Stream {
         let (send, pieces) = mpsc::channel();
         std::thread::spawn(move || {
             let m = model.get();
@@ -189,7 +265,7 @@ impl Stream {
                     let _ = send.send(piece);
                 }
             };
-            let done = generate_each(m.transformer(), &batch, &plan.options, &mut on_token);
+            let done = run(m.transformer(), &batch, &plan, constraint, &mut on_token);
             let rest = match (done, decoder) {
                 (Err(e), _) => Some(Err(e)),
                 (Ok(_), Some(d)) => d.finish().transpose().map(|r| r.map(Piece::Text)),

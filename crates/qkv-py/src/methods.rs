@@ -279,6 +279,10 @@ impl Model {
     ///         by it (multiplied when negative), as transformers applies it (default:
     ///         the folder's).
     ///     seed: the sampler's seed.
+    ///     json_schema: hold the output to a JSON schema (a dict, or its JSON text):
+    ///         the text is JSON valid under it, written compactly. One prompt.
+    ///     grammar: hold the output to a grammar: llama.cpp's GBNF (``root ::= …``)
+    ///         or llguidance's Lark dialect (``start: …``). One prompt.
     ///     stream: return an iterator over the output as it is made (one prompt
     ///         only): text pieces for a text prompt, as ``qkv generate`` prints
     ///         them, else token ids.
@@ -288,9 +292,9 @@ impl Model {
     ///
     /// Returns:
     ///     The generated text when ``prompt`` is text, else the list of new token ids.
-    #[pyo3(signature = (prompt=None, *, messages=None, max_new_tokens=None, greedy=false, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, min_p=None, repetition_penalty=None, seed=Int::of(0), stream=false))]
+    #[pyo3(signature = (prompt=None, *, messages=None, max_new_tokens=None, greedy=false, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, min_p=None, repetition_penalty=None, seed=Int::of(0), json_schema=None, grammar=None, stream=false))]
     #[pyo3(
-        text_signature = "($self, prompt=None, *, messages=None, max_new_tokens=None, greedy=False, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, min_p=None, repetition_penalty=None, seed=0, stream=False)"
+        text_signature = "($self, prompt=None, *, messages=None, max_new_tokens=None, greedy=False, num_beams=None, length_penalty=None, early_stopping=None, temperature=None, top_k=None, top_p=None, min_p=None, repetition_penalty=None, seed=0, json_schema=None, grammar=None, stream=False)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn generate<'py>(
@@ -308,6 +312,8 @@ impl Model {
         min_p: Option<f64>,
         repetition_penalty: Option<f64>,
         seed: Int,
+        json_schema: Option<&Bound<'py, PyAny>>,
+        grammar: Option<String>,
         stream: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let request = Request {
@@ -333,7 +339,8 @@ impl Model {
                 ))
             }
         };
-        generate::generate(slf, prompt, &request, stream)
+        let grammar = generate::grammar_of(json_schema, grammar)?;
+        generate::generate(slf, prompt, &request, grammar, stream)
     }
 
     /// What the model used on one text, by one attribution method.

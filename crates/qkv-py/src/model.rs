@@ -33,6 +33,8 @@ pub struct Model {
     pub(crate) dir: PathBuf,
     pub(crate) parameters: usize,
     pub(crate) dtypes: Vec<(String, usize)>,
+    /// the vocabulary as the grammar engine reads it, built at the first structured call
+    pub(crate) vocabulary: std::sync::OnceLock<qkv::models::generate::grammar::Vocabulary>,
 }
 
 impl Model {
@@ -202,5 +204,6 @@ fn read(dir: &Path, dtype: DType, kv_dtype: KvDType) -> qkv::Result<Model> {
         dir: dir.to_path_buf(),
         parameters,
         dtypes,
+        vocabulary: std::sync::OnceLock::new(),
     })
 }

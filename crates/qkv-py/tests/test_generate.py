@@ -67,6 +67,33 @@ def test_the_repetition_penalty_equals_transformers_generate():
         assert got == new_tokens(r["output_ids"][0], len(prompt), [kw["eos_token_id"]]), kw
 
 
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 8},
+    "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+    "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_json_schema_and_grammar_hold_the_output():
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is in requirements-test.txt")
+    m = qkv.load(FIXTURES.parents[3] / "examples" / "tiny-chat")
+    messages = [{"role": "user", "content": "Who are you?"}]
+    for seed in range(3):
+        text = m.generate(messages=messages, json_schema=PERSON, temperature=1.0, seed=seed, max_new_tokens=80)
+        jsonschema.validate(json.loads(text), PERSON)
+    # the schema as JSON text, streamed: the pieces join to the whole
+    whole = m.generate("I am", json_schema=json.dumps(PERSON), greedy=True, max_new_tokens=80)
+    jsonschema.validate(json.loads(whole), PERSON)
+    assert "".join(m.generate("I am", json_schema=PERSON, greedy=True, max_new_tokens=80, stream=True)) == whole
+    assert m.generate("I am", grammar='root ::= "yes" | "no"', greedy=True) in ("yes", "no")
+    assert m.generate("I am", grammar='start: "yes" | "no"', greedy=True) in ("yes", "no")
+    with pytest.raises(ValueError, match="one prompt"):
+        m.generate(["a", "b"], json_schema=PERSON)
+    with pytest.raises(ValueError, match="not both"):
+        m.generate("a", json_schema=PERSON, grammar='root ::= "x"')
+    with pytest.raises(ValueError, match="json_schema"):
+        m.generate("a", json_schema={"type": "frob"})
+
+
 TEXTS = ["The cat sat on the mat.", "猫坐在垫子上", "Attention is all you need, they said."]
 
 

@@ -11,6 +11,7 @@ import subprocess
 import threading
 import urllib.request
 
+import jsonschema
 import openai
 import pytest
 
@@ -197,3 +198,31 @@ def test_api_keys_through_the_openai_client(chat_server):
         assert [m.id for m in keyed.models.list()] == ["tiny"]
     finally:
         s.stop()
+
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 8},
+    "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+    "required": ["name", "age", "tags"], "additionalProperties": False}
+
+
+def test_structured_output_through_the_openai_client_validates(chat_server):
+    _, s = chat_server
+    messages = [{"role": "user", "content": "A person, please"}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    for seed in range(5):
+        r = s.client.chat.completions.create(model="tiny", messages=messages, max_tokens=120, temperature=1.0,
+                                             seed=seed, response_format=fmt)
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+    pieces = s.client.chat.completions.create(model="tiny", messages=messages, max_tokens=120, temperature=1.0,
+                                              seed=1, response_format=fmt, stream=True)
+    jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in pieces)), PERSON)
+    with pytest.raises(openai.BadRequestError, match="json_schema"):
+        s.client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frob"}}})
+    # llama-server's GBNF grammar, passed through extra_body
+    r = s.client.completions.create(model="tiny", prompt="Answer:", max_tokens=20, temperature=1.0, seed=3,
+                                    extra_body={"grammar": 'root ::= ("yes" | "no") "." '})
+    assert r.choices[0].text in ("yes.", "no.")

@@ -177,7 +177,7 @@ fn sequences_decoded_side_by_side_equal_generate_alone() {
         let first = m
             .prefill(&TokenBatch::single(p.clone()).unwrap(), &mut cache)
             .unwrap();
-        let tok = chooser.choose(first.data());
+        let tok = chooser.choose(first.data()).unwrap();
         live.push((i, chooser, cache, tok));
     }
     while !live.is_empty() {
@@ -195,7 +195,7 @@ fn sequences_decoded_side_by_side_equal_generate_alone() {
         let mut caches: Vec<&mut KvCache> = live.iter_mut().map(|l| &mut l.2).collect();
         let logits = m.step_rows(&tokens, &mut caches).unwrap();
         for (row, l) in logits.data().chunks_exact(vocab).zip(live.iter_mut()) {
-            l.3 = l.1.choose(row);
+            l.3 = l.1.choose(row).unwrap();
         }
     }
     assert_eq!(got, want);

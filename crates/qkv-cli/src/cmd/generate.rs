@@ -7,7 +7,8 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use qkv::models::generate::generate_each;
+use qkv::models::generate::grammar::{Grammar, Vocabulary};
+use qkv::models::generate::{gbnf, generate_constrained, generate_each};
 use qkv::models::generation_config::{EarlyStopping, GenerationConfig};
 use qkv::models::request::Request;
 use qkv::models::TokenBatch;
@@ -83,6 +84,14 @@ pub struct GenerateArgs {
     /// Seed of the sampler
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Hold the output to a JSON schema (a file): the text is JSON valid under it,
+    /// written compactly (", " and ": " between items)
+    #[arg(long, value_name = "SCHEMA.json", conflicts_with = "grammar")]
+    json_schema: Option<PathBuf>,
+    /// Hold the output to a grammar (a file): llama.cpp's GBNF (rules `name ::= …`,
+    /// starting at `root`) or llguidance's Lark dialect (starting at `start`)
+    #[arg(long, value_name = "FILE")]
+    grammar: Option<PathBuf>,
     /// Print the generated token ids as a JSON list
     #[arg(long)]
     json: bool,
@@ -209,8 +218,23 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
             failed = Some(e);
         }
     };
-    let new = generate_each(m, &prompt, &plan.options, &mut emit)
-        .with_context(|| format!("generating with {}", args.model.display()))?;
+    let new = match grammar(args)? {
+        Some((flag, g)) => {
+            let tok = tokenizer.as_ref().with_context(|| {
+                format!("{flag}: the model folder has no tokenizer to spell the grammar with")
+            })?;
+            let constraint = Vocabulary::of_model(m, tok)
+                .and_then(|v| v.constraint(&g))
+                .with_context(|| flag.to_string())?;
+            let new = generate_constrained(m, &prompt.ids, &plan.options, constraint, &mut |id| {
+                emit(0, id)
+            })
+            .with_context(|| format!("generating with {}", args.model.display()))?;
+            vec![new]
+        }
+        None => generate_each(m, &prompt, &plan.options, &mut emit)
+            .with_context(|| format!("generating with {}", args.model.display()))?,
+    };
     if let Some(e) = failed {
         return Err(e);
     }
@@ -224,6 +248,36 @@ pub fn run(args: &GenerateArgs, out: &mut impl Write) -> Result<()> {
         (None, false) => writeln!(out, "{new:?}")?,
     }
     Ok(())
+}
+
+/// Grammar files are read whole; past this they are refused before reading.
+const MAX_GRAMMAR_BYTES: u64 = 4 << 20;
+
+/// The grammar `--json-schema` or `--grammar` names, with the flag and file for errors.
+fn grammar(args: &GenerateArgs) -> Result<Option<(String, Grammar)>> {
+    let (flag, path) = match (&args.json_schema, &args.grammar) {
+        (Some(p), _) => ("--json-schema", p),
+        (None, Some(p)) => ("--grammar", p),
+        (None, None) => return Ok(None),
+    };
+    let named = format!("{flag} {}", path.display());
+    let size = std::fs::metadata(path)
+        .with_context(|| named.clone())?
+        .len();
+    if size > MAX_GRAMMAR_BYTES {
+        bail!("{named}: {size} bytes, more than the {MAX_GRAMMAR_BYTES} a grammar may have");
+    }
+    let text = std::fs::read_to_string(path).with_context(|| named.clone())?;
+    let g = match flag {
+        "--json-schema" => Grammar::JsonSchema(
+            serde_json::from_str(&text).with_context(|| format!("{named}: not JSON"))?,
+        ),
+        _ if text.contains("::=") => {
+            Grammar::Lark(gbnf::to_lark(&text).with_context(|| named.clone())?)
+        }
+        _ => Grammar::Lark(text),
+    };
+    Ok(Some((named, g)))
 }
 
 /// The prompt text that `--chat` or `--system`/`--user` make through the folder's chat

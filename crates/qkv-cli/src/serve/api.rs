@@ -212,6 +212,11 @@ pub const SETTINGS: &[&str] = &[
     "stream",
     "stream_options",
     "logprobs",
+    "response_format",
+    "grammar",
+    "guided_json",
+    "guided_regex",
+    "guided_grammar",
     // who asked, for the caller's own logs: accepted and not used
     "user",
     "qkv",
@@ -258,11 +263,45 @@ pub struct Settings {
     /// log-probabilities when `logprobs` is given).
     #[serde(default)]
     pub echo: bool,
+    /// OpenAI's structured output: `{"type": "text" | "json_object" | "json_schema",
+    /// "json_schema": {"name", "schema", "strict"}}`.
+    pub response_format: Option<ResponseFormat>,
+    /// llama-server's: a grammar in GBNF (or llguidance's Lark dialect).
+    pub grammar: Option<String>,
+    /// vLLM's: a JSON schema, a regular expression, a grammar (GBNF or Lark).
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_grammar: Option<String>,
     /// qkv's own: attention maps on request.
     pub qkv: Option<QkvOptions>,
     /// Who asked, for the caller's own logs: read to check it is a string, not used.
     #[allow(dead_code)]
     pub user: Option<String>,
+}
+
+/// `response_format`.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema { json_schema: JsonSchemaFormat },
+}
+
+/// `response_format.json_schema`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonSchemaFormat {
+    /// The schema's name, for the caller's own use.
+    #[allow(dead_code)]
+    pub name: Option<String>,
+    #[allow(dead_code)]
+    pub description: Option<String>,
+    /// Absent: any JSON object.
+    pub schema: Option<Value>,
+    /// Accepted either way: qkv always holds the output to the schema.
+    #[allow(dead_code)]
+    pub strict: Option<bool>,
 }
 
 /// The `qkv` field of a completion request.

@@ -230,6 +230,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 model,
                 tokenizer,
                 token_bytes,
+                vocabulary: Default::default(),
                 config,
                 template,
                 renderer: crate::cmd::load::template_renderer()?,

@@ -4,9 +4,10 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use qkv::models::generate::config::GenerationConfig;
+use qkv::models::generate::grammar::Vocabulary;
 use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{SequenceClassifier, Transformer};
 use qkv::text::{ChatTemplate, Tokenizer};
@@ -23,6 +24,9 @@ pub struct Generator {
     pub(super) tokenizer: Option<Arc<Tokenizer>>,
     /// the bytes of each token, for log-probabilities (with a tokenizer)
     pub(super) token_bytes: Option<Arc<Vec<Vec<u8>>>>,
+    /// the vocabulary as the grammar engine reads it, built at the first request for
+    /// structured output
+    pub(super) vocabulary: Arc<OnceLock<Result<Vocabulary, String>>>,
     pub(super) config: GenerationConfig,
     pub(super) template: Option<ChatTemplate>,
     /// renders `template` in worker processes, bounded in memory and time

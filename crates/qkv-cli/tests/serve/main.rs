@@ -11,6 +11,7 @@
 
 mod access;
 mod http;
+mod structured;
 mod surface;
 
 use std::io::{BufRead, BufReader, Write};

@@ -125,6 +125,8 @@ class Model:
         min_p: Optional[float] = None,
         repetition_penalty: Optional[float] = None,
         seed: int = 0,
+        json_schema: Union[None, str, Mapping[str, Any]] = None,
+        grammar: Optional[str] = None,
         stream: Literal[False] = False,
     ) -> str:
         """The generated text (a continuation, or a translation)."""
@@ -146,6 +148,8 @@ class Model:
         min_p: Optional[float] = None,
         repetition_penalty: Optional[float] = None,
         seed: int = 0,
+        json_schema: Union[None, str, Mapping[str, Any]] = None,
+        grammar: Optional[str] = None,
         stream: Literal[False] = False,
     ) -> List[int]:
         """The new token ids."""
@@ -167,6 +171,8 @@ class Model:
         min_p: Optional[float] = None,
         repetition_penalty: Optional[float] = None,
         seed: int = 0,
+        json_schema: Union[None, str, Mapping[str, Any]] = None,
+        grammar: Optional[str] = None,
         stream: Literal[False] = False,
     ) -> List[str]:
         """Each prompt's text, the prompts run as one left-padded batch."""
@@ -188,6 +194,8 @@ class Model:
         min_p: Optional[float] = None,
         repetition_penalty: Optional[float] = None,
         seed: int = 0,
+        json_schema: Union[None, str, Mapping[str, Any]] = None,
+        grammar: Optional[str] = None,
         stream: Literal[False] = False,
     ) -> List[List[int]]:
         """Each prompt's new ids, the prompts run as one left-padded batch."""
@@ -209,6 +217,8 @@ class Model:
         min_p: Optional[float] = None,
         repetition_penalty: Optional[float] = None,
         seed: int = 0,
+        json_schema: Union[None, str, Mapping[str, Any]] = None,
+        grammar: Optional[str] = None,
         stream: Literal[True],
     ) -> "Stream":
         """The output as it is made: text pieces for a text prompt, else ids."""
@@ -230,6 +240,8 @@ class Model:
         min_p: Optional[float] = None,
         repetition_penalty: Optional[float] = None,
         seed: int = 0,
+        json_schema: Union[None, str, Mapping[str, Any]] = None,
+        grammar: Optional[str] = None,
         stream: bool = False,
     ) -> Union[str, "Stream"]:
         """The assistant's answer to a conversation, through the folder's chat template."""

@@ -497,6 +497,23 @@ impl Tokenizer {
             .collect()
     }
 
+    /// The ids of the tokenizer's control tokens (added tokens marked special, Marian's
+    /// `</s>` and `<pad>`): never text.
+    pub fn special_ids(&self) -> HashSet<usize> {
+        match &self.marian {
+            Some(m) => (0..=m.largest().map_or(0, |(id, _)| id))
+                .filter(|&id| m.is_special(id))
+                .collect(),
+            None => self
+                .inner
+                .get_added_tokens_decoder()
+                .into_iter()
+                .filter(|(_, t)| t.special)
+                .map(|(id, _)| id as usize)
+                .collect(),
+        }
+    }
+
     /// Id of a token string such as `[PAD]` or `</s>`.
     pub fn token_id(&self, token: &str) -> Option<usize> {
         match &self.marian {

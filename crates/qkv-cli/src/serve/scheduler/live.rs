@@ -80,7 +80,10 @@ pub(super) fn join<'t>(
     let mut live = Vec::with_capacity(job.choices);
     for (i, cache) in caches.into_iter().enumerate() {
         let chooser = match Chooser::new(for_choice(&job.options, i), job.prompt.clone()) {
-            Ok(c) => c,
+            Ok(c) => match &job.constraint {
+                Some(g) => c.constrained(g.clone()),
+                None => c,
+            },
             Err(e) => {
                 let _ = job.events.send(Event::Failed(e.to_string()));
                 return Vec::new();
@@ -97,8 +100,11 @@ pub(super) fn join<'t>(
             logprobs: job.logprobs,
             pending: Vec::new(),
         };
-        let tok = l.chooser.choose(logits);
-        if !send(&mut l, tok, logits, metrics) {
+        let ended = match l.chooser.choose(logits) {
+            Ok(tok) => send(&mut l, tok, logits, metrics),
+            Err(e) => failed(&l, e),
+        };
+        if !ended {
             live.push(l);
         }
     }
@@ -120,8 +126,9 @@ pub(super) fn step(model: &Transformer, live: &mut Vec<Live>, metrics: &Metrics)
         Err(p) => return fail_all(live, format!("decoding step panicked: {}", panic_text(&p))),
     };
     let v = logits.shape()[2];
-    // each sequence's choice (a sort of the vocabulary when sampling) side by side
-    let chosen: Vec<usize> = {
+    // each sequence's choice (a sort of the vocabulary when sampling, a grammar's mask)
+    // side by side
+    let chosen: Vec<qkv::Result<usize>> = {
         use rayon::prelude::*;
         live.par_iter_mut()
             .zip(logits.data().par_chunks_exact(v))
@@ -133,13 +140,25 @@ pub(super) fn step(model: &Transformer, live: &mut Vec<Live>, metrics: &Metrics)
         .iter_mut()
         .zip(chosen)
         .zip(logits.data().chunks_exact(v))
-        .map(|((l, tok), row)| send(l, tok, row, metrics))
+        .map(|((l, tok), row)| match tok {
+            Ok(tok) => send(l, tok, row, metrics),
+            Err(e) => failed(l, e),
+        })
         .collect();
     let mut i = 0;
     live.retain(|_| {
         i += 1;
         !ended[i - 1]
     });
+}
+
+/// A sequence whose token could not be chosen (its grammar's engine failed) fails alone;
+/// true (it has ended).
+fn failed(l: &Live, e: qkv::Error) -> bool {
+    let _ = l
+        .events
+        .send(Event::Failed(format!("choosing a token: {e}")));
+    true
 }
 
 fn fail_all(live: &mut Vec<Live>, why: String) {
@@ -183,7 +202,7 @@ fn send(l: &mut Live, tok: usize, logits: &[f32], metrics: &Metrics) -> bool {
     let r = l.stop.last(&rest);
     piece_out(l, r.text);
     match (r.stopped, finish) {
-        (true, _) | (false, Finish::Eos) => done(l, "stop"),
+        (true, _) | (false, Finish::Eos | Finish::Complete) => done(l, "stop"),
         (false, Finish::Length) => done(l, "length"),
     }
 }

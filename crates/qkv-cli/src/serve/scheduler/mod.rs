@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use qkv::attention::KvCache;
+use qkv::models::generate::grammar::Constraint;
 use qkv::models::generate::{logprobs, GenerateOptions, TokenLogprobs};
 use qkv::models::{ModelKind, TokenBatch, Transformer};
 use qkv::text::Tokenizer;
@@ -45,6 +46,8 @@ pub struct Job {
     pub prompt_logprobs: bool,
     /// No new token: the prompt is scored and the job ends (`echo` with `max_tokens` 0).
     pub score_only: bool,
+    /// The grammar each choice's tokens follow (structured output), compiled.
+    pub constraint: Option<Constraint>,
     /// Every job of a request sends to its one handler.
     pub events: UnboundedSender<Event>,
     pub queued: Instant,

@@ -1,8 +1,11 @@
 //! One sequence's tokens chosen step by step, for callers that run the decoding loop
 //! themselves (a server decoding many sequences side by side, each joining and
 //! leaving at its own time). A sequence's choices equal those of [`super::generate_each`]
-//! run on it alone: the same banned and forced tokens, and the same seeded draws.
+//! run on it alone: the same banned and forced tokens, and the same seeded draws. A
+//! sequence may also follow a grammar ([`super::grammar`]): its mask is applied last,
+//! after the penalties, before the choice.
 
+use super::grammar::Constraint;
 use super::options::{check, GenerateOptions, Sampling};
 use super::sampling::choose;
 use crate::error::{Error, Result};
@@ -15,6 +18,8 @@ pub enum Finish {
     Eos,
     /// It reached `max_new_tokens`.
     Length,
+    /// Its grammar is complete: nothing may follow.
+    Complete,
 }
 
 /// The choosing state of one sequence: its options, its own random generator, what it
@@ -25,6 +30,7 @@ pub struct Chooser {
     rng: Rng,
     prefix: Vec<usize>,
     tokens: Vec<usize>,
+    constraint: Option<Constraint>,
 }
 
 impl Chooser {
@@ -47,21 +53,41 @@ impl Chooser {
             rng: Rng::new(seed),
             prefix,
             tokens: Vec::new(),
+            constraint: None,
         })
     }
 
+    /// This chooser, its tokens held to `constraint`'s grammar.
+    pub fn constrained(mut self, constraint: Constraint) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
+
     /// Chooses the next token from its logits `[V]` and records it. Call it only while
-    /// [`Chooser::finished`] is `None`.
-    pub fn choose(&mut self, logits: &[f32]) -> usize {
-        let tok = if self.opts.constrained() {
+    /// [`Chooser::finished`] is `None`. An error only from the grammar's engine (a
+    /// limit of its work reached): the sequence cannot go on.
+    pub fn choose(&mut self, logits: &[f32]) -> Result<usize> {
+        let tok = if self.opts.constrained() || self.constraint.is_some() {
             let mut row = logits.to_vec();
             self.opts.process(&mut row, &self.prefix, &self.tokens);
+            if let Some(c) = &mut self.constraint {
+                c.mask(&mut row)?;
+                if row.iter().all(|s| *s == f32::NEG_INFINITY) {
+                    return Err(Error::invalid(
+                        "grammar",
+                        "no token of the vocabulary can continue the grammar here",
+                    ));
+                }
+            }
             choose(&row, self.opts.sampling, &mut self.rng)
         } else {
             choose(logits, self.opts.sampling, &mut self.rng)
         };
+        if let Some(c) = &mut self.constraint {
+            c.commit(tok)?;
+        }
         self.tokens.push(tok);
-        tok
+        Ok(tok)
     }
 
     /// The tokens chosen so far.
@@ -73,6 +99,13 @@ impl Chooser {
     pub fn finished(&self) -> Option<Finish> {
         match self.tokens.last() {
             Some(t) if self.opts.eos.contains(t) => Some(Finish::Eos),
+            _ if self
+                .constraint
+                .as_ref()
+                .is_some_and(Constraint::is_complete) =>
+            {
+                Some(Finish::Complete)
+            }
             _ if self.tokens.len() >= self.opts.max_new_tokens => Some(Finish::Length),
             _ => None,
         }

@@ -5,6 +5,8 @@
 //! Every step feeds only the new tokens; the KV cache holds the past.
 
 use super::beam;
+use super::chooser::Chooser;
+use super::grammar::Constraint;
 use super::options::{check, GenerateOptions, Sampling};
 use super::sampling::choose;
 use crate::attention::KvCache;
@@ -201,6 +203,39 @@ pub fn generate_each(
         ModelKind::Decoder => generate_causal_each(model, prompt, opts, on_token),
         ModelKind::EncoderDecoder => generate_seq2seq_each(model, prompt, opts, on_token),
         ModelKind::Encoder => Err(no_head(model)),
+    }
+}
+
+/// Continues one prompt of a decoder-only model with its tokens held to `constraint`'s
+/// grammar, calling `on_token` with each as it is chosen. One sequence, stepped with a
+/// [`Chooser`] so that the grammar's mask applies before each choice; it ends at an
+/// end-of-sequence token, when the grammar is complete, or at the length. Beam search is
+/// refused (by the chooser).
+pub fn generate_constrained(
+    model: &Transformer,
+    prompt: &[usize],
+    opts: &GenerateOptions,
+    constraint: Constraint,
+    on_token: &mut dyn FnMut(usize),
+) -> Result<Vec<usize>> {
+    if model.kind() != ModelKind::Decoder {
+        return Err(Error::Unsupported(format!(
+            "{}: structured output is for decoder-only models",
+            model.info().architecture
+        )));
+    }
+    let batch = TokenBatch::single(prompt.to_vec())?;
+    let mut chooser = Chooser::new(opts.clone(), prompt.to_vec())?.constrained(constraint);
+    let mut cached = Cached::new(model, &batch)?;
+    let mut logits = model.prefill(&batch, &mut cached.cache)?;
+    loop {
+        let v = logits.shape()[2];
+        let tok = chooser.choose(&logits.data()[logits.data().len() - v..])?;
+        on_token(tok);
+        if chooser.finished().is_some() {
+            return Ok(chooser.tokens().to_vec());
+        }
+        logits = cached.step(&TokenBatch::single(vec![tok])?)?;
     }
 }
 

@@ -7,6 +7,8 @@ mod beam;
 mod chooser;
 pub mod config;
 mod decode;
+pub mod gbnf;
+pub mod grammar;
 mod logprobs;
 mod options;
 mod penalties;
@@ -15,8 +17,8 @@ mod sampling;
 
 pub use chooser::{Chooser, Finish};
 pub use decode::{
-    generate_causal, generate_causal_each, generate_each, generate_seq2seq, generate_seq2seq_each,
-    OnToken,
+    generate_causal, generate_causal_each, generate_constrained, generate_each, generate_seq2seq,
+    generate_seq2seq_each, OnToken,
 };
 pub use logprobs::{logprobs, TokenLogprobs, MAX_TOP_LOGPROBS};
 pub use options::{GenerateOptions, Sampling};

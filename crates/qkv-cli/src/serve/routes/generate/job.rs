@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use qkv::models::generate::grammar::Constraint;
 use qkv::models::generate::request::Request as GenRequest;
 use qkv::models::generate::MAX_TOP_LOGPROBS;
 use qkv::models::ModelKind;
@@ -165,6 +166,7 @@ impl AppState {
         st: &mut Settings,
         kind: Kind,
         default_max: usize,
+        constraint: Option<Constraint>,
     ) -> Result<(Vec<Job>, mpsc::UnboundedReceiver<Event>, Shape), ApiError> {
         let g = self.generator()?;
         if st.stream_options.is_some() && !st.stream {
@@ -185,10 +187,15 @@ impl AppState {
         }
         let logprobs = logprobs_asked(kind, st)?;
         let seq2seq = g.model.kind() == ModelKind::EncoderDecoder;
-        if seq2seq && (n > 1 || logprobs.is_some()) {
+        if seq2seq && (n > 1 || logprobs.is_some() || constraint.is_some()) {
+            let field = match (n > 1, logprobs.is_some()) {
+                (true, _) => "n",
+                (false, true) => "logprobs",
+                (false, false) => "response_format",
+            };
             return Err(ApiError::invalid(
-                if n > 1 { "n" } else { "logprobs" },
-                "an encoder-decoder model is served one choice at a time, without log-probabilities",
+                field,
+                "an encoder-decoder model is served one choice at a time, without log-probabilities or structured output",
             ));
         }
         let (field, asked) = match (st.max_completion_tokens, st.max_tokens) {
@@ -288,6 +295,7 @@ impl AppState {
                 logprobs,
                 prompt_logprobs: st.echo && logprobs.is_some(),
                 score_only,
+                constraint: constraint.clone(),
                 events: tx.clone(),
                 queued: Instant::now(),
                 fault: false,

@@ -3,6 +3,7 @@
 //! log-probabilities and the attention maps when asked.
 
 mod answer;
+mod format;
 mod job;
 mod logprobs;
 
@@ -95,7 +96,8 @@ pub async fn completions(State(s): Shared, b: Result<Bytes, BytesRejection>) -> 
             })
             .unzip(),
     };
-    let (mut jobs, rx, shape) = s.jobs(prompts, &mut settings, Kind::Completion, 16)?;
+    let constraint = s.constraint(&settings).await?;
+    let (mut jobs, rx, shape) = s.jobs(prompts, &mut settings, Kind::Completion, 16, constraint)?;
     jobs[0].fault = fault;
     let maps = maps_asked(&settings);
     answer::answer(s, jobs, rx, shape, echoed, maps).await
@@ -201,7 +203,8 @@ pub async fn chat(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
         st.encode(&text, false)
     })
     .await?;
-    let (jobs, rx, shape) = s.jobs(vec![ids], &mut settings, Kind::Chat, usize::MAX)?;
+    let constraint = s.constraint(&settings).await?;
+    let (jobs, rx, shape) = s.jobs(vec![ids], &mut settings, Kind::Chat, usize::MAX, constraint)?;
     let maps = maps_asked(&settings);
     answer::answer(s, jobs, rx, shape, Vec::new(), maps).await
 }
