@@ -288,3 +288,48 @@ fn bad_options_fail_with_one_clear_line() {
         assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
     }
 }
+
+/// The grammar workload: the vocabulary, the schema's compile, the mask walk over a
+/// document valid under the schema, a decoding step, and the mask's share of the step; a
+/// document outside the schema is refused before anything is timed.
+#[test]
+fn grammar_rows_give_the_mask_share_of_a_decoding_step() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let tok = root.join("examples/tiny-chat");
+    let tok = tok.to_str().unwrap();
+    let small = "--d-model 32 --layers 1 --heads 2 --kv-heads 1";
+    let rows = bench(&format!("grammar {small}"), &["--tokenizer", tok]);
+    let modes: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["vocabulary", "compile", "mask", "decode", "share"]);
+    assert_eq!(rows[2]["vocab"], 256);
+    positive(&rows[2], &["tokens_per_s_best", "median_s"]);
+    positive(
+        &rows[4],
+        &["mask_per_token_s", "decode_step_s", "mask_share_of_step"],
+    );
+    let dir = std::env::temp_dir().join(format!("qkv-bench-grammar-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("s.json"), r#"{"type": "integer"}"#).unwrap();
+    std::fs::write(dir.join("d.json"), r#""not a number""#).unwrap();
+    let out = qkv(&[
+        "bench",
+        "grammar",
+        "--tokenizer",
+        tok,
+        "--schema",
+        dir.join("s.json").to_str().unwrap(),
+        "--document",
+        dir.join("d.json").to_str().unwrap(),
+        "--rounds",
+        "1",
+        "--warmup",
+        "0",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("not allowed by the schema"),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -497,6 +497,14 @@ impl Tokenizer {
             .collect()
     }
 
+    /// The ids the tokenizer has: one past its largest (added tokens included).
+    pub fn vocab_size(&self) -> usize {
+        match &self.marian {
+            Some(m) => m.largest().map_or(0, |(id, _)| id + 1),
+            None => self.inner.get_vocab_size(true),
+        }
+    }
+
     /// The ids of the tokenizer's control tokens (added tokens marked special, Marian's
     /// `</s>` and `<pad>`): never text.
     pub fn special_ids(&self) -> HashSet<usize> {

@@ -5,11 +5,13 @@
 //! the same workloads on PyTorch, alternating rounds with this command.
 //!
 //! One file per workload, each with its flags (attention.rs: attention and decoding;
-//! llama.rs, with its check against f32 in accuracy.rs; machine.rs, over the probes of
+//! llama.rs, with its check against f32 in accuracy.rs; grammar.rs, structured output's
+//! mask; machine.rs, over the probes of
 //! probes.rs); timing.rs times them all the same way, printer.rs prints their rows.
 
 mod accuracy;
 mod attention;
+mod grammar;
 mod llama;
 mod machine;
 mod matmul;
@@ -25,6 +27,7 @@ use clap::{Args, Subcommand};
 
 use crate::cmd::shared_flags::set_threads;
 use attention::{AttentionArgs, DecodeArgs};
+use grammar::GrammarArgs;
 use llama::LlamaArgs;
 use machine::MachineArgs;
 use matmul::MatmulArgs;
@@ -55,6 +58,8 @@ enum Workload {
     Matmul(MatmulArgs),
     /// The machine's limits: f32 FMA peak (GFLOP/s) and memory read bandwidth (GB/s)
     Machine(MachineArgs),
+    /// Structured output: a JSON schema's token mask per token against a decoding step
+    Grammar(GrammarArgs),
 }
 
 pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<()> {
@@ -65,6 +70,7 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<()> {
         Workload::Llama(a) => &a.common,
         Workload::Matmul(a) => &a.common,
         Workload::Machine(a) => &a.common,
+        Workload::Grammar(a) => &a.common,
     };
     common.check()?;
     set_threads(common.threads)?;
@@ -76,5 +82,6 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<()> {
         Workload::Llama(a) => llama::bench_llama(a, &mut printer),
         Workload::Matmul(a) => matmul::bench_matmul(a, &mut printer),
         Workload::Machine(a) => machine::bench_machine(a, &mut printer),
+        Workload::Grammar(a) => grammar::bench_grammar(a, &mut printer),
     }
 }

@@ -69,6 +69,11 @@ impl<'w, W: Write> Printer<'w, W> {
         Ok(())
     }
 
+    /// Whether rows are printed as JSON lines.
+    pub fn is_json(&self) -> bool {
+        self.json
+    }
+
     pub fn row(&mut self, row: Row) -> Result<()> {
         let t = &row.timing;
         if self.json {

@@ -5,7 +5,11 @@
 //! GBNF: `name ::= alternatives`, strings `"…"`, character classes `[a-z]`, `[^"\\]`,
 //! `.` for any character, groups, `|`, `*` `+` `?` and `{m}` `{m,}` `{m,n}`, `#`
 //! comments; `root` is where it starts. Each rule becomes a Lark rule (`r_` and its name,
-//! `-` as `_`), each string a Lark string, each class or `.` a one-character regex.
+//! `-` as `_`), each string a group of one-character Lark strings, each class or `.` a
+//! one-character regex: GBNF matches character by character, and so then does the
+//! engine (its lexer would otherwise take a keyword's whole string where GBNF also
+//! follows an identifier that starts with it). `tests/gbnf.rs` holds the verdicts to
+//! llama.cpp's own on its grammar files.
 
 use crate::error::{Error, Result};
 
@@ -162,10 +166,17 @@ impl Reader<'_> {
             Some(b'"') => {
                 self.at += 1;
                 let s = self.chars_until(b'"')?;
-                if s.is_empty() {
-                    out.push_str("\"\"");
-                } else {
-                    out.push_str(&serde_json::to_string(&s).expect("a string serialises"));
+                let quoted = |c: char| serde_json::to_string(&c.to_string()).expect("a string");
+                match s.chars().count() {
+                    0 => out.push_str("\"\""),
+                    1 => out.extend(s.chars().map(quoted)),
+                    // one character a terminal: the lexer takes its longest match, and a
+                    // whole-string terminal (`"while"`) would win over an identifier
+                    // that goes on (`whilex`), where GBNF keeps both paths
+                    _ => {
+                        let chars: Vec<String> = s.chars().map(quoted).collect();
+                        out.push_str(&format!("({})", chars.join(" ")));
+                    }
                 }
             }
             Some(b'[') => {
@@ -313,7 +324,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             lark,
-            "start: r_root\nr_root: \"a\\n\" r_item_list{1,3} /[^\"\\\\]/* (r_x  | \"y\" )? \nr_item_list: /[a-z0-9\\-]/+  | /(?s:.)/ \nr_x: \"A\" \n"
+            "start: r_root\nr_root: (\"a\" \"\\n\") r_item_list{1,3} /[^\"\\\\]/* (r_x  | \"y\" )? \nr_item_list: /[a-z0-9\\-]/+  | /(?s:.)/ \nr_x: \"A\" \n"
         );
     }
 
