@@ -226,3 +226,34 @@ def test_structured_output_through_the_openai_client_validates(chat_server):
     r = s.client.completions.create(model="tiny", prompt="Answer:", max_tokens=20, temperature=1.0, seed=3,
                                     extra_body={"grammar": 'root ::= ("yes" | "no") "." '})
     assert r.choices[0].text in ("yes.", "no.")
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                                          "unit": {"enum": ["c", "f"]}},
+                          "required": ["city", "unit"], "additionalProperties": False}}}
+
+
+def test_tool_calls_through_the_openai_client(chat_server):
+    _, s = chat_server
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    r = s.client.chat.completions.create(model="tiny", messages=messages, tools=[WEATHER], tool_choice="required",
+                                         max_tokens=200, temperature=1.0, seed=2)
+    assert r.choices[0].finish_reason == "tool_calls"
+    [call] = r.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    # streamed: the client's deltas assemble to the same call
+    name, args = None, ""
+    for chunk in s.client.chat.completions.create(model="tiny", messages=messages, tools=[WEATHER], seed=2,
+                                                  tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                                  max_tokens=200, temperature=1.0, stream=True):
+        for d in chunk.choices[0].delta.tool_calls or []:
+            name = d.function.name or name
+            args += d.function.arguments or ""
+    assert (name, json.loads(args)) == ("get_weather", json.loads(call.function.arguments))
+    # the call and its result back in the history
+    history = messages + [r.choices[0].message.model_dump(exclude_none=True),
+                          {"role": "tool", "tool_call_id": call.id, "content": "5 degrees"}]
+    r = s.client.chat.completions.create(model="tiny", messages=history, tools=[WEATHER], max_tokens=5)
+    assert r.usage.completion_tokens == 5

@@ -83,7 +83,10 @@ pub type Nested = (&'static str, &'static [&'static str]);
 pub const STREAM_OPTIONS: Nested = ("stream_options", &["include_usage"]);
 
 /// What a chat message holds that qkv reads.
-pub const MESSAGE: Nested = ("messages[]", &["role", "content", "name"]);
+pub const MESSAGE: Nested = (
+    "messages[]",
+    &["role", "content", "name", "tool_calls", "tool_call_id"],
+);
 
 /// A request body as JSON: an object, with the keys outside `fields` (and, inside the
 /// `nested` objects, outside theirs) taken out and returned by name (`top_k`,
@@ -226,7 +229,14 @@ pub const SETTINGS: &[&str] = &[
 pub const COMPLETION: &[&str] = &["model", "prompt", "echo"];
 
 /// A chat request's own fields.
-pub const CHAT: &[&str] = &["model", "messages", "top_logprobs"];
+pub const CHAT: &[&str] = &[
+    "model",
+    "messages",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+];
 
 /// The sampling settings both completion endpoints take.
 #[derive(Debug, Default, Deserialize)]
@@ -259,6 +269,15 @@ pub struct Settings {
     pub logprobs: Option<Value>,
     /// Chat: alternatives with each token's log-probability, 0 to 20.
     pub top_logprobs: Option<usize>,
+    /// Chat: the functions the model may call (`{"type": "function", "function":
+    /// {"name", "description", "parameters"}}`), rendered by the chat template.
+    pub tools: Option<Vec<Value>>,
+    /// Chat: `"auto"` (the default with tools), `"none"`, `"required"`, or
+    /// `{"type": "function", "function": {"name"}}`.
+    pub tool_choice: Option<Value>,
+    /// Chat: accepted; the model may write several calls where its template allows.
+    #[allow(dead_code)]
+    pub parallel_tool_calls: Option<bool>,
     /// Completions: the prompt comes back before the completion (with its
     /// log-probabilities when `logprobs` is given).
     #[serde(default)]
@@ -328,9 +347,20 @@ pub struct CompletionRequest {
 #[serde(deny_unknown_fields)]
 pub struct Message {
     pub role: String,
+    #[serde(default = "absent")]
     pub content: Content,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant's calls, as OpenAI's answers give them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
+    /// A `tool` message: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+fn absent() -> Content {
+    Content::Absent
 }
 
 /// A message's content: a string, or content parts. Read through a JSON value so that a

@@ -166,3 +166,126 @@ answer: "yes" | "no" | /[0-9]/{2}"#;
     );
     assert_eq!(s.get("/health").status, 200);
 }
+
+fn weather() -> Value {
+    json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"enum": ["CET", "UTC"]}},
+            "required": ["zone"], "additionalProperties": false}}}])
+}
+
+/// Checks one OpenAI `tool_calls` entry: a known function, its arguments (JSON text)
+/// valid under its parameters.
+fn valid_call(call: &Value) -> String {
+    assert_eq!(call["type"], "function", "{call}");
+    assert_eq!(call["id"].as_str().map(str::len), Some(9), "{call}");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {call}"));
+    let name = call["function"]["name"].as_str().unwrap().to_string();
+    match name.as_str() {
+        "get_weather" => {
+            assert!(
+                args["city"].as_str().unwrap().chars().count() <= 10,
+                "{args}"
+            );
+            assert!(args["unit"] == "c" || args["unit"] == "f", "{args}");
+            assert_eq!(args.as_object().unwrap().len(), 2, "{args}");
+        }
+        "get_time" => assert!(args["zone"] == "CET" || args["zone"] == "UTC", "{args}"),
+        other => panic!("no tool {other}"),
+    }
+    name
+}
+
+/// Tools through the folder's template (Qwen2.5's: Hermes `<tool_call>` blocks): a call
+/// the request makes required, or names, is written under its function's schema and
+/// answered as OpenAI's `tool_calls` (whole, and as a stream's delta); a history with
+/// calls and tool results renders; bad tools are 400s.
+#[test]
+fn tool_calls_forced_answered_and_read_back_in_the_history() {
+    let s = Server::start(model(), &[]);
+    let ask = |extra: Value| {
+        let mut b = json!({"model": "m", "max_tokens": 200, "temperature": 1.0, "tools": weather(),
+                           "messages": [{"role": "user", "content": "Weather in Oslo?"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        s.post("/v1/chat/completions", &b)
+    };
+    let mut names = Vec::new();
+    for seed in 0..4 {
+        let r = ask(json!({"tool_choice": "required", "seed": seed}));
+        assert_eq!(r.status, 200, "{}", r.body);
+        let c = &r.json()["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{c}");
+        assert!(c["message"]["content"].is_null(), "{c}");
+        names.push(valid_call(&c["message"]["tool_calls"][0]));
+    }
+    let named = json!({"type": "function", "function": {"name": "get_time"}});
+    let r = ask(json!({"tool_choice": named, "seed": 5})).json();
+    assert_eq!(
+        valid_call(&r["choices"][0]["message"]["tool_calls"][0]),
+        "get_time"
+    );
+    // streamed: one delta with the call, then the finish
+    let events = ask(json!({"tool_choice": named, "seed": 5, "stream": true})).events();
+    let chunks: Vec<Value> = events
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let calls: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0))
+        .collect();
+    assert_eq!(calls.len(), 1, "{events:?}");
+    assert_eq!(calls[0]["index"], 0);
+    assert_eq!(
+        calls[0]["function"],
+        r["choices"][0]["message"]["tool_calls"][0]["function"]
+    );
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+    assert!(chunks.iter().all(|c| c["choices"][0]["delta"]["content"]
+        .as_str()
+        .unwrap_or("")
+        .is_empty()));
+
+    // the history: the assistant's call and the tool's answer go through the template
+    let call = &r["choices"][0]["message"]["tool_calls"][0];
+    let history = json!([
+        {"role": "user", "content": "Time in Berlin?"},
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "12:00"},
+    ]);
+    let r = ask(json!({"messages": history, "max_tokens": 5, "tool_choice": "none"}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.json()["usage"]["prompt_tokens"].as_u64().unwrap() > 20);
+
+    let bad = |extra: Value, param: &str| {
+        let r = ask(extra);
+        refused(&r, param);
+    };
+    bad(json!({"tools": [{"type": "function"}]}), "tools[0]");
+    bad(
+        json!({"tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+        "tool_choice",
+    );
+    bad(json!({"tool_choice": "sometimes"}), "tool_choice");
+    bad(
+        json!({"tool_choice": "required", "response_format": {"type": "json_object"}}),
+        "response_format",
+    );
+    let mut broken = history.clone();
+    broken[1]["tool_calls"][0]["function"]["arguments"] = json!("{not json");
+    bad(
+        json!({"messages": broken}),
+        "messages[1].tool_calls[0].function.arguments",
+    );
+}

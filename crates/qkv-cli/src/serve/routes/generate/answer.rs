@@ -14,6 +14,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::job::Shape;
 use super::logprobs::Spelling;
+use super::tools::openai_calls;
 use super::Kind;
 use crate::serve::api::Usage;
 use crate::serve::routes::shared::{engine_failed, now, Reply};
@@ -31,11 +32,15 @@ struct Choice {
     prompt: Option<Vec<Option<TokenLogprobs>>>,
     /// characters of its text so far, for completions' `text_offset`
     offset: usize,
+    /// bytes of `text` a stream has sent (the rest held while it may be a tool call)
+    sent: usize,
 }
 
 /// What one answer needs to read its events.
 struct Reader<'a> {
     shape: &'a Shape,
+    /// fresh numbers for tool calls' ids
+    next_id: &'a (dyn Fn() -> u64 + Sync),
     /// each prompt's text, for `echo`
     echoed: &'a [String],
     spelling: Spelling<'a>,
@@ -89,9 +94,59 @@ impl Reader<'_> {
                 };
                 json!({"index": index, "text": text, "finish_reason": finish, "logprobs": lp})
             }
-            Kind::Chat => json!({"index": index, "finish_reason": finish, "logprobs": lp,
-                "message": {"role": "assistant", "content": c.text}}),
+            Kind::Chat => {
+                let read = self.shape.tools.map(|p| p.read(&c.text));
+                match read.filter(|r| !r.calls.is_empty()) {
+                    Some(r) => {
+                        json!({"index": index, "finish_reason": "tool_calls", "logprobs": lp,
+                        "message": {"role": "assistant", "content": r.content,
+                                    "tool_calls": openai_calls(&r.calls, &mut || (self.next_id)())}})
+                    }
+                    None => json!({"index": index, "finish_reason": finish, "logprobs": lp,
+                        "message": {"role": "assistant", "content": c.text}}),
+                }
+            }
         }
+    }
+
+    /// A stream's chunk choices for a piece of choice `index`'s text: the text, unless
+    /// the answer may still be a tool call (then held until it is known).
+    fn piece(&self, c: &mut Choice, index: usize, text: &str, lp: Value) -> Option<Value> {
+        c.text.push_str(text);
+        if self.shape.tools.is_some_and(|p| p.may_call(&c.text)) {
+            return None;
+        }
+        let out = c.text[c.sent..].to_string();
+        c.sent = c.text.len();
+        Some(self.delta(index, Some(out), lp, Value::Null))
+    }
+
+    /// A stream's closing choices for choice `index`: its calls (one delta each, with
+    /// the whole arguments, as OpenAI's may come) or the text held back, then the
+    /// finish.
+    fn closing(&self, c: &mut Choice, index: usize, finish: &'static str) -> Vec<Value> {
+        let held = c.text[c.sent..].to_string();
+        c.sent = c.text.len();
+        let read = self.shape.tools.map(|p| p.read(&c.text));
+        let mut out = Vec::new();
+        match read.filter(|r| !r.calls.is_empty()) {
+            Some(r) => {
+                let calls = openai_calls(&r.calls, &mut || (self.next_id)());
+                for (j, mut call) in calls.into_iter().enumerate() {
+                    call["index"] = json!(j);
+                    out.push(json!({"index": index, "delta": {"tool_calls": [call]},
+                                    "finish_reason": null, "logprobs": null}));
+                }
+                out.push(self.delta(index, None, Value::Null, json!("tool_calls")));
+            }
+            None => {
+                if !held.is_empty() {
+                    out.push(self.delta(index, Some(held), Value::Null, Value::Null));
+                }
+                out.push(self.delta(index, None, Value::Null, json!(finish)));
+            }
+        }
+        out
     }
 
     /// A streamed chunk's choice: `text` (none in a closing chunk) and its tokens'
@@ -164,8 +219,10 @@ pub async fn answer(
             .first()
             .map(|c| c.tokens.clone())
             .unwrap_or_default();
+        let next = || s.next_id();
         let reader = Reader {
             shape: &shape,
+            next_id: &next,
             echoed: &echoed,
             spelling: Spelling(g.token_bytes.as_deref().map(Vec::as_slice)),
         };
@@ -199,9 +256,12 @@ pub async fn answer(
         Sse::default().data(c.to_string())
     };
     let table = g.token_bytes.clone();
+    let st = s.clone();
     tokio::spawn(async move {
+        let next = move || st.next_id();
         let reader = Reader {
             shape: &shape,
+            next_id: &next,
             echoed: &echoed,
             spelling: Spelling(table.as_deref().map(Vec::as_slice)),
         };
@@ -252,11 +312,12 @@ pub async fn answer(
                     text,
                     logprobs,
                 }) => {
-                    let lp = reader.logprobs(&mut choices[index], index, &logprobs, false);
-                    send(chunk(
-                        json!([reader.delta(index, Some(text), lp, Value::Null)]),
-                        None,
-                    ))
+                    let c = &mut choices[index];
+                    let lp = reader.logprobs(c, index, &logprobs, false);
+                    match reader.piece(c, index, &text, lp) {
+                        Some(delta) => send(chunk(json!([delta]), None)),
+                        None => true,
+                    }
                 }
                 Some(Event::Done {
                     index,
@@ -265,10 +326,10 @@ pub async fn answer(
                 }) => {
                     done += 1;
                     completion_tokens += tokens.len();
-                    let ok = send(chunk(
-                        json!([reader.delta(index, None, Value::Null, json!(finish))]),
-                        None,
-                    ));
+                    let mut ok = true;
+                    for delta in reader.closing(&mut choices[index], index, finish) {
+                        ok &= send(chunk(json!([delta]), None));
+                    }
                     if done == total {
                         if shape.include_usage {
                             let usage = Usage::new(prompt_tokens, completion_tokens);

@@ -62,9 +62,32 @@ impl AppState {
     /// thread (the vocabulary's trie is built at the first such request); errors name
     /// the field that asked.
     pub async fn constraint(&self, st: &Settings) -> Result<Option<Constraint>, ApiError> {
-        let Some((field, grammar)) = asked(st)? else {
-            return Ok(None);
-        };
+        match asked(st)? {
+            Some((field, grammar)) => self.compile(field, grammar).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The grammar of a call `tool_choice` makes the model write (Lark), refused beside
+    /// another structured output.
+    pub async fn forced_call(
+        &self,
+        st: &Settings,
+        lark: String,
+    ) -> Result<Option<Constraint>, ApiError> {
+        if let Some((field, _)) = asked(st)? {
+            return Err(ApiError::invalid(
+                field,
+                "a request whose `tool_choice` forces a call has that call's structure: leave this out",
+            ));
+        }
+        self.compile("tool_choice", Grammar::Lark(lark))
+            .await
+            .map(Some)
+    }
+
+    /// `grammar` compiled off the HTTP thread; errors name `field`.
+    async fn compile(&self, field: &'static str, grammar: Grammar) -> Result<Constraint, ApiError> {
         let g = self.generator()?;
         let (model, tok, cell) = (g.model.clone(), g.tokenizer.clone(), g.vocabulary.clone());
         let tok = tok.ok_or_else(|| {
@@ -80,7 +103,6 @@ impl AppState {
                 .map_err(|e| ApiError::invalid(field, e.clone()))?;
             vocabulary
                 .constraint(&grammar)
-                .map(Some)
                 .map_err(|e| ApiError::invalid(field, e.to_string()))
         })
         .await

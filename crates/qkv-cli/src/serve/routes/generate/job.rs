@@ -30,6 +30,8 @@ pub struct Shape {
     pub echo: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// chat: how the answer's tool calls are read, when the model may call
+    pub tools: Option<super::tools::Parser>,
 }
 
 impl Shape {
@@ -313,6 +315,7 @@ impl AppState {
             echo: st.echo,
             stream: st.stream,
             include_usage: st.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            tools: None,
         };
         Ok((jobs, rx, shape))
     }

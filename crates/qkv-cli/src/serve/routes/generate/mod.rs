@@ -6,13 +6,14 @@ mod answer;
 mod format;
 mod job;
 mod logprobs;
+mod tools;
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::shared::{body, engine_failed, off_thread, Reply, Shared, MAX_MESSAGES};
 use crate::serve::api::{
@@ -187,8 +188,20 @@ pub async fn chat(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
                 text
             }
         };
-        messages.push(json!({"role": m.role, "content": content}));
+        messages.push(tools::history(m, i, content)?);
     }
+    let control = g
+        .tokenizer
+        .as_ref()
+        .and_then(|t| t.token_id("[TOOL_CALLS]"));
+    let template = g.template.as_ref().expect("checked above");
+    let calls = tools::asked(
+        settings.tools.as_deref(),
+        settings.tool_choice.as_ref(),
+        template.source(),
+        control,
+    )?;
+    let context = calls.context.clone();
     // the template renders (in a worker process, bounded in steps, output, memory and
     // time) and the prompt is tokenized (bounded in bytes) off the HTTP thread
     let st = s.clone();
@@ -197,14 +210,19 @@ pub async fn chat(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
         let template = g.template.as_ref().expect("checked above");
         let text = g
             .renderer
-            .render(template, &messages, true, &serde_json::Map::new())
+            .render(template, &messages, true, &context)
             .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
         // the template writes the special tokens itself, as transformers tokenizes it
         st.encode(&text, false)
     })
     .await?;
-    let constraint = s.constraint(&settings).await?;
-    let (jobs, rx, shape) = s.jobs(vec![ids], &mut settings, Kind::Chat, usize::MAX, constraint)?;
+    let constraint = match calls.forced {
+        Some(lark) => s.forced_call(&settings, lark).await?,
+        None => s.constraint(&settings).await?,
+    };
+    let (jobs, rx, mut shape) =
+        s.jobs(vec![ids], &mut settings, Kind::Chat, usize::MAX, constraint)?;
+    shape.tools = calls.parser;
     let maps = maps_asked(&settings);
     answer::answer(s, jobs, rx, shape, Vec::new(), maps).await
 }
