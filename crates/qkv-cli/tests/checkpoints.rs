@@ -852,35 +852,19 @@ fn generate_follows_a_json_schema_or_a_grammar() {
         ["yes\n", "no\n", "maybe\n"].contains(&text.as_str()),
         "{text:?}"
     );
+    // what does not compile fails naming the flag and why
+    let refused = |flag: &str, file: &Path, says: &str| {
+        let args = ["generate", "--model", m, "--prompt", "So", flag];
+        let out = qkv(&[&args[..], &[file.to_str().unwrap()]].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(flag) && err.contains(says),
+            "{err}"
+        );
+    };
     std::fs::write(&grammar, "root ::= [a-z\n").unwrap();
-    let out = qkv(&[
-        "generate",
-        "--model",
-        m,
-        "--prompt",
-        "So",
-        "--grammar",
-        grammar.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("--grammar") && err.contains("closing `]`"),
-        "{err}"
-    );
+    refused("--grammar", &grammar, "closing `]`");
     std::fs::write(&schema, r#"{"type": "frob"}"#).unwrap();
-    let out = qkv(&[
-        "generate",
-        "--model",
-        m,
-        "--prompt",
-        "So",
-        "--json-schema",
-        schema.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("--json-schema") && err.contains("frob"),
-        "{err}"
-    );
+    refused("--json-schema", &schema, "frob");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -12,10 +12,11 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use qkv::models::generate::grammar::{Grammar, Vocabulary};
 use qkv::models::generate::{generate_causal, GenerateOptions, Sampling};
-use qkv::models::{Arch, TokenBatch, Transformer};
+use qkv::models::{TokenBatch, Transformer};
 use qkv::text::Tokenizer;
 use serde_json::{json, Value};
 
+use super::llama::Shape;
 use super::printer::{merge, Printer, Rate, Row};
 use super::timing::{measure, Common};
 
@@ -33,14 +34,8 @@ pub struct GrammarArgs {
     #[arg(long, value_name = "FILE")]
     document: Option<PathBuf>,
     /// The random Llama the decoding step is timed on (its vocabulary the tokenizer's)
-    #[arg(long, default_value_t = 512)]
-    d_model: usize,
-    #[arg(long, default_value_t = 8)]
-    layers: usize,
-    #[arg(long, default_value_t = 8)]
-    heads: usize,
-    #[arg(long, default_value_t = 4)]
-    kv_heads: usize,
+    #[command(flatten)]
+    shape: Shape,
     #[command(flatten)]
     pub common: Common,
 }
@@ -134,7 +129,7 @@ pub fn bench_grammar(a: &GrammarArgs, p: &mut Printer<impl Write>) -> Result<()>
         fields: merge(&fields, json!({"mode": "mask", "tokens": tokens.len()})),
     })?;
 
-    let arch = Arch::llama(vocab, a.d_model, a.layers, a.heads, a.kv_heads, 2048);
+    let arch = a.shape.arch(vocab, 2048);
     let model = Transformer::new(&arch, a.common.seed)?;
     let new = tokens.len();
     let prompt = TokenBatch::single((0..16).map(|i| (i * 7919) % vocab).collect())?;
@@ -147,13 +142,13 @@ pub fn bench_grammar(a: &GrammarArgs, p: &mut Printer<impl Write>) -> Result<()>
     p.row(Row {
         label: format!(
             "llama d{} x{} greedy decode {new} tokens",
-            a.d_model, a.layers
+            a.shape.d_model, a.shape.layers
         ),
         timing,
         rate: Some(Rate::new("tokens_per_s", "tokens/s", new as f64)),
         fields: merge(
             &fields,
-            json!({"mode": "decode", "d_model": a.d_model, "layers": a.layers,
+            json!({"mode": "decode", "d_model": a.shape.d_model, "layers": a.shape.layers,
                    "new_tokens": new, "params": model.num_params()}),
         ),
     })?;

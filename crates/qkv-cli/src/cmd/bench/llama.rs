@@ -21,16 +21,37 @@ use super::timing::{measure, Common};
 use crate::cmd::load::load_model;
 use crate::cmd::shared_flags::{DTypeFlag, KvDTypeFlag};
 
+/// The sizes of a random Llama's stack.
+#[derive(Args)]
+pub struct Shape {
+    #[arg(long, default_value_t = 512)]
+    pub d_model: usize,
+    #[arg(long, default_value_t = 8)]
+    pub layers: usize,
+    #[arg(long, default_value_t = 8)]
+    pub heads: usize,
+    #[arg(long, default_value_t = 4)]
+    pub kv_heads: usize,
+}
+
+impl Shape {
+    /// A Llama of these sizes with `vocab` tokens and `max_len` positions.
+    pub fn arch(&self, vocab: usize, max_len: usize) -> Arch {
+        Arch::llama(
+            vocab,
+            self.d_model,
+            self.layers,
+            self.heads,
+            self.kv_heads,
+            max_len,
+        )
+    }
+}
+
 #[derive(Args)]
 pub struct LlamaArgs {
-    #[arg(long, default_value_t = 512)]
-    d_model: usize,
-    #[arg(long, default_value_t = 8)]
-    layers: usize,
-    #[arg(long, default_value_t = 8)]
-    heads: usize,
-    #[arg(long, default_value_t = 4)]
-    kv_heads: usize,
+    #[command(flatten)]
+    shape: Shape,
     #[arg(long, default_value_t = 32000)]
     vocab: usize,
     /// Positions the model allows (its config's max_position_embeddings)
@@ -103,7 +124,7 @@ pub fn bench_llama(a: &LlamaArgs, p: &mut Printer<impl Write>) -> Result<()> {
             (model, Box::new(reference))
         }
         None => {
-            let arch = Arch::llama(a.vocab, a.d_model, a.layers, a.heads, a.kv_heads, a.max_len);
+            let arch = a.shape.arch(a.vocab, a.max_len);
             let mut model = Transformer::new(&arch, a.common.seed)?;
             if dtype != DType::F32 {
                 // the f32 model of the same seed is the reference
@@ -291,7 +312,8 @@ mod tests {
     #[test]
     fn flags_default_and_given() {
         let a = flags("llama").unwrap();
-        let sizes = (a.d_model, a.layers, a.heads, a.kv_heads, a.vocab, a.max_len);
+        let s = &a.shape;
+        let sizes = (s.d_model, s.layers, s.heads, s.kv_heads, a.vocab, a.max_len);
         assert_eq!(sizes, (512, 8, 8, 4, 32000, 2048));
         assert_eq!((a.prefill, a.decode, a.decode_prompt), (512, 128, 16));
         assert!(a.rows.is_empty() && !a.last_logits && a.model.is_none());

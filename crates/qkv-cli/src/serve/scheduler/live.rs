@@ -11,7 +11,7 @@ use qkv::models::Transformer;
 use qkv::text::{TextStream, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::{panic_text, Event, Joining};
+use super::job::{panic_text, Event, Joining};
 use crate::serve::metrics::Metrics;
 use crate::serve::stop::StopFilter;
 

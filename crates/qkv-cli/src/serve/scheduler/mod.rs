@@ -7,6 +7,7 @@
 //! however many sequences share it. The model runs on the rayon pool; the HTTP runtime
 //! only passes messages.
 
+mod job;
 mod live;
 mod seq2seq;
 
@@ -14,74 +15,18 @@ use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::StatusCode;
-use qkv::attention::KvCache;
-use qkv::models::generate::grammar::Constraint;
-use qkv::models::generate::{logprobs, GenerateOptions, TokenLogprobs};
+use qkv::models::generate::logprobs;
 use qkv::models::{ModelKind, TokenBatch, Transformer};
 use qkv::text::Tokenizer;
-use tokio::sync::mpsc::UnboundedSender;
 
 use super::api::ApiError;
 use super::metrics::Metrics;
+use job::{panic_text, Joining};
+pub use job::{Event, Job};
 use live::{step, Live};
-
-/// One prompt of a generation request as the scheduler runs it: prefilled once, then
-/// decoded as `choices` sequences.
-pub struct Job {
-    pub prompt: Vec<usize>,
-    pub options: GenerateOptions,
-    pub stops: Vec<String>,
-    /// Sequences decoded from the prompt (OpenAI's `n`): each starts from a copy of the
-    /// prompt's cache, and choice i samples with the request's seed plus i.
-    pub choices: usize,
-    /// The answer's index of this job's first choice (a request of several prompts
-    /// numbers its choices prompt by prompt).
-    pub first_index: usize,
-    /// Log-probabilities with every chosen token, and this many alternatives.
-    pub logprobs: Option<usize>,
-    /// Also the prompt's log-probabilities (each token's given the ones before it).
-    pub prompt_logprobs: bool,
-    /// No new token: the prompt is scored and the job ends (`echo` with `max_tokens` 0).
-    pub score_only: bool,
-    /// The grammar each choice's tokens follow (structured output), compiled.
-    pub constraint: Option<Constraint>,
-    /// Every job of a request sends to its one handler.
-    pub events: UnboundedSender<Event>,
-    pub queued: Instant,
-    /// Panic while prefilling it: the fault the tests inject (a prompt equal to
-    /// `$QKV_FAULT_PROMPT`) to check that a panic fails its request alone.
-    pub fault: bool,
-}
-
-/// What a request's handler hears about its sequences, each by its choice's index.
-#[derive(Debug)]
-pub enum Event {
-    /// A prompt's log-probabilities (the first token has none), for the choices
-    /// `first_index..first_index + choices`; sent before their first piece.
-    Prompt {
-        first_index: usize,
-        logprobs: Vec<Option<TokenLogprobs>>,
-    },
-    /// Text to send (stop strings already held back) and, when asked, the
-    /// log-probabilities of the tokens chosen since the choice's last piece.
-    Piece {
-        index: usize,
-        text: String,
-        logprobs: Vec<TokenLogprobs>,
-    },
-    /// The choice's end: `"stop"` (end of sequence or a stop string) or `"length"`.
-    Done {
-        index: usize,
-        finish: &'static str,
-        /// the chosen tokens, the last stop or end-of-sequence one included
-        tokens: Vec<usize>,
-    },
-    /// A sequence failed inside the engine (the request gets a 500).
-    Failed(String),
-}
 
 /// The handlers' side of the queue.
 /// A bounded queue of jobs for a worker thread: the scheduler's, the embedder's or the
@@ -147,15 +92,6 @@ pub fn start(
             }
         })?;
     Ok((Queue { tx }, handle))
-}
-
-/// A prompt being prefilled, `done` of its tokens so far.
-struct Joining {
-    job: Job,
-    cache: KvCache,
-    done: usize,
-    /// its log-probabilities so far, when the job asks for them
-    scored: Vec<Option<TokenLogprobs>>,
 }
 
 fn run(
@@ -281,11 +217,4 @@ fn prefill_chunk(model: &Transformer, j: &mut Joining, chunk: usize) -> Prefille
 fn fail(job: &Job, why: String) -> Prefilled {
     let _ = job.events.send(Event::Failed(why));
     Prefilled::Failed
-}
-
-fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic".into())
 }

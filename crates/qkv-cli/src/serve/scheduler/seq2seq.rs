@@ -9,7 +9,7 @@ use qkv::models::generate::generate_seq2seq_each;
 use qkv::models::{TokenBatch, Transformer};
 use qkv::text::{TextStream, Tokenizer};
 
-use super::{panic_text, Event, Job};
+use super::job::{panic_text, Event, Job};
 use crate::serve::metrics::Metrics;
 use crate::serve::stop::StopFilter;
 

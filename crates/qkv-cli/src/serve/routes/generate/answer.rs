@@ -13,10 +13,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::job::Shape;
+use super::kind::Kind;
 use super::logprobs::Spelling;
 use super::tools::openai_calls;
-use super::Kind;
-use crate::serve::api::Usage;
+use crate::serve::api::{ApiError, Usage};
 use crate::serve::routes::shared::{engine_failed, now, Reply};
 use crate::serve::scheduler::{Event, Job};
 use crate::serve::state::AppState;
@@ -239,7 +239,7 @@ pub async fn answer(
         if let Some(viewer) = maps {
             let mut ids = shape.prompts[0].clone();
             ids.extend(tokens);
-            whole["qkv"] = super::maps_of(&s, ids, viewer).await?;
+            whole["qkv"] = maps_of(&s, ids, viewer).await?;
         }
         return Ok(Json(whole).into_response());
     }
@@ -357,4 +357,17 @@ pub async fn answer(
             .keep_alive(KeepAlive::default())
             .into_response(),
     )
+}
+
+/// The `qkv` field of an answer: the maps of `ids`, computed on the blocking pool (a
+/// forward is model math, which the HTTP thread never runs).
+async fn maps_of(s: &Arc<AppState>, ids: Vec<usize>, viewer: bool) -> Result<Value, ApiError> {
+    let g = s.generator()?;
+    let (model, tok, name) = (g.model.clone(), g.tokenizer.clone(), s.name.clone());
+    tokio::task::spawn_blocking(move || {
+        crate::serve::attentions::answer(&model, tok.as_deref(), &name, &ids, viewer)
+    })
+    .await
+    .map_err(|e| engine_failed(format!("the attention maps: {e}")))?
+    .map_err(|e| engine_failed(format!("the attention maps: {e:#}")))
 }

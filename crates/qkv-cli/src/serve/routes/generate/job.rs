@@ -10,7 +10,7 @@ use qkv::models::ModelKind;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use super::Kind;
+use super::kind::Kind;
 use crate::serve::api::{ApiError, Settings};
 use crate::serve::scheduler::{Event, Job};
 use crate::serve::state::AppState;

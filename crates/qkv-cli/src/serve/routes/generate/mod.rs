@@ -5,6 +5,7 @@
 mod answer;
 mod format;
 mod job;
+mod kind;
 mod logprobs;
 mod tools;
 
@@ -15,37 +16,13 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use serde_json::Value;
 
-use super::shared::{body, engine_failed, off_thread, Reply, Shared, MAX_MESSAGES};
+use super::shared::{body, off_thread, Reply, Shared, MAX_MESSAGES};
 use crate::serve::api::{
     parse, ApiError, ChatRequest, CompletionRequest, Content, Prompt, Settings, CHAT, COMPLETION,
     MESSAGE, SETTINGS, STREAM_OPTIONS,
 };
 use crate::serve::state::AppState;
-
-/// Which endpoint a generation answers.
-#[derive(Clone, Copy, PartialEq)]
-pub enum Kind {
-    Completion,
-    Chat,
-}
-
-impl Kind {
-    fn id_prefix(self) -> &'static str {
-        match self {
-            Kind::Completion => "cmpl",
-            Kind::Chat => "chatcmpl",
-        }
-    }
-
-    /// The `object` of a whole answer, or of a streamed chunk.
-    fn object(self, chunk: bool) -> &'static str {
-        match (self, chunk) {
-            (Kind::Completion, _) => "text_completion",
-            (Kind::Chat, false) => "chat.completion",
-            (Kind::Chat, true) => "chat.completion.chunk",
-        }
-    }
-}
+use kind::Kind;
 
 pub async fn completions(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
@@ -225,21 +202,4 @@ pub async fn chat(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     shape.tools = calls.parser;
     let maps = maps_asked(&settings);
     answer::answer(s, jobs, rx, shape, Vec::new(), maps).await
-}
-
-/// The `qkv` field of an answer: the maps of `ids`, computed on the blocking pool (a
-/// forward is model math, which the HTTP thread never runs).
-pub(super) async fn maps_of(
-    s: &Arc<AppState>,
-    ids: Vec<usize>,
-    viewer: bool,
-) -> Result<Value, ApiError> {
-    let g = s.generator()?;
-    let (model, tok, name) = (g.model.clone(), g.tokenizer.clone(), s.name.clone());
-    tokio::task::spawn_blocking(move || {
-        crate::serve::attentions::answer(&model, tok.as_deref(), &name, &ids, viewer)
-    })
-    .await
-    .map_err(|e| engine_failed(format!("the attention maps: {e}")))?
-    .map_err(|e| engine_failed(format!("the attention maps: {e:#}")))
 }

@@ -374,7 +374,9 @@ mod tests {
                                "tool_calls": calls.as_array().unwrap()[..n]});
             let mut extra = serde_json::Map::new();
             extra.insert("tools".into(), tools.clone());
-            let before = t.render_with(std::slice::from_ref(&user), true, &extra).unwrap();
+            let before = t
+                .render_with(std::slice::from_ref(&user), true, &extra)
+                .unwrap();
             let after = t.render_with(&[user, asked], false, &extra).unwrap();
             // the assistant's turn: what follows the prompt, up to its end-of-turn token
             let turn = after
