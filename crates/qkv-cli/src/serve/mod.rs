@@ -163,6 +163,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         max_tokens: args.max_tokens,
         max_prompt: args.max_prompt,
         max_inputs: 2048,
+        max_batch: args.max_batch,
     };
     let mut loaded = crate::cmd::load::load_model(&args.model, args.dtype.dtype)?;
     let mut threads = Vec::new();

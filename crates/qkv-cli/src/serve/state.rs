@@ -51,6 +51,8 @@ pub struct RequestLimits {
     pub(super) max_prompt: usize,
     /// texts in one embeddings request
     pub(super) max_inputs: usize,
+    /// sequences decoded together (`--max-batch`): the most choices one prompt may ask
+    pub(super) max_batch: usize,
 }
 
 /// How strictly requests are read: what OpenAI clients and agents send beyond what

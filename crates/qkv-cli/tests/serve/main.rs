@@ -548,6 +548,7 @@ fn bad_requests_get_openai_errors_naming_the_field_and_the_server_keeps_serving(
     );
     check(with("n", json!(0)), 400, Some("n"), "from 1 to 128");
     check(with("n", json!(129)), 400, Some("n"), "from 1 to 128");
+    check(with("n", json!(33)), 400, Some("n"), "--max-batch");
     check(
         with("logprobs", json!(21)),
         400,

@@ -187,6 +187,16 @@ impl AppState {
                 ),
             ));
         }
+        // a prompt's choices decode together, each with its own cache
+        if n > self.limits.max_batch {
+            return Err(ApiError::invalid(
+                "n",
+                format!(
+                    "{n} choices, more than the {} sequences the server decodes together (--max-batch)",
+                    self.limits.max_batch
+                ),
+            ));
+        }
         let logprobs = logprobs_asked(kind, st)?;
         let seq2seq = g.model.kind() == ModelKind::EncoderDecoder;
         if seq2seq && (n > 1 || logprobs.is_some() || constraint.is_some()) {
