@@ -134,9 +134,7 @@ pub fn grammar_of(
                 .map_err(|e| PyValueError::new_err(format!("`json_schema` is not JSON: {e}")))?;
             Ok(Some(Grammar::JsonSchema(schema)))
         }
-        (None, Some(g)) if g.contains("::=") => {
-            Ok(Some(Grammar::Lark(gbnf::to_lark(&g).or_py()?)))
-        }
+        (None, Some(g)) if g.contains("::=") => Ok(Some(Grammar::Lark(gbnf::to_lark(&g).or_py()?))),
         (None, Some(g)) => Ok(Some(Grammar::Lark(g))),
         (None, None) => Ok(None),
     }
