@@ -252,6 +252,14 @@ def test_tool_calls_through_the_openai_client(chat_server):
             name = d.function.name or name
             args += d.function.arguments or ""
     assert (name, json.loads(args)) == ("get_weather", json.loads(call.function.arguments))
+    # "auto": a call the model writes in its template's form comes back as a call (the
+    # model made to write one here by a grammar on its text)
+    written = ('start: "<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": '
+               '{\\"city\\": \\"Oslo\\", \\"unit\\": \\"c\\"}}\\n</tool_call>"')
+    auto = s.client.chat.completions.create(model="tiny", messages=messages, tools=[WEATHER], max_tokens=200,
+                                            extra_body={"guided_grammar": written})
+    assert auto.choices[0].finish_reason == "tool_calls"
+    assert json.loads(auto.choices[0].message.tool_calls[0].function.arguments) == {"city": "Oslo", "unit": "c"}
     # the call and its result back in the history
     history = messages + [r.choices[0].message.model_dump(exclude_none=True),
                           {"role": "tool", "tool_call_id": call.id, "content": "5 degrees"}]

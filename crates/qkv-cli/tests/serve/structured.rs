@@ -257,6 +257,32 @@ fn tool_calls_forced_answered_and_read_back_in_the_history() {
         .unwrap_or("")
         .is_empty()));
 
+    // "auto": a call the model writes in its template's form is read back as a call
+    // (the model made to write one here by a grammar on its text); text that is no call
+    // stays content, streamed as it comes
+    let written = r#"start: "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}\n</tool_call>""#;
+    let r = ask(json!({"guided_grammar": written})).json();
+    let c = &r["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{c}");
+    let auto = &c["message"]["tool_calls"][0];
+    assert_eq!(auto["function"]["name"], "get_time");
+    assert_eq!(auto["function"]["arguments"], r#"{"zone":"UTC"}"#);
+    let events = ask(json!({"guided_grammar": written, "stream": true})).events();
+    let streamed: Vec<Value> = events
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0).cloned())
+        .collect();
+    assert_eq!(streamed.len(), 1, "{events:?}");
+    assert_eq!(streamed[0]["function"], auto["function"]);
+    let prose = r#"start: "It is noon.""#;
+    let r = ask(json!({"guided_grammar": prose})).json();
+    assert_eq!(r["choices"][0]["message"]["content"], "It is noon.");
+    assert!(r["choices"][0]["message"]["tool_calls"].is_null());
+    let events = ask(json!({"guided_grammar": prose, "stream": true})).events();
+    assert_eq!(joined(&events).0, "It is noon.");
+
     // the history: the assistant's call and the tool's answer go through the template
     let call = &r["choices"][0]["message"]["tool_calls"][0];
     let history = json!([
