@@ -402,6 +402,57 @@ mod tests {
         }
     }
 
+    /// Each parser's forced grammar takes the call its template writes (Mistral's after
+    /// its control token) and nothing else: a walk over a byte vocabulary.
+    #[test]
+    fn forced_grammars_take_one_call_in_each_familys_form() {
+        use qkv::models::generate::grammar::{Grammar, Vocabulary};
+        // the 256 bytes, `[TOOL_CALLS]` as a control token (256), EOS (257)
+        let mut bytes: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        bytes.push(b"[TOOL_CALLS]".to_vec());
+        bytes.push(b"</s>".to_vec());
+        let v = Vocabulary::new(&bytes, |id| id == 256, &[257]).unwrap();
+        let tool = json!({"type": "function", "function": {"name": "f", "parameters":
+            {"type": "object", "properties": {"x": {"enum": [1, 2]}}, "required": ["x"],
+             "additionalProperties": false}}});
+        let walk = |parser: Parser, tokens: &[usize]| -> bool {
+            let lark = parser.forced(&[&tool], Some(256)).unwrap();
+            let mut c = v.constraint(&Grammar::Lark(lark)).unwrap();
+            for &t in tokens {
+                let mut scores = vec![0.0; bytes.len()];
+                c.mask(&mut scores).unwrap();
+                if !scores[t].is_finite() {
+                    return false;
+                }
+                c.commit(t).unwrap();
+            }
+            let mut scores = vec![0.0; bytes.len()];
+            c.mask(&mut scores).unwrap();
+            scores[257].is_finite()
+        };
+        let text = |s: &str| s.bytes().map(usize::from).collect::<Vec<_>>();
+        let hermes = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 2}}\n</tool_call>";
+        assert!(walk(Parser::Hermes, &text(hermes)));
+        assert!(!walk(Parser::Hermes, &text(&hermes.replace("2}", "3}"))));
+        let llama = "{\"name\": \"f\", \"parameters\": {\"x\": 1}}";
+        assert!(walk(Parser::Llama3Json, &text(llama)));
+        assert!(!walk(
+            Parser::Llama3Json,
+            &text(&llama.replace("\"f\"", "\"g\""))
+        ));
+        let mistral = [
+            vec![256],
+            text("[{\"name\": \"f\", \"arguments\": {\"x\": 1}}]"),
+        ]
+        .concat();
+        assert!(walk(Parser::Mistral, &mistral));
+        // the control token, not its spelling in text
+        assert!(!walk(
+            Parser::Mistral,
+            &text("[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"x\": 1}}]")
+        ));
+    }
+
     #[test]
     fn text_that_is_not_a_call_stays_text() {
         let p = Parser::Hermes;
