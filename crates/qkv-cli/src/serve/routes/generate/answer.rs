@@ -14,7 +14,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::job::Shape;
 use super::kind::Kind;
-use super::logprobs::Spelling;
+use super::logprobs::TokenText;
 use super::tools::openai_calls;
 use crate::serve::api::{ApiError, Usage};
 use crate::serve::routes::shared::{engine_failed, now, Reply};
@@ -43,7 +43,7 @@ struct Reader<'a> {
     next_id: &'a (dyn Fn() -> u64 + Sync),
     /// each prompt's text, for `echo`
     echoed: &'a [String],
-    spelling: Spelling<'a>,
+    text: TokenText<'a>,
 }
 
 impl Reader<'_> {
@@ -64,18 +64,15 @@ impl Reader<'_> {
             return Value::Null;
         }
         match self.shape.kind {
-            Kind::Chat => self.spelling.chat(tokens),
+            Kind::Chat => self.text.chat(tokens),
             Kind::Completion => {
                 let mut rows: Vec<(usize, Option<&TokenLogprobs>)> = Vec::new();
-                let scored = c.prompt.take();
-                if let (true, Some(scored)) = (prompt, &scored) {
+                if let (true, Some(scored)) = (prompt, &c.prompt) {
                     let ids = &self.shape.prompts[self.prompt_of(index)];
                     rows.extend(ids.iter().zip(scored).map(|(&id, lp)| (id, lp.as_ref())));
                 }
                 rows.extend(tokens.iter().map(|t| (t.token, Some(t))));
-                let v = self.spelling.completion(&rows, &mut c.offset);
-                c.prompt = scored;
-                v
+                self.text.completion(&rows, &mut c.offset)
             }
         }
     }
@@ -224,7 +221,7 @@ pub async fn answer(
             shape: &shape,
             next_id: &next,
             echoed: &echoed,
-            spelling: Spelling(g.token_bytes.as_deref().map(Vec::as_slice)),
+            text: TokenText(g.token_bytes.as_deref().map(Vec::as_slice)),
         };
         let choices: Vec<Value> = choices
             .into_iter()
@@ -263,7 +260,7 @@ pub async fn answer(
             shape: &shape,
             next_id: &next,
             echoed: &echoed,
-            spelling: Spelling(table.as_deref().map(Vec::as_slice)),
+            text: TokenText(table.as_deref().map(Vec::as_slice)),
         };
         let send = |e: Sse| out.send(Ok(e)).is_ok();
         let mut choices: Vec<Choice> = (0..total).map(|_| Choice::default()).collect();

@@ -10,9 +10,9 @@ const FLOOR: f32 = -9999.0;
 
 /// Tokens as text and bytes: the tokenizer's table, or `token_id:N` without one.
 #[derive(Clone, Copy)]
-pub struct Spelling<'a>(pub Option<&'a [Vec<u8>]>);
+pub struct TokenText<'a>(pub Option<&'a [Vec<u8>]>);
 
-impl Spelling<'_> {
+impl TokenText<'_> {
     fn bytes(&self, id: usize) -> Vec<u8> {
         match self.0.and_then(|t| t.get(id)) {
             Some(b) => b.clone(),
