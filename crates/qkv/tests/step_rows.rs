@@ -2,7 +2,10 @@
 //! lengths, each with its own one-row cache, joining and leaving between steps, give
 //! the logits each would get decoded alone (`forward_cached` on its own cache), on the
 //! fixture families of every position kind: learned (GPT-2), RoPE with GQA (Llama),
-//! a sliding window (Mistral, Qwen2) and ALiBi (BLOOM).
+//! a sliding window (Mistral, Qwen2) and ALiBi (BLOOM). Packed steps
+//! (`Transformer::step_packed`) mix joining prompts' chunks into the decoding rows and
+//! give what one call of each whole prompt gives, RoPE scalings that depend on a
+//! call's length (LongRoPE, dynamic) included.
 
 #![cfg(feature = "models")]
 
@@ -11,7 +14,7 @@ mod common;
 use common::models::{load_causal, ATOL, RTOL};
 use qkv::attention::KvCache;
 use qkv::models::generate::{generate_causal, Chooser, GenerateOptions, Sampling};
-use qkv::models::{TokenBatch, Transformer};
+use qkv::models::{Chunk, TokenBatch, Transformer};
 use qkv::{Error, Tensor};
 
 /// Sequence s's prompt: `len` ids from a pattern of its own.
@@ -200,4 +203,128 @@ fn sequences_decoded_side_by_side_equal_generate_alone() {
     }
     assert_eq!(got, want);
     assert!(want.iter().any(|w| w.len() > 5), "{want:?}");
+}
+
+/// Two sequences decode while a third's prompt of 11 tokens joins in chunks of 4 (the
+/// middle one scored, every position's logits) packed into the same steps: the
+/// decoding rows equal each sequence alone, and the prompt's logits equal one call of
+/// the whole prompt.
+fn check_packed(name: &str) {
+    let m = load_causal(name);
+    let vocab = m.arch.vocab;
+    let joining = prompt(2, 11, vocab);
+    let prefilled = || -> Vec<KvCache> {
+        [4, 7]
+            .iter()
+            .enumerate()
+            .map(|(s, &n)| prefill(&m, &prompt(s, n, vocab)))
+            .collect()
+    };
+    let (mut alone, mut shared) = (prefilled(), prefilled());
+    let mut whole = m.new_cache(1);
+    let want_prompt = m
+        .forward_cached(&TokenBatch::single(joining.clone()).unwrap(), &mut whole)
+        .unwrap();
+    let mut join = m.new_cache(1);
+    for (n, part) in joining.chunks(4).enumerate() {
+        let tokens: Vec<Vec<usize>> = (0..2).map(|s| vec![token(s, n, vocab)]).collect();
+        let scored = n == 1;
+        let chunks = [
+            Chunk {
+                tokens: &tokens[0],
+                all_logits: false,
+                prompt_len: None,
+            },
+            Chunk {
+                tokens: part,
+                all_logits: scored,
+                prompt_len: Some(joining.len()),
+            },
+            Chunk {
+                tokens: &tokens[1],
+                all_logits: false,
+                prompt_len: None,
+            },
+        ];
+        let [a, b] = &mut shared[..] else {
+            unreachable!()
+        };
+        let logits = m.step_packed(&chunks, &mut [a, &mut join, b]).unwrap();
+        let rows = if scored { part.len() } else { 1 };
+        assert_eq!(logits.shape(), [rows + 2, vocab], "{name}");
+        for (s, row) in [(0, 0), (1, rows + 1)] {
+            let one = TokenBatch::single(tokens[s].clone()).unwrap();
+            let want = m.forward_cached(&one, &mut alone[s]).unwrap();
+            close(
+                &format!("{name}: sequence {s} at step {n}"),
+                &logits.data()[row * vocab..][..vocab],
+                want.data(),
+            );
+        }
+        let end = 4 * n + part.len();
+        for (r, p) in (end - rows..end).enumerate() {
+            close(
+                &format!("{name}: prompt position {p}"),
+                &logits.data()[(1 + r) * vocab..][..vocab],
+                &want_prompt.data()[p * vocab..][..vocab],
+            );
+        }
+    }
+    assert_eq!(join.len(), joining.len());
+}
+
+#[test]
+fn prompt_chunks_packed_into_decoding_steps_equal_one_call() {
+    for name in ["gpt2", "llama_gqa", "mistral", "gemma2", "bloom"] {
+        check_packed(name);
+    }
+}
+
+/// LongRoPE (Phi-3, trained length 16) and dynamic NTK (trained length 10) pick their
+/// frequencies by a call's length: a prompt longer than that, packed in chunks, takes
+/// the whole prompt's frequencies, as transformers' one call of it does.
+#[test]
+fn length_dependent_rope_chunks_take_the_whole_prompts_frequencies() {
+    check_packed("llama_dynamic");
+    let m = load_causal("phi3");
+    let vocab = m.arch.vocab;
+    let joining = prompt(3, 21, vocab);
+    let mut whole = m.new_cache(1);
+    let want = m
+        .forward_cached(&TokenBatch::single(joining.clone()).unwrap(), &mut whole)
+        .unwrap();
+    let mut cache = m.new_cache(1);
+    for (n, part) in joining.chunks(6).enumerate() {
+        let chunk = Chunk {
+            tokens: part,
+            all_logits: true,
+            prompt_len: Some(joining.len()),
+        };
+        let got = m.step_packed(&[chunk], &mut [&mut cache]).unwrap();
+        close(
+            &format!("phi3: chunk {n}"),
+            got.data(),
+            &want.data()[6 * n * vocab..][..part.len() * vocab],
+        );
+    }
+}
+
+#[test]
+fn a_rejected_packed_step_names_its_cause() {
+    let m = load_causal("gpt2");
+    let (vocab, max) = (m.arch.vocab, m.arch.max_positions().unwrap());
+    let mut a = prefill(&m, &prompt(0, max - 2, vocab));
+    let three = [1, 2, 3];
+    let chunk = |tokens| Chunk {
+        tokens,
+        all_logits: false,
+        prompt_len: None,
+    };
+    let err = m.step_packed(&[chunk(&three)], &mut [&mut a]).unwrap_err();
+    assert!(matches!(err, Error::OutOfRange { .. }), "{err}");
+    let err = m.step_packed(&[chunk(&[])], &mut [&mut a]).unwrap_err();
+    assert!(err.to_string().contains("chunk 0 has no tokens"), "{err}");
+    assert_eq!(a.len(), max - 2);
+    m.step_packed(&[chunk(&three[..2])], &mut [&mut a]).unwrap();
+    assert_eq!(a.len(), max);
 }

@@ -94,17 +94,29 @@ pub enum Keys<'c> {
     /// Projected from the sub-layer's own input (self-attention); appended to the cache
     /// when one is given, and the queries attend over all of it.
     Own(Option<&'c mut LayerKv>),
-    /// Self-attention for sequences decoded side by side (continuous batching): row i of
-    /// x `[B,1,C]` is the next token of the sequence whose keys and values are in
-    /// `caches[i]` (one row each, any lengths). The projections run once over the B
-    /// rows; each row then attends over its own cache.
-    OwnPerRow(Vec<&'c mut LayerKv>),
+    /// Self-attention for sequences run side by side (continuous batching): x
+    /// `[1,N,C]` holds their new tokens one after another, segment i's continuing the
+    /// sequence whose keys and values are in `caches[i]` (one row each, any lengths):
+    /// a decoding sequence's one token, or a chunk of a joining prompt. The projections
+    /// run once over the N rows; each segment then attends over its own cache.
+    OwnPacked(Vec<&'c mut LayerKv>, &'c [Segment]),
     /// Self-attention over a varlen batch: x `[1,N,C]` holds whole sequences one after
     /// another, `lens` tokens each (Σ lens = N), and each attends to its own tokens
     /// alone. The projections run once over all N rows, with no padding.
     OwnVarlen(&'c [usize]),
     /// An encoder's keys and values (cross-attention).
     Cross(&'c CrossKv),
+}
+
+/// One sequence's tokens in a packed step ([`Keys::OwnPacked`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// Its new tokens.
+    pub len: usize,
+    /// The length of the call whose RoPE frequencies they take (a scaling that depends
+    /// on it: dynamic, LongRoPE): the sequence's length after them, or a whole
+    /// prompt's while it is prefilled in chunks, as one call of it would take.
+    pub rope_len: usize,
 }
 
 /// What [`MultiHeadAttention::backward`] needs from the forward.
@@ -243,55 +255,73 @@ fn attend_varlen(
     })
 }
 
-/// Row i of q `[B,1,H,D]`, k `[B,1,G,D]` and v `[B,1,G,Dv]` is appended to `caches[i]`
-/// and attends over all of it: out `[B,1,H,Dv]`, lse `[B,H,1]`. The rows run in
-/// parallel, each through the kernel a one-sequence decoding step takes.
-fn attend_per_row(
+/// q `[1,N,H,D]`, k `[1,N,G,D]` and v `[1,N,G,Dv]` cut into `segments`: segment i's
+/// keys and values are appended to `caches[i]` and its queries attend over all of it
+/// (causally, aligned to the cache's end): out `[1,N,H,Dv]`, lse `[1,H,N]`. The segments
+/// run in parallel, each through the kernel its length takes (a decoding row's or a
+/// prefill chunk's).
+fn attend_packed(
     mut caches: Vec<&mut LayerKv>,
+    segments: &[Segment],
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     spec: &AttentionSpec,
 ) -> Result<AttentionOutput> {
     use rayon::prelude::*;
-    let [b, t, h, d] = q.shape()[..] else {
+    let [b, n, h, d] = q.shape()[..] else {
         unreachable!("q is [B,T,H,D]")
     };
     let (g, dv) = (k.shape()[2], v.shape()[3]);
-    if t != 1 || caches.len() != b {
+    let lens: Vec<usize> = segments.iter().map(|s| s.len).collect();
+    if b != 1 || caches.len() != lens.len() || lens.iter().sum::<usize>() != n || lens.contains(&0)
+    {
         return Err(Error::invalid(
             "kv cache",
             format!(
-                "{} caches for {b} rows of {t} tokens: each row continues its own cache by one token",
+                "{} caches for segments of {lens:?} tokens in [{b}, {n}]: one row, cut into one non-empty segment per cache",
                 caches.len()
             ),
         ));
     }
     per_sequence_spec(spec, "per-sequence caches")?;
-    let mut out = vec![0.0; b * h * dv];
-    let mut lse = vec![0.0; b * h];
-    caches
+    let starts: Vec<usize> = lens
+        .iter()
+        .scan(0, |o, &len| {
+            let s = *o;
+            *o += len;
+            Some(s)
+        })
+        .collect();
+    let parts: Vec<AttentionOutput> = caches
         .par_iter_mut()
-        .zip(out.par_chunks_mut(h * dv))
-        .zip(lse.par_chunks_mut(h))
-        .enumerate()
-        .try_for_each(|(i, ((cache, out), lse))| -> Result<()> {
-            let row = |x: &Tensor, heads: usize, dim: usize| {
+        .zip(starts.par_iter().zip(&lens))
+        .map(|(cache, (&o, &len))| {
+            // rows o..o + len of a [1,N,heads,dim] tensor
+            let rows = |x: &Tensor, heads: usize, dim: usize| {
                 Tensor::new(
-                    &[1, 1, heads, dim],
-                    x.data()[i * heads * dim..][..heads * dim].to_vec(),
+                    &[1, len, heads, dim],
+                    x.data()[o * heads * dim..][..len * heads * dim].to_vec(),
                 )
             };
-            cache.append(&row(k, g, d)?, &row(v, g, dv)?)?;
-            let qi = HeadsView::positions_major(&q.data()[i * h * d..][..h * d], [1, 1, h, d]);
-            let a = cache.attend(&qi, spec)?;
-            out.copy_from_slice(a.out.data());
-            lse.copy_from_slice(a.lse.data());
-            Ok(())
-        })?;
+            cache.append(&rows(k, g, d)?, &rows(v, g, dv)?)?;
+            let qi =
+                HeadsView::positions_major(&q.data()[o * h * d..][..len * h * d], [1, len, h, d]);
+            cache.attend(&qi, spec)
+        })
+        .collect::<Result<_>>()?;
+    let mut out = Vec::with_capacity(n * h * dv);
+    let mut lse = vec![0.0; h * n];
+    for ((part, &o), &len) in parts.iter().zip(&starts).zip(&lens) {
+        out.extend_from_slice(part.out.data());
+        // the part's lse is [1,H,len]: head by head into [1,H,N]
+        for (hh, row) in part.lse.data().chunks_exact(len).enumerate() {
+            lse[hh * n + o..][..len].copy_from_slice(row);
+        }
+    }
     Ok(AttentionOutput {
-        out: Tensor::new(&[b, 1, h, dv], out)?,
-        lse: Tensor::new(&[b, h, 1], lse)?,
+        out: Tensor::new(&[1, n, h, dv], out)?,
+        lse: Tensor::new(&[1, h, n], lse)?,
         weights: None,
     })
 }
@@ -478,7 +508,7 @@ impl MultiHeadAttention {
             keep,
         )?;
         let (mut own, k_norm_in) = match keys {
-            Keys::Own(_) | Keys::OwnPerRow(_) | Keys::OwnVarlen(_) => {
+            Keys::Own(_) | Keys::OwnPacked(..) | Keys::OwnVarlen(_) => {
                 let k = self.k.forward(x)?.reshape(&[b, t, g, d])?;
                 let (k, k_norm_in) = maybe_norm(self.k_norm.as_ref(), k, keep)?;
                 let v = self.v.forward(x)?.reshape(&[b, t, g, self.value_dim()])?;
@@ -487,11 +517,14 @@ impl MultiHeadAttention {
             Keys::Cross(_) => (None, None),
         };
         if let Some((rope, positions)) = rule.rope {
-            // sequences decoded side by side are each a call of their own
-            let per_row = matches!(keys, Keys::OwnPerRow(_));
-            let apply = |x: &mut Tensor| match per_row {
-                true => rope.apply_rows(x, positions),
-                false => rope.apply(x, positions),
+            // sequences run side by side are each a call of their own
+            let apply = |x: &mut Tensor| match &keys {
+                Keys::OwnPacked(_, segments) => {
+                    let calls: Vec<(usize, usize)> =
+                        segments.iter().map(|s| (s.len, s.rope_len)).collect();
+                    rope.apply_calls(x, positions, &calls)
+                }
+                _ => rope.apply(x, positions),
             };
             apply(&mut q)?;
             if let Some((k, _)) = &mut own {
@@ -510,14 +543,14 @@ impl MultiHeadAttention {
                 cache.append(k, v)?;
                 cache.attend(&qv, &rule.spec)?
             }
-            (Keys::OwnPerRow(caches), Some((k, v))) => {
+            (Keys::OwnPacked(caches, segments), Some((k, v))) => {
                 if keep {
                     return Err(Error::invalid(
                         "kv cache",
                         "a training forward runs whole sequences, without a cache",
                     ));
                 }
-                attend_per_row(caches, &q, k, v, &rule.spec)?
+                attend_packed(caches, segments, &q, k, v, &rule.spec)?
             }
             (Keys::OwnVarlen(lens), Some((k, v))) => {
                 if keep {
@@ -530,7 +563,7 @@ impl MultiHeadAttention {
             }
             (Keys::Own(_), Some((k, v))) => attention(&q, k, v, &rule.spec)?,
             (Keys::Cross(kv), _) => attention(&q, &kv.k, &kv.v, &rule.spec)?,
-            (Keys::Own(_) | Keys::OwnPerRow(_) | Keys::OwnVarlen(_), None) => {
+            (Keys::Own(_) | Keys::OwnPacked(..) | Keys::OwnVarlen(_), None) => {
                 unreachable!("own keys are projected above")
             }
         };

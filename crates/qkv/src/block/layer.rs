@@ -240,7 +240,7 @@ fn post_backward<'a>(
 
 impl Block {
     /// x `[B,T,C]` → `[B,T,C]`. `own`: where self-attention keeps its keys and values,
-    /// [`Keys::Own`] (with this layer's cache when decoding), [`Keys::OwnPerRow`] or
+    /// [`Keys::Own`] (with this layer's cache when decoding), [`Keys::OwnPacked`] or
     /// [`Keys::OwnVarlen`];
     /// `cross`: the encoder's keys and values for this layer's cross-attention. With
     /// `keep`, also what [`Block::backward`] needs.

@@ -7,5 +7,7 @@
 pub mod attention;
 pub mod layer;
 
-pub use attention::{Attend, Attended, AttnGrads, AttnTape, CrossKv, Keys, MultiHeadAttention};
+pub use attention::{
+    Attend, Attended, AttnGrads, AttnTape, CrossKv, Keys, MultiHeadAttention, Segment,
+};
 pub use layer::{Block, BlockTape, LayerGrads, LayerOut, LayerRule, Residual};

@@ -54,6 +54,7 @@ pub use net::forward::Encoded;
 pub use net::weights::{HeadWeights, Stack, Weights};
 pub use net::{arch, weights};
 pub use reading::Loaded;
+pub use rows::Chunk;
 pub use transformer::{Attentions, Input, Output, Transformer};
 
 pub use crate::attention::{KvCache, KvDType, LayerKv, Step};

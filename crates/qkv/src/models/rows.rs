@@ -1,35 +1,53 @@
-//! Continuous batching's decoding step: sequences of different lengths, each with its
-//! own KV cache, advance by one token together. The linear layers run once over all of
-//! them, so a step reads the weights once however many sequences share it; attention
-//! runs per sequence over its own cache.
+//! Continuous batching's step: sequences of different lengths, each with its own KV
+//! cache, advance together, each by one token (decoding) or by a chunk of its prompt
+//! (joining; Sarathi-Serve's and vLLM's chunked prefill mixed into the decode step).
+//! The linear layers run once over all the new tokens, so a step reads the weights once
+//! however many sequences share it; attention runs per sequence over its own cache.
 //!
-//! A sequence joins by a prefill of its prompt into a fresh one-row cache
-//! ([`Transformer::prefill`]) and leaves by dropping its cache, between any two steps.
+//! A sequence leaves by dropping its cache, between any two steps.
 
 use super::net::arch::{ModelKind, Position};
 use super::net::forward::{Caches, Side, StackInput};
 use super::transformer::Transformer;
 use crate::attention::KvCache;
 use crate::batch::too_long;
+use crate::block::Segment;
 use crate::error::{Error, Result};
 use crate::ops::on_pool;
 use crate::tensor::Tensor;
 
+/// One sequence's part of a packed step ([`Transformer::step_packed`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Chunk<'a> {
+    /// Its new tokens (at least one), after those in its cache.
+    pub tokens: &'a [usize],
+    /// The logits of every new token (scoring a prompt), not of the last alone.
+    pub all_logits: bool,
+    /// The whole prompt's length while it is prefilled in chunks: RoPE scalings that
+    /// depend on a call's length (dynamic, LongRoPE) then take the frequencies that one
+    /// call of the whole prompt would. `None`: the chunk is a call of its own.
+    pub prompt_len: Option<usize>,
+}
+
 impl Transformer {
-    /// Decoder-only: `tokens[i]` continues the sequence cached in `caches[i]` (one row
-    /// each, any lengths) → logits `[N, 1, V]`, row i for sequence i. Every check runs
+    /// Decoder-only: `chunks[i]` continues the sequence cached in `caches[i]` (one row
+    /// each, any lengths) → logits `[R, V]`: for each chunk in order, the logits of its
+    /// last token, or of all its tokens with [`Chunk::all_logits`]. Every check runs
     /// before any cache changes, so a rejected step leaves them all usable.
-    pub fn step_rows(&self, tokens: &[usize], caches: &mut [&mut KvCache]) -> Result<Tensor> {
-        self.needs(ModelKind::Decoder, "step_rows")?;
-        if tokens.is_empty() || tokens.len() != caches.len() {
+    pub fn step_packed(&self, chunks: &[Chunk], caches: &mut [&mut KvCache]) -> Result<Tensor> {
+        self.needs(ModelKind::Decoder, "step_packed")?;
+        if chunks.is_empty() || chunks.len() != caches.len() {
             return Err(Error::invalid(
-                "tokens",
+                "chunks",
                 format!(
-                    "{} tokens for {} caches: a step takes one token per sequence",
-                    tokens.len(),
+                    "{} chunks for {} caches: a step takes one chunk per sequence",
+                    chunks.len(),
                     caches.len()
                 ),
             ));
+        }
+        if let Some(i) = chunks.iter().position(|c| c.tokens.is_empty()) {
+            return Err(Error::invalid("chunks", format!("chunk {i} has no tokens")));
         }
         if matches!(self.arch.position, Position::Relative { .. }) {
             return Err(Error::Unsupported(
@@ -38,8 +56,10 @@ impl Transformer {
         }
         let layers = self.arch.stack().layers;
         let max = self.arch.max_positions();
-        let mut positions = Vec::with_capacity(caches.len());
-        for (i, cache) in caches.iter().enumerate() {
+        let n: usize = chunks.iter().map(|c| c.tokens.len()).sum();
+        let mut positions = Vec::with_capacity(n);
+        let mut segments = Vec::with_capacity(chunks.len());
+        for (i, (cache, chunk)) in caches.iter().zip(chunks).enumerate() {
             cache.check_layers(layers)?;
             if cache.batch() != 1 {
                 return Err(Error::invalid(
@@ -50,22 +70,31 @@ impl Transformer {
                     ),
                 ));
             }
-            let p = cache.real_len(0);
-            if let Some(max) = max.filter(|&m| p >= m) {
-                return Err(too_long(p, max));
+            let (p, len) = (cache.real_len(0), chunk.tokens.len());
+            if let Some(max) = max.filter(|&m| p + len > m) {
+                return Err(too_long(p + len - 1, max));
             }
-            positions.push(p);
+            positions.extend(p..p + len);
+            segments.push(Segment {
+                len,
+                rope_len: chunk.prompt_len.unwrap_or(0).max(p + len),
+            });
         }
-        let batch = crate::batch::TokenBatch::new(tokens.to_vec(), None, tokens.len(), 1)?;
+        let ids: Vec<usize> = chunks
+            .iter()
+            .flat_map(|c| c.tokens.iter().copied())
+            .collect();
+        let batch = crate::batch::TokenBatch::new(ids.clone(), None, 1, n)?;
         batch.check_vocab(self.arch.vocab)?;
-        for cache in caches.iter_mut() {
-            cache.begin_step(&[true], 1, max)?;
+        for (cache, chunk) in caches.iter_mut().zip(chunks) {
+            let len = chunk.tokens.len();
+            cache.begin_step(&vec![true; len], len, max)?;
         }
         let input = StackInput {
-            ids: tokens.to_vec(),
+            ids,
             types: None,
-            b: tokens.len(),
-            t: 1,
+            b: 1,
+            t: n,
             positions,
             // every cached key of a one-row cache is real
             key_padding: Vec::new(),
@@ -76,12 +105,52 @@ impl Transformer {
             let out = net.run_stack(
                 Side::Decoder,
                 input,
-                Caches::PerRow(caches),
+                Caches::Packed(caches, &segments),
                 None,
                 false,
                 false,
             )?;
-            Ok(net.head(out.h, false)?.0)
+            // the head over the rows whose logits are wanted alone
+            let c = self.arch.d_model;
+            let mut rows = Vec::new();
+            let mut end = 0;
+            for chunk in chunks {
+                let start = end;
+                end += chunk.tokens.len();
+                let from = if chunk.all_logits { start } else { end - 1 };
+                rows.extend_from_slice(&out.h.data()[from * c..end * c]);
+            }
+            let r = rows.len() / c;
+            let logits = net.head(Tensor::new(&[1, r, c], rows)?, false)?.0;
+            let v = logits.shape()[2];
+            logits.reshape(&[r, v])
         })
+    }
+
+    /// Decoder-only: `tokens[i]` continues the sequence cached in `caches[i]` (one row
+    /// each, any lengths) → logits `[N, 1, V]`, row i for sequence i: a packed step of
+    /// one-token chunks.
+    pub fn step_rows(&self, tokens: &[usize], caches: &mut [&mut KvCache]) -> Result<Tensor> {
+        if tokens.is_empty() || tokens.len() != caches.len() {
+            return Err(Error::invalid(
+                "tokens",
+                format!(
+                    "{} tokens for {} caches: a step takes one token per sequence",
+                    tokens.len(),
+                    caches.len()
+                ),
+            ));
+        }
+        let chunks: Vec<Chunk> = tokens
+            .chunks(1)
+            .map(|t| Chunk {
+                tokens: t,
+                all_logits: false,
+                prompt_len: None,
+            })
+            .collect();
+        let logits = self.step_packed(&chunks, caches)?;
+        let v = logits.shape()[1];
+        logits.reshape(&[tokens.len(), 1, v])
     }
 }

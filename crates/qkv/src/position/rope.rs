@@ -92,22 +92,19 @@ impl Rope {
         self.scaling.call_threshold()
     }
 
-    /// This RoPE as a call at `positions` uses it: itself, or with dynamic scaling and
-    /// a position past the trained length, the frequencies for that call's length
-    /// (transformers recomputes them at every call whose length grew; a call never
-    /// sees its own earlier lengths, so one decode step after another agree with it).
-    fn for_call(&self, positions: &[usize]) -> Cow<'_, Rope> {
+    /// This RoPE as a call of `len` positions (its largest position + 1) uses it:
+    /// itself, or with a length-dependent scaling past the trained length, the
+    /// frequencies for that call's length (transformers recomputes them at every call
+    /// whose length grew; a call never sees its own earlier lengths, so one decode step
+    /// after another agree with it).
+    fn for_call(&self, len: usize) -> Cow<'_, Rope> {
         match self.scaling.call_threshold() {
-            Some(max_len) => {
-                let max_pos = positions.iter().copied().max().unwrap_or(0);
-                if max_pos < max_len {
-                    return Cow::Borrowed(self);
-                }
+            Some(max_len) if len > max_len => {
                 let mut longer = self.clone();
-                longer.inv_freq = self.scaling.inv_freq(self.base, self.rotary_dim, max_pos);
+                longer.inv_freq = self.scaling.inv_freq(self.base, self.rotary_dim, len - 1);
                 Cow::Owned(longer)
             }
-            None => Cow::Borrowed(self),
+            _ => Cow::Borrowed(self),
         }
     }
 
@@ -144,25 +141,33 @@ impl Rope {
         self.turn(x, positions, "rope input", 1.0)
     }
 
-    /// Like [`Rope::apply`], with each of the B rows a call of its own (sequences
-    /// decoded side by side): a scaling that depends on the call's length (dynamic,
-    /// LongRoPE) looks at each row's positions alone.
-    pub fn apply_rows(&self, x: &mut Tensor, positions: &[usize]) -> Result<()> {
-        x.expect_shape("rope input", &[None, None, None, Some(self.head_dim)])?;
-        let b = x.shape()[0];
-        if b == 0 || self.scaling.call_threshold().is_none() {
-            return self.apply(x, positions);
+    /// Like [`Rope::apply`] for x `[1, N, H, D]` holding several sequences' tokens one
+    /// after another (a packed step): `calls[i] = (len, call_len)` says that the next
+    /// `len` tokens are a call of their own whose frequencies are those of a call of
+    /// `call_len` positions. A scaling that depends on the call's length (dynamic,
+    /// LongRoPE) thereby looks at each sequence alone, and a prompt prefilled in chunks
+    /// takes the frequencies of the whole prompt, as one call of it would.
+    pub fn apply_calls(
+        &self,
+        x: &mut Tensor,
+        positions: &[usize],
+        calls: &[(usize, usize)],
+    ) -> Result<()> {
+        x.expect_shape("rope input", &[Some(1), None, None, Some(self.head_dim)])?;
+        let (n, h) = (x.shape()[1], x.shape()[2]);
+        if calls.iter().map(|c| c.0).sum::<usize>() != n || positions.len() != n {
+            return Err(Error::Shape {
+                tensor: "rope calls".into(),
+                expected: format!("{n} tokens in all, one position each"),
+                got: vec![calls.iter().map(|c| c.0).sum(), positions.len()],
+            });
         }
-        let shape = x.shape().to_vec();
-        let row = x.numel() / b;
-        let t = positions.len() / b;
-        let mut rows = Vec::with_capacity(x.numel());
-        for (r, chunk) in x.data().chunks_exact(row).enumerate() {
-            let mut one = Tensor::new(&[1, shape[1], shape[2], shape[3]], chunk.to_vec())?;
-            self.apply(&mut one, &positions[r * t..(r + 1) * t])?;
-            rows.extend_from_slice(one.data());
+        let mut start = 0;
+        for &(len, call_len) in calls {
+            let rows = &mut x.data_mut()[start * h * self.head_dim..][..len * h * self.head_dim];
+            self.rotate_rows(rows, h, &positions[start..start + len], 1.0, call_len);
+            start += len;
         }
-        *x = Tensor::new(&shape, rows)?;
         Ok(())
     }
 
@@ -198,19 +203,30 @@ impl Rope {
                 got: vec![positions.len()],
             });
         }
+        let len = positions.iter().copied().max().map_or(0, |p| p + 1);
+        self.rotate_rows(x.data_mut(), h, positions, sign, len);
+        Ok(())
+    }
+
+    /// Rotates `rows` (tokens of `heads` heads of D each, one position each) as a
+    /// call of `call_len` positions; `sign` as in [`Rope::turn`].
+    fn rotate_rows(
+        &self,
+        rows: &mut [f32],
+        heads: usize,
+        positions: &[usize],
+        sign: f32,
+        call_len: usize,
+    ) {
         let d = self.head_dim;
-        if x.numel() == 0 {
-            return Ok(());
-        }
-        let rope = self.for_call(positions);
-        for (token, &pos) in x.data_mut().chunks_exact_mut(h * d).zip(positions) {
+        let rope = self.for_call(call_len);
+        for (token, &pos) in rows.chunks_exact_mut(heads * d).zip(positions) {
             let (cos, mut sin) = rope.cos_sin(pos);
             sin.iter_mut().for_each(|s| *s *= sign);
             for head in token.chunks_exact_mut(d) {
                 rope.rotate(head, &cos, &sin);
             }
         }
-        Ok(())
     }
 
     /// Like [`Rope::backward`] with every row at positions offset..offset+T.

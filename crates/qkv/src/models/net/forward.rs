@@ -11,7 +11,7 @@
 
 use crate::attention::{AttentionSpec, Bias, CausalAlign, Kernel, KvCache, LayerKv};
 use crate::batch::limit_positions;
-use crate::block::{Attend, BlockTape, CrossKv, Keys, LayerRule};
+use crate::block::{Attend, BlockTape, CrossKv, Keys, LayerRule, Segment};
 use crate::error::{Error, Result};
 use crate::layers::linear::product_into;
 use crate::layers::{maybe_norm, Embedding, NormCache};
@@ -47,8 +47,9 @@ pub(crate) enum Caches<'c, 'r> {
     None,
     /// One cache for the batch: a layer's keys and values for every row.
     Batch(&'c mut [LayerKv]),
-    /// Row i (one token) continues the sequence cached in `caches[i]`.
-    PerRow(&'c mut [&'r mut KvCache]),
+    /// The one row holds segments of new tokens one after another, segment i
+    /// continuing the sequence cached in `caches[i]`.
+    Packed(&'c mut [&'r mut KvCache], &'c [Segment]),
     /// No cache: the one row holds whole sequences of these lengths one after another
     /// (a varlen batch), each attending to its own tokens.
     Varlen(&'c [usize]),
@@ -341,9 +342,10 @@ impl<'m> Net<'m> {
             let own = match &mut caches {
                 Caches::None => Keys::Own(None),
                 Caches::Batch(c) => Keys::Own(Some(&mut c[l])),
-                Caches::PerRow(rows) => {
-                    Keys::OwnPerRow(rows.iter_mut().map(|c| &mut c.layers[l]).collect())
-                }
+                Caches::Packed(rows, segments) => Keys::OwnPacked(
+                    rows.iter_mut().map(|c| &mut c.layers[l]).collect(),
+                    segments,
+                ),
                 Caches::Varlen(lens) => Keys::OwnVarlen(lens),
             };
             let cross = enc.map(|e| &e.cross[l]);
