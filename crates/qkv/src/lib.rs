@@ -35,6 +35,8 @@ pub mod attention;
 pub mod attribution;
 pub mod batch;
 pub mod block;
+#[cfg(feature = "models")]
+pub mod engine;
 pub mod error;
 #[cfg(feature = "models")]
 pub mod experiments;

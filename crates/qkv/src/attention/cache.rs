@@ -62,7 +62,7 @@ impl std::str::FromStr for KvDType {
 
 /// One tensor's rows: f32, or bf16 bit patterns.
 #[derive(Clone, Debug)]
-enum Rows {
+pub(super) enum Rows {
     F32(Vec<f32>),
     Bf16(Vec<u16>),
 }
@@ -72,6 +72,22 @@ impl Rows {
         match dtype {
             KvDType::F32 => Rows::F32(Vec::new()),
             KvDType::Bf16 => Rows::Bf16(Vec::new()),
+        }
+    }
+
+    /// Elements held.
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Rows::F32(d) => d.len(),
+            Rows::Bf16(d) => d.len(),
+        }
+    }
+
+    /// Bytes each element takes.
+    pub(super) fn width(&self) -> usize {
+        match self {
+            Rows::F32(_) => 4,
+            Rows::Bf16(_) => 2,
         }
     }
 
@@ -185,6 +201,50 @@ impl LayerKv {
         }
         self.len += t;
         Ok(())
+    }
+
+    /// A one-row layer's keys and values at positions `start..start + len`, copied in
+    /// their own type: `[len, G, Dk]` and `[len, G, Dv]`.
+    pub(super) fn span(&self, start: usize, len: usize) -> (Rows, Rows) {
+        debug_assert!(self.batch == 1 && start + len <= self.len);
+        let (rk, rv) = (self.heads * self.dk, self.heads * self.dv);
+        let mut k = self.k.zeros_like(len * rk);
+        let mut v = self.v.zeros_like(len * rv);
+        k.copy_from(0, &self.k, start * rk, len * rk);
+        v.copy_from(0, &self.v, start * rv, len * rv);
+        (k, v)
+    }
+
+    /// Errors unless `len` positions of keys `k` and values `v` fit this one-row layer
+    /// (taken by [`LayerKv::span`] from a layer of the same shape and type).
+    pub(super) fn check_span(&self, k: &Rows, v: &Rows, len: usize) -> Result<()> {
+        let (rk, rv) = (self.heads * self.dk, self.heads * self.dv);
+        let same_type = std::mem::discriminant(k) == std::mem::discriminant(&self.k);
+        if self.batch != 1 || !same_type || k.len() != len * rk || v.len() != len * rv {
+            return Err(Error::invalid(
+                "kv cache",
+                format!(
+                    "{len} positions of {} and {} elements ({}-byte) for a {}-row {} layer of {rk} and {rv} a position",
+                    k.len(),
+                    v.len(),
+                    k.width(),
+                    self.batch,
+                    self.dtype()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Appends `len` positions of keys and values that [`LayerKv::check_span`] passed.
+    pub(super) fn push_span(&mut self, k: &Rows, v: &Rows, len: usize) {
+        let (rk, rv) = (self.heads * self.dk, self.heads * self.dv);
+        if self.len + len > self.cap {
+            self.grow((self.len + len).max(2 * self.cap).max(16));
+        }
+        self.k.copy_from(self.len * rk, k, 0, len * rk);
+        self.v.copy_from(self.len * rv, v, 0, len * rv);
+        self.len += len;
     }
 
     /// This layer with row i holding this layer's row `rows[i]` (every index < B).
@@ -376,6 +436,13 @@ impl KvCache {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Records `len` real positions appended to every layer outside a step (a cached
+    /// prefix restored); the layers must already hold them.
+    pub(super) fn extend_real(&mut self, len: usize) {
+        debug_assert_eq!(self.batch, 1);
+        self.real[0].extend(std::iter::repeat_n(true, len));
     }
 
     /// Errors unless the cache has one [`LayerKv`] per layer of a model with `layers`
