@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use qkv::engine::PrefixStats;
+
 /// Cumulative buckets over fixed upper bounds, and the sum and count of the values.
 struct Histogram {
     bounds: &'static [f64],
@@ -69,6 +71,8 @@ pub struct Metrics {
     generated_tokens: AtomicU64,
     ignored_fields: AtomicU64,
     queue_depth: AtomicI64,
+    /// the prefix cache's latest statistics
+    prefix: Mutex<PrefixStats>,
     batch_size: Histogram,
     step_seconds: Histogram,
     first_token_seconds: Histogram,
@@ -83,6 +87,7 @@ impl Default for Metrics {
             generated_tokens: AtomicU64::new(0),
             ignored_fields: AtomicU64::new(0),
             queue_depth: AtomicI64::new(0),
+            prefix: Mutex::new(PrefixStats::default()),
             batch_size: Histogram::new(SIZES),
             step_seconds: Histogram::new(SECONDS),
             first_token_seconds: Histogram::new(SECONDS),
@@ -122,6 +127,11 @@ impl Metrics {
     pub fn step(&self, batch: usize, took: Duration) {
         self.batch_size.observe(batch as f64);
         self.step_seconds.observe(took.as_secs_f64());
+    }
+
+    /// The prefix cache's statistics after a change.
+    pub fn prefix_cache(&self, stats: PrefixStats) {
+        *self.prefix.lock().unwrap_or_else(|e| e.into_inner()) = stats;
     }
 
     /// Time from a request's arrival in the queue to its first token.
@@ -168,6 +178,45 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
             );
         }
+        let p = *self.prefix.lock().unwrap_or_else(|e| e.into_inner());
+        let prefix = [
+            (
+                "qkv_prefix_cache_lookup_tokens_total",
+                "Prompt tokens looked up in the prefix cache.",
+                "counter",
+                p.looked_up as usize,
+            ),
+            (
+                "qkv_prefix_cache_hit_tokens_total",
+                "Prompt tokens restored from the prefix cache instead of computed.",
+                "counter",
+                p.hit as usize,
+            ),
+            (
+                "qkv_prefix_cache_evicted_blocks_total",
+                "Blocks evicted from the prefix cache to stay within --cache-bytes.",
+                "counter",
+                p.evicted as usize,
+            ),
+            (
+                "qkv_prefix_cache_blocks",
+                "Blocks of 16 positions held in the prefix cache.",
+                "gauge",
+                p.blocks,
+            ),
+            (
+                "qkv_prefix_cache_bytes",
+                "Bytes held in the prefix cache.",
+                "gauge",
+                p.bytes,
+            ),
+        ];
+        for (name, help, kind, v) in prefix {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        }
         let q = self.queue_depth.load(Ordering::Relaxed).max(0);
         let _ = writeln!(
             out,
@@ -176,13 +225,13 @@ impl Metrics {
         self.batch_size.render(
             &mut out,
             "qkv_batch_size",
-            "Sequences per decoding step.",
+            "Sequences per step (decoding ones and joining prompts).",
             "",
         );
         self.step_seconds.render(
             &mut out,
             "qkv_step_seconds",
-            "Time of one decoding step.",
+            "Time of one step (decoding rows and the prompt chunks packed with them).",
             "",
         );
         self.first_token_seconds.render(

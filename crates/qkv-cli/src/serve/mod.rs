@@ -12,13 +12,10 @@
 mod access;
 mod api;
 mod attentions;
-mod classifier;
-mod embedder;
+mod engine;
 mod metrics;
 mod routes;
-mod scheduler;
 mod state;
-mod stop;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,6 +27,7 @@ use anyhow::{Context, Result};
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
+use qkv::engine::{classifier, embedder, generator};
 use qkv::models::generate::config::GenerationConfig;
 use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{ModelKind, SequenceClassifier};
@@ -98,9 +96,13 @@ pub struct ServeArgs {
     /// Request body bytes at most (413 beyond)
     #[arg(long, default_value_t = 4 << 20)]
     max_body: usize,
-    /// Prompt tokens prefilled between two decoding steps of the running batch
+    /// Prompt tokens packed into one decoding step of the running batch at most
     #[arg(long, default_value_t = 256)]
     prefill_chunk: usize,
+    /// Bytes of keys and values kept for prompts that start the same way (a chat's
+    /// earlier turns, a shared system prompt): 0 keeps none
+    #[arg(long, default_value_t = 1 << 30)]
+    cache_bytes: usize,
     /// Embeddings: tokens per batched call across clients
     #[arg(long, default_value_t = 8192)]
     embed_budget: usize,
@@ -213,13 +215,14 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             for w in &config.unapplied {
                 eprintln!("warning: {w}");
             }
-            let (queue, t) = scheduler::start(
+            let (queue, t) = generator::start(
                 model.clone(),
                 tokenizer.clone(),
-                scheduler::Limits {
+                generator::Limits {
                     max_batch: args.max_batch,
                     max_queue: args.max_queue,
                     prefill_chunk: args.prefill_chunk,
+                    cache_bytes: args.cache_bytes,
                 },
                 metrics.clone(),
             )?;

@@ -12,10 +12,11 @@ use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{SequenceClassifier, Transformer};
 use qkv::text::{ChatTemplate, Tokenizer};
 
-use super::classifier::ClassifyQueue;
-use super::embedder::EmbedQueue;
+use qkv::engine::classifier::ClassifyJob;
+use qkv::engine::embedder::EmbedJob;
+use qkv::engine::{Job, Queue};
+
 use super::metrics::Metrics;
-use super::scheduler::Queue;
 
 /// A text generator: the model, its folder's tokenizer, generation defaults and chat
 /// template, and the scheduler's queue.
@@ -31,17 +32,17 @@ pub struct Generator {
     pub(super) template: Option<ChatTemplate>,
     /// renders `template` in worker processes, bounded in memory and time
     pub(super) renderer: qkv::text::Renderer,
-    pub(super) queue: Queue,
+    pub(super) queue: Queue<Job>,
 }
 
 pub struct Embedder {
     pub(super) encoder: Arc<SentenceEncoder>,
-    pub(super) queue: EmbedQueue,
+    pub(super) queue: Queue<EmbedJob>,
 }
 
 pub struct Classifier {
     pub(super) model: Arc<SequenceClassifier>,
-    pub(super) queue: ClassifyQueue,
+    pub(super) queue: Queue<ClassifyJob>,
 }
 
 /// Bounds on what one request may ask.

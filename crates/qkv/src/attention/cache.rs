@@ -215,6 +215,11 @@ impl LayerKv {
         (k, v)
     }
 
+    /// Forgets the positions from `len` on (none when it holds fewer).
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
     /// Errors unless `len` positions of keys `k` and values `v` fit this one-row layer
     /// (taken by [`LayerKv::span`] from a layer of the same shape and type).
     pub(super) fn check_span(&self, k: &Rows, v: &Rows, len: usize) -> Result<()> {
@@ -436,6 +441,18 @@ impl KvCache {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Forgets the positions from `len` on, in every layer: a step that failed part
+    /// way (some layers appended, some not) is undone by cutting back to the length
+    /// before it.
+    pub fn truncate(&mut self, len: usize) {
+        for row in &mut self.real {
+            row.truncate(len);
+        }
+        for layer in &mut self.layers {
+            layer.truncate(len);
+        }
     }
 
     /// Records `len` real positions appended to every layer outside a step (a cached

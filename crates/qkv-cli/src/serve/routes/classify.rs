@@ -13,8 +13,9 @@ use super::shared::{body, engine_failed, Reply, Shared};
 use crate::serve::api::{
     parse, ApiError, ClassifyInput, ClassifyRequest, RerankRequest, CLASSIFY, RERANK,
 };
-use crate::serve::classifier::ClassifyJob;
+use crate::serve::engine::{submit, OneShot};
 use crate::serve::state::{AppState, Classifier};
+use qkv::engine::classifier::ClassifyJob;
 
 pub async fn rerank(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
@@ -113,8 +114,11 @@ async fn run(
     let tokens = batch.mask.iter().filter(|&&m| m).count();
     s.metrics.prompt(tokens);
     let (tx, rx) = tokio::sync::oneshot::channel();
-    c.queue
-        .submit(ClassifyJob { inputs, reply: tx }, &s.metrics)?;
+    let job = ClassifyJob {
+        inputs,
+        reply: Box::new(OneShot(tx)),
+    };
+    submit(&c.queue, job, &s.metrics)?;
     let logits = rx
         .await
         .map_err(|_| engine_failed("the classifier stopped".into()))?

@@ -13,8 +13,9 @@ use crate::serve::api::{
     parse, ApiError, DetokenizeRequest, EmbeddingInput, EmbeddingRequest, TokenizeRequest,
     DETOKENIZE, EMBEDDING, TOKENIZE,
 };
-use crate::serve::embedder::EmbedJob;
+use crate::serve::engine::{submit, OneShot};
 use crate::serve::state::AppState;
+use qkv::engine::embedder::EmbedJob;
 
 pub async fn embeddings(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Reply {
     let b = body(b)?;
@@ -56,14 +57,12 @@ pub async fn embeddings(State(s): Shared, b: Result<Bytes, BytesRejection>) -> R
     let tokens = batch.mask.iter().filter(|&&m| m).count();
     s.metrics.prompt(tokens);
     let (tx, rx) = tokio::sync::oneshot::channel();
-    e.queue.submit(
-        EmbedJob {
-            texts,
-            tokens,
-            reply: tx,
-        },
-        &s.metrics,
-    )?;
+    let job = EmbedJob {
+        texts,
+        tokens,
+        reply: Box::new(OneShot(tx)),
+    };
+    submit(&e.queue, job, &s.metrics)?;
     let vectors = rx
         .await
         .map_err(|_| engine_failed("the embedder stopped".into()))?

@@ -18,8 +18,8 @@ use super::logprobs::TokenText;
 use super::tools::openai_calls;
 use crate::serve::api::{ApiError, Usage};
 use crate::serve::routes::shared::{engine_failed, now, Reply};
-use crate::serve::scheduler::{Event, Job};
 use crate::serve::state::AppState;
+use qkv::engine::{Event, Job};
 
 /// One choice as it is collected.
 #[derive(Default)]
@@ -170,7 +170,7 @@ pub async fn answer(
 ) -> Reply {
     let g = s.generator()?;
     for job in jobs {
-        g.queue.submit(job, &s.metrics)?;
+        crate::serve::engine::submit(&g.queue, job, &s.metrics)?;
     }
     let kind = shape.kind;
     let id = format!("{}-{:x}", kind.id_prefix(), s.next_id());

@@ -1,6 +1,7 @@
 //! A completion request's settings checked (each refusal a 400 naming the field) and
 //! made into scheduler jobs: one a prompt, each decoded as `n` choices.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use qkv::models::generate::grammar::Constraint;
@@ -12,7 +13,9 @@ use tokio::sync::mpsc;
 
 use super::kind::Kind;
 use crate::serve::api::{ApiError, Settings};
-use crate::serve::scheduler::{Event, Job};
+use qkv::engine::{Event, Events, Job};
+
+use crate::serve::engine::Handler;
 use crate::serve::state::AppState;
 
 /// Choices one request may ask for, over all its prompts (OpenAI's limit for `n`).
@@ -260,6 +263,7 @@ impl AppState {
             ));
         }
         let (tx, rx) = mpsc::unbounded_channel();
+        let events: Arc<dyn Events> = Arc::new(Handler(tx));
         let mut jobs = Vec::with_capacity(prompts.len());
         for (p, ids) in prompts.iter().enumerate() {
             let prompt = |why: String| match prompts.len() {
@@ -308,7 +312,7 @@ impl AppState {
                 prompt_logprobs: st.echo && logprobs.is_some(),
                 score_only,
                 constraint: constraint.clone(),
-                events: tx.clone(),
+                events: events.clone(),
                 queued: Instant::now(),
                 fault: false,
             });

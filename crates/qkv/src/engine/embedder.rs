@@ -1,25 +1,21 @@
 //! Embedding requests batched across clients, as TEI does: the thread takes every
 //! waiting request up to a budget of tokens and embeds their texts in one call, which
-//! sorts them by length into forward passes of 32.
+//! packs them into forward passes with no padding.
 
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use qkv::models::sentence::SentenceEncoder;
-use tokio::sync::oneshot;
+use super::{spawn, Observer, Queue, Reply};
+use crate::models::sentence::SentenceEncoder;
 
-use super::metrics::Metrics;
-
-/// One request's texts, and where its vectors go.
+/// One request's texts, and where its vectors (or why there are none) go.
 pub struct EmbedJob {
     pub texts: Vec<String>,
     /// tokens of all its texts, as the encoder cuts them
     pub tokens: usize,
-    pub reply: oneshot::Sender<Result<Vec<Vec<f32>>, String>>,
+    pub reply: Box<dyn Reply<Result<Vec<Vec<f32>>, String>>>,
 }
-
-pub type EmbedQueue = super::scheduler::Queue<EmbedJob>;
 
 /// Starts the embedding thread: `budget` tokens per call at most (one request alone may
 /// exceed it), `max_queue` requests waiting.
@@ -27,23 +23,21 @@ pub fn start(
     encoder: Arc<SentenceEncoder>,
     budget: usize,
     max_queue: usize,
-    metrics: Arc<Metrics>,
-) -> std::io::Result<(EmbedQueue, std::thread::JoinHandle<()>)> {
-    let (tx, rx) = std::sync::mpsc::sync_channel(max_queue);
-    let handle = std::thread::Builder::new()
-        .name("qkv-embedder".into())
-        .spawn(move || run(&encoder, budget, &rx, &metrics))?;
-    Ok((EmbedQueue::new(tx), handle))
+    observer: Arc<dyn Observer>,
+) -> std::io::Result<(Queue<EmbedJob>, std::thread::JoinHandle<()>)> {
+    spawn("qkv-embedder", max_queue, move |rx| {
+        run(&encoder, budget, &rx, &*observer)
+    })
 }
 
-fn run(encoder: &SentenceEncoder, budget: usize, rx: &Receiver<EmbedJob>, metrics: &Metrics) {
+fn run(encoder: &SentenceEncoder, budget: usize, rx: &Receiver<EmbedJob>, observer: &dyn Observer) {
     let mut carried: Option<EmbedJob> = None;
     loop {
         let first = match carried.take() {
             Some(j) => j,
             None => match rx.recv() {
                 Ok(j) => {
-                    metrics.queued(-1);
+                    observer.dequeued();
                     j
                 }
                 Err(_) => return,
@@ -54,7 +48,7 @@ fn run(encoder: &SentenceEncoder, budget: usize, rx: &Receiver<EmbedJob>, metric
         while tokens < budget {
             match rx.try_recv() {
                 Ok(j) => {
-                    metrics.queued(-1);
+                    observer.dequeued();
                     if tokens + j.tokens > budget {
                         carried = Some(j);
                         break;
@@ -77,21 +71,21 @@ fn run(encoder: &SentenceEncoder, budget: usize, rx: &Receiver<EmbedJob>, metric
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             encoder.embed_batched(&texts, 32)
         }));
-        metrics.step(texts.len(), started.elapsed());
+        observer.step(texts.len(), started.elapsed());
         match r {
             Ok(Ok(vectors)) => {
                 let mut it = vectors.into_iter();
                 for j in jobs {
                     let mine: Vec<Vec<f32>> = it.by_ref().take(j.texts.len()).collect();
-                    let _ = j.reply.send(Ok(mine));
+                    j.reply.send(Ok(mine));
                 }
             }
-            Ok(Err(e)) => jobs.into_iter().for_each(|j| {
-                let _ = j.reply.send(Err(e.to_string()));
-            }),
-            Err(_) => jobs.into_iter().for_each(|j| {
-                let _ = j.reply.send(Err("the embedding call panicked".into()));
-            }),
+            Ok(Err(e)) => jobs
+                .into_iter()
+                .for_each(|j| j.reply.send(Err(e.to_string()))),
+            Err(_) => jobs
+                .into_iter()
+                .for_each(|j| j.reply.send(Err("the embedding call panicked".into()))),
         }
     }
 }

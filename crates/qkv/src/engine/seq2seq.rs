@@ -5,23 +5,23 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::Receiver;
 use std::time::Instant;
 
-use qkv::models::generate::generate_seq2seq_each;
-use qkv::models::{TokenBatch, Transformer};
-use qkv::text::{TextStream, Tokenizer};
+use crate::models::generate::generate_seq2seq_each;
+use crate::models::{TokenBatch, Transformer};
+use crate::text::{TextStream, Tokenizer};
 
 use super::job::{panic_text, Event, Job};
-use crate::serve::metrics::Metrics;
-use crate::serve::stop::StopFilter;
+use super::stop::StopFilter;
+use super::Observer;
 
 /// Encoder-decoders (translation): each job decoded alone, streaming its tokens.
 pub(super) fn run_one_by_one(
     model: &Transformer,
     tok: Option<&Tokenizer>,
     rx: &Receiver<Job>,
-    metrics: &Metrics,
+    observer: &dyn Observer,
 ) {
     while let Ok(job) = rx.recv() {
-        metrics.queued(-1);
+        observer.dequeued();
         if job.events.is_closed() {
             continue;
         }
@@ -36,10 +36,10 @@ pub(super) fn run_one_by_one(
             let src = TokenBatch::single(job.prompt.clone())?;
             generate_seq2seq_each(model, &src, &job.options, &mut |_, id| {
                 if first {
-                    metrics.first_token(job.queued.elapsed());
+                    observer.first_token(job.queued.elapsed());
                     first = false;
                 }
-                metrics.tokens(1);
+                observer.tokens(1);
                 if stopped || failed.is_some() {
                     return;
                 }
@@ -48,7 +48,7 @@ pub(super) fn run_one_by_one(
                     Ok(Some(Some(p))) => {
                         let r = stop.push(&p);
                         if !r.text.is_empty() {
-                            let _ = job.events.send(Event::Piece {
+                            job.events.send(Event::Piece {
                                 index: job.first_index,
                                 text: r.text,
                                 logprobs: Vec::new(),
@@ -61,34 +61,34 @@ pub(super) fn run_one_by_one(
                 }
             })
         }));
-        metrics.step(1, started.elapsed());
+        observer.step(1, started.elapsed());
         let out = match r {
             Ok(Ok(out)) => out.into_iter().next().unwrap_or_default(),
             Ok(Err(e)) => {
-                let _ = job.events.send(Event::Failed(e.to_string()));
+                job.events.send(Event::Failed(e.to_string()));
                 continue;
             }
             Err(p) => {
-                let _ = job.events.send(Event::Failed(panic_text(&p)));
+                job.events.send(Event::Failed(panic_text(&p)));
                 continue;
             }
         };
         if let Some(e) = failed {
-            let _ = job.events.send(Event::Failed(e));
+            job.events.send(Event::Failed(e));
             continue;
         }
         if !stopped {
             let rest = match text.map(TextStream::finish).transpose() {
                 Ok(r) => r.flatten().unwrap_or_default(),
                 Err(e) => {
-                    let _ = job.events.send(Event::Failed(e.to_string()));
+                    job.events.send(Event::Failed(e.to_string()));
                     continue;
                 }
             };
             let r = stop.last(&rest);
             stopped = r.stopped;
             if !r.text.is_empty() {
-                let _ = job.events.send(Event::Piece {
+                job.events.send(Event::Piece {
                     index: job.first_index,
                     text: r.text,
                     logprobs: Vec::new(),
@@ -96,7 +96,7 @@ pub(super) fn run_one_by_one(
             }
         }
         let eos = out.last().is_some_and(|t| job.options.eos.contains(t));
-        let _ = job.events.send(Event::Done {
+        job.events.send(Event::Done {
             index: job.first_index,
             finish: if stopped || eos { "stop" } else { "length" },
             tokens: out[..count.min(out.len())].to_vec(),

@@ -2,27 +2,27 @@
 //! chooses every sequence's next token together, and each sequence's text (stop strings
 //! held back) and log-probabilities go to its request's handler.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::time::Instant;
+use std::sync::Arc;
 
-use qkv::attention::KvCache;
-use qkv::models::generate::{logprobs, Chooser, Finish, GenerateOptions, Sampling, TokenLogprobs};
-use qkv::models::Transformer;
-use qkv::text::{TextStream, Tokenizer};
-use tokio::sync::mpsc::UnboundedSender;
+use crate::attention::KvCache;
+use crate::models::generate::{
+    logprobs, Chooser, Finish, GenerateOptions, Sampling, TokenLogprobs,
+};
+use crate::text::{TextStream, Tokenizer};
 
-use super::job::{panic_text, Event, Joining};
-use crate::serve::metrics::Metrics;
-use crate::serve::stop::StopFilter;
+use super::job::{Event, Joining};
+use super::stop::StopFilter;
+use super::{Events, Observer};
 
 /// One choice being decoded.
 pub(super) struct Live<'t> {
     index: usize,
-    events: UnboundedSender<Event>,
+    prompt: Arc<Vec<usize>>,
+    events: Arc<dyn Events>,
     chooser: Chooser,
-    cache: KvCache,
+    pub(super) cache: KvCache,
     /// its last chosen token, the next step's input
-    next: usize,
+    pub(super) next: usize,
     text: Option<TextStream<'t>>,
     stop: StopFilter,
     /// alternatives to report with each token's log-probability, when asked
@@ -34,6 +34,11 @@ pub(super) struct Live<'t> {
 impl Live<'_> {
     pub(super) fn job_closed(&self) -> bool {
         self.events.is_closed()
+    }
+
+    /// Tells the handler this sequence failed inside the engine.
+    pub(super) fn fail(self, why: String) {
+        self.events.send(Event::Failed(why));
     }
 }
 
@@ -52,21 +57,21 @@ pub(super) fn join<'t>(
     j: Joining,
     logits: &[f32],
     tok: Option<&'t Tokenizer>,
-    metrics: &Metrics,
+    observer: &dyn Observer,
 ) -> Vec<Live<'t>> {
     let Joining {
         job, cache, scored, ..
     } = j;
-    metrics.first_token(job.queued.elapsed());
+    observer.first_token(job.queued.elapsed());
     if job.prompt_logprobs {
-        let _ = job.events.send(Event::Prompt {
+        job.events.send(Event::Prompt {
             first_index: job.first_index,
             logprobs: scored,
         });
     }
     if job.score_only {
         for index in job.first_index..job.first_index + job.choices {
-            let _ = job.events.send(Event::Done {
+            job.events.send(Event::Done {
                 index,
                 finish: "length",
                 tokens: Vec::new(),
@@ -77,6 +82,7 @@ pub(super) fn join<'t>(
     // the last choice takes the prompt's cache, the others a copy
     let mut caches: Vec<KvCache> = (1..job.choices).map(|_| cache.clone()).collect();
     caches.push(cache);
+    let prompt = Arc::new(job.prompt.clone());
     let mut live = Vec::with_capacity(job.choices);
     for (i, cache) in caches.into_iter().enumerate() {
         let chooser = match Chooser::new(for_choice(&job.options, i), job.prompt.clone()) {
@@ -85,12 +91,13 @@ pub(super) fn join<'t>(
                 None => c,
             },
             Err(e) => {
-                let _ = job.events.send(Event::Failed(e.to_string()));
+                job.events.send(Event::Failed(e.to_string()));
                 return Vec::new();
             }
         };
         let mut l = Live {
             index: job.first_index + i,
+            prompt: prompt.clone(),
             events: job.events.clone(),
             chooser,
             cache,
@@ -101,7 +108,7 @@ pub(super) fn join<'t>(
             pending: Vec::new(),
         };
         let ended = match l.chooser.choose(logits) {
-            Ok(tok) => send(&mut l, tok, logits, metrics),
+            Ok(tok) => send(&mut l, tok, logits, observer),
             Err(e) => failed(&l, e),
         };
         if !ended {
@@ -111,74 +118,67 @@ pub(super) fn join<'t>(
     live
 }
 
-/// One decoding step of every live sequence; the ended ones leave.
-pub(super) fn step(model: &Transformer, live: &mut Vec<Live>, metrics: &Metrics) {
-    let started = Instant::now();
-    let tokens: Vec<usize> = live.iter().map(|l| l.next).collect();
-    let r = {
-        let mut caches: Vec<&mut KvCache> = live.iter_mut().map(|l| &mut l.cache).collect();
-        catch_unwind(AssertUnwindSafe(|| model.step_rows(&tokens, &mut caches)))
-    };
-    let logits = match r {
-        Ok(Ok(l)) => l,
-        // the step's caches are in an unknown state: its sequences fail, the server goes on
-        Ok(Err(e)) => return fail_all(live, format!("decoding step: {e}")),
-        Err(p) => return fail_all(live, format!("decoding step panicked: {}", panic_text(&p))),
-    };
-    let v = logits.shape()[2];
+/// Chooses every live sequence's next token from its row of `logits` (`[N·V]`, row i
+/// for sequence i, a step's decoding rows) and sends what it releases; the ended ones
+/// leave, each handing its tokens, cache and prompt's length to `ended` (a prefix
+/// cache keeps them).
+pub(super) fn advance(
+    live: &mut Vec<Live>,
+    logits: &[f32],
+    v: usize,
+    observer: &dyn Observer,
+    ended: &mut dyn FnMut(&[usize], &KvCache, usize),
+) {
     // each sequence's choice (a sort of the vocabulary when sampling, a grammar's mask)
     // side by side
-    let chosen: Vec<qkv::Result<usize>> = {
+    let chosen: Vec<crate::Result<usize>> = {
         use rayon::prelude::*;
         live.par_iter_mut()
-            .zip(logits.data().par_chunks_exact(v))
+            .zip(logits.par_chunks_exact(v))
             .map(|(l, row)| l.chooser.choose(row))
             .collect()
     };
-    metrics.step(live.len(), started.elapsed());
-    let ended: Vec<bool> = live
+    let done: Vec<bool> = live
         .iter_mut()
         .zip(chosen)
-        .zip(logits.data().chunks_exact(v))
+        .zip(logits.chunks_exact(v))
         .map(|((l, tok), row)| match tok {
-            Ok(tok) => send(l, tok, row, metrics),
+            Ok(tok) => send(l, tok, row, observer),
             Err(e) => failed(l, e),
         })
         .collect();
     let mut i = 0;
-    live.retain(|_| {
+    live.retain(|l| {
         i += 1;
-        !ended[i - 1]
+        if done[i - 1] {
+            // the cache holds the prompt and every chosen token but the last
+            let seq: Vec<usize> = l.prompt.iter().chain(l.chooser.tokens()).copied().collect();
+            ended(&seq, &l.cache, l.prompt.len());
+        }
+        !done[i - 1]
     });
 }
 
 /// A sequence whose token could not be chosen (its grammar's engine failed) fails alone;
 /// true (it has ended).
-fn failed(l: &Live, e: qkv::Error) -> bool {
-    let _ = l
-        .events
+fn failed(l: &Live, e: crate::Error) -> bool {
+    l.events
         .send(Event::Failed(format!("choosing a token: {e}")));
     true
 }
 
-fn fail_all(live: &mut Vec<Live>, why: String) {
-    for l in live.drain(..) {
-        let _ = l.events.send(Event::Failed(why.clone()));
-    }
-}
-
 /// Sends the text that `l`'s newly chosen token `tok` (chosen from `logits`) releases,
 /// with the log-probabilities waiting for it; true when the sequence has ended.
-fn send(l: &mut Live, tok: usize, logits: &[f32], metrics: &Metrics) -> bool {
+fn send(l: &mut Live, tok: usize, logits: &[f32], observer: &dyn Observer) -> bool {
     l.next = tok;
-    metrics.tokens(1);
+    observer.tokens(1);
     if let Some(top) = l.logprobs {
         l.pending.push(logprobs(logits, tok, top));
     }
     let piece = match l.text.as_mut().map(|s| s.push(tok)).transpose() {
         Ok(p) => p.flatten(),
         Err(e) => {
-            let _ = l.events.send(Event::Failed(e.to_string()));
+            l.events.send(Event::Failed(e.to_string()));
             return true;
         }
     };
@@ -195,7 +195,7 @@ fn send(l: &mut Live, tok: usize, logits: &[f32], metrics: &Metrics) -> bool {
     let rest = match l.text.take().map(TextStream::finish).transpose() {
         Ok(r) => r.flatten().unwrap_or_default(),
         Err(e) => {
-            let _ = l.events.send(Event::Failed(e.to_string()));
+            l.events.send(Event::Failed(e.to_string()));
             return true;
         }
     };
@@ -210,7 +210,7 @@ fn send(l: &mut Live, tok: usize, logits: &[f32], metrics: &Metrics) -> bool {
 /// Sends released text with the log-probabilities waiting for it (none without text).
 fn piece_out(l: &mut Live, text: String) {
     if !text.is_empty() {
-        let _ = l.events.send(Event::Piece {
+        l.events.send(Event::Piece {
             index: l.index,
             text,
             logprobs: std::mem::take(&mut l.pending),
@@ -222,13 +222,13 @@ fn piece_out(l: &mut Live, text: String) {
 /// text was held back or cut by a stop string (or of a model without a tokenizer); true.
 fn done(l: &mut Live, finish: &'static str) -> bool {
     if !l.pending.is_empty() {
-        let _ = l.events.send(Event::Piece {
+        l.events.send(Event::Piece {
             index: l.index,
             text: String::new(),
             logprobs: std::mem::take(&mut l.pending),
         });
     }
-    let _ = l.events.send(Event::Done {
+    l.events.send(Event::Done {
         index: l.index,
         finish,
         tokens: l.chooser.tokens().to_vec(),

@@ -2,12 +2,14 @@
 //! the events its handler hears, a job while its prompt is prefilled, and how a panic
 //! inside the engine reads in the failure its handler gets.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use qkv::attention::KvCache;
-use qkv::models::generate::grammar::Constraint;
-use qkv::models::generate::{GenerateOptions, TokenLogprobs};
-use tokio::sync::mpsc::UnboundedSender;
+use crate::attention::KvCache;
+use crate::models::generate::grammar::Constraint;
+use crate::models::generate::{GenerateOptions, TokenLogprobs};
+
+use super::Events;
 
 /// One prompt of a generation request as the scheduler runs it: prefilled once, then
 /// decoded as `choices` sequences.
@@ -30,7 +32,7 @@ pub struct Job {
     /// The grammar each choice's tokens follow (structured output), compiled.
     pub constraint: Option<Constraint>,
     /// Every job of a request sends to its one handler.
-    pub events: UnboundedSender<Event>,
+    pub events: Arc<dyn Events>,
     pub queued: Instant,
     /// Panic while prefilling it: the fault the tests inject (a prompt equal to
     /// `$QKV_FAULT_PROMPT`) to check that a panic fails its request alone.
