@@ -3,15 +3,19 @@
 //! hands its pieces over a channel, so the Python iterator waits without the GIL.
 
 use std::sync::mpsc::{self, Receiver};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use qkv::engine::generator::{self, Limits};
+use qkv::engine::{ChannelEvents, Event, Events, Job, Quiet};
 use qkv::models::generate::grammar::{Constraint, Grammar, Vocabulary};
+use qkv::models::generate::Sampling;
 use qkv::models::generate::{gbnf, generate_constrained, generate_each};
 use qkv::models::generation_config::GenerationConfig;
 use qkv::models::request::{Plan, Request};
-use qkv::models::TokenBatch;
+use qkv::models::{ModelKind, TokenBatch, Transformer};
 
 use crate::errors::{to_py, OrPy};
 use crate::ints::{self, Int};
@@ -168,6 +172,69 @@ fn run(
     }
 }
 
+/// A list of prompts through the server's engine (`qkv::engine::generator`): each
+/// prompt joins in chunks packed into the others' decoding steps and leaves at its own
+/// end, with no padding; prompt i samples with the seed plus i.
+fn through_engine(
+    m: &Transformer,
+    rows: &[Vec<usize>],
+    plan: &Plan,
+) -> qkv::Result<Vec<Vec<usize>>> {
+    let (tx, rx) = mpsc::channel();
+    let events: Arc<dyn Events> = Arc::new(ChannelEvents::new(tx));
+    let jobs = rows
+        .iter()
+        .enumerate()
+        .map(|(i, ids)| {
+            let mut options = plan.options.clone();
+            if let Sampling::Sample { seed, .. } = &mut options.sampling {
+                *seed = seed.wrapping_add(i as u64);
+            }
+            Job {
+                prompt: ids.clone(),
+                options,
+                stops: Vec::new(),
+                choices: 1,
+                first_index: i,
+                logprobs: None,
+                prompt_logprobs: false,
+                score_only: false,
+                constraint: None,
+                events: events.clone(),
+                queued: Instant::now(),
+                fault: false,
+            }
+        })
+        .collect();
+    let limits = Limits {
+        max_batch: rows.len(),
+        max_queue: rows.len(),
+        // no one waits on a next token here: long chunks, fewer steps
+        prefill_chunk: 1024,
+        cache_bytes: 0,
+    };
+    generator::run_jobs(m, None, limits, jobs, &Quiet);
+    let mut out = vec![None; rows.len()];
+    for e in rx.try_iter() {
+        match e {
+            Event::Done { index, tokens, .. } => out[index] = Some(tokens),
+            Event::Failed(why) => {
+                return Err(qkv::Error::Invalid {
+                    field: "prompt".into(),
+                    reason: why,
+                })
+            }
+            Event::Prompt { .. } | Event::Piece { .. } => {}
+        }
+    }
+    out.into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| qkv::Error::Invalid {
+            field: "prompt".into(),
+            reason: "a prompt's generation ended without an answer".into(),
+        })
+}
+
 /// `Model.generate` (its docs are the method's).
 pub fn generate<'py>(
     slf: &Bound<'py, Model>,
@@ -205,8 +272,12 @@ pub fn generate<'py>(
         return Ok(Bound::new(py, stream)?.into_any());
     }
     let m = model.transformer();
+    let engine = p.batch && m.kind() == ModelKind::Decoder && plan.options.search.num_beams == 1;
     let new = py
-        .detach(|| run(m, &batch, &plan, constraint, &mut |_, _| {}))
+        .detach(|| match engine {
+            true => through_engine(m, &p.rows, &plan),
+            false => run(m, &batch, &plan, constraint, &mut |_, _| {}),
+        })
         .or_py()?;
     let outputs: Vec<Bound<'py, PyAny>> = new
         .into_iter()

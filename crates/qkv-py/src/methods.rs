@@ -287,8 +287,11 @@ impl Model {
     ///         only): text pieces for a text prompt, as ``qkv generate`` prints
     ///         them, else token ids.
     ///
-    /// ``prompt`` may also be a list of prompts (texts, or lists of ids): they run as
-    /// one batch, left-padded, and the result is a list.
+    /// ``prompt`` may also be a list of prompts (texts, or lists of ids), and the
+    /// result is a list: a decoder's prompts run through the server's engine
+    /// (continuous batching: each joins in chunks packed into the others' steps and
+    /// leaves at its own end; prompt i samples with ``seed + i``), beam search and
+    /// encoder-decoders as one left-padded batch.
     ///
     /// Returns:
     ///     The generated text when ``prompt`` is text, else the list of new token ids.

@@ -1,5 +1,5 @@
-"""Model.generate on a batch of prompts (left-padded, each row as transformers'
-batched generate gives it), under a repetition penalty as transformers applies it, and
+"""Model.generate on a list of prompts (through the server's engine: each prompt joins and
+leaves on its own, and each row is what transformers' batched generate gives it), under a repetition penalty as transformers applies it, and
 streamed (the pieces join to the whole output)."""
 
 import json
@@ -39,6 +39,15 @@ def test_a_batch_of_prompts_equals_transformers_batched_generate(name):
     assert got == [new_tokens(row, width, eos) for row in f["gen_batch_output"]]
     # and each prompt alone gives its row of the batch
     assert got == [m.generate(p, greedy=True, max_new_tokens=f.params["max_new_tokens"]) for p in prompts]
+
+
+def test_sampled_prompts_of_a_list_each_equal_their_own_run_with_the_seed_plus_their_index():
+    m = qkv.load(model_dir("llama_gqa"))
+    prompts = [[5, 6, 7], [9], [3, 1, 4, 1, 5, 9, 2, 6], [11, 12]]
+    kw = dict(temperature=0.9, top_k=20, max_new_tokens=12)
+    got = m.generate(prompts, seed=7, **kw)
+    assert got == [m.generate(p, seed=7 + i, **kw) for i, p in enumerate(prompts)]
+    assert len({tuple(g) for g in got}) > 1
 
 
 @pytest.mark.parametrize("name", ["llama_gqa", "qwen2"])

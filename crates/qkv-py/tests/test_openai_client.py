@@ -32,7 +32,9 @@ def run(*args):
 
 class Server:
     def __init__(self, folder, *args):
-        self.proc = subprocess.Popen([qkv_bin(), "serve", "--model", str(folder), "--port", "0", *args],
+        # f32 weights, as `qkv generate` and `qkv embed` read them, whatever `--dtype auto` picks here
+        self.proc = subprocess.Popen([qkv_bin(), "serve", "--model", str(folder), "--port", "0", "--dtype", "f32",
+                                      *args],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for line in self.proc.stderr:
             m = re.search(r"on (http://127\.0\.0\.1:\d+)", line)

@@ -113,10 +113,35 @@ pub struct ServeArgs {
     /// connections run on one thread of their own
     #[arg(long)]
     threads: Option<usize>,
-    #[command(flatten)]
-    dtype: crate::cmd::shared_flags::DTypeFlag,
+    /// Number type of the linear layers' weights: auto (bf16 where the CPU multiplies
+    /// bf16 natively, with AVX512-BF16 or AMX; f32 elsewhere), or one of f32, bf16, int8,
+    /// int8-row as `qkv generate --dtype` takes them
+    #[arg(long, default_value = "auto", value_parser = parse_dtype)]
+    dtype: WeightsDType,
     #[command(flatten)]
     kv_dtype: crate::cmd::shared_flags::KvDTypeFlag,
+}
+
+/// `--dtype`: a type, or `auto` (None).
+#[derive(Clone, Copy)]
+struct WeightsDType(Option<qkv::weights::DType>);
+
+fn parse_dtype(s: &str) -> std::result::Result<WeightsDType, String> {
+    match s {
+        "auto" => Ok(WeightsDType(None)),
+        _ => crate::cmd::shared_flags::parse_dtype(s).map(|d| WeightsDType(Some(d))),
+    }
+}
+
+impl WeightsDType {
+    /// The type, `auto` resolved on this CPU.
+    fn resolve(self) -> qkv::weights::DType {
+        use qkv::weights::DType;
+        self.0.unwrap_or(match qkv::weights::bf16::native() {
+            true => DType::Bf16,
+            false => DType::F32,
+        })
+    }
 }
 
 fn check_args(a: &ServeArgs) -> Result<()> {
@@ -167,7 +192,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         max_inputs: 2048,
         max_batch: args.max_batch,
     };
-    let mut loaded = crate::cmd::load::load_model(&args.model, args.dtype.dtype)?;
+    let dtype = args.dtype.resolve();
+    let mut loaded = crate::cmd::load::load_model(&args.model, dtype)?;
     let mut threads = Vec::new();
     let classifies = loaded.model.kind() == ModelKind::Encoder
         && loaded
@@ -179,7 +205,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         ModelKind::Encoder if classifies => {
             drop(loaded);
             let model = Arc::new(
-                SequenceClassifier::load(&args.model, args.dtype.dtype)
+                SequenceClassifier::load(&args.model, dtype)
                     .with_context(|| format!("loading {}", args.model.display()))?,
             );
             let (queue, t) = classifier::start(model.clone(), args.max_queue, metrics.clone())?;
@@ -189,7 +215,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         ModelKind::Encoder => {
             drop(loaded);
             let encoder = Arc::new(
-                SentenceEncoder::load_in(&args.model, args.dtype.dtype)
+                SentenceEncoder::load_in(&args.model, dtype)
                     .with_context(|| format!("loading {}", args.model.display()))?,
             );
             let (queue, t) = embedder::start(
@@ -203,7 +229,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         }
         _ => {
             loaded.model.kv_dtype = args.kv_dtype.kv_dtype;
-            if args.dtype.dtype == qkv::weights::DType::F32 {
+            if dtype == qkv::weights::DType::F32 {
                 // a step of many sequences is a matrix product: packed once here, not at
                 // every step (a one-sequence step still reads the weights in place)
                 loaded.model.pack_weights();
@@ -306,6 +332,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             state.name,
             listener.local_addr()?
         );
+        eprintln!("qkv serve: {dtype} weights");
         eprintln!("qkv serve: {}", state.endpoints().join(", "));
         if !keys.is_empty() {
             eprintln!("qkv serve: requests need one of the API keys given");

@@ -39,6 +39,11 @@ impl Server {
                 "2",
             ])
             .args(args)
+            // the weights as `qkv generate` reads them, whatever `auto` picks on this CPU
+            .args(match args.contains(&"--dtype") {
+                true => &[][..],
+                false => &["--dtype", "f32"][..],
+            })
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

@@ -1,6 +1,7 @@
 //! The prefix cache over HTTP: a chat's second turn restores its first turn's keys and
 //! values (counted in `/metrics`) and answers what a server without the cache answers,
-//! and requests sharing a long system prompt each answer as they would alone.
+//! requests sharing a long system prompt each answer as they would alone, and `--dtype
+//! auto` serves the type it names.
 
 use serde_json::{json, Value};
 
@@ -77,4 +78,34 @@ fn requests_sharing_a_system_prompt_answer_as_each_alone() {
     });
     assert_eq!(got, want[1..]);
     assert!(metric(&s, "qkv_prefix_cache_hit_tokens_total") >= 3.0 * 16.0);
+}
+
+/// `--dtype auto` (the default) picks bf16 where the CPU multiplies it natively and f32
+/// elsewhere, says which at start, and answers as `qkv generate --dtype` of that type.
+#[test]
+fn dtype_auto_names_its_choice_and_answers_as_generate_with_it() {
+    let s = Server::start(model(), &["--dtype", "auto"]);
+    let log = s.log_with(" weights");
+    let picked = if log.contains("qkv serve: bf16 weights") {
+        "bf16"
+    } else {
+        assert!(log.contains("qkv serve: f32 weights"), "{log}");
+        "f32"
+    };
+    let m = model().to_str().unwrap();
+    let cli = super::qkv(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "Attention is",
+        "--max-new-tokens",
+        "12",
+        "--greedy",
+        "--dtype",
+        picked,
+    ]);
+    let ask =
+        json!({"model": s.name(), "prompt": "Attention is", "max_tokens": 12, "temperature": 0});
+    assert_eq!(text_of(&s.post("/v1/completions", &ask).json()) + "\n", cli);
 }

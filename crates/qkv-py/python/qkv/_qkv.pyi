@@ -175,7 +175,7 @@ class Model:
         grammar: Optional[str] = None,
         stream: Literal[False] = False,
     ) -> List[str]:
-        """Each prompt's text, the prompts run as one left-padded batch."""
+        """Each prompt's text, the prompts batched by the engine (prompt i samples with seed + i)."""
 
     @overload
     def generate(
@@ -198,7 +198,7 @@ class Model:
         grammar: Optional[str] = None,
         stream: Literal[False] = False,
     ) -> List[List[int]]:
-        """Each prompt's new ids, the prompts run as one left-padded batch."""
+        """Each prompt's new ids, the prompts batched by the engine (prompt i samples with seed + i)."""
 
     @overload
     def generate(

@@ -59,6 +59,28 @@ pub fn start(
     })
 }
 
+/// Runs `jobs` to their ends on this thread, batched as the generator thread batches
+/// (joining prompts packed with the decoding rows), and returns once each has ended: a
+/// batch of prompts (Python's list of prompts) through the server's engine. Their
+/// events go where each job's [`Job::events`] say.
+pub fn run_jobs(
+    model: &Transformer,
+    tokenizer: Option<&Tokenizer>,
+    limits: Limits,
+    jobs: Vec<Job>,
+    observer: &dyn Observer,
+) {
+    let (tx, rx) = std::sync::mpsc::sync_channel(jobs.len());
+    for job in jobs {
+        tx.send(job).expect("the receiver is here");
+    }
+    drop(tx);
+    match model.kind() {
+        ModelKind::EncoderDecoder => seq2seq::run_one_by_one(model, tokenizer, &rx, observer),
+        _ => Generator::new(model, tokenizer, limits, observer).run(&rx),
+    }
+}
+
 /// The running state of the loop.
 struct Generator<'a> {
     model: &'a Transformer,
@@ -195,20 +217,31 @@ impl<'a> Generator<'a> {
         self.observer
             .step(decoding + parts.len(), started.elapsed());
         let failed = |i: usize| ran.failed.iter().find(|f| f.0 == i).map(|f| f.1.clone());
-        let mut at = 0;
-        let mut decoded = Vec::with_capacity(decoding * v);
-        let mut kept = Vec::with_capacity(decoding);
-        for (i, l) in self.live.drain(..).enumerate() {
-            match failed(i) {
-                Some(why) => l.fail(format!("decoding step: {why}")),
-                None => {
-                    decoded.extend_from_slice(&ran.logits[at..at + v]);
-                    kept.push(l);
+        // the decoding rows' logits: in place, or without the rows of sequences that failed
+        let mut kept_rows = Vec::new();
+        if ran.failed.iter().any(|f| f.0 < decoding) {
+            let mut kept = Vec::with_capacity(decoding);
+            for (i, (l, row)) in self
+                .live
+                .drain(..)
+                .zip(ran.logits.chunks_exact(v))
+                .enumerate()
+            {
+                match failed(i) {
+                    Some(why) => l.fail(format!("decoding step: {why}")),
+                    None => {
+                        kept_rows.extend_from_slice(row);
+                        kept.push(l);
+                    }
                 }
             }
-            at += v;
+            self.live = kept;
         }
-        self.live = kept;
+        let decoded = match kept_rows.is_empty() {
+            true => &ran.logits[..self.live.len() * v],
+            false => &kept_rows[..],
+        };
+        let mut at = decoding * v;
         // prompts that leave the queue: joined (their last position's logits) or failed
         let mut leaving = Vec::new();
         for (n, part) in parts.iter().enumerate() {
@@ -238,7 +271,7 @@ impl<'a> Generator<'a> {
         };
         advance(
             &mut self.live,
-            &decoded,
+            decoded,
             v,
             observer,
             &mut |seq, cache, prompt_len| keep(seq, cache, prompt_len),

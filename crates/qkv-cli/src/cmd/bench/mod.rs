@@ -7,12 +7,13 @@
 //! One file per workload, each with its flags (attention.rs: attention and decoding;
 //! llama.rs, with its check against f32 in accuracy.rs; grammar.rs, structured output's
 //! mask; machine.rs, over the probes of
-//! probes.rs); timing.rs times them all the same way, printer.rs prints their rows.
+//! probes.rs; load.rs, a load generator for a server); timing.rs times them all the same way, printer.rs prints their rows.
 
 mod accuracy;
 mod attention;
 mod grammar;
 mod llama;
+mod load;
 mod machine;
 mod matmul;
 mod minilm;
@@ -29,6 +30,7 @@ use crate::cmd::shared_flags::set_threads;
 use attention::{AttentionArgs, DecodeArgs};
 use grammar::GrammarArgs;
 use llama::LlamaArgs;
+use load::LoadArgs;
 use machine::MachineArgs;
 use matmul::MatmulArgs;
 use minilm::MinilmArgs;
@@ -60,10 +62,14 @@ enum Workload {
     Machine(MachineArgs),
     /// Structured output: a JSON schema's token mask per token against a decoding step
     Grammar(GrammarArgs),
+    /// A load generator for an OpenAI-style server: requests from a file, so many in
+    /// flight, streamed events timed (bench/serve_load.py drives it)
+    Load(LoadArgs),
 }
 
 pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<()> {
     let common = match &args.workload {
+        Workload::Load(a) => return load::run(a, out),
         Workload::Attention(a) => &a.common,
         Workload::Decode(a) => &a.common,
         Workload::Minilm(a) => &a.common,
@@ -83,5 +89,6 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<()> {
         Workload::Matmul(a) => matmul::bench_matmul(a, &mut printer),
         Workload::Machine(a) => machine::bench_machine(a, &mut printer),
         Workload::Grammar(a) => grammar::bench_grammar(a, &mut printer),
+        Workload::Load(_) => unreachable!("run above"),
     }
 }

@@ -36,3 +36,10 @@ pub mod weight;
 pub use convert::{bf16_to_f32, f32_to_bf16};
 
 pub use weight::Bf16Weight;
+
+/// Whether this CPU multiplies bf16 natively (AVX512-BF16's `vdpbf16ps`, or AMX tiles):
+/// bf16 weights then run their products at twice f32's rate, or more, where elsewhere
+/// they are widened to f32 first.
+pub fn native() -> bool {
+    gemm::available() || super::amx::bf16()
+}
