@@ -247,7 +247,7 @@ def run_embed(a, qkv):
                                    "--max-queue", "1024"])
     served, offline = [], []
     try:
-        embed_round(qkv, server, clients, sentences[:32])  # warm-up
+        embed_round(qkv, server, clients, sentences)  # warm-up: a whole round, as the offline run warms up with a call
         for r in range(a.rounds):
             def offline_run():
                 out = subprocess.run([qkv, "bench", "minilm", "--model", a.model, "--threads", str(a.threads),

@@ -4,10 +4,10 @@
 //! `…ForSequenceClassification` encoder answers `/v1/classify`, and `/v1/rerank` when
 //! it is a cross-encoder of one output.
 //!
-//! Three parts, each its own file: the routes (HTTP, validation, OpenAI's JSON, server-
-//! sent events) on a one-thread tokio runtime; the scheduler (continuous batching), the
-//! embedder (batches across clients) or the classifier on a thread of its own; and the
-//! engine, the library calls the CLI makes, on the rayon pool.
+//! The routes (HTTP, validation, OpenAI's JSON, server-sent events) run on a one-thread
+//! tokio runtime, thin over the library's engine (`qkv::engine`): its generator
+//! (continuous batching, the prefix cache), embedder (batches across clients) or
+//! classifier on a thread of its own, the model's math on the rayon pool.
 
 mod access;
 mod api;

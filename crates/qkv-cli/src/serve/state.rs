@@ -19,7 +19,7 @@ use qkv::engine::{Job, Queue};
 use super::metrics::Metrics;
 
 /// A text generator: the model, its folder's tokenizer, generation defaults and chat
-/// template, and the scheduler's queue.
+/// template, and the generator's queue.
 pub struct Generator {
     pub(super) model: Arc<Transformer>,
     pub(super) tokenizer: Option<Arc<Tokenizer>>,

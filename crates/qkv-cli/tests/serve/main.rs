@@ -11,6 +11,7 @@
 
 mod access;
 mod http;
+mod load;
 mod prefix;
 mod structured;
 mod surface;

@@ -6,7 +6,9 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{spawn, Observer, Queue, Reply};
+use super::events::Reply;
+use super::observer::Observer;
+use super::queue::{spawn, Queue};
 use crate::models::SequenceClassifier;
 
 /// One request's inputs (texts, or pairs read together), and where its logits go.

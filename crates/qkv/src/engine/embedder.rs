@@ -6,7 +6,9 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{spawn, Observer, Queue, Reply};
+use super::events::Reply;
+use super::observer::Observer;
+use super::queue::{spawn, Queue};
 use crate::models::sentence::SentenceEncoder;
 
 /// One request's texts, and where its vectors (or why there are none) go.

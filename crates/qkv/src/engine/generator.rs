@@ -20,10 +20,13 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::job::{panic_text, Joining};
+use super::events::Event;
+use super::job::{panic_text, Job, Joining};
 use super::live::{advance, join, Live};
+use super::observer::Observer;
 use super::prefix::{reusable_positions, PrefixCache};
-use super::{seq2seq, spawn, Event, Job, Observer, Queue};
+use super::queue::{spawn, Queue};
+use super::seq2seq;
 use crate::attention::KvCache;
 use crate::models::generate::logprobs;
 use crate::models::{Chunk, ModelKind, Transformer};

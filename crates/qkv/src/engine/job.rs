@@ -1,6 +1,6 @@
-//! What the scheduler runs: a job (one prompt of a request, decoded as its choices),
-//! the events its handler hears, a job while its prompt is prefilled, and how a panic
-//! inside the engine reads in the failure its handler gets.
+//! What the generator runs: a job (one prompt of a request, decoded as its choices), a
+//! job while its prompt is prefilled, and how a panic inside the engine reads in the
+//! failure its handler gets.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,9 +9,9 @@ use crate::attention::KvCache;
 use crate::models::generate::grammar::Constraint;
 use crate::models::generate::{GenerateOptions, TokenLogprobs};
 
-use super::Events;
+use super::events::Events;
 
-/// One prompt of a generation request as the scheduler runs it: prefilled once, then
+/// One prompt of a generation request as the generator runs it: prefilled once, then
 /// decoded as `choices` sequences.
 pub struct Job {
     pub prompt: Vec<usize>,
@@ -37,33 +37,6 @@ pub struct Job {
     /// Panic while prefilling it: the fault the tests inject (a prompt equal to
     /// `$QKV_FAULT_PROMPT`) to check that a panic fails its request alone.
     pub fault: bool,
-}
-
-/// What a request's handler hears about its sequences, each by its choice's index.
-#[derive(Debug)]
-pub enum Event {
-    /// A prompt's log-probabilities (the first token has none), for the choices
-    /// `first_index..first_index + choices`; sent before their first piece.
-    Prompt {
-        first_index: usize,
-        logprobs: Vec<Option<TokenLogprobs>>,
-    },
-    /// Text to send (stop strings already held back) and, when asked, the
-    /// log-probabilities of the tokens chosen since the choice's last piece.
-    Piece {
-        index: usize,
-        text: String,
-        logprobs: Vec<TokenLogprobs>,
-    },
-    /// The choice's end: `"stop"` (end of sequence or a stop string) or `"length"`.
-    Done {
-        index: usize,
-        finish: &'static str,
-        /// the chosen tokens, the last stop or end-of-sequence one included
-        tokens: Vec<usize>,
-    },
-    /// A sequence failed inside the engine (the request gets a 500).
-    Failed(String),
 }
 
 /// A prompt being prefilled, `done` of its tokens so far.

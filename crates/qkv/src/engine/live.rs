@@ -5,14 +5,17 @@
 use std::sync::Arc;
 
 use crate::attention::KvCache;
+use crate::error::{Error, Result};
 use crate::models::generate::{
     logprobs, Chooser, Finish, GenerateOptions, Sampling, TokenLogprobs,
 };
 use crate::text::{TextStream, Tokenizer};
 
-use super::job::{Event, Joining};
+use super::events::Event;
+use super::events::Events;
+use super::job::Joining;
+use super::observer::Observer;
 use super::stop::StopFilter;
-use super::{Events, Observer};
 
 /// One choice being decoded.
 pub(super) struct Live<'t> {
@@ -131,7 +134,7 @@ pub(super) fn advance(
 ) {
     // each sequence's choice (a sort of the vocabulary when sampling, a grammar's mask)
     // side by side
-    let chosen: Vec<crate::Result<usize>> = {
+    let chosen: Vec<Result<usize>> = {
         use rayon::prelude::*;
         live.par_iter_mut()
             .zip(logits.par_chunks_exact(v))
@@ -161,7 +164,7 @@ pub(super) fn advance(
 
 /// A sequence whose token could not be chosen (its grammar's engine failed) fails alone;
 /// true (it has ended).
-fn failed(l: &Live, e: crate::Error) -> bool {
+fn failed(l: &Live, e: Error) -> bool {
     l.events
         .send(Event::Failed(format!("choosing a token: {e}")));
     true

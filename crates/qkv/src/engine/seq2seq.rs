@@ -9,9 +9,10 @@ use crate::models::generate::generate_seq2seq_each;
 use crate::models::{TokenBatch, Transformer};
 use crate::text::{TextStream, Tokenizer};
 
-use super::job::{panic_text, Event, Job};
+use super::events::Event;
+use super::job::{panic_text, Job};
+use super::observer::Observer;
 use super::stop::StopFilter;
-use super::Observer;
 
 /// Encoder-decoders (translation): each job decoded alone, streaming its tokens.
 pub(super) fn run_one_by_one(

@@ -1,6 +1,6 @@
 //! The HTTP side: each endpoint validates its request, turns it into a job for the
-//! scheduler (or the embedder, or the classifier) and answers in OpenAI's shapes, streamed as server-sent
-//! events when asked. No model math runs here.
+//! engine's generator (or its embedder, or its classifier) and answers in OpenAI's
+//! shapes, streamed as server-sent events when asked. No model math runs here.
 
 mod classify;
 mod embed;

@@ -208,7 +208,7 @@ pub async fn answer(
                     done += 1;
                 }
                 Some(Event::Failed(why)) => return Err(engine_failed(why)),
-                None => return Err(engine_failed("the scheduler stopped".into())),
+                None => return Err(engine_failed("the generator stopped".into())),
             }
         }
         let completion_tokens = choices.iter().map(|c| c.tokens.len()).sum();

@@ -1,5 +1,5 @@
 //! A completion request's settings checked (each refusal a 400 naming the field) and
-//! made into scheduler jobs: one a prompt, each decoded as `n` choices.
+//! made into the generator's jobs: one a prompt, each decoded as `n` choices.
 
 use std::sync::Arc;
 use std::time::Instant;

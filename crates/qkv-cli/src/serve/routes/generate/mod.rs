@@ -1,4 +1,4 @@
-//! Completions and chat completions: a request becomes scheduler jobs (one a prompt,
+//! Completions and chat completions: a request becomes the generator's jobs (one a prompt,
 //! each decoded as `n` choices), answered whole or as server-sent events, with
 //! log-probabilities and the attention maps when asked.
 
