@@ -4,7 +4,6 @@
 
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -190,20 +189,7 @@ fn through_engine(
             if let Sampling::Sample { seed, .. } = &mut options.sampling {
                 *seed = seed.wrapping_add(i as u64);
             }
-            Job {
-                prompt: ids.clone(),
-                options,
-                stops: Vec::new(),
-                choices: 1,
-                first_index: i,
-                logprobs: None,
-                prompt_logprobs: false,
-                score_only: false,
-                constraint: None,
-                events: events.clone(),
-                queued: Instant::now(),
-                fault: false,
-            }
+            Job::new(ids.clone(), options, i, events.clone())
         })
         .collect();
     let limits = Limits {

@@ -9,7 +9,6 @@ mod common;
 
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use common::models::load_causal;
 use qkv::engine::generator::{run_jobs, Limits};
@@ -57,20 +56,7 @@ fn jobs_run_by_the_engine_equal_each_generated_alone() {
     let jobs = prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| Job {
-            prompt: p.clone(),
-            options: options(i),
-            stops: Vec::new(),
-            choices: 1,
-            first_index: i,
-            logprobs: None,
-            prompt_logprobs: false,
-            score_only: false,
-            constraint: None,
-            events: events.clone(),
-            queued: Instant::now(),
-            fault: false,
-        })
+        .map(|(i, p)| Job::new(p.clone(), options(i), i, events.clone()))
         .collect();
     // two at a time: the later ones join while the first ones decode
     let limits = Limits {

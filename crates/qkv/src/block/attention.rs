@@ -181,6 +181,42 @@ fn per_sequence_spec(spec: &AttentionSpec, over: &str) -> Result<()> {
     Ok(())
 }
 
+/// Where each of sequences of `lens` tokens starts in a row holding them one after
+/// another.
+fn starts_of(lens: &[usize]) -> Vec<usize> {
+    lens.iter()
+        .scan(0, |o, &len| {
+            let s = *o;
+            *o += len;
+            Some(s)
+        })
+        .collect()
+}
+
+/// The sequences' attention outputs (each `[1,len,H,Dv]`, lse `[1,H,len]`) as one row's:
+/// out `[1,N,H,Dv]`, lse `[1,H,N]`.
+fn joined(
+    parts: &[AttentionOutput],
+    starts: &[usize],
+    lens: &[usize],
+    [n, h, dv]: [usize; 3],
+) -> Result<AttentionOutput> {
+    let mut out = Vec::with_capacity(n * h * dv);
+    let mut lse = vec![0.0; h * n];
+    for ((part, &o), &len) in parts.iter().zip(starts).zip(lens) {
+        out.extend_from_slice(part.out.data());
+        // the part's lse is [1,H,len]: head by head into [1,H,N]
+        for (hh, row) in part.lse.data().chunks_exact(len).enumerate() {
+            lse[hh * n + o..][..len].copy_from_slice(row);
+        }
+    }
+    Ok(AttentionOutput {
+        out: Tensor::new(&[1, n, h, dv], out)?,
+        lse: Tensor::new(&[1, h, n], lse)?,
+        weights: None,
+    })
+}
+
 /// q `[1,N,H,D]`, k `[1,N,G,D]` and v `[1,N,G,Dv]` cut into sequences of `lens`
 /// tokens, each attending over its own keys: out `[1,N,H,Dv]`, lse `[1,H,N]`. The
 /// sequences run in parallel, each read in place through the kernel a whole sequence
@@ -209,14 +245,7 @@ fn attend_varlen(
     if lens.len() == 1 {
         return attention(q, k, v, spec);
     }
-    let starts: Vec<usize> = lens
-        .iter()
-        .scan(0, |o, &len| {
-            let s = *o;
-            *o += len;
-            Some(s)
-        })
-        .collect();
+    let starts = starts_of(lens);
     let parts: Vec<AttentionOutput> = starts
         .par_iter()
         .zip(lens)
@@ -239,20 +268,7 @@ fn attend_varlen(
             )
         })
         .collect::<Result<_>>()?;
-    let mut out = Vec::with_capacity(n * h * dv);
-    let mut lse = vec![0.0; h * n];
-    for ((part, &o), &len) in parts.iter().zip(&starts).zip(lens) {
-        out.extend_from_slice(part.out.data());
-        // the part's lse is [1,H,len]: head by head into [1,H,N]
-        for (hh, row) in part.lse.data().chunks_exact(len).enumerate() {
-            lse[hh * n + o..][..len].copy_from_slice(row);
-        }
-    }
-    Ok(AttentionOutput {
-        out: Tensor::new(&[1, n, h, dv], out)?,
-        lse: Tensor::new(&[1, h, n], lse)?,
-        weights: None,
-    })
+    joined(&parts, &starts, lens, [n, h, dv])
 }
 
 /// q `[1,N,H,D]`, k `[1,N,G,D]` and v `[1,N,G,Dv]` cut into `segments`: segment i's
@@ -285,14 +301,7 @@ fn attend_packed(
         ));
     }
     per_sequence_spec(spec, "per-sequence caches")?;
-    let starts: Vec<usize> = lens
-        .iter()
-        .scan(0, |o, &len| {
-            let s = *o;
-            *o += len;
-            Some(s)
-        })
-        .collect();
+    let starts = starts_of(&lens);
     let parts: Vec<AttentionOutput> = caches
         .par_iter_mut()
         .zip(starts.par_iter().zip(&lens))
@@ -310,20 +319,7 @@ fn attend_packed(
             cache.attend(&qi, spec)
         })
         .collect::<Result<_>>()?;
-    let mut out = Vec::with_capacity(n * h * dv);
-    let mut lse = vec![0.0; h * n];
-    for ((part, &o), &len) in parts.iter().zip(&starts).zip(&lens) {
-        out.extend_from_slice(part.out.data());
-        // the part's lse is [1,H,len]: head by head into [1,H,N]
-        for (hh, row) in part.lse.data().chunks_exact(len).enumerate() {
-            lse[hh * n + o..][..len].copy_from_slice(row);
-        }
-    }
-    Ok(AttentionOutput {
-        out: Tensor::new(&[1, n, h, dv], out)?,
-        lse: Tensor::new(&[1, h, n], lse)?,
-        weights: None,
-    })
+    joined(&parts, &starts, &lens, [n, h, dv])
 }
 
 impl MultiHeadAttention {

@@ -39,6 +39,32 @@ pub struct Job {
     pub fault: bool,
 }
 
+impl Job {
+    /// A job of one choice, numbered `index`, with no stop strings, log-probabilities or
+    /// grammar: what a batch of prompts run through the engine asks.
+    pub fn new(
+        prompt: Vec<usize>,
+        options: GenerateOptions,
+        index: usize,
+        events: Arc<dyn Events>,
+    ) -> Job {
+        Job {
+            prompt,
+            options,
+            stops: Vec::new(),
+            choices: 1,
+            first_index: index,
+            logprobs: None,
+            prompt_logprobs: false,
+            score_only: false,
+            constraint: None,
+            events,
+            queued: Instant::now(),
+            fault: false,
+        }
+    }
+}
+
 /// A prompt being prefilled, `done` of its tokens so far.
 pub(super) struct Joining {
     pub(super) job: Job,
