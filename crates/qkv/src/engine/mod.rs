@@ -6,7 +6,7 @@
 //! - [`generator`]: continuous batching of decoder-only generation: sequences join and
 //!   leave between steps, joining prompts' chunks packed into the decoding rows' step
 //!   under a token budget, a [`PrefixCache`] shared between sequences;
-//! - [`seq2seq`]: encoder-decoders, one job at a time;
+//! - `seq2seq`: encoder-decoders, one job at a time;
 //! - [`embedder`]: sentence embeddings batched across requests under a token budget;
 //! - [`classifier`]: classification and reranking, one request at a time.
 //!
