@@ -264,26 +264,22 @@ impl<'a> Generator<'a> {
         }
         let prefix = &mut self.prefix;
         let (model, observer) = (self.model, self.observer);
-        let mut keep = |seq: &[usize], cache: &KvCache, prompt_len: usize| {
+        // a sequence's prompt and chosen tokens, and its cache, into the prefix cache
+        let mut keep = |prompt: &[usize], chosen: &[usize], cache: &KvCache| {
             if let Some(p) = prefix.as_mut() {
-                let usable = reusable_positions(model, prompt_len, seq.len().min(cache.len()));
+                let seq: Vec<usize> = prompt.iter().chain(chosen).copied().collect();
+                let usable = reusable_positions(model, prompt.len(), seq.len().min(cache.len()));
                 // a block that cannot be cut is simply not kept
-                let _ = p.insert(seq, usable, cache);
+                let _ = p.insert(&seq, usable, cache);
                 observer.prefix(p.stats());
             }
         };
-        advance(
-            &mut self.live,
-            decoded,
-            v,
-            observer,
-            &mut |seq, cache, prompt_len| keep(seq, cache, prompt_len),
-        );
+        advance(&mut self.live, decoded, v, observer, &mut keep);
         // back to front, so that the indices stay valid
         for (i, last) in leaving.into_iter().rev() {
             let j = self.joining.remove(i).expect("a leaving prompt is queued");
             if let Some(last) = last {
-                keep(&j.job.prompt, &j.cache, j.job.prompt.len());
+                keep(&j.job.prompt, &[], &j.cache);
                 let new = join(j, &last, self.tok, observer);
                 self.live.extend(new);
             }

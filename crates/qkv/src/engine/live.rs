@@ -121,16 +121,19 @@ pub(super) fn join<'t>(
     live
 }
 
+/// What takes an ended sequence: its prompt, its chosen tokens and its cache.
+pub(super) type Ended<'a> = dyn FnMut(&[usize], &[usize], &KvCache) + 'a;
+
 /// Chooses every live sequence's next token from its row of `logits` (`[N·V]`, row i
 /// for sequence i, a step's decoding rows) and sends what it releases; the ended ones
-/// leave, each handing its tokens, cache and prompt's length to `ended` (a prefix
-/// cache keeps them).
+/// leave, each handing its prompt, chosen tokens and cache to `ended` (a prefix cache
+/// keeps them; the cache holds every chosen token but the last).
 pub(super) fn advance(
     live: &mut Vec<Live>,
     logits: &[f32],
     v: usize,
     observer: &dyn Observer,
-    ended: &mut dyn FnMut(&[usize], &KvCache, usize),
+    ended: &mut Ended,
 ) {
     // each sequence's choice (a sort of the vocabulary when sampling, a grammar's mask)
     // side by side
@@ -154,9 +157,7 @@ pub(super) fn advance(
     live.retain(|l| {
         i += 1;
         if done[i - 1] {
-            // the cache holds the prompt and every chosen token but the last
-            let seq: Vec<usize> = l.prompt.iter().chain(l.chooser.tokens()).copied().collect();
-            ended(&seq, &l.cache, l.prompt.len());
+            ended(&l.prompt, l.chooser.tokens(), &l.cache);
         }
         !done[i - 1]
     });

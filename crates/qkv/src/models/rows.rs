@@ -10,7 +10,7 @@ use super::net::arch::{ModelKind, Position};
 use super::net::forward::{Caches, Side, StackInput};
 use super::transformer::Transformer;
 use crate::attention::KvCache;
-use crate::batch::too_long;
+use crate::batch::{check_ids, too_long};
 use crate::block::Segment;
 use crate::error::{Error, Result};
 use crate::ops::on_pool;
@@ -84,8 +84,7 @@ impl Transformer {
             .iter()
             .flat_map(|c| c.tokens.iter().copied())
             .collect();
-        let batch = crate::batch::TokenBatch::new(ids.clone(), None, 1, n)?;
-        batch.check_vocab(self.arch.vocab)?;
+        check_ids(&ids, self.arch.vocab, "token id (vocabulary)")?;
         for (cache, chunk) in caches.iter_mut().zip(chunks) {
             let len = chunk.tokens.len();
             cache.begin_step(&vec![true; len], len, max)?;
@@ -110,18 +109,26 @@ impl Transformer {
                 false,
                 false,
             )?;
-            // the head over the rows whose logits are wanted alone
+            // the head over the rows whose logits are wanted alone: every row when each
+            // chunk wants all of its (decoding rows of one token each)
             let c = self.arch.d_model;
-            let mut rows = Vec::new();
-            let mut end = 0;
-            for chunk in chunks {
-                let start = end;
-                end += chunk.tokens.len();
-                let from = if chunk.all_logits { start } else { end - 1 };
-                rows.extend_from_slice(&out.h.data()[from * c..end * c]);
-            }
-            let r = rows.len() / c;
-            let logits = net.head(Tensor::new(&[1, r, c], rows)?, false)?.0;
+            let every = chunks.iter().all(|k| k.all_logits || k.tokens.len() == 1);
+            let h = match every {
+                true => out.h.reshape(&[1, n, c])?,
+                false => {
+                    let mut rows = Vec::new();
+                    let mut end = 0;
+                    for chunk in chunks {
+                        let start = end;
+                        end += chunk.tokens.len();
+                        let from = if chunk.all_logits { start } else { end - 1 };
+                        rows.extend_from_slice(&out.h.data()[from * c..end * c]);
+                    }
+                    Tensor::new(&[1, rows.len() / c, c], rows)?
+                }
+            };
+            let r = h.shape()[1];
+            let logits = net.head(h, false)?.0;
             let v = logits.shape()[2];
             logits.reshape(&[r, v])
         })
