@@ -1,6 +1,11 @@
-//! Runs the built `qkv demo` and checks what its numbers must honestly show, the JSON
-//! contract of its experiments, and the report it writes. (That the report renders in a
-//! browser is `tests/report.rs`.)
+//! Runs the built `qkv demo` twice, side by side (once for its JSON, once for its text),
+//! and checks what its numbers must honestly show, the JSON contract and the numbers of
+//! its experiments (`experiments.rs`), the report it writes, and that the two runs agree.
+//! (That the report renders in a browser is `tests/report.rs`.)
+
+#[path = "../common/experiment_checks.rs"]
+mod experiment_checks;
+mod experiments;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -145,37 +150,14 @@ fn scaling_variances_match_theory() {
 }
 
 #[test]
-fn every_experiment_keeps_the_contract_and_writes_its_files() {
+fn the_report_holds_every_experiment_and_its_figures() {
     let experiments = report()["experiments"].as_object().unwrap();
     let mut names: Vec<&str> = experiments.keys().map(String::as_str).collect();
     names.sort();
     let mut want = EXPERIMENTS;
     want.sort();
+    // (each one's contract and numbers: experiments.rs)
     assert_eq!(names, want);
-    for (name, e) in experiments {
-        assert_eq!(e["name"], name.as_str());
-        assert!(["supported", "not supported", "inconclusive"]
-            .contains(&e["verdict"].as_str().unwrap()));
-        assert!(!e["claim"]["zh"].as_str().unwrap().is_empty(), "{name}");
-        assert!(e["metrics"].is_object(), "{name}");
-        let figure = std::fs::read_to_string(e["figure"].as_str().unwrap()).unwrap();
-        assert!(figure.starts_with("<svg"), "{name}");
-    }
-    // measured here, the quick runs support every claim; parallel's verdict rests on
-    // timings (two threads against one), which a test must not judge, and
-    // attribution's on two measured correlations 0.08 apart against a margin of 0.1,
-    // which a CPU with other kernels may tip (tests/experiment.rs checks that it
-    // follows its rule from its own numbers)
-    for name in EXPERIMENTS
-        .into_iter()
-        .filter(|&n| n != "parallel" && n != "attribution")
-    {
-        assert_eq!(
-            experiments[name]["verdict"], "supported",
-            "{name}: {:#}",
-            experiments[name]
-        );
-    }
     // the page holds every figure inline and asks for nothing outside itself
     let index = report()["report"].as_str().unwrap();
     let page = std::fs::read_to_string(index).unwrap();
@@ -210,29 +192,39 @@ fn without_timings(mut v: Value) -> Value {
     v
 }
 
+/// `qkv demo --out DIR` in text mode, run once and shared: its stdout and DIR.
+fn text_run() -> &'static (String, PathBuf) {
+    static RUN: OnceLock<(String, PathBuf)> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let dir = scratch("text");
+        let out = qkv(&["demo", "--quiet", "--out", dir.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (String::from_utf8(out.stdout).unwrap(), dir)
+    })
+}
+
+/// The text run's experiments, each saved as `DIR/NAME.json`, equal the JSON run's:
+/// the same seeds give the same numbers in another process.
 #[test]
-fn json_is_deterministic() {
-    let out = qkv(&["demo", "--json", "--no-report", "--quiet"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let again: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(again["report"], Value::Null, "--no-report writes no page");
-    assert_eq!(without_timings(again), without_timings(report().clone()));
+fn runs_are_deterministic() {
+    let (_, dir) = text_run();
+    let mut saved = serde_json::Map::new();
+    for name in EXPERIMENTS {
+        let text = std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap();
+        saved.insert(name.into(), serde_json::from_str(&text).unwrap());
+    }
+    let mut json_run = report().clone();
+    json_run["experiments"] = Value::Object(saved);
+    assert_eq!(without_timings(json_run), without_timings(report().clone()));
 }
 
 #[test]
 fn text_mode_shows_every_section() {
-    let dir = scratch("text");
-    let out = qkv(&["demo", "--out", dir.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let (text, dir) = text_run();
     for needle in ["Food delivery", "狗咬人", "人咬狗", "Scaling by √d_k"]
         .into_iter()
         .chain(EXPERIMENTS)
@@ -241,7 +233,6 @@ fn text_mode_shows_every_section() {
     }
     assert!(text.contains(&format!("Report: {}", dir.join("index.html").display())));
     assert!(dir.join("index.html").is_file() && dir.join("cross-2.svg").is_file());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
