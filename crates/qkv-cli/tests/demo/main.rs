@@ -178,7 +178,7 @@ fn the_report_holds_every_experiment_and_its_figures() {
 /// Everything but `parallel`'s measurements and the files' paths. Its seconds vary from
 /// run to run, and so, by a few tens of KB, does the extra memory it counts: a worker
 /// thread's first call allocates its scratch, and which worker takes which call is the
-/// scheduler's choice. (Its memory slopes are asserted in tests/experiment.rs.)
+/// scheduler's choice. (Its memory slopes are asserted in experiments.rs.)
 fn without_timings(mut v: Value) -> Value {
     let parallel = &mut v["experiments"]["parallel"];
     for key in ["verdict", "rule", "metrics"] {
