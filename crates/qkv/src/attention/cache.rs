@@ -5,8 +5,8 @@
 //!
 //! The rows are stored in f32 or, with [`KvDType::Bf16`], rounded to bf16: half the
 //! bytes that each decode step reads from the cache, which is what a step over a long
-//! context spends its time on. A decode step widens bf16 rows block by block inside the
-//! kernel; any other call (a prompt over the cache, weights asked for) widens the cache
+//! context spends its time on. A decode step's kernels read the bf16 rows in place,
+//! widening them in registers; any other call (a prompt over the cache, weights asked for) widens the cache
 //! to f32 first. Either way attention sees the rounded keys and values, so the result
 //! does not depend on which path ran.
 
@@ -18,6 +18,7 @@ use super::view::HeadsView;
 use crate::batch::{limit_positions, real_positions};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use crate::weights::bf16::convert::widen_rows;
 use crate::weights::bf16::{bf16_to_f32, f32_to_bf16};
 
 /// The number type a KV cache stores its rows in.
@@ -348,18 +349,17 @@ impl LayerKv {
     }
 }
 
-/// A bf16 view's elements widened into a contiguous f32 `[B, L, N, E]` tensor.
+/// A bf16 view's elements widened into a contiguous f32 `[B, L, N, E]` tensor (each
+/// batch row's positions are contiguous in the store: one row of L·N·E to widen).
 fn widen(view: &HeadsView<u16>) -> Tensor {
     let [b_n, len, heads, dim] = view.shape();
     let row = len * heads * dim;
-    let mut out = Vec::with_capacity(b_n * row);
-    for b in 0..b_n {
-        let start = view.offset(b, 0, 0);
-        out.extend(
-            view.data[start..start + row]
-                .iter()
-                .map(|&x| bf16_to_f32(x)),
-        );
+    let mut out = vec![0.0f32; b_n * row];
+    if row > 0 {
+        for (b, dst) in out.chunks_exact_mut(row).enumerate() {
+            let start = view.offset(b, 0, 0);
+            widen_rows(&view.data[start..start + row], row, row, dst);
+        }
     }
     Tensor::new(&[b_n, len, heads, dim], out).expect("the view's own shape")
 }
@@ -599,7 +599,7 @@ mod tests {
     }
 
     /// A bf16 cache attends as f32 attention over its keys and values rounded to bf16,
-    /// by the reference kernel: a decode step through the kernel that widens blocks, a
+    /// by the reference kernel: a decode step through the kernels that read bf16, a
     /// longer query (and a request for weights) through the widened cache; with
     /// grouped heads, two batch rows, padding, a causal mask and more than one split of
     /// keys (the decode kernel's 512).

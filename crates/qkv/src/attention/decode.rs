@@ -18,13 +18,12 @@
 
 use rayon::prelude::*;
 
-use super::micro::{self, MulAcc, SoftmaxRows, Strided};
+use super::micro::{self, DotsBf16, MulAcc, SoftmaxRows, Strided};
 use super::spec::Scorer;
 use super::view::HeadsView;
 use crate::ops::matmul::gemm_views;
 use crate::ops::{MatMut, MatRef};
 use crate::tensor::Tensor;
-use crate::weights::bf16::convert::widen_rows;
 
 /// Query rows up to this many take this path.
 pub(super) const MAX_ROWS: usize = 4;
@@ -42,14 +41,11 @@ struct Scratch {
     scores: Vec<f32>,
     /// [H/G] rescale factors of the accumulated output
     corr: Vec<f32>,
-    /// [KEY_BLOCK, D] and [KEY_BLOCK, Dv]: a bf16 cache's key and value rows, widened
-    keys: Vec<f32>,
-    values: Vec<f32>,
 }
 
-/// Keys or values as a decode step reads them: f32 in place, or a bf16 cache's bit
-/// patterns widened to f32 a block of keys at a time (a shift each, so exact). The
-/// cache's traffic is what halves; the arithmetic is the f32 kernel's.
+/// Keys or values as a decode step reads them, in place: f32, or a bf16 cache's bit
+/// patterns, which the kernels widen in the registers they load into (a shift each, so
+/// exact). The cache's traffic is what halves; the arithmetic is the f32 kernels'.
 #[derive(Clone, Copy)]
 pub(super) enum KvRows<'a> {
     F32(&'a HeadsView<'a>),
@@ -57,25 +53,6 @@ pub(super) enum KvRows<'a> {
 }
 
 impl KvRows<'_> {
-    /// Rows `j0..j0 + n` of head g in batch row b as f32: the data and the distance
-    /// between rows. f32 rows are read in place; bf16 ones are widened into `scratch`.
-    fn block<'s>(
-        &'s self,
-        (b, g): (usize, usize),
-        j0: usize,
-        n: usize,
-        scratch: &'s mut Vec<f32>,
-    ) -> (&'s [f32], usize) {
-        match self {
-            KvRows::F32(v) => (&v.data[v.offset(b, j0, g)..], v.pos_stride),
-            KvRows::Bf16(v) => {
-                scratch.resize(n * v.dim, 0.0);
-                widen_rows(&v.data[v.offset(b, j0, g)..], v.pos_stride, v.dim, scratch);
-                (scratch, v.dim)
-            }
-        }
-    }
-
     /// Asks for rows `keys` of head g in batch row b ahead of their use.
     fn prefetch(&self, (b, g): (usize, usize), keys: std::ops::Range<usize>) {
         match self {
@@ -196,29 +173,43 @@ fn one_split(
             let next = j0 + n..hi.min(j0 + n + KEY_BLOCK);
             k.prefetch((b, g), next.clone());
             v.prefetch((b, g), next);
-            let (keys, key_stride) = k.block((b, g), j0, n, &mut scratch.keys);
-            let (values, value_stride) = v.block((b, g), j0, n, &mut scratch.values);
             let scores = &mut scratch.scores[..hg * n];
-            // the group's H/G query vectors, a head stride apart in q: [H/G, D] against
-            // keys j0.. read in place as Kᵀ ([D, n], a key every position stride)
-            gemm_views(
-                MatMut::row_major(scores, hg, n),
-                MatRef {
-                    data: &q.data[q.offset(b, i, g * hg)..],
+            // the group's H/G query vectors, a head stride apart in q, against keys
+            // j0.. read in place
+            let q_rows = &q.data[q.offset(b, i, g * hg)..];
+            match k {
+                // as Kᵀ ([D, n], a key every position stride)
+                KvRows::F32(keys) => gemm_views(
+                    MatMut::row_major(scores, hg, n),
+                    MatRef {
+                        data: q_rows,
+                        rows: hg,
+                        cols: d,
+                        row_stride: q.head_stride,
+                        col_stride: 1,
+                    },
+                    MatRef {
+                        data: &keys.data[keys.offset(b, j0, g)..],
+                        rows: d,
+                        cols: n,
+                        row_stride: 1,
+                        col_stride: keys.pos_stride,
+                    },
+                    scorer.scale,
+                ),
+                KvRows::Bf16(keys) => kernels.dots_bf16(DotsBf16 {
+                    q: q_rows,
+                    q_stride: q.head_stride,
                     rows: hg,
-                    cols: d,
-                    row_stride: q.head_stride,
-                    col_stride: 1,
-                },
-                MatRef {
-                    data: keys,
-                    rows: d,
-                    cols: n,
-                    row_stride: 1,
-                    col_stride: key_stride,
-                },
-                scorer.scale,
-            );
+                    d,
+                    k: &keys.data[keys.offset(b, j0, g)..],
+                    k_stride: keys.pos_stride,
+                    n,
+                    scale: scorer.scale,
+                    out: scores,
+                    out_stride: n,
+                }),
+            }
             for (x, row) in scores.chunks_exact_mut(n).enumerate() {
                 match scorer.needs_row_pass() {
                     true => scorer.apply_row(b, g * hg + x, i, j0, row),
@@ -241,21 +232,36 @@ fn one_split(
             }
             // acc = corr·acc + P · V[j0..j0+n]: values read in place, a row every
             // position stride
-            kernels.mul_acc(MulAcc {
-                a: Strided {
-                    data: scores,
-                    row: n,
-                    col: 1,
-                },
-                m: hg,
-                k: n,
-                b: values,
-                b_stride: value_stride,
-                n: dv,
-                corr: Some(&scratch.corr),
-                acc: &mut acc[i * hg * dv..],
-                acc_stride: dv,
-            });
+            let p = Strided {
+                data: scores,
+                row: n,
+                col: 1,
+            };
+            let acc = &mut acc[i * hg * dv..];
+            match v {
+                KvRows::F32(values) => kernels.mul_acc(MulAcc {
+                    a: p,
+                    m: hg,
+                    k: n,
+                    b: &values.data[values.offset(b, j0, g)..],
+                    b_stride: values.pos_stride,
+                    n: dv,
+                    corr: Some(&scratch.corr),
+                    acc,
+                    acc_stride: dv,
+                }),
+                KvRows::Bf16(values) => kernels.mul_acc_bf16(MulAcc {
+                    a: p,
+                    m: hg,
+                    k: n,
+                    b: &values.data[values.offset(b, j0, g)..],
+                    b_stride: values.pos_stride,
+                    n: dv,
+                    corr: Some(&scratch.corr),
+                    acc,
+                    acc_stride: dv,
+                }),
+            }
         }
     }
 }

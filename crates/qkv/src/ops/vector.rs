@@ -50,6 +50,9 @@ pub trait Vector: Copy {
     unsafe fn bf16_low(self) -> Self;
     /// The high one as f32.
     unsafe fn bf16_high(self) -> Self;
+    /// `LANES` bf16 numbers from memory as f32 (each bit pattern shifted up 16: exact);
+    /// `p` valid for `LANES` of them.
+    unsafe fn load_bf16(p: *const u16) -> Self;
 }
 
 /// Lane-wise binary operations, each one intrinsic: `name: intrinsic`.
@@ -122,6 +125,11 @@ mod x86 {
         unsafe fn bf16_high(self) -> Self {
             _mm256_and_ps(self, _mm256_castsi256_ps(_mm256_set1_epi32(BF16_HIGH)))
         }
+        #[inline(always)]
+        unsafe fn load_bf16(p: *const u16) -> Self {
+            let words = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(words))
+        }
         one_intrinsic_each! { _mm256_setzero_ps, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_fmadd_ps, _mm256_mul_ps, _mm256_add_ps, _mm256_sub_ps, _mm256_max_ps, hsum, hmax }
         lane_wise! { div: _mm256_div_ps, min: _mm256_min_ps }
         #[inline(always)]
@@ -160,6 +168,11 @@ mod x86 {
         unsafe fn bf16_high(self) -> Self {
             let bits = _mm512_and_si512(_mm512_castps_si512(self), _mm512_set1_epi32(BF16_HIGH));
             _mm512_castsi512_ps(bits)
+        }
+        #[inline(always)]
+        unsafe fn load_bf16(p: *const u16) -> Self {
+            let words = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(words))
         }
         one_intrinsic_each! { _mm512_setzero_ps, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_fmadd_ps, _mm512_mul_ps, _mm512_add_ps, _mm512_sub_ps, _mm512_max_ps, _mm512_reduce_add_ps, _mm512_reduce_max_ps }
         lane_wise! { div: _mm512_div_ps, min: _mm512_min_ps }

@@ -3,7 +3,7 @@
 
 use crate::ops::vector::Isa;
 
-use super::operands::{MulAcc, Scores, SoftmaxRows, PANEL};
+use super::operands::{DotsBf16, MulAcc, Scores, SoftmaxRows, PANEL};
 use super::portable;
 #[cfg(target_arch = "x86_64")]
 use super::x86;
@@ -63,6 +63,31 @@ impl Kernels {
         dispatch!(self.isa, mul_acc(t))
     }
 
+    /// [`Kernels::mul_acc`] with B in bf16 (a KV cache's values, read in place).
+    pub(crate) fn mul_acc_bf16(&self, t: MulAcc<u16>) {
+        if t.m == 0 || t.k == 0 || t.n == 0 {
+            portable::mul_acc(MulAcc { k: 0, ..t });
+            return;
+        }
+        assert!(t.a.data.len() > (t.m - 1) * t.a.row + (t.k - 1) * t.a.col);
+        assert!(t.b.len() >= (t.k - 1) * t.b_stride + t.n);
+        assert!(t.acc.len() >= (t.m - 1) * t.acc_stride + t.n);
+        assert!(t.corr.is_none_or(|c| c.len() >= t.m));
+        dispatch!(self.isa, mul_acc_bf16(t))
+    }
+
+    /// `out[r·out_stride + j] = scale · Σ_e q[r·q_stride + e] · bf16(k[j·k_stride + e])`
+    /// for r < rows, j < n, e < d: a decode step's scores against a bf16 cache.
+    pub(crate) fn dots_bf16(&self, t: DotsBf16) {
+        if t.rows == 0 || t.n == 0 {
+            return;
+        }
+        assert!(t.q.len() >= (t.rows - 1) * t.q_stride + t.d);
+        assert!(t.k.len() >= (t.n - 1) * t.k_stride + t.d);
+        assert!(t.out.len() >= (t.rows - 1) * t.out_stride + t.n);
+        dispatch!(self.isa, dots_bf16(t))
+    }
+
     /// One online-softmax step for each of `rows` rows of scores (row r is
     /// `tile[r·stride..r·stride + cols]`, −∞ where masked), with running maxima `m` and sums
     /// `l`: m' = max(m, max row), row ← exp(row − m'), l ← l·exp(m − m') + Σ row, m ← m'.
@@ -96,6 +121,7 @@ mod tests {
     use crate::ops::matmul::pack_panels;
     use crate::ops::MatRef;
     use crate::rng::Rng;
+    use crate::weights::bf16::{bf16_to_f32, f32_to_bf16};
 
     /// Every form of each kernel against sums in f64, on shapes that leave partial
     /// register tiles, partial panels and partial vectors. Rows past the last whole
@@ -177,6 +203,107 @@ mod tests {
                         &format!("{:?} scores {rows}x{cols}x{d}", kernels.isa),
                     );
                 }
+            });
+        }
+    }
+
+    /// bf16 keys read in place: each form against dot products in f64 of the widened
+    /// values.
+    #[test]
+    fn bf16_dots_equal_plain_dot_products() {
+        let mut rng = Rng::new(4);
+        for (rows, n, d) in SHAPES {
+            let (q_stride, k_stride, out_stride) = (d + 3, d + 5, n + 2);
+            let q = rng.normals(rows * q_stride, 1.0);
+            let k: Vec<u16> = rng
+                .normals(n * k_stride, 1.0)
+                .into_iter()
+                .map(f32_to_bf16)
+                .collect();
+            let scale = 0.3;
+            let mut want = vec![0.0f64; rows * out_stride];
+            for r in 0..rows {
+                for j in 0..n {
+                    let dot: f64 = (0..d)
+                        .map(|e| {
+                            q[r * q_stride + e] as f64 * bf16_to_f32(k[j * k_stride + e]) as f64
+                        })
+                        .sum();
+                    want[r * out_stride + j] = scale as f64 * dot;
+                }
+            }
+            every_form(|kernels| {
+                let mut out = vec![0.0f32; rows * out_stride];
+                kernels.dots_bf16(DotsBf16 {
+                    q: &q,
+                    q_stride,
+                    rows,
+                    d,
+                    k: &k,
+                    k_stride,
+                    n,
+                    scale,
+                    out: &mut out,
+                    out_stride,
+                });
+                for r in 0..rows {
+                    let span = r * out_stride..r * out_stride + n;
+                    close(
+                        &out[span.clone()],
+                        &want[span],
+                        &format!("{:?} dots_bf16 {rows}x{n}x{d}", kernels.isa),
+                    );
+                }
+            });
+        }
+    }
+
+    /// B in bf16, widened in registers, gives the f32 product of the widened values bit
+    /// for bit (the widening is exact and the arithmetic the same), in each form.
+    #[test]
+    fn bf16_mul_acc_equals_the_f32_product_of_the_widened_values() {
+        let mut rng = Rng::new(5);
+        for (m, k, n) in SHAPES {
+            let a = rng.normals(m * k, 1.0);
+            let b_stride = n + 5;
+            let b16: Vec<u16> = rng
+                .normals(k * b_stride, 1.0)
+                .into_iter()
+                .map(f32_to_bf16)
+                .collect();
+            let wide: Vec<f32> = b16.iter().map(|&x| bf16_to_f32(x)).collect();
+            let acc0 = rng.normals(m * n, 1.0);
+            let corr: Vec<f32> = (0..m).map(|x| 0.5 + x as f32 * 0.1).collect();
+            let a = Strided {
+                data: &a,
+                row: k,
+                col: 1,
+            };
+            every_form(|kernels| {
+                let (mut got, mut want) = (acc0.clone(), acc0.clone());
+                kernels.mul_acc_bf16(MulAcc {
+                    a,
+                    m,
+                    k,
+                    b: &b16,
+                    b_stride,
+                    n,
+                    corr: Some(&corr),
+                    acc: &mut got,
+                    acc_stride: n,
+                });
+                kernels.mul_acc(MulAcc {
+                    a,
+                    m,
+                    k,
+                    b: &wide,
+                    b_stride,
+                    n,
+                    corr: Some(&corr),
+                    acc: &mut want,
+                    acc_stride: n,
+                });
+                assert_eq!(got, want, "{:?} mul_acc_bf16 {m}x{k}x{n}", kernels.isa);
             });
         }
     }

@@ -27,4 +27,4 @@ mod portable;
 mod x86;
 
 pub(crate) use kernels::Kernels;
-pub(crate) use operands::{MulAcc, Scores, SoftmaxRows, Strided, PANEL};
+pub(crate) use operands::{DotsBf16, MulAcc, Scores, SoftmaxRows, Strided, PANEL};

@@ -31,20 +31,58 @@ pub(crate) struct Scores<'a> {
     pub out_stride: usize,
 }
 
+/// What B's elements are stored as: f32, or bf16 bit patterns (a KV cache in bf16),
+/// whose f32 value is the pattern shifted up 16 bits.
+pub(crate) trait Element: Copy {
+    fn value(self) -> f32;
+}
+
+impl Element for f32 {
+    fn value(self) -> f32 {
+        self
+    }
+}
+
+impl Element for u16 {
+    fn value(self) -> f32 {
+        crate::weights::bf16::bf16_to_f32(self)
+    }
+}
+
 /// The operands of [`Kernels::mul_acc`]: A `[m, k]` (strided), B `[k, n]` (rows
-/// `b_stride` apart), acc `[m, n]` (rows `acc_stride` apart) and the rows' factors.
+/// `b_stride` apart; f32, or bf16 for [`Kernels::mul_acc_bf16`]), acc `[m, n]` (rows
+/// `acc_stride` apart) and the rows' factors.
 ///
 /// [`Kernels::mul_acc`]: super::kernels::Kernels::mul_acc
-pub(crate) struct MulAcc<'a> {
+/// [`Kernels::mul_acc_bf16`]: super::kernels::Kernels::mul_acc_bf16
+pub(crate) struct MulAcc<'a, B = f32> {
     pub a: Strided<'a>,
     pub m: usize,
     pub k: usize,
-    pub b: &'a [f32],
+    pub b: &'a [B],
     pub b_stride: usize,
     pub n: usize,
     pub corr: Option<&'a [f32]>,
     pub acc: &'a mut [f32],
     pub acc_stride: usize,
+}
+
+/// The operands of [`Kernels::dots_bf16`]: `rows` query rows (`q_stride` apart, `d`
+/// wide) against `n` keys stored as bf16 (`k_stride` apart, read in place): out
+/// `[rows, n]` (rows `out_stride` apart) = scale · q · kᵀ.
+///
+/// [`Kernels::dots_bf16`]: super::kernels::Kernels::dots_bf16
+pub(crate) struct DotsBf16<'a> {
+    pub q: &'a [f32],
+    pub q_stride: usize,
+    pub rows: usize,
+    pub d: usize,
+    pub k: &'a [u16],
+    pub k_stride: usize,
+    pub n: usize,
+    pub scale: f32,
+    pub out: &'a mut [f32],
+    pub out_stride: usize,
 }
 
 /// The operands of [`Kernels::softmax_rows`]: `rows` rows of `cols` scores, `stride`

@@ -6,7 +6,7 @@
 
 use crate::ops::softmax::exp_shifted_sum;
 
-use super::operands::{MulAcc, Scores, SoftmaxRows, PANEL};
+use super::operands::{DotsBf16, Element, MulAcc, Scores, SoftmaxRows, PANEL};
 
 /// The factor exp(m − m') that moves a row's sums from running max m to m'; 1 for a
 /// row with nothing visible yet (both −∞).
@@ -36,7 +36,22 @@ pub(super) fn scores(s: Scores) {
     }
 }
 
-pub(super) fn mul_acc(t: MulAcc) {
+pub(super) fn dots_bf16(t: DotsBf16) {
+    for r in 0..t.rows {
+        let qr = &t.q[r * t.q_stride..r * t.q_stride + t.d];
+        for j in 0..t.n {
+            let key = &t.k[j * t.k_stride..j * t.k_stride + t.d];
+            let dot: f32 = qr.iter().zip(key).map(|(&x, &k)| x * k.value()).sum();
+            t.out[r * t.out_stride + j] = t.scale * dot;
+        }
+    }
+}
+
+pub(super) fn mul_acc_bf16(t: MulAcc<u16>) {
+    mul_acc(t)
+}
+
+pub(super) fn mul_acc<B: Element>(t: MulAcc<B>) {
     let (n, a) = (t.n, t.a);
     for x in 0..t.m {
         let row = &mut t.acc[x * t.acc_stride..x * t.acc_stride + n];
@@ -46,7 +61,7 @@ pub(super) fn mul_acc(t: MulAcc) {
             let w = a.data[x * a.row + y * a.col];
             let b = &t.b[y * t.b_stride..y * t.b_stride + n];
             for (v, &bv) in row.iter_mut().zip(b) {
-                *v += w * bv;
+                *v += w * bv.value();
             }
         }
     }

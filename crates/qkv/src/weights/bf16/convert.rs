@@ -87,10 +87,9 @@ fn pairs_body(src: &[f32], dst: &mut [u32]) {
 }
 
 /// Widens rows of bf16 into f32: row r of `dst` (`dst.len() / dim` rows of `dim`) is
-/// `src[r·stride..][..dim]`. A KV cache's block of key rows, each `dim` wide inside a
-/// `[S, G, D]` store, read once per decode step: compiled per ISA so that the shifts
-/// run 16 or 8 lanes wide (the plain loop ran at a few elements a cycle and cost more
-/// than the bytes it saved).
+/// `src[r·stride..][..dim]`. A bf16 KV cache widened for a call that is not a decode
+/// step (a prompt's chunk over the cache, weights asked for): compiled per ISA so that
+/// the shifts run 16 or 8 lanes wide (the plain loop runs at a few elements a cycle).
 pub fn widen_rows(src: &[u16], stride: usize, dim: usize, dst: &mut [f32]) {
     assert!(dim > 0 && dst.len().is_multiple_of(dim));
     let rows = dst.len() / dim;

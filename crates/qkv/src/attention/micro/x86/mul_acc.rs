@@ -1,13 +1,44 @@
 //! The product tile, acc = corr·acc + A·B (P·V forward; Pᵀ·dO, dSᵀ·Q and dS·K
 //! backward): A read through strides, B in place, 6 or 8 rows × one or two vectors of
-//! output columns in registers.
+//! output columns in registers. B in f32, or in bf16 (a KV cache's values), widened in
+//! the registers it is loaded into.
 
 use crate::ops::vector::Vector;
 
-use super::super::operands::MulAcc;
+use super::super::operands::{Element, MulAcc};
+
+/// An [`Element`] as a vector loads it.
+pub(super) trait Load: Element {
+    /// `LANES` elements from `p` as f32.
+    unsafe fn load<V: Vector>(p: *const Self) -> V;
+}
+
+impl Load for f32 {
+    #[inline(always)]
+    unsafe fn load<V: Vector>(p: *const f32) -> V {
+        V::load(p)
+    }
+}
+
+impl Load for u16 {
+    #[inline(always)]
+    unsafe fn load<V: Vector>(p: *const u16) -> V {
+        V::load_bf16(p)
+    }
+}
 
 #[inline(always)]
 pub(super) unsafe fn mul_acc<V: Vector, const R: usize>(t: MulAcc) {
+    product::<V, R, f32>(t)
+}
+
+#[inline(always)]
+pub(super) unsafe fn mul_acc_bf16<V: Vector, const R: usize>(t: MulAcc<u16>) {
+    product::<V, R, u16>(t)
+}
+
+#[inline(always)]
+unsafe fn product<V: Vector, const R: usize, B: Load>(t: MulAcc<B>) {
     let (m, k, n) = (t.m, t.k, t.n);
     let (b_stride, acc_stride) = (t.b_stride, t.acc_stride);
     let MulAcc {
@@ -39,9 +70,9 @@ pub(super) unsafe fn mul_acc<V: Vector, const R: usize>(t: MulAcc) {
             };
             let (c, out) = (c_of(x0), cp.add(x0 * acc_stride + e0));
             if two {
-                tile::<V, R, 2>(&args, c, out, acc_stride);
+                tile::<V, R, 2, B>(&args, c, out, acc_stride);
             } else {
-                tile::<V, R, 1>(&args, c, out, acc_stride);
+                tile::<V, R, 1, B>(&args, c, out, acc_stride);
             }
         }
         e0 += if two { 2 * lanes } else { lanes };
@@ -57,13 +88,13 @@ pub(super) unsafe fn mul_acc<V: Vector, const R: usize>(t: MulAcc) {
     let (c, out) = (c_of(full), cp.add(full * acc_stride));
     match m - full {
         0 => {}
-        1 => tile_rows::<V, 1>(&args, n, c, out, acc_stride),
-        2 => tile_rows::<V, 2>(&args, n, c, out, acc_stride),
-        3 => tile_rows::<V, 3>(&args, n, c, out, acc_stride),
-        4 => tile_rows::<V, 4>(&args, n, c, out, acc_stride),
-        5 => tile_rows::<V, 5>(&args, n, c, out, acc_stride),
-        6 => tile_rows::<V, 6>(&args, n, c, out, acc_stride),
-        _ => tile_rows::<V, 7>(&args, n, c, out, acc_stride),
+        1 => tile_rows::<V, 1, B>(&args, n, c, out, acc_stride),
+        2 => tile_rows::<V, 2, B>(&args, n, c, out, acc_stride),
+        3 => tile_rows::<V, 3, B>(&args, n, c, out, acc_stride),
+        4 => tile_rows::<V, 4, B>(&args, n, c, out, acc_stride),
+        5 => tile_rows::<V, 5, B>(&args, n, c, out, acc_stride),
+        6 => tile_rows::<V, 6, B>(&args, n, c, out, acc_stride),
+        _ => tile_rows::<V, 7, B>(&args, n, c, out, acc_stride),
     }
     // columns past the last whole vector, one at a time
     for x in 0..m {
@@ -71,7 +102,7 @@ pub(super) unsafe fn mul_acc<V: Vector, const R: usize>(t: MulAcc) {
         for e in e0..n {
             let mut v = acc[x * acc_stride + e] * c;
             for y in 0..k {
-                v += a.data[x * a.row + y * a.col] * b[y * b_stride + e];
+                v += a.data[x * a.row + y * a.col] * b[y * b_stride + e].value();
             }
             acc[x * acc_stride + e] = v;
         }
@@ -81,8 +112,8 @@ pub(super) unsafe fn mul_acc<V: Vector, const R: usize>(t: MulAcc) {
 /// NR < R rows (the block's last) over the whole vectors of n columns (`t.b` at column 0), four
 /// vectors a step under 4 rows for the same reason as `qk_rows` (scores.rs).
 #[inline(always)]
-unsafe fn tile_rows<V: Vector, const NR: usize>(
-    t: &Tile,
+unsafe fn tile_rows<V: Vector, const NR: usize, B: Load>(
+    t: &Tile<B>,
     n: usize,
     corr: &[f32],
     acc: *mut f32,
@@ -102,29 +133,37 @@ unsafe fn tile_rows<V: Vector, const NR: usize>(
             ..*t
         };
         match vectors {
-            4 => tile::<V, NR, 4>(&at, corr, acc.add(e0), acc_stride),
-            2 => tile::<V, NR, 2>(&at, corr, acc.add(e0), acc_stride),
-            _ => tile::<V, NR, 1>(&at, corr, acc.add(e0), acc_stride),
+            4 => tile::<V, NR, 4, B>(&at, corr, acc.add(e0), acc_stride),
+            2 => tile::<V, NR, 2, B>(&at, corr, acc.add(e0), acc_stride),
+            _ => tile::<V, NR, 1, B>(&at, corr, acc.add(e0), acc_stride),
         }
         e0 += vectors * lanes;
     }
 }
 
 /// The operands of one register tile (see [`tile`]).
-#[derive(Clone, Copy)]
-struct Tile {
+struct Tile<B> {
     a: *const f32,
     a_row: usize,
     a_col: usize,
     k: usize,
-    b: *const f32,
+    b: *const B,
     b_stride: usize,
 }
 
+// by hand: a derive would ask B: Copy of the pointer's target
+impl<B> Clone for Tile<B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B> Copy for Tile<B> {}
+
 /// NR rows × NV vectors of columns of acc = c·acc + A·B.
 #[inline(always)]
-unsafe fn tile<V: Vector, const NR: usize, const NV: usize>(
-    t: &Tile,
+unsafe fn tile<V: Vector, const NR: usize, const NV: usize, B: Load>(
+    t: &Tile<B>,
     corr: &[f32],
     acc: *mut f32,
     acc_stride: usize,
@@ -145,7 +184,7 @@ unsafe fn tile<V: Vector, const NR: usize, const NV: usize>(
     for y in 0..t.k {
         let mut bv = [V::zero(); NV];
         for (u, v) in bv.iter_mut().enumerate() {
-            *v = V::load(t.b.add(y * t.b_stride + u * lanes));
+            *v = B::load::<V>(t.b.add(y * t.b_stride + u * lanes));
         }
         let step = y * t.a_col;
         for (row, a) in regs.iter_mut().zip(&a_rows) {
