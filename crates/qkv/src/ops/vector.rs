@@ -32,6 +32,10 @@ pub trait Vector: Copy {
     unsafe fn max(self, b: Self) -> Self;
     /// e^x per lane, within 1 ulp (see [`super::simd`]).
     unsafe fn exp(self) -> Self;
+    /// e^x per lane for x ≤ 0 (a softmax's score minus its row's max), through 2^(x·log₂e):
+    /// fewer operations than [`Vector::exp`], within 1 ulp plus |x|·2⁻²⁴ relative (see
+    /// [`super::simd`]); exactly 0 below −87.3.
+    unsafe fn exp_nonpositive(self) -> Self;
     /// Sum of the lanes.
     unsafe fn sum(self) -> f32;
     /// Largest lane.
@@ -109,7 +113,7 @@ macro_rules! one_intrinsic_each {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::Vector;
-    use crate::ops::simd::x86::{exp8, hmax, hsum};
+    use crate::ops::simd::x86::{exp8, exp_nonpositive8, hmax, hsum, EXP2_POLY};
     use std::arch::x86_64::*;
 
     /// The bits of a lane's high bf16 half.
@@ -155,6 +159,10 @@ mod x86 {
         #[inline(always)]
         unsafe fn exp(self) -> Self {
             exp8(self)
+        }
+        #[inline(always)]
+        unsafe fn exp_nonpositive(self) -> Self {
+            exp_nonpositive8(self)
         }
     }
 
@@ -237,6 +245,23 @@ mod x86 {
             let kept = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(-87.3));
             _mm512_maskz_scalef_ps(kept, e_r, n)
         }
+        /// [`exp_nonpositive8`]'s steps on 16 lanes, 2ⁿ applied by `vscalefps` (exact on
+        /// the normal results both keep), so both widths give identical values.
+        #[inline(always)]
+        unsafe fn exp_nonpositive(self) -> Self {
+            let t = _mm512_max_ps(
+                _mm512_set1_ps(-126.0),
+                _mm512_mul_ps(self, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+            );
+            let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+            let f = _mm512_sub_ps(t, n);
+            let mut p = _mm512_set1_ps(EXP2_POLY[6]);
+            for c in EXP2_POLY[..6].iter().rev() {
+                p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(*c));
+            }
+            let kept = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(self, _mm512_set1_ps(-87.3));
+            _mm512_maskz_scalef_ps(kept, p, n)
+        }
     }
 
     #[cfg(test)]
@@ -244,23 +269,23 @@ mod x86 {
         use super::super::{Isa, Vector};
         use std::arch::x86_64::*;
 
-        #[target_feature(enable = "avx512f")]
-        unsafe fn exp16(x: &[f32; 16]) -> [f32; 16] {
-            let mut out = [0.0; 16];
-            __m512::load(x.as_ptr()).exp().store(out.as_mut_ptr());
-            out
+        /// `f` (an `exp` of the trait) on 16 lanes, and on two halves of 8.
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        unsafe fn both_widths(
+            x: &[f32; 16],
+            f: (unsafe fn(__m512) -> __m512, unsafe fn(__m256) -> __m256),
+        ) -> ([f32; 16], [f32; 16]) {
+            let (mut wide, mut halves) = ([0.0; 16], [0.0; 16]);
+            f.0(__m512::load(x.as_ptr())).store(wide.as_mut_ptr());
+            for h in 0..2 {
+                f.1(__m256::load(x.as_ptr().add(8 * h))).store(halves.as_mut_ptr().add(8 * h));
+            }
+            (wide, halves)
         }
 
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn exp8(x: &[f32; 8]) -> [f32; 8] {
-            let mut out = [0.0; 8];
-            __m256::load(x.as_ptr()).exp().store(out.as_mut_ptr());
-            out
-        }
-
-        /// The 16-lane exp gives bit for bit the 8-lane one (which the tests in
-        /// `simd` hold within 1 ulp of e^x) over every 97th f32 of [−100, 100], and the
-        /// edges −∞, NaN and ±0.
+        /// The 16-lane exps give bit for bit the 8-lane ones (which the tests in
+        /// `simd` hold to e^x) over every 97th f32 of [−100, 100], and the edges −∞,
+        /// NaN and ±0.
         #[test]
         fn exp16_equals_exp8_bit_for_bit() {
             if Isa::detect() != Isa::Avx512 {
@@ -274,22 +299,36 @@ mod x86 {
                 .collect();
             xs.extend([f32::NEG_INFINITY, f32::NAN, 0.0, -0.0, -87.3, 88.0]);
             xs.resize(xs.len().next_multiple_of(16), 1.0);
-            for chunk in xs.chunks_exact(16) {
-                let wide: &[f32; 16] = chunk.try_into().expect("16 lanes");
-                // SAFETY: AVX-512 detected above (and with it AVX2 and FMA).
-                let (got, lo, hi) = unsafe {
+            type Pair = (unsafe fn(__m512) -> __m512, unsafe fn(__m256) -> __m256);
+            let exps: [(&str, Pair, f32); 2] = [
+                (
+                    "exp",
+                    (<__m512 as Vector>::exp, <__m256 as Vector>::exp),
+                    100.0,
+                ),
+                // defined for x ≤ 0 only
+                (
+                    "exp_nonpositive",
                     (
-                        exp16(wide),
-                        exp8(chunk[..8].try_into().expect("8")),
-                        exp8(chunk[8..].try_into().expect("8")),
-                    )
-                };
-                for (i, (g, w)) in got.iter().zip(lo.iter().chain(&hi)).enumerate() {
-                    assert!(
-                        g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
-                        "exp({:e}): {g:e} against {w:e}",
-                        chunk[i]
-                    );
+                        <__m512 as Vector>::exp_nonpositive,
+                        <__m256 as Vector>::exp_nonpositive,
+                    ),
+                    0.0,
+                ),
+            ];
+            for (name, f, top) in exps {
+                for chunk in xs.chunks_exact(16) {
+                    let wide: [f32; 16] = chunk.try_into().expect("16 lanes");
+                    let wide = wide.map(|x| if x > top { top } else { x });
+                    // SAFETY: AVX-512 detected above (and with it AVX2 and FMA).
+                    let (got, want) = unsafe { both_widths(&wide, f) };
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                            "{name}({:e}): {g:e} against {w:e}",
+                            wide[i]
+                        );
+                    }
                 }
             }
         }
