@@ -269,12 +269,12 @@ mod x86 {
         use super::super::{Isa, Vector};
         use std::arch::x86_64::*;
 
-        /// `f` (an `exp` of the trait) on 16 lanes, and on two halves of 8.
+        /// One of the trait's exps at both widths.
+        type Pair = (unsafe fn(__m512) -> __m512, unsafe fn(__m256) -> __m256);
+
+        /// `f` on 16 lanes, and on two halves of 8.
         #[target_feature(enable = "avx512f,avx2,fma")]
-        unsafe fn both_widths(
-            x: &[f32; 16],
-            f: (unsafe fn(__m512) -> __m512, unsafe fn(__m256) -> __m256),
-        ) -> ([f32; 16], [f32; 16]) {
+        unsafe fn both_widths(x: &[f32; 16], f: Pair) -> ([f32; 16], [f32; 16]) {
             let (mut wide, mut halves) = ([0.0; 16], [0.0; 16]);
             f.0(__m512::load(x.as_ptr())).store(wide.as_mut_ptr());
             for h in 0..2 {
@@ -299,7 +299,6 @@ mod x86 {
                 .collect();
             xs.extend([f32::NEG_INFINITY, f32::NAN, 0.0, -0.0, -87.3, 88.0]);
             xs.resize(xs.len().next_multiple_of(16), 1.0);
-            type Pair = (unsafe fn(__m512) -> __m512, unsafe fn(__m256) -> __m256);
             let exps: [(&str, Pair, f32); 2] = [
                 (
                     "exp",
