@@ -2,27 +2,15 @@
 //! measures all-MiniLM-L6-v2 given with `--model`, and refuses what it cannot run. (The
 //! quick experiments' numbers: tests/demo, which runs each of them once.)
 
+mod common;
 #[path = "common/experiment_checks.rs"]
 mod experiment_checks;
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
+use common::{qkv, scratch};
 use experiment_checks::{attribution_verdict, check_contract, precision_types};
 use serde_json::Value;
-
-fn qkv(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_qkv"))
-        .args(args)
-        .output()
-        .expect("the qkv binary runs")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("qkv-experiment-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
 
 /// Runs `qkv experiment NAME --quick --json` into a fresh folder; returns the report
 /// and the folder.

@@ -3,28 +3,17 @@
 //! its experiments (`experiments.rs`), the report it writes, and that the two runs agree.
 //! (That the report renders in a browser is `tests/report.rs`.)
 
+#[path = "../common/mod.rs"]
+mod common;
 #[path = "../common/experiment_checks.rs"]
 mod experiment_checks;
 mod experiments;
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+use common::{qkv, scratch};
 use serde_json::Value;
-
-fn qkv(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_qkv"))
-        .args(args)
-        .output()
-        .expect("the qkv binary runs")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("qkv-demo-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
 
 /// The names `--json` keys its experiments by, exactly.
 const EXPERIMENTS: [&str; 10] = [
