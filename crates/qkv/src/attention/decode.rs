@@ -238,29 +238,24 @@ fn one_split(
                 col: 1,
             };
             let acc = &mut acc[i * hg * dv..];
+            let rows = (hg, n);
             match v {
-                KvRows::F32(values) => kernels.mul_acc(MulAcc {
-                    a: p,
-                    m: hg,
-                    k: n,
-                    b: &values.data[values.offset(b, j0, g)..],
-                    b_stride: values.pos_stride,
-                    n: dv,
-                    corr: Some(&scratch.corr),
+                KvRows::F32(values) => kernels.mul_acc(p_times_values(
+                    p,
+                    values,
+                    (b, g, j0),
+                    rows,
+                    &scratch.corr,
                     acc,
-                    acc_stride: dv,
-                }),
-                KvRows::Bf16(values) => kernels.mul_acc_bf16(MulAcc {
-                    a: p,
-                    m: hg,
-                    k: n,
-                    b: &values.data[values.offset(b, j0, g)..],
-                    b_stride: values.pos_stride,
-                    n: dv,
-                    corr: Some(&scratch.corr),
+                )),
+                KvRows::Bf16(values) => kernels.mul_acc_bf16(p_times_values(
+                    p,
+                    values,
+                    (b, g, j0),
+                    rows,
+                    &scratch.corr,
                     acc,
-                    acc_stride: dv,
-                }),
+                )),
             }
         }
     }
@@ -289,4 +284,28 @@ fn prefetch_rows<T>(data: &[T], start: usize, rows: usize, stride: usize, len: u
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (data, start, rows, stride, len);
+}
+
+/// The operands of acc = corr·acc + P · V for `rows` = (hg query rows, n keys): values
+/// from key j0 of head g in batch row b, read in place (a row every position stride),
+/// f32 or a bf16 cache's bit patterns.
+fn p_times_values<'a, T>(
+    p: Strided<'a>,
+    values: &HeadsView<'a, T>,
+    (b, g, j0): (usize, usize, usize),
+    (hg, n): (usize, usize),
+    corr: &'a [f32],
+    acc: &'a mut [f32],
+) -> MulAcc<'a, T> {
+    MulAcc {
+        a: p,
+        m: hg,
+        k: n,
+        b: &values.data[values.offset(b, j0, g)..],
+        b_stride: values.pos_stride,
+        n: values.dim,
+        corr: Some(corr),
+        acc,
+        acc_stride: values.dim,
+    }
 }

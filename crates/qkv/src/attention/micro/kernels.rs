@@ -51,28 +51,22 @@ impl Kernels {
     /// for x < m, y < k, e < n, with c_x = `corr[x]` (1 without `corr`): P·V in the
     /// forward, and Pᵀ·dO, dSᵀ·Q and dS·K in the backward.
     pub(crate) fn mul_acc(&self, t: MulAcc) {
-        if t.m == 0 || t.k == 0 || t.n == 0 {
-            // nothing to add; the rows still take their correction
+        if t.adds_nothing() {
+            // the rows still take their correction
             portable::mul_acc(MulAcc { k: 0, ..t });
             return;
         }
-        assert!(t.a.data.len() > (t.m - 1) * t.a.row + (t.k - 1) * t.a.col);
-        assert!(t.b.len() >= (t.k - 1) * t.b_stride + t.n);
-        assert!(t.acc.len() >= (t.m - 1) * t.acc_stride + t.n);
-        assert!(t.corr.is_none_or(|c| c.len() >= t.m));
+        t.check_lengths();
         dispatch!(self.isa, mul_acc(t))
     }
 
     /// [`Kernels::mul_acc`] with B in bf16 (a KV cache's values, read in place).
     pub(crate) fn mul_acc_bf16(&self, t: MulAcc<u16>) {
-        if t.m == 0 || t.k == 0 || t.n == 0 {
+        if t.adds_nothing() {
             portable::mul_acc(MulAcc { k: 0, ..t });
             return;
         }
-        assert!(t.a.data.len() > (t.m - 1) * t.a.row + (t.k - 1) * t.a.col);
-        assert!(t.b.len() >= (t.k - 1) * t.b_stride + t.n);
-        assert!(t.acc.len() >= (t.m - 1) * t.acc_stride + t.n);
-        assert!(t.corr.is_none_or(|c| c.len() >= t.m));
+        t.check_lengths();
         dispatch!(self.isa, mul_acc_bf16(t))
     }
 

@@ -67,6 +67,22 @@ pub(crate) struct MulAcc<'a, B = f32> {
     pub acc_stride: usize,
 }
 
+impl<B> MulAcc<'_, B> {
+    /// Whether there is nothing to add (the rows still take their correction).
+    pub fn adds_nothing(&self) -> bool {
+        self.m == 0 || self.k == 0 || self.n == 0
+    }
+
+    /// Panics unless every operand holds the rows and columns the sizes name (the
+    /// kernels read them through raw pointers); for operands that add something.
+    pub fn check_lengths(&self) {
+        assert!(self.a.data.len() > (self.m - 1) * self.a.row + (self.k - 1) * self.a.col);
+        assert!(self.b.len() >= (self.k - 1) * self.b_stride + self.n);
+        assert!(self.acc.len() >= (self.m - 1) * self.acc_stride + self.n);
+        assert!(self.corr.is_none_or(|c| c.len() >= self.m));
+    }
+}
+
 /// The operands of [`Kernels::dots_bf16`]: `rows` query rows (`q_stride` apart, `d`
 /// wide) against `n` keys stored as bf16 (`k_stride` apart, read in place): out
 /// `[rows, n]` (rows `out_stride` apart) = scale · q · kᵀ.
