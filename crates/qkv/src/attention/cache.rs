@@ -1,7 +1,13 @@
-//! The KV cache for incremental decoding: per layer, keys `[B, cap, G, D]` and values
-//! `[B, cap, G, Dv]` with `len ≤ cap` positions in use. Capacity doubles when full, so
+//! The KV cache for incremental decoding: per layer, keys `[B, G, cap, D]` and values
+//! `[B, G, cap, Dv]` with `len ≤ cap` positions in use. Capacity doubles when full, so
 //! a step copies only its own new rows (the whole cache moves only on the rare growth).
 //! Attention reads the first `len` positions in place through [`HeadsView`].
+//!
+//! Heads-major, because a decode step's task reads one key head over a run of
+//! positions: here that run is one contiguous block (512 keys of a 128-wide head:
+//! 256 KiB in f32), where positions-major (`[B, cap, G, D]`, the model's own order)
+//! scattered it over 512 rows G·D apart, a few lines of each page. Measured on a
+//! 2-vCPU Zen 3 (docs/speed.md, "KV cache heads-major"): decode steps 1.1–1.5×.
 //!
 //! The rows are stored in f32 or, with [`KvDType::Bf16`], rounded to bf16: half the
 //! bytes that each decode step reads from the cache, which is what a step over a long
@@ -111,8 +117,8 @@ impl Rows {
 
     /// Writes f32 `src` at `dst`, rounded for a bf16 store. `src` was checked finite;
     /// a value beyond bf16's range (|x| > 3.39e38) would round to infinity, so it is
-    /// refused as `name`.
-    fn write(&mut self, dst: usize, src: &[f32], name: &str) -> Result<()> {
+    /// refused as `name`, `first` being `src[0]`'s index among the new rows.
+    fn write(&mut self, dst: usize, src: &[f32], (name, first): (&str, usize)) -> Result<()> {
         match self {
             Rows::F32(d) => d[dst..dst + src.len()].copy_from_slice(src),
             Rows::Bf16(d) => {
@@ -121,7 +127,10 @@ impl Rows {
                     if !bf16_to_f32(*out).is_finite() {
                         return Err(Error::invalid(
                             name,
-                            format!("element {i} of the new rows, {x}, is beyond bf16's range"),
+                            format!(
+                                "element {} of the new rows, {x}, is beyond bf16's range",
+                                first + i
+                            ),
                         ));
                     }
                 }
@@ -191,28 +200,42 @@ impl LayerKv {
         if self.len + t > self.cap {
             self.grow((self.len + t).max(2 * self.cap).max(16));
         }
-        let (rk, rv) = (g * self.dk, g * self.dv);
-        for bi in 0..b {
-            let dst = (bi * self.cap + self.len) * rk;
-            let src = &k.data()[bi * t * rk..(bi + 1) * t * rk];
-            self.k.write(dst, src, "cached k")?;
-            let dst = (bi * self.cap + self.len) * rv;
-            let src = &v.data()[bi * t * rv..(bi + 1) * t * rv];
-            self.v.write(dst, src, "cached v")?;
+        // the new rows arrive positions-major ([B, T, G, D]); each head's vector goes
+        // to its own run of the store
+        for (row, (kr, vr)) in k
+            .data()
+            .chunks_exact(self.dk)
+            .zip(v.data().chunks_exact(self.dv))
+            .enumerate()
+        {
+            let (bi, ti, gi) = (row / (t * g), row / g % t, row % g);
+            let at = self.run(bi, gi) + self.len + ti;
+            self.k
+                .write(at * self.dk, kr, ("cached k", row * self.dk))?;
+            self.v
+                .write(at * self.dv, vr, ("cached v", row * self.dv))?;
         }
         self.len += t;
         Ok(())
     }
 
+    /// Position 0 of head g's run in batch row b, counted in vectors of the store.
+    fn run(&self, b: usize, g: usize) -> usize {
+        (b * self.heads + g) * self.cap
+    }
+
     /// A one-row layer's keys and values at positions `start..start + len`, copied in
-    /// their own type: `[len, G, Dk]` and `[len, G, Dv]`.
+    /// their own type and layout: `[G, len, Dk]` and `[G, len, Dv]`.
     pub(super) fn span(&self, start: usize, len: usize) -> (Rows, Rows) {
         debug_assert!(self.batch == 1 && start + len <= self.len);
-        let (rk, rv) = (self.heads * self.dk, self.heads * self.dv);
-        let mut k = self.k.zeros_like(len * rk);
-        let mut v = self.v.zeros_like(len * rv);
-        k.copy_from(0, &self.k, start * rk, len * rk);
-        v.copy_from(0, &self.v, start * rv, len * rv);
+        let (g_n, dk, dv) = (self.heads, self.dk, self.dv);
+        let mut k = self.k.zeros_like(g_n * len * dk);
+        let mut v = self.v.zeros_like(g_n * len * dv);
+        for g in 0..g_n {
+            let from = self.run(0, g) + start;
+            k.copy_from(g * len * dk, &self.k, from * dk, len * dk);
+            v.copy_from(g * len * dv, &self.v, from * dv, len * dv);
+        }
         (k, v)
     }
 
@@ -244,43 +267,58 @@ impl LayerKv {
 
     /// Appends `len` positions of keys and values that [`LayerKv::check_span`] passed.
     pub(super) fn push_span(&mut self, k: &Rows, v: &Rows, len: usize) {
-        let (rk, rv) = (self.heads * self.dk, self.heads * self.dv);
         if self.len + len > self.cap {
             self.grow((self.len + len).max(2 * self.cap).max(16));
         }
-        self.k.copy_from(self.len * rk, k, 0, len * rk);
-        self.v.copy_from(self.len * rv, v, 0, len * rv);
+        let (dk, dv) = (self.dk, self.dv);
+        for g in 0..self.heads {
+            let to = self.run(0, g) + self.len;
+            self.k.copy_from(to * dk, k, g * len * dk, len * dk);
+            self.v.copy_from(to * dv, v, g * len * dv, len * dv);
+        }
         self.len += len;
     }
 
     /// This layer with row i holding this layer's row `rows[i]` (every index < B).
     fn select_rows(&self, rows: &[usize]) -> LayerKv {
-        let (rk, rv) = (self.heads * self.dk, self.heads * self.dv);
-        let mut k = self.k.zeros_like(rows.len() * self.cap * rk);
-        let mut v = self.v.zeros_like(rows.len() * self.cap * rv);
-        for (i, &r) in rows.iter().enumerate() {
-            k.copy_from(i * self.cap * rk, &self.k, r * self.cap * rk, self.len * rk);
-            v.copy_from(i * self.cap * rv, &self.v, r * self.cap * rv, self.len * rv);
-        }
-        LayerKv {
-            k,
-            v,
+        let mut out = LayerKv {
+            k: self
+                .k
+                .zeros_like(rows.len() * self.heads * self.cap * self.dk),
+            v: self
+                .v
+                .zeros_like(rows.len() * self.heads * self.cap * self.dv),
             batch: rows.len(),
             ..*self
+        };
+        for (i, &r) in rows.iter().enumerate() {
+            out.copy_runs(i, self, r);
+        }
+        out
+    }
+
+    /// Copies row `from`'s cached positions of `src` (same heads and widths, `len` ≤
+    /// this capacity) into row `to` here, head by head.
+    fn copy_runs(&mut self, to: usize, src: &LayerKv, from: usize) {
+        let (dk, dv, n) = (self.dk, self.dv, src.len);
+        for g in 0..self.heads {
+            let (at, of) = (self.run(to, g), src.run(from, g));
+            self.k.copy_from(at * dk, &src.k, of * dk, n * dk);
+            self.v.copy_from(at * dv, &src.v, of * dv, n * dv);
         }
     }
 
     fn grow(&mut self, cap: usize) {
-        let (rk, rv) = (self.heads * self.dk, self.heads * self.dv);
-        let mut k = self.k.zeros_like(self.batch * cap * rk);
-        let mut v = self.v.zeros_like(self.batch * cap * rv);
+        let mut grown = LayerKv {
+            k: self.k.zeros_like(self.batch * self.heads * cap * self.dk),
+            v: self.v.zeros_like(self.batch * self.heads * cap * self.dv),
+            cap,
+            ..*self
+        };
         for b in 0..self.batch {
-            k.copy_from(b * cap * rk, &self.k, b * self.cap * rk, self.len * rk);
-            v.copy_from(b * cap * rv, &self.v, b * self.cap * rv, self.len * rv);
+            grown.copy_runs(b, self, b);
         }
-        self.k = k;
-        self.v = v;
-        self.cap = cap;
+        *self = grown;
     }
 
     /// Attention of q `[B, T, H, Dk]` over the cached keys and values. Every cached
@@ -309,11 +347,11 @@ impl LayerKv {
                         weights: None,
                     });
                 }
-                let (k, v) = (widen(&k), widen(&v));
+                let (wk, wv) = (widen(&k), widen(&v));
                 run(
                     q,
-                    &HeadsView::of(&k, "k")?,
-                    &HeadsView::of(&v, "v")?,
+                    &HeadsView::heads_major(&wk, [k.batch, k.heads, k.len, k.dim]),
+                    &HeadsView::heads_major(&wv, [v.batch, v.heads, v.len, v.dim]),
                     spec,
                     false,
                 )
@@ -325,43 +363,44 @@ impl LayerKv {
     /// The cached keys `[B, len, G, Dk]` and values `[B, len, G, Dv]` as f32 (a bf16
     /// cache's rows widened).
     pub fn to_tensors(&self) -> Result<(Tensor, Tensor)> {
-        let tensor = |rows: &Rows, dim: usize| match rows {
-            Rows::F32(data) => {
-                let view = self.view(data, dim);
-                let mut out = Vec::with_capacity(self.batch * self.len * self.heads * dim);
-                for b in 0..self.batch {
-                    let start = view.offset(b, 0, 0);
-                    out.extend_from_slice(&data[start..start + self.len * self.heads * dim]);
+        let tensor = |rows: &Rows, dim: usize| {
+            let widened;
+            let view = match rows {
+                Rows::F32(data) => self.view(data, dim),
+                Rows::Bf16(data) => {
+                    widened = widen(&self.view(data, dim));
+                    HeadsView::heads_major(&widened, [self.batch, self.heads, self.len, dim])
                 }
-                Tensor::new(&[self.batch, self.len, self.heads, dim], out)
-            }
-            Rows::Bf16(data) => Ok(widen(&self.view(data, dim))),
+            };
+            Tensor::new(&view.shape(), view.gather_positions_major())
         };
         Ok((tensor(&self.k, self.dk)?, tensor(&self.v, self.dv)?))
     }
 
+    /// The first `len` positions as `[B, len, G, dim]`, each head's run `cap` long.
     fn view<'a, T>(&self, data: &'a [T], dim: usize) -> HeadsView<'a, T> {
         HeadsView::strided(
             data,
             [self.batch, self.len, self.heads, dim],
-            [self.cap * self.heads * dim, self.heads * dim, dim],
+            [self.heads * self.cap * dim, dim, self.cap * dim],
         )
     }
 }
 
-/// A bf16 view's elements widened into a contiguous f32 `[B, L, N, E]` tensor (each
-/// batch row's positions are contiguous in the store: one row of L·N·E to widen).
-fn widen(view: &HeadsView<u16>) -> Tensor {
+/// A heads-major bf16 view's elements widened into contiguous f32 `[B, N, L, E]`: one
+/// run of L·E per head (its positions lie one after another in the store).
+fn widen(view: &HeadsView<u16>) -> Vec<f32> {
     let [b_n, len, heads, dim] = view.shape();
-    let row = len * heads * dim;
-    let mut out = vec![0.0f32; b_n * row];
-    if row > 0 {
-        for (b, dst) in out.chunks_exact_mut(row).enumerate() {
-            let start = view.offset(b, 0, 0);
-            widen_rows(&view.data[start..start + row], row, row, dst);
+    debug_assert_eq!(view.pos_stride, dim);
+    let run = len * dim;
+    let mut out = vec![0.0f32; b_n * heads * run];
+    if run > 0 {
+        for (bn, dst) in out.chunks_exact_mut(run).enumerate() {
+            let start = view.offset(bn / heads, 0, bn % heads);
+            widen_rows(&view.data[start..start + run], run, run, dst);
         }
     }
-    Tensor::new(&[b_n, len, heads, dim], out).expect("the view's own shape")
+    out
 }
 
 /// A whole decoder's cache: one [`LayerKv`] per layer plus which cached positions are
@@ -598,20 +637,28 @@ mod tests {
         .unwrap()
     }
 
-    /// A bf16 cache attends as f32 attention over its keys and values rounded to bf16,
-    /// by the reference kernel: a decode step through the kernels that read bf16, a
-    /// longer query (and a request for weights) through the widened cache; with
-    /// grouped heads, two batch rows, padding, a causal mask and more than one split of
-    /// keys (the decode kernel's 512).
+    /// A cache attends as the reference kernel over its keys and values (rounded to
+    /// bf16 in a bf16 cache): a decode step through the kernels that read the store in
+    /// place, a longer query (and a request for weights) through the general path;
+    /// with grouped heads, two batch rows, padding, a causal mask and more than one
+    /// split of keys (the decode kernel's 512). The store, heads-major, grows once
+    /// on the way; its rows come back positions-major, and beam search's selection and
+    /// a span's round trip keep them.
     #[test]
-    fn a_bf16_cache_attends_as_f32_over_rounded_rows() {
+    fn a_cache_attends_as_the_reference_over_its_rows() {
+        for dtype in [KvDType::F32, KvDType::Bf16] {
+            cache_attends_as_the_reference(dtype);
+        }
+    }
+
+    fn cache_attends_as_the_reference(dtype: KvDType) {
         let (b, s, h, g, d) = (2, 700, 4, 2, 24);
         let mut rng = Rng::new(7);
         let (k, v) = (
             rng.tensor(&[b, s, g, d], 1.0),
             rng.tensor(&[b, s, g, d], 1.0),
         );
-        let mut cache = LayerKv::new_as(KvDType::Bf16, b, g, d, d);
+        let mut cache = LayerKv::new_as(dtype, b, g, d, d);
         // appended in two steps, so that the store grows and moves once
         cache
             .append(&positions(&k, 0, 300), &positions(&v, 0, 300))
@@ -619,8 +666,11 @@ mod tests {
         cache
             .append(&positions(&k, 300, 400), &positions(&v, 300, 400))
             .unwrap();
-        assert_eq!((cache.len(), cache.dtype()), (s, KvDType::Bf16));
-        let (kr, vr) = (rounded(&k), rounded(&v));
+        assert_eq!((cache.len(), cache.dtype()), (s, dtype));
+        let (kr, vr) = match dtype {
+            KvDType::F32 => (k.clone(), v.clone()),
+            KvDType::Bf16 => (rounded(&k), rounded(&v)),
+        };
         let (ck, cv) = cache.to_tensors().unwrap();
         assert_eq!((ck.data(), cv.data()), (kr.data(), vr.data()));
         let mut padding = vec![true; b * s];
@@ -643,18 +693,28 @@ mod tests {
                 };
                 let want = attention(&q, &kr, &vr, &reference).unwrap();
                 let err = got.out.max_abs_diff(&want.out);
-                assert!(err < 2e-6, "T = {t}, weights {want_weights}: {err}");
-                assert!(got.lse.max_abs_diff(&want.lse) < 2e-5, "T = {t}");
+                assert!(err < 2e-6, "{dtype} T = {t}, weights {want_weights}: {err}");
+                assert!(got.lse.max_abs_diff(&want.lse) < 2e-5, "{dtype} T = {t}");
                 assert_eq!(got.weights.is_some(), want_weights);
             }
         }
         // beam search's row selection keeps the type and the rows
         let picked = cache.select_rows(&[1, 1, 0]);
-        assert_eq!(picked.dtype(), KvDType::Bf16);
+        assert_eq!(picked.dtype(), dtype);
         let (pk, _) = picked.to_tensors().unwrap();
         let row = s * g * d;
         assert_eq!(&pk.data()[2 * row..], &kr.data()[..row]);
         assert_eq!(&pk.data()[..row], &kr.data()[row..]);
+        // positions 100..350 of row 0 cut out and appended to an empty one-row cache
+        let row0 = cache.select_rows(&[0]);
+        let (sk, sv) = row0.span(100, 250);
+        let mut restored = LayerKv::new_as(dtype, 1, g, d, d);
+        restored.check_span(&sk, &sv, 250).unwrap();
+        restored.push_span(&sk, &sv, 250);
+        let (rk, rv) = restored.to_tensors().unwrap();
+        let (k0, v0) = (positions(&kr, 100, 250), positions(&vr, 100, 250));
+        assert_eq!(rk.data(), &k0.data()[..250 * g * d]);
+        assert_eq!(rv.data(), &v0.data()[..250 * g * d]);
     }
 
     #[test]
@@ -665,6 +725,16 @@ mod tests {
         let huge = Tensor::new(&[1, 1, 1, 2], vec![1.0, f32::MAX]).unwrap();
         let msg = cache.append(&huge, &ok).unwrap_err().to_string();
         assert!(msg.contains("cached k") && msg.contains("bf16"), "{msg}");
+        // the index counts the new rows positions-major, as the caller passed them
+        let mut wide = LayerKv::new_as(KvDType::Bf16, 1, 2, 2, 2);
+        let two = Tensor::new(&[1, 2, 2, 2], vec![0.0; 8]).unwrap();
+        let mut bad = two.clone();
+        bad.data_mut()[6] = -f32::MAX;
+        let msg = wide.append(&two, &bad).unwrap_err().to_string();
+        assert!(
+            msg.contains("cached v") && msg.contains("element 6"),
+            "{msg}"
+        );
         assert_eq!(cache.len(), 1);
         assert_eq!("bf16".parse::<KvDType>().unwrap(), KvDType::Bf16);
         let msg = "int8".parse::<KvDType>().unwrap_err().to_string();

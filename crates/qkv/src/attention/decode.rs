@@ -12,17 +12,17 @@
 //!
 //! Keys are read in place (no packing), so a step reads the cache exactly once. The
 //! split size is fixed, so results do not depend on the number of threads. Tasks are
-//! numbered (b, split, g), so a worker's consecutive tasks read the neighbouring heads of
-//! the same cache rows ([S, G, D]: one 4 KiB row per key at G·D = 1024) rather than one
-//! head's runs across the whole cache: 1.11× at S = 32768 (AVX-512 Xeon, two threads).
+//! numbered (b, g, split): a worker's consecutive tasks go on along one head's run of
+//! the cache, which the cache stores heads-major ([B, G, cap, D]) so that a task's keys
+//! are one contiguous block. (With a positions-major cache, (b, split, g) had been
+//! 1.11× at S = 32768 on an AVX-512 Xeon; heads-major, the order measured level on a
+//! Zen 3.)
 
 use rayon::prelude::*;
 
-use super::micro::{self, DotsBf16, MulAcc, SoftmaxRows, Strided};
+use super::micro::{self, Dots, MulAcc, SoftmaxRows, Strided};
 use super::spec::Scorer;
 use super::view::HeadsView;
-use crate::ops::matmul::gemm_views;
-use crate::ops::{MatMut, MatRef};
 use crate::tensor::Tensor;
 
 /// Query rows up to this many take this path.
@@ -98,7 +98,7 @@ pub(super) fn attention(q: &HeadsView, k: KvRows, v: KvRows, scorer: &Scorer) ->
         .zip(accs.par_chunks_mut(rows * dv))
         .enumerate()
         .for_each_init(Scratch::default, |scratch, (task, (state, acc))| {
-            let (b, split, g) = (task / (splits * g_n), task / g_n % splits, task % g_n);
+            let (b, g, split) = (task / (splits * g_n), task / splits % g_n, task % splits);
             let keys = split * SPLIT..s.min((split + 1) * SPLIT);
             one_split(q, [k, v], scorer, (b, g), keys, scratch, state, acc);
         });
@@ -110,7 +110,7 @@ pub(super) fn attention(q: &HeadsView, k: KvRows, v: KvRows, scorer: &Scorer) ->
         let (b, i) = (bti / t, bti % t);
         for (h, o) in o_row.chunks_exact_mut(dv).enumerate() {
             let (g, r) = (h / hg, i * hg + h % hg);
-            let parts = (0..splits).map(|sp| (b * splits + sp) * g_n + g);
+            let parts = (0..splits).map(|sp| (b * g_n + g) * splits + sp);
             let big_m = parts
                 .clone()
                 .map(|p| states[p * rows + r].m)
@@ -144,10 +144,11 @@ pub(super) fn attention(q: &HeadsView, k: KvRows, v: KvRows, scorer: &Scorer) ->
 /// The softmax state and unnormalised output of every query row and head of group g
 /// in batch row b over `keys`. `state`/`acc` come in at m = −∞, l = 0, acc = 0.
 ///
-/// Keys go by in blocks of [`KEY_BLOCK`] with the online softmax across blocks. A
-/// key's row is only D floats inside a [S, G, D] cache, a run too short for the
-/// hardware prefetcher to get ahead of, so the next block's K and V rows are
-/// requested while this block is computed.
+/// Keys go by in blocks of [`KEY_BLOCK`] with the online softmax across blocks. The
+/// next block's K and V rows are requested while this block is computed: views laid
+/// positions-major hold a key's row as only D floats, a run too short for the hardware
+/// prefetcher to get ahead of. (Over the heads-major cache, dropping the requests
+/// measured level on a Zen 3: bf16 at S = 32768 1.1× faster, f32 1.05× slower.)
 #[allow(clippy::too_many_arguments)]
 fn one_split(
     q: &HeadsView,
@@ -161,7 +162,7 @@ fn one_split(
 ) {
     let dims = scorer.dims;
     let kernels = micro::Kernels::detect();
-    let (h_n, g_n, d, dv) = (dims.h, dims.g, dims.d, dims.dv);
+    let (h_n, g_n, dv) = (dims.h, dims.g, dims.dv);
     let hg = h_n / g_n;
     scratch.scores.resize(hg * KEY_BLOCK, 0.0);
     scratch.corr.resize(hg, 1.0);
@@ -177,38 +178,14 @@ fn one_split(
             // the group's H/G query vectors, a head stride apart in q, against keys
             // j0.. read in place
             let q_rows = &q.data[q.offset(b, i, g * hg)..];
+            let at = (b, g, j0);
             match k {
-                // as Kᵀ ([D, n], a key every position stride)
-                KvRows::F32(keys) => gemm_views(
-                    MatMut::row_major(scores, hg, n),
-                    MatRef {
-                        data: q_rows,
-                        rows: hg,
-                        cols: d,
-                        row_stride: q.head_stride,
-                        col_stride: 1,
-                    },
-                    MatRef {
-                        data: &keys.data[keys.offset(b, j0, g)..],
-                        rows: d,
-                        cols: n,
-                        row_stride: 1,
-                        col_stride: keys.pos_stride,
-                    },
-                    scorer.scale,
-                ),
-                KvRows::Bf16(keys) => kernels.dots_bf16(DotsBf16 {
-                    q: q_rows,
-                    q_stride: q.head_stride,
-                    rows: hg,
-                    d,
-                    k: &keys.data[keys.offset(b, j0, g)..],
-                    k_stride: keys.pos_stride,
-                    n,
-                    scale: scorer.scale,
-                    out: scores,
-                    out_stride: n,
-                }),
+                KvRows::F32(keys) => {
+                    kernels.dots(query_dots(q_rows, q, keys, at, n, scorer, scores))
+                }
+                KvRows::Bf16(keys) => {
+                    kernels.dots_bf16(query_dots(q_rows, q, keys, at, n, scorer, scores))
+                }
             }
             for (x, row) in scores.chunks_exact_mut(n).enumerate() {
                 match scorer.needs_row_pass() {
@@ -284,6 +261,33 @@ fn prefetch_rows<T>(data: &[T], start: usize, rows: usize, stride: usize, len: u
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (data, start, rows, stride, len);
+}
+
+/// The operands of the scores of the group's H/G query rows (`q_rows`, a head stride
+/// apart in q) against keys `j0..j0 + n` of head g in batch row b, read in place (a row
+/// every position stride), f32 or a bf16 cache's bit patterns.
+fn query_dots<'a, T>(
+    q_rows: &'a [f32],
+    q: &HeadsView,
+    keys: &HeadsView<'a, T>,
+    (b, g, j0): (usize, usize, usize),
+    n: usize,
+    scorer: &Scorer,
+    out: &'a mut [f32],
+) -> Dots<'a, T> {
+    let rows = out.len() / n;
+    Dots {
+        q: q_rows,
+        q_stride: q.head_stride,
+        rows,
+        d: q.dim,
+        k: &keys.data[keys.offset(b, j0, g)..],
+        k_stride: keys.pos_stride,
+        n,
+        scale: scorer.scale,
+        out,
+        out_stride: n,
+    }
 }
 
 /// The operands of acc = corr·acc + P · V for `rows` = (hg query rows, n keys): values

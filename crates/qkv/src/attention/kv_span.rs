@@ -6,8 +6,8 @@
 use super::cache::{KvCache, Rows};
 use crate::error::{Error, Result};
 
-/// Positions `start..start + len` of a one-row cache: per layer, keys `[len, G, Dk]` and
-/// values `[len, G, Dv]`.
+/// Positions `start..start + len` of a one-row cache: per layer, keys `[G, len, Dk]` and
+/// values `[G, len, Dv]` (the cache's heads-major order).
 #[derive(Clone, Debug)]
 pub struct KvSpan {
     layers: Vec<(Rows, Rows)>,

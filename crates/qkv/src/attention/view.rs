@@ -1,8 +1,9 @@
 //! `HeadsView`: a `[B, L, N, E]` block of per-head vectors read in place, whose batch
-//! rows may lie further apart than L·N·E. A KV cache with spare capacity is such a
-//! block: attention reads its first L positions without copying them out. Within a
-//! batch row the vectors lie positions-major (`[L, N, E]`, qkv's layout) or heads-major
-//! (`[N, L, E]`, PyTorch's SDPA layout), so either is read without a copy.
+//! rows may lie further apart than L·N·E. Within a batch row the vectors lie
+//! positions-major (`[L, N, E]`, qkv's layout) or heads-major (`[N, L, E]`, PyTorch's
+//! SDPA layout and the KV cache's), so either is read without a copy. A KV cache with
+//! spare capacity is heads-major with its heads' runs further apart than L·E: attention
+//! reads their first L positions without copying them out.
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -67,10 +68,9 @@ impl<'a> HeadsView<'a> {
 
     /// Errors on the first NaN or infinity among the viewed elements.
     pub fn check_finite(&self, name: &str) -> Result<()> {
-        let row = self.len * self.heads * self.dim;
-        for b in 0..self.batch {
-            let start = b * self.batch_stride;
-            if let Some(i) = crate::tensor::first_non_finite(&self.data[start..start + row]) {
+        for start in self.runs() {
+            let run = &self.data[start..][..self.run_len()];
+            if let Some(i) = crate::tensor::first_non_finite(run) {
                 return Err(Error::NonFinite {
                     tensor: name.into(),
                     index: start + i,
@@ -102,22 +102,64 @@ impl<'a, T> HeadsView<'a, T> {
         }
     }
 
-    /// Whether the L·N·E elements of a batch row fill its first L·N·E slots, in
-    /// either order: what the finiteness scan and the bounds check rely on.
-    fn dense_rows(&self) -> bool {
+    /// Whether the vectors lie in one of the two layouts: positions-major with a batch
+    /// row's L·N·E elements one run, or heads-major with each head's L·E one run (runs
+    /// at least that far apart). What the finiteness scan and the bounds check rely on.
+    fn in_runs(&self) -> bool {
         let positions_major =
             self.head_stride == self.dim && self.pos_stride == self.heads.saturating_mul(self.dim);
         let heads_major =
-            self.pos_stride == self.dim && self.head_stride == self.len.saturating_mul(self.dim);
+            self.pos_stride == self.dim && self.head_stride >= self.len.saturating_mul(self.dim);
         positions_major || heads_major
+    }
+
+    /// Whether a head's L positions are one run (heads-major), not a batch row's.
+    fn head_runs(&self) -> bool {
+        self.heads > 1 && self.pos_stride == self.dim && self.head_stride != self.dim
+    }
+
+    /// Elements in each of [`Self::runs`].
+    fn run_len(&self) -> usize {
+        match self.head_runs() {
+            true => self.len * self.dim,
+            false => self.len * self.heads * self.dim,
+        }
+    }
+
+    /// Where each contiguous run of viewed elements starts (layout checked).
+    fn runs(&self) -> impl Iterator<Item = usize> + '_ {
+        let per_row = if self.head_runs() { self.heads } else { 1 };
+        (0..self.batch * per_row).map(move |i| self.offset(i / per_row, 0, i % per_row))
+    }
+
+    /// The viewed vectors copied into a contiguous positions-major `[B, L, N, E]` block.
+    pub fn gather_positions_major(&self) -> Vec<T>
+    where
+        T: Copy,
+    {
+        let mut out = Vec::with_capacity(self.batch * self.len * self.heads * self.dim);
+        for b in 0..self.batch {
+            for l in 0..self.len {
+                for n in 0..self.heads {
+                    out.extend_from_slice(&self.data[self.offset(b, l, n)..][..self.dim]);
+                }
+            }
+        }
+        out
     }
 
     /// Checks that the view stays inside its buffer, naming it otherwise.
     pub fn check_bounds(&self, name: &str) -> Result<()> {
-        let row = self
-            .len
-            .checked_mul(self.heads)
-            .and_then(|x| x.checked_mul(self.dim));
+        // a batch row's extent: its last run's start plus the run
+        let row = match self.head_runs() {
+            true => (self.heads - 1)
+                .checked_mul(self.head_stride)
+                .and_then(|x| x.checked_add(self.len.checked_mul(self.dim)?)),
+            false => self
+                .len
+                .checked_mul(self.heads)
+                .and_then(|x| x.checked_mul(self.dim)),
+        };
         let needed = match (self.batch, row) {
             (0, Some(_)) => Some(0),
             (b, Some(row)) => (b - 1)
@@ -127,7 +169,7 @@ impl<'a, T> HeadsView<'a, T> {
         };
         let fits = row.is_some_and(|row| self.batch_stride >= row)
             && needed.is_some_and(|n| n <= self.data.len())
-            && self.dense_rows();
+            && self.in_runs();
         if !fits {
             return Err(Error::invalid(
                 name,
@@ -154,5 +196,45 @@ impl<'a, T> HeadsView<'a, T> {
     /// Flat index of element 0 of head `n` at position `l` of batch row `b`.
     pub fn offset(&self, b: usize, l: usize, n: usize) -> usize {
         b * self.batch_stride + l * self.pos_stride + n * self.head_stride
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A heads-major store with spare capacity (a KV cache's: 2 heads, 3 of 5 positions
+    /// in use, width 2): the view fits, its scan reads each head's first 3 positions
+    /// and nothing past them, and the gather puts the vectors back positions-major.
+    #[test]
+    fn heads_major_runs_with_spare_capacity() {
+        let (heads, cap, len, dim) = (2, 5, 3, 2);
+        let mut data: Vec<f32> = (0..heads * cap * dim).map(|i| i as f32).collect();
+        let strides = [heads * cap * dim, dim, cap * dim];
+        // past position 3 of head 0: spare, not viewed
+        data[len * dim] = f32::NAN;
+        let v = HeadsView::strided(&data, [1, len, heads, dim], strides);
+        v.check_bounds("kv").unwrap();
+        v.check_finite("kv").unwrap();
+        assert_eq!(
+            v.gather_positions_major(),
+            [0.0, 1.0, 10.0, 11.0, 2.0, 3.0, 12.0, 13.0, 4.0, 5.0, 14.0, 15.0]
+        );
+        // head 1, position 2: viewed
+        data[cap * dim + 2 * dim + 1] = f32::INFINITY;
+        let v = HeadsView::strided(&data, [1, len, heads, dim], strides);
+        let msg = v.check_finite("kv").unwrap_err().to_string();
+        assert!(msg.contains("kv") && msg.contains("15"), "{msg}");
+        // runs closer than L·E overlap: refused
+        let close = HeadsView::strided(
+            &data,
+            [1, len, heads, dim],
+            [heads * cap * dim, dim, 2 * dim],
+        );
+        assert!(close.check_bounds("kv").is_err());
+        // the last head's run past the buffer: refused
+        let short = &data[..cap * dim + len * dim - 1];
+        let v = HeadsView::strided(short, [1, len, heads, dim], strides);
+        assert!(v.check_bounds("kv").is_err());
     }
 }

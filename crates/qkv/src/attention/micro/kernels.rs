@@ -3,7 +3,7 @@
 
 use crate::ops::vector::Isa;
 
-use super::operands::{DotsBf16, MulAcc, Scores, SoftmaxRows, PANEL};
+use super::operands::{Dots, MulAcc, Scores, SoftmaxRows, PANEL};
 use super::portable;
 #[cfg(target_arch = "x86_64")]
 use super::x86;
@@ -70,16 +70,19 @@ impl Kernels {
         dispatch!(self.isa, mul_acc_bf16(t))
     }
 
-    /// `out[r·out_stride + j] = scale · Σ_e q[r·q_stride + e] · bf16(k[j·k_stride + e])`
-    /// for r < rows, j < n, e < d: a decode step's scores against a bf16 cache.
-    pub(crate) fn dots_bf16(&self, t: DotsBf16) {
-        if t.rows == 0 || t.n == 0 {
-            return;
+    /// `out[r·out_stride + j] = scale · Σ_e q[r·q_stride + e] · k[j·k_stride + e]` for
+    /// r < rows, j < n, e < d: a decode step's scores against the cache's keys in place.
+    pub(crate) fn dots(&self, t: Dots) {
+        if t.has_work() {
+            dispatch!(self.isa, dots(t))
         }
-        assert!(t.q.len() >= (t.rows - 1) * t.q_stride + t.d);
-        assert!(t.k.len() >= (t.n - 1) * t.k_stride + t.d);
-        assert!(t.out.len() >= (t.rows - 1) * t.out_stride + t.n);
-        dispatch!(self.isa, dots_bf16(t))
+    }
+
+    /// [`Kernels::dots`] against keys in bf16 (a bf16 cache's).
+    pub(crate) fn dots_bf16(&self, t: Dots<u16>) {
+        if t.has_work() {
+            dispatch!(self.isa, dots_bf16(t))
+        }
     }
 
     /// One online-softmax step for each of `rows` rows of scores (row r is
@@ -201,54 +204,64 @@ mod tests {
         }
     }
 
-    /// bf16 keys read in place: each form against dot products in f64 of the widened
-    /// values.
+    /// Keys read in place, f32 and bf16: each form against dot products in f64 (of the
+    /// widened values for bf16).
     #[test]
-    fn bf16_dots_equal_plain_dot_products() {
+    fn dots_equal_plain_dot_products() {
         let mut rng = Rng::new(4);
         for (rows, n, d) in SHAPES {
             let (q_stride, k_stride, out_stride) = (d + 3, d + 5, n + 2);
             let q = rng.normals(rows * q_stride, 1.0);
-            let k: Vec<u16> = rng
-                .normals(n * k_stride, 1.0)
-                .into_iter()
-                .map(f32_to_bf16)
-                .collect();
+            let k32 = rng.normals(n * k_stride, 1.0);
+            let k16: Vec<u16> = k32.iter().map(|&x| f32_to_bf16(x)).collect();
             let scale = 0.3;
-            let mut want = vec![0.0f64; rows * out_stride];
-            for r in 0..rows {
-                for j in 0..n {
-                    let dot: f64 = (0..d)
-                        .map(|e| {
-                            q[r * q_stride + e] as f64 * bf16_to_f32(k[j * k_stride + e]) as f64
-                        })
-                        .sum();
-                    want[r * out_stride + j] = scale as f64 * dot;
-                }
-            }
-            every_form(|kernels| {
-                let mut out = vec![0.0f32; rows * out_stride];
-                kernels.dots_bf16(DotsBf16 {
-                    q: &q,
-                    q_stride,
-                    rows,
-                    d,
-                    k: &k,
-                    k_stride,
-                    n,
-                    scale,
-                    out: &mut out,
-                    out_stride,
-                });
+            for bf16 in [false, true] {
+                let key = |i: usize| match bf16 {
+                    false => k32[i] as f64,
+                    true => bf16_to_f32(k16[i]) as f64,
+                };
+                let mut want = vec![0.0f64; rows * out_stride];
                 for r in 0..rows {
-                    let span = r * out_stride..r * out_stride + n;
-                    close(
-                        &out[span.clone()],
-                        &want[span],
-                        &format!("{:?} dots_bf16 {rows}x{n}x{d}", kernels.isa),
-                    );
+                    for j in 0..n {
+                        let dot: f64 = (0..d)
+                            .map(|e| q[r * q_stride + e] as f64 * key(j * k_stride + e))
+                            .sum();
+                        want[r * out_stride + j] = scale as f64 * dot;
+                    }
                 }
-            });
+                every_form(|kernels| {
+                    let mut out = vec![0.0f32; rows * out_stride];
+                    // one set of operands, keys of either type
+                    macro_rules! dots_of {
+                        ($k:expr) => {
+                            Dots {
+                                q: &q,
+                                q_stride,
+                                rows,
+                                d,
+                                k: $k,
+                                k_stride,
+                                n,
+                                scale,
+                                out: &mut out,
+                                out_stride,
+                            }
+                        };
+                    }
+                    match bf16 {
+                        false => kernels.dots(dots_of!(&k32)),
+                        true => kernels.dots_bf16(dots_of!(&k16)),
+                    }
+                    for r in 0..rows {
+                        let span = r * out_stride..r * out_stride + n;
+                        close(
+                            &out[span.clone()],
+                            &want[span],
+                            &format!("{:?} dots (bf16 {bf16}) {rows}x{n}x{d}", kernels.isa),
+                        );
+                    }
+                });
+            }
         }
     }
 

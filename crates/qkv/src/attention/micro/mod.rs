@@ -17,8 +17,8 @@
 //! - `kernels.rs`: [`Kernels`], which checks the operands' bounds and runs each
 //!   kernel in the form the CPU has;
 //! - `portable.rs`: every kernel in plain loops;
-//! - `x86/`: the vector bodies (`scores.rs`, `mul_acc.rs`, `softmax.rs`) and their
-//!   AVX-512 and AVX2 entry points.
+//! - `x86/`: the vector bodies (`scores.rs`, `mul_acc.rs`, `dots.rs`, `softmax.rs`)
+//!   and their AVX-512 and AVX2 entry points.
 
 mod kernels;
 mod operands;
@@ -27,4 +27,4 @@ mod portable;
 mod x86;
 
 pub(crate) use kernels::Kernels;
-pub(crate) use operands::{DotsBf16, MulAcc, Scores, SoftmaxRows, Strided, PANEL};
+pub(crate) use operands::{Dots, MulAcc, Scores, SoftmaxRows, Strided, PANEL};

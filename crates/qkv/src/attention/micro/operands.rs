@@ -83,22 +83,36 @@ impl<B> MulAcc<'_, B> {
     }
 }
 
-/// The operands of [`Kernels::dots_bf16`]: `rows` query rows (`q_stride` apart, `d`
-/// wide) against `n` keys stored as bf16 (`k_stride` apart, read in place): out
-/// `[rows, n]` (rows `out_stride` apart) = scale · q · kᵀ.
+/// The operands of [`Kernels::dots`]: `rows` query rows (`q_stride` apart, `d` wide)
+/// against `n` keys in f32 or bf16 (`k_stride` apart, read in place): out `[rows, n]`
+/// (rows `out_stride` apart) = scale · q · kᵀ.
 ///
-/// [`Kernels::dots_bf16`]: super::kernels::Kernels::dots_bf16
-pub(crate) struct DotsBf16<'a> {
+/// [`Kernels::dots`]: super::kernels::Kernels::dots
+pub(crate) struct Dots<'a, K = f32> {
     pub q: &'a [f32],
     pub q_stride: usize,
     pub rows: usize,
     pub d: usize,
-    pub k: &'a [u16],
+    pub k: &'a [K],
     pub k_stride: usize,
     pub n: usize,
     pub scale: f32,
     pub out: &'a mut [f32],
     pub out_stride: usize,
+}
+
+impl<K> Dots<'_, K> {
+    /// Whether there is a dot product to take; panics unless every operand holds the
+    /// rows the sizes name (the kernels read them through raw pointers).
+    pub fn has_work(&self) -> bool {
+        if self.rows == 0 || self.n == 0 {
+            return false;
+        }
+        assert!(self.q.len() >= (self.rows - 1) * self.q_stride + self.d);
+        assert!(self.k.len() >= (self.n - 1) * self.k_stride + self.d);
+        assert!(self.out.len() >= (self.rows - 1) * self.out_stride + self.n);
+        true
+    }
 }
 
 /// The operands of [`Kernels::softmax_rows`]: `rows` rows of `cols` scores, `stride`

@@ -6,7 +6,7 @@
 
 use crate::ops::softmax::exp_shifted_sum;
 
-use super::operands::{DotsBf16, Element, MulAcc, Scores, SoftmaxRows, PANEL};
+use super::operands::{Dots, Element, MulAcc, Scores, SoftmaxRows, PANEL};
 
 /// The factor exp(m − m') that moves a row's sums from running max m to m'; 1 for a
 /// row with nothing visible yet (both −∞).
@@ -36,7 +36,11 @@ pub(super) fn scores(s: Scores) {
     }
 }
 
-pub(super) fn dots_bf16(t: DotsBf16) {
+pub(super) fn dots_bf16(t: Dots<u16>) {
+    dots(t)
+}
+
+pub(super) fn dots<K: Element>(t: Dots<K>) {
     for r in 0..t.rows {
         let qr = &t.q[r * t.q_stride..r * t.q_stride + t.d];
         for j in 0..t.n {

@@ -1,17 +1,19 @@
 //! The kernels' vector bodies, generic over [`Vector`](crate::ops::vector::Vector),
 //! and their entry points for AVX2 + FMA and AVX-512: `scores.rs` (S = scale·Q·Kᵀ),
 //! `mul_acc.rs` (acc = corr·acc + A·B, B in f32 or bf16), `dots.rs` (query rows against
-//! bf16 keys in place) and `softmax.rs` (the online softmax of rows of scores).
+//! keys in place, f32 or bf16) and `softmax.rs` (the online softmax of rows of scores).
+//! `load.rs` is how a body loads B or the keys in either type.
 
 mod dots;
+mod load;
 mod mul_acc;
 mod scores;
 mod softmax;
 
 use std::arch::x86_64::{__m256, __m512};
 
-use super::operands::{DotsBf16, MulAcc, Scores, SoftmaxRows};
-use dots::dots_bf16;
+use super::operands::{Dots, MulAcc, Scores, SoftmaxRows};
+use dots::{dots, dots_bf16};
 use mul_acc::{mul_acc, mul_acc_bf16};
 use scores::scores;
 use softmax::{exp_shift, softmax_rows};
@@ -55,7 +57,8 @@ entry_points! {
     scores<6, 8>(s: Scores);
     mul_acc<6, 8>(t: MulAcc);
     mul_acc_bf16<6, 8>(t: MulAcc<u16>);
-    dots_bf16(t: DotsBf16);
+    dots(t: Dots);
+    dots_bf16(t: Dots<u16>);
     softmax_rows(t: SoftmaxRows);
     exp_shift(row: &mut [f32], l: f32);
 }

@@ -5,27 +5,8 @@
 
 use crate::ops::vector::Vector;
 
-use super::super::operands::{Element, MulAcc};
-
-/// An [`Element`] as a vector loads it.
-pub(super) trait Load: Element {
-    /// `LANES` elements from `p` as f32.
-    unsafe fn load<V: Vector>(p: *const Self) -> V;
-}
-
-impl Load for f32 {
-    #[inline(always)]
-    unsafe fn load<V: Vector>(p: *const f32) -> V {
-        V::load(p)
-    }
-}
-
-impl Load for u16 {
-    #[inline(always)]
-    unsafe fn load<V: Vector>(p: *const u16) -> V {
-        V::load_bf16(p)
-    }
-}
+use super::super::operands::MulAcc;
+use super::load::Load;
 
 #[inline(always)]
 pub(super) unsafe fn mul_acc<V: Vector, const R: usize>(t: MulAcc) {
