@@ -32,6 +32,24 @@ pub fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// Where the demo tests leave the report of their text-mode `qkv demo` run, and the
+/// file that names the binary which wrote it: the browser test (tests/report.rs) loads
+/// that report instead of running the demo a third time (2–3 minutes of CI) when the
+/// binary is still the same build.
+pub fn shared_report() -> (PathBuf, PathBuf) {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    (tmp.join("demo-report"), tmp.join("demo-report.binary"))
+}
+
+/// The built `qkv` binary's size and modification time: what tells one build from another.
+pub fn binary_stamp() -> String {
+    let meta = std::fs::metadata(env!("CARGO_BIN_EXE_qkv")).expect("the qkv binary is built");
+    let modified = meta
+        .modified()
+        .expect("the file system keeps modification times");
+    format!("{} bytes, modified {modified:?}", meta.len())
+}
+
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }

@@ -1,7 +1,8 @@
 //! Runs the built `qkv demo` twice, side by side (once for its JSON, once for its text),
 //! and checks what its numbers must honestly show, the JSON contract and the numbers of
 //! its experiments (`experiments.rs`), the report it writes, and that the two runs agree.
-//! (That the report renders in a browser is `tests/report.rs`.)
+//! (That the report renders in a browser is `tests/report.rs`, which loads the text
+//! run's report, left where `common::shared_report` says.)
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -181,17 +182,23 @@ fn without_timings(mut v: Value) -> Value {
     v
 }
 
-/// `qkv demo --out DIR` in text mode, run once and shared: its stdout and DIR.
+/// `qkv demo --out DIR` in text mode, run once and shared: its stdout and DIR. DIR is
+/// the one the browser test may load ([`common::shared_report`]), stamped with this
+/// build once the run succeeded.
 fn text_run() -> &'static (String, PathBuf) {
     static RUN: OnceLock<(String, PathBuf)> = OnceLock::new();
     RUN.get_or_init(|| {
-        let dir = scratch("text");
+        let (dir, stamp) = common::shared_report();
+        let _ = std::fs::remove_file(&stamp);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
         let out = qkv(&["demo", "--quiet", "--out", dir.to_str().unwrap()]);
         assert!(
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
+        std::fs::write(&stamp, common::binary_stamp()).unwrap();
         (String::from_utf8(out.stdout).unwrap(), dir)
     })
 }
