@@ -203,18 +203,13 @@ impl LayerKv {
         }
         // the new rows arrive positions-major ([B, T, G, D]); each head's vector goes
         // to its own run of the store
-        for (row, (kr, vr)) in k
-            .data()
-            .chunks_exact(self.dk)
-            .zip(v.data().chunks_exact(self.dv))
-            .enumerate()
-        {
+        let (dk, dv) = (self.dk, self.dv);
+        for row in 0..b * t * g {
             let (bi, ti, gi) = (row / (t * g), row / g % t, row % g);
             let at = self.run(bi, gi) + self.len + ti;
-            self.k
-                .write(at * self.dk, kr, ("cached k", row * self.dk))?;
-            self.v
-                .write(at * self.dv, vr, ("cached v", row * self.dv))?;
+            let (kr, vr) = (&k.data()[row * dk..][..dk], &v.data()[row * dv..][..dv]);
+            self.k.write(at * dk, kr, ("cached k", row * dk))?;
+            self.v.write(at * dv, vr, ("cached v", row * dv))?;
         }
         self.len += t;
         Ok(())
