@@ -383,16 +383,15 @@ impl LayerKv {
     }
 }
 
-/// A heads-major bf16 view's elements widened into contiguous f32 `[B, N, L, E]`: one
-/// run of L·E per head (its positions lie one after another in the store).
+/// A heads-major bf16 view's elements widened into contiguous f32 `[B, N, L, E]`, run by
+/// run (a head's positions lie one after another in the store).
 fn widen(view: &HeadsView<u16>) -> Vec<f32> {
     let [b_n, len, heads, dim] = view.shape();
     debug_assert_eq!(view.pos_stride, dim);
-    let run = len * dim;
-    let mut out = vec![0.0f32; b_n * heads * run];
+    let run = view.run_len().expect("the cache's own sizes");
+    let mut out = vec![0.0f32; b_n * heads * len * dim];
     if run > 0 {
-        for (bn, dst) in out.chunks_exact_mut(run).enumerate() {
-            let start = view.offset(bn / heads, 0, bn % heads);
+        for (start, dst) in view.runs().zip(out.chunks_exact_mut(run)) {
             widen_rows(&view.data[start..start + run], run, run, dst);
         }
     }

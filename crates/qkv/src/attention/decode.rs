@@ -175,17 +175,10 @@ fn one_split(
             k.prefetch((b, g), next.clone());
             v.prefetch((b, g), next);
             let scores = &mut scratch.scores[..hg * n];
-            // the group's H/G query vectors, a head stride apart in q, against keys
-            // j0.. read in place
-            let q_rows = &q.data[q.offset(b, i, g * hg)..];
-            let at = (b, g, j0);
+            let at = (b, i, g, j0);
             match k {
-                KvRows::F32(keys) => {
-                    kernels.dots(query_dots(q_rows, q, keys, at, n, scorer, scores))
-                }
-                KvRows::Bf16(keys) => {
-                    kernels.dots_bf16(query_dots(q_rows, q, keys, at, n, scorer, scores))
-                }
+                KvRows::F32(keys) => kernels.dots(query_dots(q, keys, at, n, scorer, scores)),
+                KvRows::Bf16(keys) => kernels.dots_bf16(query_dots(q, keys, at, n, scorer, scores)),
             }
             for (x, row) in scores.chunks_exact_mut(n).enumerate() {
                 match scorer.needs_row_pass() {
@@ -263,21 +256,21 @@ fn prefetch_rows<T>(data: &[T], start: usize, rows: usize, stride: usize, len: u
     let _ = (data, start, rows, stride, len);
 }
 
-/// The operands of the scores of the group's H/G query rows (`q_rows`, a head stride
-/// apart in q) against keys `j0..j0 + n` of head g in batch row b, read in place (a row
-/// every position stride), f32 or a bf16 cache's bit patterns.
+/// The operands of the scores of query row i's H/G heads of group g (`out` holds H/G
+/// rows of `n`; in q they lie a head stride apart) against keys `j0..j0 + n` of head g,
+/// in batch row b, read in place (a row every position stride), f32 or a bf16 cache's
+/// bit patterns.
 fn query_dots<'a, T>(
-    q_rows: &'a [f32],
-    q: &HeadsView,
+    q: &HeadsView<'a>,
     keys: &HeadsView<'a, T>,
-    (b, g, j0): (usize, usize, usize),
+    (b, i, g, j0): (usize, usize, usize, usize),
     n: usize,
     scorer: &Scorer,
     out: &'a mut [f32],
 ) -> Dots<'a, T> {
     let rows = out.len() / n;
     Dots {
-        q: q_rows,
+        q: &q.data[q.offset(b, i, g * rows)..],
         q_stride: q.head_stride,
         rows,
         d: q.dim,

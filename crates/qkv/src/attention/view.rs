@@ -68,8 +68,9 @@ impl<'a> HeadsView<'a> {
 
     /// Errors on the first NaN or infinity among the viewed elements.
     pub fn check_finite(&self, name: &str) -> Result<()> {
+        let run_len = self.run_len().expect("the bounds were checked");
         for start in self.runs() {
-            let run = &self.data[start..][..self.run_len()];
+            let run = &self.data[start..][..run_len];
             if let Some(i) = crate::tensor::first_non_finite(run) {
                 return Err(Error::NonFinite {
                     tensor: name.into(),
@@ -118,16 +119,18 @@ impl<'a, T> HeadsView<'a, T> {
         self.heads > 1 && self.pos_stride == self.dim && self.head_stride != self.dim
     }
 
-    /// Elements in each of [`Self::runs`].
-    fn run_len(&self) -> usize {
+    /// Elements in each of [`Self::runs`] (`None` past `usize`).
+    pub(super) fn run_len(&self) -> Option<usize> {
+        let len = self.len.checked_mul(self.dim);
         match self.head_runs() {
-            true => self.len * self.dim,
-            false => self.len * self.heads * self.dim,
+            true => len,
+            false => len?.checked_mul(self.heads),
         }
     }
 
-    /// Where each contiguous run of viewed elements starts (layout checked).
-    fn runs(&self) -> impl Iterator<Item = usize> + '_ {
+    /// Where each contiguous run of viewed elements starts (layout checked): one per
+    /// batch row, or per head of it (heads-major).
+    pub(super) fn runs(&self) -> impl Iterator<Item = usize> + '_ {
         let per_row = if self.head_runs() { self.heads } else { 1 };
         (0..self.batch * per_row).map(move |i| self.offset(i / per_row, 0, i % per_row))
     }
@@ -151,15 +154,13 @@ impl<'a, T> HeadsView<'a, T> {
     /// Checks that the view stays inside its buffer, naming it otherwise.
     pub fn check_bounds(&self, name: &str) -> Result<()> {
         // a batch row's extent: its last run's start plus the run
-        let row = match self.head_runs() {
-            true => (self.heads - 1)
-                .checked_mul(self.head_stride)
-                .and_then(|x| x.checked_add(self.len.checked_mul(self.dim)?)),
-            false => self
-                .len
-                .checked_mul(self.heads)
-                .and_then(|x| x.checked_mul(self.dim)),
+        let last_run = match self.head_runs() {
+            true => (self.heads - 1).checked_mul(self.head_stride),
+            false => Some(0),
         };
+        let row = last_run
+            .zip(self.run_len())
+            .and_then(|(s, n)| s.checked_add(n));
         let needed = match (self.batch, row) {
             (0, Some(_)) => Some(0),
             (b, Some(row)) => (b - 1)

@@ -73,14 +73,16 @@ impl Kernels {
     /// `out[r·out_stride + j] = scale · Σ_e q[r·q_stride + e] · k[j·k_stride + e]` for
     /// r < rows, j < n, e < d: a decode step's scores against the cache's keys in place.
     pub(crate) fn dots(&self, t: Dots) {
-        if t.has_work() {
+        if !t.takes_nothing() {
+            t.check_lengths();
             dispatch!(self.isa, dots(t))
         }
     }
 
     /// [`Kernels::dots`] against keys in bf16 (a bf16 cache's).
     pub(crate) fn dots_bf16(&self, t: Dots<u16>) {
-        if t.has_work() {
+        if !t.takes_nothing() {
+            t.check_lengths();
             dispatch!(self.isa, dots_bf16(t))
         }
     }

@@ -102,16 +102,17 @@ pub(crate) struct Dots<'a, K = f32> {
 }
 
 impl<K> Dots<'_, K> {
-    /// Whether there is a dot product to take; panics unless every operand holds the
-    /// rows the sizes name (the kernels read them through raw pointers).
-    pub fn has_work(&self) -> bool {
-        if self.rows == 0 || self.n == 0 {
-            return false;
-        }
+    /// Whether there is no dot product to take.
+    pub fn takes_nothing(&self) -> bool {
+        self.rows == 0 || self.n == 0
+    }
+
+    /// Panics unless every operand holds the rows the sizes name (the kernels read them
+    /// through raw pointers); for operands with a dot product to take.
+    pub fn check_lengths(&self) {
         assert!(self.q.len() >= (self.rows - 1) * self.q_stride + self.d);
         assert!(self.k.len() >= (self.n - 1) * self.k_stride + self.d);
         assert!(self.out.len() >= (self.rows - 1) * self.out_stride + self.n);
-        true
     }
 }
 
