@@ -6,10 +6,10 @@
 //! - [`weight`]: a `[N, K]` weight, one scale per 32 steps of a row (Q8_0's blocks, the
 //!   default) or per row ([`ScaleLayout`]), in panels of 16 output columns;
 //! - [`product`](mod@product): y (+)= deq(q(x))·deq(W)ᵀ, x quantized on the fly in the
-//!   weight's groups. On AVX-512 VNNI every row count runs `vpdpbusd` tiles, each
-//!   group's sum exact in i32, so a result does not depend on the row count; elsewhere
-//!   both operands are dequantized and the f32 product runs, having read the weight at
-//!   a quarter of the bytes. Where the process has AMX-INT8, more than four rows times
+//!   weight's groups. Every row count runs integer tiles, each group's sum exact in
+//!   i32, so a result does not depend on the row count: `vpdpbusd` on AVX-512 VNNI,
+//!   `vpmaddubsw` on AVX2; without AVX2 both operands are dequantized and the f32
+//!   product runs, having read the weight at a quarter of the bytes. Where the process has AMX-INT8, more than four rows times
 //!   a weight with a scale per row run AMX's `tdpbsud` (the `amx` module), with the VNNI
 //!   tiles' bits;
 //! - [`reference`](mod@reference): the twin the tests hold every form to: both operands

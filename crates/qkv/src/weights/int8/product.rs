@@ -14,9 +14,9 @@ use crate::weights::stored::{
 /// rows would fill a sixteenth of a tile.
 const FEW_ROWS: usize = 4;
 
-/// The forms (module docs of [`super`]): `vpdpbusd` tiles (exact in i32 within a group)
-/// on AVX-512 VNNI, the same tiles in plain loops, both operands dequantized into the
-/// f32 product, and AMX's `tdpbsud` (exact in i32 over all of K) for more than four rows
+/// The forms (module docs of [`super`]): tiles exact in i32 within a group, by
+/// `vpdpbusd` on AVX-512 VNNI, by `vpmaddubsw` on AVX2 and in plain loops; both
+/// operands dequantized into the f32 product (without AVX2); and AMX's `tdpbsud` (exact in i32 over all of K) for more than four rows
 /// times a weight with a scale per row, where the process has AMX-INT8.
 impl StoredWeight for Int8Weight {
     fn shape(&self) -> (usize, usize) {
@@ -36,10 +36,8 @@ impl StoredWeight for Int8Weight {
     }
 
     fn forms_here(&self) -> Vec<Form> {
-        let mut forms = vec![Form::Widened, Form::Tiles(Kernel::Plain)];
-        if kernel::vnni() {
-            forms.push(Form::Tiles(Kernel::Vnni));
-        }
+        let mut forms = vec![Form::Widened];
+        forms.extend(Loops::here().into_iter().map(|k| Form::Tiles(named(k))));
         if amx::available(self) {
             forms.push(Form::Amx);
         }
@@ -49,10 +47,11 @@ impl StoredWeight for Int8Weight {
     fn form(&self, rows: usize) -> Form {
         if rows > FEW_ROWS && amx::available(self) {
             Form::Amx
-        } else if kernel::vnni() {
-            Form::Tiles(Kernel::Vnni)
         } else {
-            Form::Widened
+            match Loops::best() {
+                Loops::Plain => Form::Widened,
+                best => Form::Tiles(named(best)),
+            }
         }
     }
 
@@ -63,6 +62,7 @@ impl StoredWeight for Int8Weight {
             Form::Tiles(kernel) => {
                 let kernel = match kernel {
                     Kernel::Vnni => Loops::Vnni,
+                    Kernel::Avx2 => Loops::Avx2,
                     _ => Loops::Plain,
                 };
                 // four tasks a thread
@@ -84,6 +84,15 @@ impl StoredWeight for Int8Weight {
             }
         }
         Ok(())
+    }
+}
+
+/// What a product's [`Form::Tiles`] calls a kernel.
+fn named(kernel: Loops) -> Kernel {
+    match kernel {
+        Loops::Vnni => Kernel::Vnni,
+        Loops::Avx2 => Kernel::Avx2,
+        Loops::Plain => Kernel::Plain,
     }
 }
 

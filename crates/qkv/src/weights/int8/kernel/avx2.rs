@@ -1,0 +1,76 @@
+//! The tile kernel on AVX2: a 256-bit vector holds half a panel's quad row (8 columns,
+//! 4 steps each). `vpmaddubsw` multiplies unsigned bytes by signed ones and adds
+//! neighbours into i16, saturating: the weight's biased bytes (q + 128, up to 255)
+//! times activations up to 127 would overflow. So the bias comes off first (q = byte ^
+//! 0x80), |q| is the unsigned side and the activations take q's sign (`vpsignb`):
+//! |q|·(x·sgn q) = q·x, a pair at most 2·128·127 < 2¹⁵. `vpmaddwd` by ones adds the
+//! pairs into each column's i32 lane. A group's sum is then Σ q_w·q_x exactly, the
+//! integer the VNNI kernel reaches through the offsets, and the f32 operations after
+//! it are the same: both forms give the plain loops' bits.
+//!
+//! Each half panel is swept on its own over all groups, its R rows' sums in
+//! registers (16 of them on AVX2, too few to hold several panels as the VNNI kernel
+//! does).
+
+use super::operands::Tile;
+use crate::weights::int8::weight::PANEL;
+use std::arch::x86_64::*;
+
+/// Columns of a 256-bit vector.
+const HALF: usize = PANEL / 2;
+
+/// # Safety
+/// AVX2 and FMA; the tile's lengths as `tile_on` checks them.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn tile<const R: usize, const NP: usize>(
+    t: &Tile<'_, R, NP>,
+    out: &mut [[[f32; PANEL]; NP]; R],
+) {
+    for np in 0..NP {
+        for h in 0..2 {
+            let sums = half_panel(t, np, h);
+            for (out, sums) in out.iter_mut().zip(&sums) {
+                _mm256_storeu_ps(out[np][h * HALF..].as_mut_ptr(), *sums);
+            }
+        }
+    }
+}
+
+/// The sums of columns 8h..8h + 8 of panel `np` for each of the tile's rows.
+// r indexes the sums and the activations alike
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn half_panel<const R: usize, const NP: usize>(
+    t: &Tile<'_, R, NP>,
+    np: usize,
+    h: usize,
+) -> [__m256; R] {
+    let quads = t.group / 4;
+    let groups = t.x[0].1.len();
+    let codes = t.codes[np].as_ptr().add(HALF * h);
+    let scales = t.scales[np].as_ptr().add(HALF * h);
+    let bias = _mm256_set1_epi8(i8::MIN);
+    let ones = _mm256_set1_epi16(1);
+    let mut total = [_mm256_setzero_ps(); R];
+    for g in 0..groups {
+        let mut dot = [_mm256_setzero_si256(); R];
+        for quad in g * quads..(g + 1) * quads {
+            let q = _mm256_xor_si256(_mm256_loadu_si256(codes.add(quad * PANEL).cast()), bias);
+            // -128 stays 0x80, which the unsigned side reads as 128
+            let magnitude = _mm256_sign_epi8(q, q);
+            for r in 0..R {
+                let at = t.x[r].0.as_ptr().add(4 * quad).cast::<i32>();
+                let x = _mm256_sign_epi8(_mm256_set1_epi32(at.read_unaligned()), q);
+                let pairs = _mm256_maddubs_epi16(magnitude, x);
+                dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(pairs, ones));
+            }
+        }
+        let ws = _mm256_loadu_ps(scales.add(g * PANEL));
+        for r in 0..R {
+            let xs = _mm256_set1_ps(*t.x[r].1.get_unchecked(g));
+            let exact = _mm256_cvtepi32_ps(dot[r]);
+            total[r] = _mm256_fmadd_ps(exact, _mm256_mul_ps(ws, xs), total[r]);
+        }
+    }
+    total
+}
