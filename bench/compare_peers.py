@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """qkv against peer engines (llama.cpp, ONNX Runtime, CTranslate2), accuracy first, then timing.
 
-    python3 bench/compare_peers.py llama-cpp   [--rounds 4] [--dtypes f32,bf16,int8] [--json]
+    python3 bench/compare_peers.py llama-cpp   [--rounds 4] [--dtypes f32,bf16,int8] [--llama-shape d512|1b] [--json]
     python3 bench/compare_peers.py gguf        [--rounds 4] [--dtypes q8_0,q4_k_m] [--json]
     python3 bench/compare_peers.py onnxruntime [--rounds 4] [--dtypes f32,int8] [--model DIR] [--ort-graph fused]
     python3 bench/compare_peers.py ctranslate2 [--rounds 4] [--dtypes f32,int8] [--workloads minilm,llama]
@@ -111,6 +111,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT / ".venv-peers"
 CHILD_MARK = "QKV_COMPARE_PEERS_CHILD"
 PREFILL, DECODE, DECODE_PROMPT, VOCAB = 512, 128, 16, 32000
+# The benchmark Llama's sizes (`qkv bench llama` flags): the default d512 (8 layers, 8 heads, 4
+# key/value heads, 52 M parameters), and one of 1.08 B parameters (TinyLlama's stack: d 2048,
+# 22 layers, 32 heads, 4 key/value heads; F = 8·2048/3 rounded up to 5464).
+LLAMA_SHAPES = {"d512": [], "1b": ["--d-model", "2048", "--layers", "22", "--heads", "32", "--kv-heads", "4"]}
 PAIRS = {"f32": "f32", "bf16": "bf16", "int8": "q8_0"}  # qkv dtype -> converter --outtype
 
 # What each mode imports in the timed process (.venv-peers), and in the converter's (.venv-bench).
@@ -289,7 +293,8 @@ def pair_summary(times: dict, qkv_key: str, peer_key: str, amount: float | None)
 
 
 def make_llama(opts, folder: Path) -> None:
-    run([opts.qkv, "bench", "llama", "--save", folder, "--seed", opts.seed, "--prefill", "1", "--decode", "1",
+    run([opts.qkv, "bench", "llama", *LLAMA_SHAPES[opts.llama_shape], "--save", folder, "--seed", opts.seed,
+         "--prefill", "1", "--decode", "1",
          "--decode-prompt", "1", "--rounds", "1", "--warmup", "0", "--min-time", "0", "--json"])
 
 
@@ -347,7 +352,7 @@ def compare_llama(opts, dtype: str, peer, peer_key: str, peer_type: str, ref) ->
     qkv_acc = {}
 
     def qkv_side():
-        for r in qkv_bench(opts, "llama", dtype):
+        for r in qkv_bench(opts, "llama", dtype, *LLAMA_SHAPES[opts.llama_shape]):
             times[r["mode"]]["qkv"].append(r["median_s"])
             qkv_acc.update({k: r[k] for k in ("logits_max_abs", "prefill_top1_equal", "greedy_equal",
                                               "greedy_first_difference") if k in r})
@@ -435,7 +440,7 @@ def llama_cpp_header(opts) -> dict:
             "system_info": llama_cpp.llama_print_system_info().decode().strip(), "threads": opts.threads,
             # left at llama.cpp's default for every GGUF type, F32 included (qkv's cache is f32)
             "llama_cpp_kv_cache": {0: "f32", 1: "f16"}.get(kv := llama_cpp.llama_context_default_params().type_k, kv),
-            "rounds": opts.rounds, "load_average_1min": os.getloadavg()[0]}
+            "rounds": opts.rounds, "llama_shape": opts.llama_shape, "load_average_1min": os.getloadavg()[0]}
 
 
 def run_llama_cpp(opts, folder: Path) -> tuple[dict, list[dict]]:
@@ -531,7 +536,8 @@ def print_gguf(header: dict, results: list[dict]) -> None:
 
 def print_llama_cpp(header: dict, results: list[dict]) -> None:
     print(f"qkv {header['qkv']} against llama.cpp (llama-cpp-python {header['llama_cpp_python']}); "
-          f"{header['threads']} threads each; {header['rounds']} alternating rounds, medians")
+          f"{header['threads']} threads each; {header['rounds']} alternating rounds, medians; "
+          f"the {header['llama_shape']} Llama")
     print(f"llama.cpp system_info: {header['system_info']}; KV cache {header['llama_cpp_kv_cache']} (its default)")
     print_llama("llama_cpp", results)
 
@@ -893,6 +899,8 @@ def parse():
     p.add_argument("--batch", type=int, default=32, help="MiniLM: sentences per batch")
     p.add_argument("--ort-graph", choices=["fused", "plain"], default="fused",
                    help="onnxruntime: fuse the exported graph with onnxruntime.transformers (default) or not")
+    p.add_argument("--llama-shape", choices=list(LLAMA_SHAPES), default="d512",
+                   help="llama-cpp, ctranslate2: the benchmark Llama's sizes (1b: 1.08 B parameters; use its own --save folder)")
     p.add_argument("--workloads", default="minilm,llama", help="ctranslate2: minilm, llama or both")
     opts = p.parse_args()
     for k in ("rounds", "threads", "sentences", "batch"):

@@ -45,13 +45,20 @@ impl Start<'_> {
         }
     }
 
-    /// y's element given s, the product's sum, and y's element before.
+    /// y's elements `dst` (columns `first..` of a row) given the product's sums:
+    /// matched once a run, so each arm's loop is a plain vector loop.
     #[inline(always)]
-    fn apply(self, before: f32, s: f32, column: usize) -> f32 {
+    fn apply(self, dst: &mut [f32], sums: &[f32], first: usize) {
         match self {
-            Start::Zero => s,
-            Start::Accumulate => before + s,
-            Start::Bias(b) => s + b[column],
+            Start::Zero => dst.copy_from_slice(&sums[..dst.len()]),
+            Start::Accumulate => dst.iter_mut().zip(sums).for_each(|(d, s)| *d += s),
+            Start::Bias(b) => {
+                let b = &b[first..][..dst.len()];
+                dst.iter_mut()
+                    .zip(sums)
+                    .zip(b)
+                    .for_each(|((d, s), b)| *d = s + b);
+            }
         }
     }
 }
@@ -320,9 +327,7 @@ pub(crate) fn sweep_panels(
                 for (r, row) in sums.iter().enumerate().take(r_live) {
                     // SAFETY: columns j·PANEL.. of this task's panels belong to it alone.
                     let dst = unsafe { out.range((r0 + r) * n + j * PANEL, cols) };
-                    for (c, (d, &s)) in dst.iter_mut().zip(row).enumerate() {
-                        *d = start.apply(*d, s, j * PANEL + c);
-                    }
+                    start.apply(dst, row, j * PANEL);
                 }
             }
         }
