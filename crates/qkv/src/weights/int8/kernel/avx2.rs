@@ -10,7 +10,7 @@
 //!
 //! Each half panel is swept on its own over all groups, its R rows' sums in
 //! registers (16 of them on AVX2, too few to hold several panels as the VNNI kernel
-//! does).
+//! does); one row sweeps all its panels at once.
 
 use super::operands::Tile;
 use crate::weights::int8::weight::PANEL;
@@ -26,11 +26,61 @@ pub(super) unsafe fn tile<const R: usize, const NP: usize>(
     t: &Tile<'_, R, NP>,
     out: &mut [[[f32; PANEL]; NP]; R],
 ) {
+    if R == 1 {
+        return whole_panels(t, out);
+    }
     for np in 0..NP {
         for h in 0..2 {
             let sums = half_panel(t, np, h);
             for (out, sums) in out.iter_mut().zip(&sums) {
                 _mm256_storeu_ps(out[np][h * HALF..].as_mut_ptr(), *sums);
+            }
+        }
+    }
+}
+
+/// One row (a decoding step) against every panel at once, both halves: the weight is
+/// read as it lies, one pass over contiguous memory, where half panels would read
+/// each cache line twice, half at a time. Its 2·NP sums fill registers, so the
+/// running totals live in `out` (each group's operations as [`half_panel`]'s).
+// np indexes the sums and the panels alike
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn whole_panels<const R: usize, const NP: usize>(
+    t: &Tile<'_, R, NP>,
+    out: &mut [[[f32; PANEL]; NP]; R],
+) {
+    let quads = t.group / 4;
+    let (q_x, x_scales, _) = t.x[0];
+    let bias = _mm256_set1_epi8(i8::MIN);
+    let ones = _mm256_set1_epi16(1);
+    let out = &mut out[0];
+    for o in out.iter_mut() {
+        o.fill(0.0);
+    }
+    for (g, &xs) in x_scales.iter().enumerate() {
+        let mut dot = [[_mm256_setzero_si256(); 2]; NP];
+        for quad in g * quads..(g + 1) * quads {
+            let x = _mm256_set1_epi32(q_x.as_ptr().add(4 * quad).cast::<i32>().read_unaligned());
+            for np in 0..NP {
+                let codes = t.codes[np].as_ptr().add(quad * PANEL);
+                for h in 0..2 {
+                    let q = _mm256_loadu_si256(codes.add(HALF * h).cast());
+                    let q = _mm256_xor_si256(q, bias);
+                    let pairs =
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
+                    dot[np][h] = _mm256_add_epi32(dot[np][h], _mm256_madd_epi16(pairs, ones));
+                }
+            }
+        }
+        let xs = _mm256_set1_ps(xs);
+        for np in 0..NP {
+            for h in 0..2 {
+                let ws = _mm256_loadu_ps(t.scales[np].as_ptr().add(g * PANEL + HALF * h));
+                let total = out[np][HALF * h..].as_mut_ptr();
+                let exact = _mm256_cvtepi32_ps(dot[np][h]);
+                let sum = _mm256_fmadd_ps(exact, _mm256_mul_ps(ws, xs), _mm256_loadu_ps(total));
+                _mm256_storeu_ps(total, sum);
             }
         }
     }

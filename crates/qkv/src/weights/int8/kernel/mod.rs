@@ -14,7 +14,7 @@ mod vnni;
 
 use super::weight::PANEL;
 use crate::ops::isa::Isa;
-pub(super) use operands::Tile;
+pub(crate) use operands::Tile;
 
 /// Which form of the kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

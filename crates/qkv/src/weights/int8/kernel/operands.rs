@@ -2,7 +2,7 @@
 
 /// One tile's operands: R rows of x (codes, scales, offsets: see
 /// [`super::super::rows::QuantizedRows`]), and NP panels (codes, scales) of the weight.
-pub(in crate::weights::int8) struct Tile<'a, const R: usize, const NP: usize> {
+pub(crate) struct Tile<'a, const R: usize, const NP: usize> {
     pub x: [(&'a [i8], &'a [f32], &'a [i32]); R],
     pub codes: [&'a [u32]; NP],
     pub scales: [&'a [f32]; NP],
