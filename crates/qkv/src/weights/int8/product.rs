@@ -16,8 +16,9 @@ const FEW_ROWS: usize = 4;
 
 /// The forms (module docs of [`super`]): tiles exact in i32 within a group, by
 /// `vpdpbusd` on AVX-512 VNNI, by `vpmaddubsw` on AVX2 and in plain loops; both
-/// operands dequantized into the f32 product (without AVX2); and AMX's `tdpbsud` (exact in i32 over all of K) for more than four rows
-/// times a weight with a scale per row, where the process has AMX-INT8.
+/// operands dequantized into the f32 product (the form without AVX2); and AMX's
+/// `tdpbsud` (exact in i32 over all of K) for more than four rows times a weight with a
+/// scale per row, where the process has AMX-INT8.
 impl StoredWeight for Int8Weight {
     fn shape(&self) -> (usize, usize) {
         (self.n(), self.k())
