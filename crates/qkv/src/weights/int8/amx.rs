@@ -182,7 +182,7 @@ fn left_tiles(
     let mut out = vec![0i8; rows_out * stride];
     let copy = |(r, dst): (usize, &mut [i8])| {
         if r < rows {
-            dst[..xq.width].copy_from_slice(xq.row(r).0);
+            dst[..xq.width].copy_from_slice(xq.row(r).codes);
         }
     };
     if parallel && rows >= 64 {

@@ -7,7 +7,7 @@ use super::weight::Int8Weight;
 use crate::error::Result;
 use crate::ops::Par;
 use crate::weights::stored::{
-    sweep_panels, widened_product, At, Form, Kernel, Operands, StoredWeight, Sums, TileKernel,
+    sweep_panels, widened_product, At, Form, Operands, StoredWeight, Sums, TileKernel,
 };
 
 /// Most rows that take the VNNI tiles even where AMX is there: a decoding step's few
@@ -38,7 +38,7 @@ impl StoredWeight for Int8Weight {
 
     fn forms_here(&self) -> Vec<Form> {
         let mut forms = vec![Form::Widened];
-        forms.extend(Loops::here().into_iter().map(|k| Form::Tiles(named(k))));
+        forms.extend(Loops::here().into_iter().map(|k| Form::Tiles(k.named())));
         if amx::available(self) {
             forms.push(Form::Amx);
         }
@@ -51,7 +51,7 @@ impl StoredWeight for Int8Weight {
         } else {
             match Loops::best() {
                 Loops::Plain => Form::Widened,
-                best => Form::Tiles(named(best)),
+                best => Form::Tiles(best.named()),
             }
         }
     }
@@ -61,11 +61,7 @@ impl StoredWeight for Int8Weight {
         let xq = QuantizedRows::new(ops.x, ops.rows, self, parallel);
         match form {
             Form::Tiles(kernel) => {
-                let kernel = match kernel {
-                    Kernel::Vnni => Loops::Vnni,
-                    Kernel::Avx2 => Loops::Avx2,
-                    _ => Loops::Plain,
-                };
+                let kernel = Loops::of(kernel);
                 // four tasks a thread
                 sweep_panels(
                     &Tiles {
@@ -85,15 +81,6 @@ impl StoredWeight for Int8Weight {
             }
         }
         Ok(())
-    }
-}
-
-/// What a product's [`Form::Tiles`] calls a kernel.
-fn named(kernel: Loops) -> Kernel {
-    match kernel {
-        Loops::Vnni => Kernel::Vnni,
-        Loops::Avx2 => Kernel::Avx2,
-        Loops::Plain => Kernel::Plain,
     }
 }
 
@@ -122,7 +109,7 @@ mod tests {
     use super::super::reference;
     use super::super::weight::ScaleLayout;
     use super::*;
-    use crate::weights::stored::{checks, product, Start};
+    use crate::weights::stored::{checks, product, Kernel, Start};
 
     /// Every form, and the tiles with the plain kernel on any CPU, equal the twin within
     /// f32 rounding of the sums over groups: row counts around a tile, one row, odd K, a

@@ -1,6 +1,7 @@
 //! Activations quantized on the fly: each row of x `[rows, K]` cut into the weight's
 //! groups, one scale a group ([`super::quant`]), as the signed side of the products.
 
+use super::kernel::XRow;
 use super::quant::{block_scale, quantize_groups};
 use super::weight::{Int8Weight, ScaleLayout};
 use rayon::prelude::*;
@@ -81,14 +82,14 @@ impl QuantizedRows {
         self.width / self.group
     }
 
-    /// Row r's codes, scales and offsets.
-    pub fn row(&self, r: usize) -> (&[i8], &[f32], &[i32]) {
+    /// Row r.
+    pub fn row(&self, r: usize) -> XRow<'_> {
         let g = self.groups();
-        (
-            &self.codes[r * self.width..][..self.width],
-            &self.scales[r * g..][..g],
-            &self.offsets[r * g..][..g],
-        )
+        XRow {
+            codes: &self.codes[r * self.width..][..self.width],
+            scales: &self.scales[r * g..][..g],
+            offsets: &self.offsets[r * g..][..g],
+        }
     }
 
     /// x as the product reads it, `[rows, k]`: q·d.
@@ -96,7 +97,7 @@ impl QuantizedRows {
         let rows = self.scales.len() / self.groups();
         let mut out = Vec::with_capacity(rows * k);
         for r in 0..rows {
-            let (codes, scales, _) = self.row(r);
+            let XRow { codes, scales, .. } = self.row(r);
             out.extend((0..k).map(|c| f32::from(codes[c]) * scales[c / self.group]));
         }
         out

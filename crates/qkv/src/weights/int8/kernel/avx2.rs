@@ -11,8 +11,12 @@
 //! Each half panel is swept on its own over all groups, its R rows' sums in
 //! registers (16 of them on AVX2, too few to hold several panels as the VNNI kernel
 //! does); one row sweeps all its panels at once.
+//!
+//! (An i16 form, the biased bytes zero-extended against widened codes in `vpmaddwd`,
+//! needs as many vector operations for 32 multiply-adds, `vpmaddwd` and `vpaddd`
+//! twice, and measured no faster on Zen 3: docs/speed.md.)
 
-use super::operands::Tile;
+use super::operands::{Tile, XRow};
 use crate::weights::int8::weight::PANEL;
 use std::arch::x86_64::*;
 
@@ -27,7 +31,7 @@ pub(super) unsafe fn tile<const R: usize, const NP: usize>(
     out: &mut [[[f32; PANEL]; NP]; R],
 ) {
     if R == 1 {
-        return whole_panels(t, out);
+        return whole_panels(t.x[0], (&t.codes, &t.scales), t.group, &mut out[0]);
     }
     for np in 0..NP {
         for h in 0..2 {
@@ -39,6 +43,31 @@ pub(super) unsafe fn tile<const R: usize, const NP: usize>(
     }
 }
 
+/// The weight's quad row of 8 columns as `vpmaddubsw` takes it: the codes q (bias
+/// off), and |q|, its unsigned side (−128 stays 0x80, which reads as 128).
+#[inline(always)]
+unsafe fn unbiased(quad_row: *const u32) -> (__m256i, __m256i) {
+    let q = _mm256_xor_si256(
+        _mm256_loadu_si256(quad_row.cast()),
+        _mm256_set1_epi8(i8::MIN),
+    );
+    (q, _mm256_sign_epi8(q, q))
+}
+
+/// `dot` + each column's Σ of its 4 products q·x, exactly: x `[4]` broadcast, as an
+/// i32, to every column.
+#[inline(always)]
+unsafe fn add_quad(dot: __m256i, (q, magnitude): (__m256i, __m256i), x: __m256i) -> __m256i {
+    let pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(x, q));
+    _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+}
+
+/// x's codes `4·quad..4·quad + 4` in every i32 lane.
+#[inline(always)]
+unsafe fn broadcast_quad(codes: &[i8], quad: usize) -> __m256i {
+    _mm256_set1_epi32(codes.as_ptr().add(4 * quad).cast::<i32>().read_unaligned())
+}
+
 /// One row (a decoding step) against every panel at once, both halves: the weight is
 /// read as it lies, one pass over contiguous memory, where half panels would read
 /// each cache line twice, half at a time. Its 2·NP sums fill registers, so the
@@ -46,37 +75,31 @@ pub(super) unsafe fn tile<const R: usize, const NP: usize>(
 // np indexes the sums and the panels alike
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn whole_panels<const R: usize, const NP: usize>(
-    t: &Tile<'_, R, NP>,
-    out: &mut [[[f32; PANEL]; NP]; R],
+unsafe fn whole_panels<const NP: usize>(
+    x: XRow<'_>,
+    (codes, scales): (&[&[u32]; NP], &[&[f32]; NP]),
+    group: usize,
+    out: &mut [[f32; PANEL]; NP],
 ) {
-    let quads = t.group / 4;
-    let (q_x, x_scales, _) = t.x[0];
-    let bias = _mm256_set1_epi8(i8::MIN);
-    let ones = _mm256_set1_epi16(1);
-    let out = &mut out[0];
+    let quads = group / 4;
     for o in out.iter_mut() {
         o.fill(0.0);
     }
-    for (g, &xs) in x_scales.iter().enumerate() {
+    for (g, &xs) in x.scales.iter().enumerate() {
         let mut dot = [[_mm256_setzero_si256(); 2]; NP];
         for quad in g * quads..(g + 1) * quads {
-            let x = _mm256_set1_epi32(q_x.as_ptr().add(4 * quad).cast::<i32>().read_unaligned());
+            let xq = broadcast_quad(x.codes, quad);
             for np in 0..NP {
-                let codes = t.codes[np].as_ptr().add(quad * PANEL);
+                let quad_row = codes[np].as_ptr().add(quad * PANEL);
                 for h in 0..2 {
-                    let q = _mm256_loadu_si256(codes.add(HALF * h).cast());
-                    let q = _mm256_xor_si256(q, bias);
-                    let pairs =
-                        _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
-                    dot[np][h] = _mm256_add_epi32(dot[np][h], _mm256_madd_epi16(pairs, ones));
+                    dot[np][h] = add_quad(dot[np][h], unbiased(quad_row.add(HALF * h)), xq);
                 }
             }
         }
         let xs = _mm256_set1_ps(xs);
         for np in 0..NP {
             for h in 0..2 {
-                let ws = _mm256_loadu_ps(t.scales[np].as_ptr().add(g * PANEL + HALF * h));
+                let ws = _mm256_loadu_ps(scales[np].as_ptr().add(g * PANEL + HALF * h));
                 let total = out[np][HALF * h..].as_mut_ptr();
                 let exact = _mm256_cvtepi32_ps(dot[np][h]);
                 let sum = _mm256_fmadd_ps(exact, _mm256_mul_ps(ws, xs), _mm256_loadu_ps(total));
@@ -96,28 +119,21 @@ unsafe fn half_panel<const R: usize, const NP: usize>(
     h: usize,
 ) -> [__m256; R] {
     let quads = t.group / 4;
-    let groups = t.x[0].1.len();
+    let groups = t.x[0].scales.len();
     let codes = t.codes[np].as_ptr().add(HALF * h);
     let scales = t.scales[np].as_ptr().add(HALF * h);
-    let bias = _mm256_set1_epi8(i8::MIN);
-    let ones = _mm256_set1_epi16(1);
     let mut total = [_mm256_setzero_ps(); R];
     for g in 0..groups {
         let mut dot = [_mm256_setzero_si256(); R];
         for quad in g * quads..(g + 1) * quads {
-            let q = _mm256_xor_si256(_mm256_loadu_si256(codes.add(quad * PANEL).cast()), bias);
-            // -128 stays 0x80, which the unsigned side reads as 128
-            let magnitude = _mm256_sign_epi8(q, q);
+            let w = unbiased(codes.add(quad * PANEL));
             for r in 0..R {
-                let at = t.x[r].0.as_ptr().add(4 * quad).cast::<i32>();
-                let x = _mm256_sign_epi8(_mm256_set1_epi32(at.read_unaligned()), q);
-                let pairs = _mm256_maddubs_epi16(magnitude, x);
-                dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(pairs, ones));
+                dot[r] = add_quad(dot[r], w, broadcast_quad(t.x[r].codes, quad));
             }
         }
         let ws = _mm256_loadu_ps(scales.add(g * PANEL));
         for r in 0..R {
-            let xs = _mm256_set1_ps(*t.x[r].1.get_unchecked(g));
+            let xs = _mm256_set1_ps(*t.x[r].scales.get_unchecked(g));
             let exact = _mm256_cvtepi32_ps(dot[r]);
             total[r] = _mm256_fmadd_ps(exact, _mm256_mul_ps(ws, xs), total[r]);
         }

@@ -14,7 +14,9 @@ mod vnni;
 
 use super::weight::PANEL;
 use crate::ops::isa::Isa;
-pub(crate) use operands::Tile;
+pub(crate) use operands::{Tile, XRow};
+
+use crate::weights::stored::Kernel as Named;
 
 /// Which form of the kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +49,26 @@ impl Kernel {
         }
     }
 
+    /// What a product's [`Form::Tiles`](crate::weights::stored::Form::Tiles) calls
+    /// this kernel.
+    pub(super) fn named(self) -> Named {
+        match self {
+            Kernel::Vnni => Named::Vnni,
+            Kernel::Avx2 => Named::Avx2,
+            Kernel::Plain => Named::Plain,
+        }
+    }
+
+    /// The kernel a product's form names ([`Kernel::named`] backwards; the names no
+    /// int8 tile has are the plain loops).
+    pub(super) fn of(name: Named) -> Kernel {
+        match name {
+            Named::Vnni => Kernel::Vnni,
+            Named::Avx2 => Kernel::Avx2,
+            _ => Kernel::Plain,
+        }
+    }
+
     /// The fastest kernel this CPU runs.
     pub(super) fn best() -> Kernel {
         [Kernel::Vnni, Kernel::Avx2, Kernel::Plain]
@@ -70,13 +92,13 @@ pub(super) fn tile_on<const R: usize, const NP: usize>(
     t: &Tile<'_, R, NP>,
     out: &mut [[[f32; PANEL]; NP]; R],
 ) {
-    let width = t.x[0].0.len();
+    let width = t.x[0].codes.len();
     let groups = width / t.group;
     assert!(t.group.is_multiple_of(4) && groups * t.group == width);
     assert!(t
         .x
         .iter()
-        .all(|(q, s, o)| q.len() == width && s.len() == groups && o.len() == groups));
+        .all(|x| x.codes.len() == width && x.scales.len() == groups && x.offsets.len() == groups));
     assert!(t.codes.iter().all(|c| c.len() == width / 4 * PANEL));
     assert!(t.scales.iter().all(|s| s.len() == groups * PANEL));
     assert!(kernel.runs_here(), "{kernel:?} does not run here");
@@ -94,7 +116,13 @@ pub(super) fn tile_on<const R: usize, const NP: usize>(
 /// The kernel in plain loops, in the vector form's order of sums.
 fn plain<const R: usize, const NP: usize>(t: &Tile<'_, R, NP>, out: &mut [[[f32; PANEL]; NP]; R]) {
     let quads = t.group / 4;
-    for (&(q, xs, offsets), out) in t.x.iter().zip(out.iter_mut()) {
+    for (x, out) in t.x.iter().zip(out.iter_mut()) {
+        let XRow {
+            codes: q,
+            scales: xs,
+            offsets,
+            ..
+        } = *x;
         for ((codes, scales), out) in t.codes.iter().zip(&t.scales).zip(out.iter_mut()) {
             for (c, total) in out.iter_mut().enumerate() {
                 *total = 0.0;
@@ -189,7 +217,11 @@ mod tests {
             .collect();
         every_kernel_gives_the_plain_bits::<3, 2>(&x, &w, "extreme codes");
         let xq = QuantizedRows::new(&x[..k], 1, &w, false);
-        let (q, xs, _) = xq.row(0);
+        let XRow {
+            codes: q,
+            scales: xs,
+            ..
+        } = xq.row(0);
         assert!(q.iter().all(|c| c.abs() == 127), "activations at ±127");
         let t = Tile::<1, 2> {
             x: [xq.row(0)],

@@ -18,7 +18,7 @@ pub(super) unsafe fn tile<const R: usize, const NP: usize>(
     out: &mut [[[f32; PANEL]; NP]; R],
 ) {
     let quads = t.group / 4;
-    let groups = t.x[0].1.len();
+    let groups = t.x[0].scales.len();
     let mut total = [[_mm512_setzero_ps(); NP]; R];
     for g in 0..groups {
         let mut dot = [[_mm512_setzero_si512(); NP]; R];
@@ -27,7 +27,7 @@ pub(super) unsafe fn tile<const R: usize, const NP: usize>(
                 _mm512_loadu_si512(t.codes[np].as_ptr().add(quad * PANEL).cast())
             });
             for r in 0..R {
-                let at = t.x[r].0.as_ptr().add(4 * quad).cast::<i32>();
+                let at = t.x[r].codes.as_ptr().add(4 * quad).cast::<i32>();
                 let x = _mm512_set1_epi32(at.read_unaligned());
                 for np in 0..NP {
                     dot[r][np] = _mm512_dpbusd_epi32(dot[r][np], w[np], x);
@@ -35,8 +35,8 @@ pub(super) unsafe fn tile<const R: usize, const NP: usize>(
             }
         }
         for r in 0..R {
-            let offset = _mm512_set1_epi32(*t.x[r].2.get_unchecked(g));
-            let xs = _mm512_set1_ps(*t.x[r].1.get_unchecked(g));
+            let offset = _mm512_set1_epi32(*t.x[r].offsets.get_unchecked(g));
+            let xs = _mm512_set1_ps(*t.x[r].scales.get_unchecked(g));
             for np in 0..NP {
                 let ws = _mm512_loadu_ps(t.scales[np].as_ptr().add(g * PANEL));
                 let exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r][np], offset));
