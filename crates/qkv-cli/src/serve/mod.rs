@@ -13,6 +13,7 @@ mod access;
 mod api;
 mod attentions;
 mod engine;
+mod lifecycle;
 mod metrics;
 mod routes;
 mod state;
@@ -33,6 +34,7 @@ use qkv::models::sentence::SentenceEncoder;
 use qkv::models::{ModelKind, SequenceClassifier};
 use qkv::text::ChatTemplate;
 
+use lifecycle::Lifecycle;
 use metrics::Metrics;
 use state::{AppState, Classifier, Embedder, Generator, Leniency, RequestLimits};
 
@@ -193,6 +195,74 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         max_batch: args.max_batch,
     };
     let dtype = args.dtype.resolve();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    // the port opens before the model loads: /health says "loading" meanwhile
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(addr))
+        .with_context(|| format!("listening on {addr}"))?;
+    let local = listener.local_addr()?;
+    eprintln!(
+        "qkv serve: loading {} ({dtype} weights); {local} answers 503 until it is ready",
+        args.model.display()
+    );
+    let life = Lifecycle::new();
+    let grace = Duration::from_secs(args.grace);
+    let server = runtime.spawn(serve(listener, life.clone(), grace));
+    let Served {
+        state,
+        app,
+        _engine,
+    } = load(
+        args,
+        Unloaded {
+            name,
+            metrics,
+            limits,
+            dtype,
+        },
+        keys.clone(),
+        cors,
+    )?;
+    life.ready(app);
+    eprintln!("qkv serve: `{}` on http://{local}", state.name);
+    eprintln!("qkv serve: {dtype} weights");
+    eprintln!("qkv serve: {}", state.endpoints().join(", "));
+    if !keys.is_empty() {
+        eprintln!("qkv serve: requests need one of the API keys given");
+    }
+    runtime.block_on(server)?
+}
+
+/// What the server knows before the model is loaded.
+struct Unloaded {
+    name: String,
+    metrics: Arc<Metrics>,
+    limits: RequestLimits,
+    dtype: qkv::weights::DType,
+}
+
+/// The loaded server: its state, its routes, and the engine's threads.
+struct Served {
+    state: Arc<AppState>,
+    app: Router,
+    _engine: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// Loads the model and starts its engine: the routes over them.
+fn load(
+    args: &ServeArgs,
+    Unloaded {
+        name,
+        metrics,
+        limits,
+        dtype,
+    }: Unloaded,
+    keys: Arc<access::Keys>,
+    cors: Option<tower_http::cors::CorsLayer>,
+) -> Result<Served> {
     let mut loaded = crate::cmd::load::load_model(&args.model, dtype)?;
     let mut threads = Vec::new();
     let classifies = loaded.model.kind() == ModelKind::Encoder
@@ -318,43 +388,44 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let app = app
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked))
         .with_state(state.clone());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
-    let grace = Duration::from_secs(args.grace);
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("listening on {addr}"))?;
+    Ok(Served {
+        state,
+        app,
+        _engine: threads,
+    })
+}
+
+/// Serves the gate on `listener` until SIGTERM or Ctrl-C, then drains: new requests are
+/// turned away while those in flight get `grace` to finish.
+async fn serve(
+    listener: tokio::net::TcpListener,
+    life: Arc<Lifecycle>,
+    grace: Duration,
+) -> Result<()> {
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopping = stop.clone();
+    let draining = life.clone();
+    let server = axum::serve(listener, life.gate()).with_graceful_shutdown(async move {
+        signal().await;
+        if draining.drain() {
+            eprintln!("qkv serve: stopped while loading");
+            std::process::exit(0);
+        }
         eprintln!(
-            "qkv serve: `{}` on http://{}",
-            state.name,
-            listener.local_addr()?
+            "qkv serve: stopping; {} requests in flight have {}s",
+            draining.in_flight(),
+            grace.as_secs()
         );
-        eprintln!("qkv serve: {dtype} weights");
-        eprintln!("qkv serve: {}", state.endpoints().join(", "));
-        if !keys.is_empty() {
-            eprintln!("qkv serve: requests need one of the API keys given");
+        stopping.notify_one();
+        // the listener closes once they are done
+        draining.idle().await;
+    });
+    tokio::select! {
+        r = server => r.context("serving")?,
+        _ = async { stop.notified().await; tokio::time::sleep(grace).await } => {
+            eprintln!("qkv serve: the grace period is over; exiting");
         }
-        let stop = Arc::new(tokio::sync::Notify::new());
-        let stopping = stop.clone();
-        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-            signal().await;
-            eprintln!(
-                "qkv serve: stopping; in-flight requests have {}s",
-                grace.as_secs()
-            );
-            stopping.notify_one();
-        });
-        tokio::select! {
-            r = server => r.context("serving")?,
-            _ = async { stop.notified().await; tokio::time::sleep(grace).await } => {
-                eprintln!("qkv serve: the grace period is over; exiting");
-            }
-        }
-        anyhow::Ok(())
-    })?;
+    }
     Ok(())
 }
 

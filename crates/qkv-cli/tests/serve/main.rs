@@ -2,9 +2,9 @@
 //! generate`, streamed chunks join to the whole, concurrent requests are batched and
 //! each still equals its own run, every bad request gets OpenAI's error shape with the
 //! right status while the server keeps serving, a client that goes away frees its
-//! sequence, a full queue answers 503, SIGTERM lets a stream finish and exits 0,
-//! embeddings equal `qkv embed`, reranking and classification equal `qkv classify`,
-//! and the folder written as GGUF serves as well.
+//! sequence, a full queue answers 503, SIGTERM drains (a stream finishes while /health
+//! and new work answer 503) and exits 0, embeddings equal `qkv embed`, reranking and
+//! classification equal `qkv classify`, and the folder written as GGUF serves as well.
 //!
 //! The model: a tiny random Llama (`qkv bench llama --save`) with the Qwen2 byte-level
 //! test tokenizer and Qwen2.5's chat template.
@@ -741,7 +741,7 @@ fn a_client_that_hangs_up_frees_its_sequence_and_a_full_queue_answers_503() {
 }
 
 #[test]
-fn sigterm_lets_a_stream_finish_then_exits_0() {
+fn sigterm_drains_a_stream_turns_new_work_away_then_exits_0() {
     let mut s = Server::start(model(), &["--grace", "60", "--max-tokens", "3000"]);
     let name = s.name();
     let body = json!({"model": name, "prompt": "go on", "max_tokens": 3000, "temperature": 0, "stream": true}).to_string();
@@ -750,20 +750,41 @@ fn sigterm_lets_a_stream_finish_then_exits_0() {
     let mut first = [0u8; 1];
     std::io::Read::read_exact(&mut c, &mut first).unwrap();
     s.terminate();
-    // it stops accepting at once, while the stream goes on
+    // draining: the port still answers while the stream goes on, /health says 503 (a
+    // router's cue) and new work is turned away to be retried elsewhere
     let started = Instant::now();
-    while std::net::TcpStream::connect(s.addr).is_ok() {
+    let health = loop {
+        let h = s.get("/health");
+        if h.status != 200 {
+            break h;
+        }
         assert!(
             started.elapsed() < Duration::from_secs(10),
-            "still accepting after SIGTERM"
+            "/health still 200 after SIGTERM"
         );
         std::thread::sleep(Duration::from_millis(10));
-    }
+    };
+    assert_eq!(health.status, 503, "{}", health.body);
+    assert_eq!(health.json()["status"], "draining");
+    let turned = s.post(
+        "/v1/completions",
+        &json!({"model": name, "prompt": "late", "max_tokens": 2}),
+    );
+    assert_eq!(turned.status, 503, "{}", turned.body);
+    assert_eq!(turned.header("retry-after"), Some("1"));
+    assert_eq!(turned.header("connection"), Some("close"));
+    assert_eq!(
+        s.get("/metrics").status,
+        200,
+        "a draining replica still reports"
+    );
     let r = read_reply_after(first.to_vec(), &mut c);
     let (_, finish, done) = joined(&r.events());
     assert_eq!((finish.as_str(), done), ("length", true), "{}", r.body);
+    // with nothing in flight the listener closes and the process ends
     let status = s.child.wait().unwrap();
     assert!(status.success(), "{status:?}");
+    assert!(std::net::TcpStream::connect(s.addr).is_err());
 }
 
 #[test]

@@ -24,6 +24,7 @@ use super::api::ApiError;
 
 use shared::Shared;
 
+/// Reached only when ready: while loading and draining the gate answers (`super::lifecycle`).
 pub async fn health() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
