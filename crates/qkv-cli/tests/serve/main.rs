@@ -13,6 +13,7 @@ mod access;
 mod http;
 mod load;
 mod prefix;
+mod replicas;
 mod structured;
 mod surface;
 
