@@ -123,25 +123,11 @@ impl Server {
         headers: &[(&str, &str)],
         body: Option<&[u8]>,
     ) -> Reply {
-        let mut s = self.connect();
-        let body = body.unwrap_or_default();
-        let extra: String = headers
-            .iter()
-            .map(|(k, v)| format!("{k}: {v}\r\n"))
-            .collect();
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: qkv\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n",
-            body.len()
-        );
-        s.write_all(head.as_bytes()).unwrap();
-        s.write_all(body).unwrap();
-        read_reply(&mut s)
+        request(self.addr, method, path, headers, body)
     }
 
     pub fn connect(&self) -> TcpStream {
-        let s = TcpStream::connect(self.addr).expect("the server accepts");
-        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-        s
+        connect(self.addr)
     }
 
     /// Sends SIGTERM.
@@ -189,6 +175,36 @@ impl Reply {
             .map(str::to_string)
             .collect()
     }
+}
+
+/// A connection to `addr` (a server, or a router in front of servers).
+pub fn connect(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(addr).expect("the server accepts");
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    s
+}
+
+/// One request to `addr` on a connection of its own, and its whole reply.
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> Reply {
+    let mut s = connect(addr);
+    let body = body.unwrap_or_default();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: qkv\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    read_reply(&mut s)
 }
 
 /// Reads a whole reply (the connection is closed after it), de-chunking the body.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::http::{read_reply, Reply, Server};
+use super::http::{request, Reply, Server};
 use super::{joined, model, text_of};
 
 const STREAMS: usize = 32;
@@ -104,20 +104,8 @@ fn start_nginx(replicas: &[SocketAddr]) -> Nginx {
 }
 
 fn post(addr: SocketAddr, body: &Value) -> Reply {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     let body = body.to_string();
-    std::io::Write::write_all(
-        &mut s,
-        format!(
-            "POST /v1/completions HTTP/1.1\r\nHost: qkv\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .as_bytes(),
-    )
-    .unwrap();
-    read_reply(&mut s)
+    request(addr, "POST", "/v1/completions", &[], Some(body.as_bytes()))
 }
 
 fn ask(prompt: &str, stream: bool) -> Value {

@@ -121,7 +121,6 @@ fn plain<const R: usize, const NP: usize>(t: &Tile<'_, R, NP>, out: &mut [[[f32;
             codes: q,
             scales: xs,
             offsets,
-            ..
         } = *x;
         for ((codes, scales), out) in t.codes.iter().zip(&t.scales).zip(out.iter_mut()) {
             for (c, total) in out.iter_mut().enumerate() {
