@@ -98,9 +98,9 @@ fn decode_reports_bandwidth_of_the_cache() {
 }
 
 #[test]
-fn machine_rows_give_the_fma_peak_and_the_memory_bandwidth() {
+fn machine_rows_give_the_fma_peak_the_memory_bandwidth_and_the_hand_offs() {
     let rows = bench("machine --bytes 4096", &[]);
-    assert_eq!(rows.len(), 2);
+    assert_eq!(rows.len(), 5);
     assert_eq!(
         (&rows[0]["bench"], &rows[0]["probe"]),
         (&"machine".into(), &"fma".into())
@@ -111,6 +111,15 @@ fn machine_rows_give_the_fma_peak_and_the_memory_bandwidth() {
     assert_eq!(rows[1]["bytes"], 4096);
     positive(&rows[1], TIMING);
     positive(&rows[1], &["gbs_best", "gbs_median"]);
+    for (row, via) in rows[2..].iter().zip(["team", "rayon", "one thread"]) {
+        assert_eq!(
+            (&row["probe"], &row["via"]),
+            (&"handoff".into(), &via.into())
+        );
+        assert_eq!(row["jobs"], 1000);
+        positive(row, TIMING);
+        positive(row, &["kjobs_best", "kjobs_median"]);
+    }
     let out = qkv(&["bench", "machine", "--bytes", "4"]);
     assert!(!out.status.success() && stderr(&out).contains("--bytes"));
 }

@@ -12,17 +12,19 @@
 //!
 //! Keys are read in place (no packing), so a step reads the cache exactly once. The
 //! split size is fixed, so results do not depend on the number of threads. Tasks are
-//! numbered (b, g, split): a worker's consecutive tasks go on along one head's run of
+//! numbered (b, g, split) and claimed in that order by the thread team
+//! ([`for_each_task`]): tasks taken one after another go on along one head's run of
 //! the cache, which the cache stores heads-major ([B, G, cap, D]) so that a task's keys
 //! are one contiguous block. (With a positions-major cache, (b, split, g) had been
 //! 1.11× at S = 32768 on an AVX-512 Xeon; heads-major, the order measured level on a
 //! Zen 3.)
 
-use rayon::prelude::*;
+use std::sync::Mutex;
 
 use super::micro::{self, Dots, MulAcc, SoftmaxRows, Strided};
 use super::spec::Scorer;
 use super::view::HeadsView;
+use crate::ops::for_each_task;
 use crate::tensor::Tensor;
 
 /// Query rows up to this many take this path.
@@ -93,15 +95,21 @@ pub(super) fn attention(q: &HeadsView, k: KvRows, v: KvRows, scorer: &Scorer) ->
         tasks * rows
     ];
     let mut accs = vec![0.0f32; tasks * rows * dv];
-    states
-        .par_chunks_mut(rows)
-        .zip(accs.par_chunks_mut(rows * dv))
-        .enumerate()
-        .for_each_init(Scratch::default, |scratch, (task, (state, acc))| {
-            let (b, g, split) = (task / (splits * g_n), task / splits % g_n, task % splits);
-            let keys = split * SPLIT..s.min((split + 1) * SPLIT);
-            one_split(q, [k, v], scorer, (b, g), keys, scratch, state, acc);
-        });
+    // each task's own rows of state and of acc, locked once by that task alone
+    let parts: Vec<Mutex<(&mut [State], &mut [f32])>> = states
+        .chunks_mut(rows)
+        .zip(accs.chunks_mut(rows * dv))
+        .map(Mutex::new)
+        .collect();
+    for_each_task(tasks, |task| {
+        let (b, g, split) = (task / (splits * g_n), task / splits % g_n, task % splits);
+        let keys = split * SPLIT..s.min((split + 1) * SPLIT);
+        let mut part = parts[task].lock().unwrap_or_else(|e| e.into_inner());
+        let (state, acc) = &mut *part;
+        let scratch = &mut Scratch::default();
+        one_split(q, [k, v], scorer, (b, g), keys, scratch, state, acc);
+    });
+    drop(parts);
 
     let mut out = Tensor::zeros(&[b_n, t, h_n, dv]);
     let mut lse = Tensor::zeros(&[b_n, h_n, t]);

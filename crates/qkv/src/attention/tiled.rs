@@ -7,8 +7,8 @@
 //! l' = l·exp(m − m') + Σp, acc' = acc·exp(m − m') + p·V. At the end out = acc / l and
 //! the row's log-sum-exp is m + ln l, which the backward pass and the weights use.
 
-use crate::ops::aligned::AlignedBuf;
 use crate::ops::disjoint::Disjoint;
+use crate::ops::for_each_task;
 use rayon::prelude::*;
 
 use super::decode::{self, KvRows};
@@ -54,19 +54,9 @@ pub(crate) fn attention(
     let values = Rows::new(v);
     let blocks = bf16.then(|| tiled_bf16::Blocks::new(k, v));
 
-    (0..dims.b * h_n * n_qblocks).into_par_iter().for_each_init(
-        || Scratch {
-            tile: AlignedBuf::zeros(block_q * BLOCK_K),
-            acc: AlignedBuf::zeros(block_q * dv),
-            m: vec![0.0; block_q],
-            l: vec![0.0; block_q],
-            corr: vec![0.0; block_q],
-            q_rows: match bf16 {
-                true => vec![0.0; block_q * dims.d],
-                false => Vec::new(),
-            },
-        },
-        |scratch, task| {
+    let sizes = (block_q, dv, if bf16 { dims.d } else { 0 });
+    for_each_task(dims.b * h_n * n_qblocks, |task| {
+        Scratch::with(sizes, |scratch| {
             let (bh, qb) = (task / n_qblocks, task % n_qblocks);
             let (b, h) = (bh / h_n, bh % h_n);
             let i0 = qb * block_q;
@@ -102,8 +92,8 @@ pub(crate) fn attention(
                     *lse_i = scratch.m[r] + l.ln();
                 }
             }
-        },
-    );
+        })
+    });
     let weights = want_weights.then(|| weights_from_lse(q, k, scorer, &lse));
     AttentionOutput { out, lse, weights }
 }

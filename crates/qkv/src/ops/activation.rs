@@ -1,6 +1,7 @@
 //! Pointwise activations under the names Hugging Face configs use.
 
 use super::fastmath;
+use super::pool::for_each_chunk_mut;
 use crate::error::{Error, Result};
 use rayon::prelude::*;
 
@@ -71,7 +72,7 @@ impl Activation {
         };
         if xs.len() >= min && threads > 1 {
             let chunk = xs.len().div_ceil(threads).min(CHUNK);
-            xs.par_chunks_mut(chunk).for_each(|c| self.apply_chunk(c));
+            for_each_chunk_mut(xs, chunk, |c| self.apply_chunk(c));
         } else {
             self.apply_chunk(xs);
         }

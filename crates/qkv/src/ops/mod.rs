@@ -11,10 +11,11 @@ pub mod matmul;
 pub mod pool;
 pub mod simd;
 pub mod softmax;
+mod team;
 pub mod vector;
 pub mod vmath;
 
 pub use activation::Activation;
 pub use matmul::{gemm, gemm_packed, matmul, MatMut, MatRef, PackedWeight, Par};
-pub use pool::on_pool;
+pub use pool::{for_each_task, on_pool};
 pub use softmax::{argmax, softmax, softmax_backward, softmax_rows};

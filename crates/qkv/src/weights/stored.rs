@@ -6,9 +6,9 @@
 
 use crate::error::{Error, Result};
 use crate::ops::disjoint::Disjoint;
+use crate::ops::for_each_task;
 use crate::ops::matmul::{gemm_source, SlabSource};
 use crate::ops::{gemm, MatMut, MatRef, Par};
-use rayon::prelude::*;
 
 /// What a row of y starts from, before a product is added to it.
 #[derive(Clone, Copy, Debug)]
@@ -333,7 +333,7 @@ pub(crate) fn sweep_panels(
         }
     };
     if parallel {
-        (0..panels).into_par_iter().step_by(chunk).for_each(run);
+        for_each_task(panels.div_ceil(chunk), |t| run(t * chunk));
     } else {
         run(0);
     }

@@ -1,5 +1,6 @@
-//! The machine's own limits as a workload: the FMA peak and the memory read bandwidth
-//! (the probes themselves are in probes.rs).
+//! The machine's own limits as a workload: the FMA peak, the memory read bandwidth and
+//! the cost of handing a parallel operation to the threads (the probes themselves are
+//! in probes.rs).
 
 use std::hint::black_box;
 use std::io::Write;
@@ -9,7 +10,7 @@ use clap::Args;
 use serde_json::json;
 
 use super::printer::{Printer, Rate, Row};
-use super::probes::{fma_probe, MemoryProbe};
+use super::probes::{fma_probe, handoffs, Handoff, MemoryProbe};
 use super::timing::{measure, Common};
 
 #[derive(Args)]
@@ -49,5 +50,25 @@ pub fn bench_machine(a: &MachineArgs, p: &mut Printer<impl Write>) -> Result<()>
         timing,
         rate: Some(Rate::new("gbs", "GB/s", gb)),
         fields: json!({"bench": "machine", "probe": "memory", "bytes": probe.bytes()}),
-    })
+    })?;
+    // a thousand jobs a call: a few ms at the µs or so each takes
+    const JOBS: usize = 1000;
+    let ways = [
+        (Handoff::Team, "team"),
+        (Handoff::Rayon, "rayon"),
+        (Handoff::Alone, "one thread"),
+    ];
+    for (how, name) in ways {
+        let timing = measure(&a.common, || {
+            handoffs(JOBS, how);
+            Ok(())
+        })?;
+        p.row(Row {
+            label: format!("machine hand-offs, {name}"),
+            timing,
+            rate: Some(Rate::new("kjobs", "k jobs/s", JOBS as f64 / 1e3)),
+            fields: json!({"bench": "machine", "probe": "handoff", "via": name, "jobs": JOBS}),
+        })?;
+    }
+    Ok(())
 }

@@ -4,7 +4,9 @@
 //! README's measurement table quotes them.
 //!
 //! Both probes run on every thread of the rayon pool at once (`rayon::broadcast`), so
-//! they measure what `--threads` threads get together, as the workloads do.
+//! they measure what `--threads` threads get together, as the workloads do. A third
+//! measures what a forward pays per parallel operation: handing empty tasks to the
+//! other threads and waiting for them.
 
 use qkv::ops::vector::Isa;
 use rayon::prelude::*;
@@ -157,3 +159,47 @@ mod tests {
         assert!((fma_chains(1000) - (CHAINS as u64 * lanes()) as f32).abs() < 1e-3);
     }
 }
+
+/// How a [`handoffs`] job reaches the other threads.
+#[derive(Clone, Copy)]
+pub enum Handoff {
+    /// `qkv::ops::for_each_task`, on the forward's thread team
+    Team,
+    /// a rayon parallel iterator, as every parallel operation ran before the team
+    Rayon,
+    /// none: every task on the calling thread (the time a perfect split divides)
+    Alone,
+}
+
+/// Runs `jobs` parallel jobs inside `on_pool` (where a forward runs), each waited for
+/// before the next, of two tasks a thread, each task a chain of `TASK_ADDS` dependent
+/// additions (~1 µs at 3 GHz): a job's time over its share of the work
+/// (2 × `TASK_ADDS` additions) is what handing it out and waiting for it cost.
+pub fn handoffs(jobs: usize, how: Handoff) {
+    let tasks = 2 * rayon::current_num_threads();
+    let task = |t: usize| {
+        let mut x = t as u64;
+        for _ in 0..TASK_ADDS {
+            x = std::hint::black_box(x + 1);
+        }
+        x
+    };
+    qkv::ops::on_pool(|| {
+        for _ in 0..jobs {
+            match how {
+                Handoff::Team => qkv::ops::for_each_task(tasks, |t| {
+                    std::hint::black_box(task(t));
+                }),
+                Handoff::Rayon => (0..tasks).into_par_iter().for_each(|t| {
+                    std::hint::black_box(task(t));
+                }),
+                Handoff::Alone => (0..tasks).for_each(|t| {
+                    std::hint::black_box(task(t));
+                }),
+            }
+        }
+    });
+}
+
+/// Dependent additions a [`handoffs`] task makes.
+pub const TASK_ADDS: usize = 3000;

@@ -23,7 +23,7 @@ use super::tile::{panels_per_tile, slabs, MR, NR};
 use super::view::{MatRef, Par, Update};
 use super::{dot, pack};
 use crate::ops::disjoint::Disjoint;
-use rayon::prelude::*;
+use crate::ops::pool::for_each_task;
 use std::cell::RefCell;
 
 /// Rows of A per task block (a multiple of MR).
@@ -125,7 +125,7 @@ fn blocked(u: Update<'_>, a: MatRef<'_>, b: Operand, parallel: bool) {
         }
     };
     if parts > 1 {
-        (0..parts).into_par_iter().for_each(task);
+        for_each_task(parts, task);
     } else {
         task(0);
     }

@@ -13,7 +13,7 @@
 use super::view::{MatRef, Update};
 use crate::ops::disjoint::Disjoint;
 use crate::ops::isa::Isa;
-use rayon::prelude::*;
+use crate::ops::pool::for_each_task;
 
 /// Most rows of A per kernel call.
 const ROWS: usize = 4;
@@ -76,7 +76,7 @@ fn sweep<const W: usize>(u: Update<'_>, a: MatRef<'_>, b: MatRef<'_>, parallel: 
         }
     };
     if parallel {
-        (0..n).into_par_iter().step_by(chunk).for_each(run);
+        for_each_task(n.div_ceil(chunk), |t| run(t * chunk));
     } else {
         run(0);
     }

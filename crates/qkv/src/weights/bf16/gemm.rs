@@ -11,7 +11,7 @@ use super::convert::round_pairs;
 use super::job::Job;
 use super::weight::PANEL;
 use crate::ops::disjoint::Disjoint;
-use rayon::prelude::*;
+use crate::ops::for_each_task;
 
 /// Rows of a tile.
 const MR: usize = 6;
@@ -109,7 +109,7 @@ pub(super) fn product(job: Job<'_>, parallel: bool) {
         }
     };
     if parallel {
-        (0..blocks).into_par_iter().for_each(run);
+        for_each_task(blocks, run);
     } else {
         (0..blocks).for_each(run);
     }

@@ -14,8 +14,8 @@ use super::convert::round_to_bf16;
 use super::job::Job;
 use super::weight::{Bf16Weight, PANEL};
 use crate::ops::disjoint::Disjoint;
+use crate::ops::for_each_task;
 use crate::ops::isa::Isa;
-use rayon::prelude::*;
 
 /// Most rows of x the few-rows product takes.
 pub(super) const ROWS: usize = 4;
@@ -69,7 +69,7 @@ pub(super) fn product(job: Job<'_>, parallel: bool) {
         }
     };
     if parallel {
-        (0..panels).into_par_iter().step_by(chunk).for_each(run);
+        for_each_task(panels.div_ceil(chunk), |t| run(t * chunk));
     } else {
         run(0);
     }

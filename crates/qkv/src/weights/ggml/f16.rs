@@ -10,13 +10,13 @@
 
 use crate::error::{Error, Result};
 use crate::ops::disjoint::Disjoint;
+use crate::ops::for_each_task;
 use crate::ops::isa::Isa;
 use crate::ops::matmul::SlabSource;
 use crate::ops::Par;
 use crate::weights::stored::{widened_product, Form, Kernel, Operands, Start, StoredWeight};
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
-use rayon::prelude::*;
 
 /// Most rows that take the dot products.
 const FEW_ROWS: usize = 4;
@@ -188,7 +188,7 @@ fn dot_rows(kernel: Kernel, w: &F16Weight, ops: Operands, par: Par) {
         }
     };
     if parallel {
-        (0..n).into_par_iter().step_by(chunk).for_each(run);
+        for_each_task(n.div_ceil(chunk), |t| run(t * chunk));
     } else {
         run(0);
     }

@@ -17,6 +17,7 @@
 use super::rows::QuantizedRows;
 use super::weight::{Int8Weight, PANEL};
 use crate::ops::disjoint::Disjoint;
+use crate::ops::for_each_task;
 use crate::weights::amx::{self, Block, Dot, PanelTiles, Tiles};
 use crate::weights::stored::Start;
 use rayon::prelude::*;
@@ -92,7 +93,7 @@ pub(super) fn product(
     };
     let blocks = w.panels().div_ceil(2);
     if parallel {
-        (0..blocks).into_par_iter().for_each(run);
+        for_each_task(blocks, run);
     } else {
         (0..blocks).for_each(run);
     }
