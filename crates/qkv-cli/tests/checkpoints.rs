@@ -710,6 +710,243 @@ fn embed_reads_sentences_from_a_file_or_stdin() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A corpus job's parts, read back by the parquet crate's own reader: the (id, vector)
+/// rows of part-000000.parquet, part-000001.parquet, … in order.
+fn read_parts(dir: &Path) -> Vec<(i64, Vec<f32>)> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::record::{ListAccessor, RowAccessor};
+    let mut rows = Vec::new();
+    for index in 0.. {
+        let Ok(file) = std::fs::File::open(dir.join(format!("part-{index:06}.parquet"))) else {
+            break;
+        };
+        let reader = SerializedFileReader::new(file).unwrap();
+        for row in reader.get_row_iter(None).unwrap() {
+            let row = row.unwrap();
+            let list = row.get_list(1).unwrap();
+            let v = (0..list.len())
+                .map(|i| list.get_float(i).unwrap())
+                .collect();
+            rows.push((row.get_long(0).unwrap(), v));
+        }
+    }
+    rows
+}
+
+/// Every part's bytes, in order.
+fn part_bytes(dir: &Path) -> Vec<Vec<u8>> {
+    (0..)
+        .map_while(|i| std::fs::read(dir.join(format!("part-{i:06}.parquet"))).ok())
+        .collect()
+}
+
+/// `qkv embed --input FILE --output DIR`: the texts of a .txt, .jsonl or .parquet file
+/// (pyarrow's, snappy and zstd) embedded into Parquet parts of `--chunk` rows, their
+/// vectors those `qkv embed --json` gives in memory, and the same bytes from every
+/// input form; a run that lost its last parts (and left a part half written) goes on
+/// with `--resume` to the same bytes; what cannot be done is refused by name.
+#[test]
+fn embed_corpus_job_writes_parquet_parts_and_resumes_to_the_same_bytes() {
+    let dir = scratch("corpus");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../qkv/tests/fixtures/sentence/xlm_roberta_mean");
+    let m = model.to_str().unwrap();
+    let inputs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../qkv/tests/fixtures/corpus");
+    let texts = [
+        "the cat sat",
+        "猫坐在垫子上",
+        "attention is all you need",
+        "",
+        "last line no newline",
+    ];
+    let txt = dir.join("texts.txt");
+    std::fs::write(&txt, texts.join("\n")).unwrap();
+    let jsonl = dir.join("texts.jsonl");
+    let lines: Vec<String> = texts
+        .iter()
+        .map(|t| serde_json::json!({"id": 7, "body": t}).to_string() + "\n")
+        .collect();
+    std::fs::write(&jsonl, lines.concat()).unwrap();
+    let job = |input: &Path, out: &Path, extra: &[&str]| {
+        let (i, o) = (input.to_str().unwrap(), out.to_str().unwrap());
+        let mut args = vec!["embed", "--model", m, "--input", i, "--output", o];
+        args.extend_from_slice(extra);
+        qkv(&args)
+    };
+
+    let in_memory = qkv(&[
+        "embed",
+        "--model",
+        m,
+        "--json",
+        "--input",
+        txt.to_str().unwrap(),
+    ]);
+    assert!(in_memory.status.success(), "{}", stderr(&in_memory));
+    let expected: Vec<Vec<f32>> = serde_json::from_slice(&in_memory.stdout).unwrap();
+    let out = dir.join("from-txt");
+    let run = job(&txt, &out, &["--chunk", "2"]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    assert!(
+        stderr(&run).contains("5 texts embedded in 3 parts"),
+        "{}",
+        stderr(&run)
+    );
+    let rows = read_parts(&out);
+    assert_eq!(
+        rows.iter().map(|r| r.0).collect::<Vec<_>>(),
+        [0, 1, 2, 3, 4]
+    );
+    for ((_, got), want) in rows.iter().zip(&expected) {
+        assert_eq!(got.len(), want.len());
+        // chunks of 2 texts pack other neighbours than one batch of 5: last-bit sums
+        let worst = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(worst < 1e-6, "{worst}");
+    }
+    let bytes = part_bytes(&out);
+    assert_eq!(bytes.len(), 3);
+    for (input, field) in [
+        (jsonl.clone(), "body"),
+        (inputs.join("texts_snappy.parquet"), "body"),
+        (inputs.join("texts_zstd.parquet"), "body"),
+    ] {
+        let other = dir.join(format!(
+            "from-{}",
+            input.file_name().unwrap().to_str().unwrap()
+        ));
+        let run = job(&input, &other, &["--chunk", "2", "--text-field", field]);
+        assert!(
+            run.status.success(),
+            "{}: {}",
+            input.display(),
+            stderr(&run)
+        );
+        assert_eq!(part_bytes(&other), bytes, "{}", input.display());
+    }
+
+    // a run that lost its last two parts, the first of them half written
+    std::fs::remove_file(out.join("part-000001.parquet")).unwrap();
+    std::fs::remove_file(out.join("part-000002.parquet")).unwrap();
+    std::fs::write(out.join(".part-000001.parquet.tmp"), b"PAR1 half").unwrap();
+    let resumed = job(&txt, &out, &["--chunk", "2", "--resume"]);
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    assert!(
+        stderr(&resumed).contains("(3 this run"),
+        "{}",
+        stderr(&resumed)
+    );
+    assert_eq!(part_bytes(&out), bytes);
+    assert!(!out.join(".part-000001.parquet.tmp").exists());
+
+    let refused = |run: Output, words: &str| {
+        assert!(!run.status.success());
+        assert!(
+            stderr(&run).contains(words),
+            "`{words}` not in: {}",
+            stderr(&run)
+        );
+    };
+    refused(job(&txt, &out, &["--chunk", "2"]), "is not empty: --resume");
+    refused(
+        job(&txt, &out, &["--chunk", "3", "--resume"]),
+        "its chunk was 2, this one's is 3",
+    );
+    refused(job(&jsonl, &dir.join("j"), &[]), "line 1: no field `text`");
+    refused(
+        job(
+            &inputs.join("texts_snappy.parquet"),
+            &dir.join("p"),
+            &["--text-field", "n"],
+        ),
+        "column `n` is not a string column",
+    );
+    refused(
+        job(&dir.join("texts.csv"), &dir.join("c"), &[]),
+        ".parquet (a string column",
+    );
+    refused(
+        job(&txt, &dir.join("t"), &["--text-field", "body"]),
+        "it has no fields",
+    );
+    refused(
+        job(&txt, &dir.join("z"), &["--chunk", "0"]),
+        "--chunk must be at least 1",
+    );
+    refused(
+        qkv(&[
+            "embed",
+            "--model",
+            m,
+            "--output",
+            dir.join("n").to_str().unwrap(),
+            "x",
+        ]),
+        "embeds the texts of --input FILE",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A corpus job killed (SIGKILL) after its first parts, then run again with
+/// `--resume`, leaves the bytes an uninterrupted run writes.
+#[test]
+fn a_killed_corpus_job_resumes_to_an_uninterrupted_runs_bytes() {
+    let dir = scratch("corpus-kill");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../qkv/tests/fixtures/sentence/xlm_roberta_mean");
+    let m = model.to_str().unwrap();
+    let input = dir.join("texts.txt");
+    let lines: Vec<String> = (0..4000)
+        .map(|i| format!("sentence number {i} of the corpus"))
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let args = |out: &Path| -> Vec<String> {
+        ["embed", "--model", m, "--input", input.to_str().unwrap()]
+            .into_iter()
+            .map(String::from)
+            .chain([
+                "--output".into(),
+                out.to_str().unwrap().into(),
+                "--chunk".into(),
+                "20".into(),
+            ])
+            .collect()
+    };
+    let whole = dir.join("whole");
+    let run = qkv(&args(&whole).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(run.status.success(), "{}", stderr(&run));
+    let expected = part_bytes(&whole);
+    assert_eq!(expected.len(), 200);
+
+    let killed = dir.join("killed");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_qkv"))
+        .args(args(&killed))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !killed.join("part-000002.parquet").exists() {
+        assert!(started.elapsed().as_secs() < 60, "no third part in 60 s");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let left = part_bytes(&killed).len();
+    assert!(
+        (3..200).contains(&left),
+        "{left} parts when killed: the job should have been stopped part-way"
+    );
+    let mut again = args(&killed);
+    again.push("--resume".into());
+    let run = qkv(&again.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(run.status.success(), "{}", stderr(&run));
+    assert_eq!(part_bytes(&killed), expected);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The README's tour on `examples/tiny-chat`, as the README writes it: every `qkv`
 /// line of its code block that runs and ends by itself (not `serve`, `train`,
 /// `experiment`, `bench`, which tests of their own cover) runs as written from a folder

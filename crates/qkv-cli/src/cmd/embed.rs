@@ -13,16 +13,19 @@ pub struct EmbedArgs {
     #[arg(long)]
     model: PathBuf,
     /// Print a JSON array of vectors
-    #[arg(long)]
+    #[arg(long, conflicts_with = "output")]
     json: bool,
     /// Sentences to embed
     #[arg(required_unless_present = "input", conflicts_with = "input")]
     texts: Vec<String>,
-    /// Read the sentences from FILE instead, one a line (`-`: standard input)
+    /// Read the sentences from FILE instead, one a line (`-`: standard input); with
+    /// --output, a corpus job's .txt, .jsonl or .parquet file
     #[arg(long, value_name = "FILE")]
     input: Option<PathBuf>,
     #[command(flatten)]
     dtype: super::shared_flags::DTypeFlag,
+    #[command(flatten)]
+    corpus: super::corpus::CorpusFlags,
 }
 
 /// The most bytes `--input` reads: a corpus past this is a job for a program of its own.
@@ -56,6 +59,15 @@ fn read_lines(path: &Path) -> Result<Vec<String>> {
 }
 
 pub fn run(args: &EmbedArgs, out: &mut impl Write) -> Result<()> {
+    if args.input.is_none() && args.corpus.output.is_some() {
+        bail!("--output is a corpus job's folder: it embeds the texts of --input FILE");
+    }
+    if let (Some(input), Some(_)) = (&args.input, &args.corpus.output) {
+        let encoder = SentenceEncoder::load_in(&args.model, args.dtype.dtype)?;
+        super::load::show_load_warnings(encoder.encoder());
+        let dtype = args.dtype.dtype.to_string();
+        return super::corpus::embed(&encoder, (&args.model, &dtype), input, &args.corpus);
+    }
     let read = args.input.as_deref().map(read_lines).transpose()?;
     let encoder = SentenceEncoder::load_in(&args.model, args.dtype.dtype)?;
     super::load::show_load_warnings(encoder.encoder());

@@ -7,6 +7,7 @@ pub mod attention;
 pub mod bench;
 pub mod classify;
 pub mod convert;
+mod corpus;
 pub mod embed;
 pub mod experiment;
 mod flags;
