@@ -788,7 +788,7 @@ fn embed_corpus_job_writes_parquet_parts_and_resumes_to_the_same_bytes() {
     let run = job(&txt, &out, &["--chunk", "2"]);
     assert!(run.status.success(), "{}", stderr(&run));
     assert!(
-        stderr(&run).contains("5 texts embedded in 3 parts"),
+        stderr(&run).contains("5 texts in 3 parts"),
         "{}",
         stderr(&run)
     );
@@ -886,6 +886,81 @@ fn embed_corpus_job_writes_parquet_parts_and_resumes_to_the_same_bytes() {
             "x",
         ]),
         "embeds the texts of --input FILE",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `qkv classify --input FILE --output DIR`: each text's top label, its score and every
+/// label's score in Parquet parts, as `qkv classify --json` ranks them; an overlong
+/// text named by its row under `--truncate refuse`.
+#[test]
+fn classify_corpus_job_writes_labels_and_scores() {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::record::{ListAccessor, RowAccessor};
+    let dir = scratch("corpus-classify");
+    let model =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../qkv/tests/fixtures/classify/distilbert_sst");
+    let m = model.to_str().unwrap();
+    let texts = ["the cat sat", "a wonderful, moving film", "", "dull"];
+    let input = dir.join("texts.txt");
+    std::fs::write(&input, texts.join("\n")).unwrap();
+    let out = dir.join("out");
+    let (i, o) = (input.to_str().unwrap(), out.to_str().unwrap());
+    let run = qkv(&[
+        "classify", "--model", m, "--input", i, "--output", o, "--chunk", "3",
+    ]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let mut args = vec!["classify", "--model", m, "--json"];
+    for t in texts {
+        args.extend(["--text", t]);
+    }
+    let given = qkv(&args);
+    assert!(given.status.success(), "{}", stderr(&given));
+    let ranked: serde_json::Value = serde_json::from_slice(&given.stdout).unwrap();
+    let mut rows = 0;
+    for index in 0..2 {
+        let file = std::fs::File::open(out.join(format!("part-{index:06}.parquet"))).unwrap();
+        for row in SerializedFileReader::new(file)
+            .unwrap()
+            .get_row_iter(None)
+            .unwrap()
+        {
+            let row = row.unwrap();
+            let id = row.get_long(0).unwrap();
+            assert_eq!(id, rows);
+            let top = &ranked[id as usize][0];
+            assert_eq!(row.get_string(1).unwrap(), top["label"].as_str().unwrap());
+            let score = row.get_float(2).unwrap();
+            assert!((score as f64 - top["score"].as_f64().unwrap()).abs() < 1e-6);
+            let scores = row.get_list(3).unwrap();
+            assert_eq!(scores.len(), 2);
+            let sum: f32 = (0..2).map(|j| scores.get_float(j).unwrap()).sum();
+            assert!((sum - 1.0).abs() < 1e-5, "softmax scores sum to {sum}");
+            rows += 1;
+        }
+    }
+    assert_eq!(rows, 4);
+    std::fs::write(
+        &input,
+        "a very long text that goes on and on past the sixteen tokens of this model\n",
+    )
+    .unwrap();
+    let refused = qkv(&[
+        "classify",
+        "--model",
+        m,
+        "--input",
+        i,
+        "--output",
+        dir.join("r").to_str().unwrap(),
+        "--truncate",
+        "refuse",
+    ]);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("--input row 0 is"),
+        "{}",
+        stderr(&refused)
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -2,7 +2,7 @@
 //! or text pairs read together (a cross-encoder's query and document).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use qkv::models::SequenceClassifier;
@@ -14,13 +14,13 @@ pub struct ClassifyArgs {
     #[arg(long)]
     model: PathBuf,
     /// Text to classify; repeat for several
-    #[arg(long, required = true)]
+    #[arg(long, required_unless_present = "input", conflicts_with = "input")]
     text: Vec<String>,
     /// Second text of each pair (`[CLS] text [SEP] pair [SEP]`); one per --text
-    #[arg(long)]
+    #[arg(long, conflicts_with = "input")]
     pair: Vec<String>,
     /// Print JSON: per input, each label's logit and score
-    #[arg(long)]
+    #[arg(long, conflicts_with = "output")]
     json: bool,
     /// An input longer than the model takes (its positions, or the tokenizer's
     /// model_max_length): `warn` cuts it (the longer text of a pair first) and says so,
@@ -29,6 +29,12 @@ pub struct ClassifyArgs {
     truncate: Truncate,
     #[command(flatten)]
     dtype: super::shared_flags::DTypeFlag,
+    /// Classify the texts of FILE (.txt, .jsonl or .parquet) into --output's Parquet
+    /// parts: a corpus job
+    #[arg(long, value_name = "FILE", requires = "output")]
+    input: Option<PathBuf>,
+    #[command(flatten)]
+    corpus: super::corpus::CorpusFlags,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +61,9 @@ pub fn run(args: &ClassifyArgs, out: &mut impl Write) -> Result<()> {
     }
     let model = SequenceClassifier::load(&args.model, args.dtype.dtype)?;
     super::load::show_load_warnings(model.encoder());
+    if let Some(input) = &args.input {
+        return corpus_job(&model, args, input);
+    }
     let inputs: Vec<(&str, Option<&str>)> = args
         .text
         .iter()
@@ -117,4 +126,44 @@ pub fn run(args: &ClassifyArgs, out: &mut impl Write) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--input FILE --output DIR`: every text's top label, its score and every label's
+/// score, into Parquet parts.
+fn corpus_job(model: &SequenceClassifier, args: &ClassifyArgs, input: &Path) -> Result<()> {
+    let runner = super::corpus::Runner {
+        command: "classify",
+        model: &args.model,
+        dtype: args.dtype.dtype.to_string(),
+    };
+    super::corpus::run(runner, input, &args.corpus, |first, texts| {
+        let inputs: Vec<(&str, Option<&str>)> = texts.iter().map(|&t| (t, None)).collect();
+        if args.truncate != Truncate::Cut {
+            for (i, n) in model.overlong(&inputs)? {
+                let what = format!(
+                    "--input row {} is {n} tokens, more than the {} the model takes",
+                    first + i as u64,
+                    model.max_len()
+                );
+                match args.truncate {
+                    Truncate::Refuse => bail!("{what} (--truncate refuse)"),
+                    _ => eprintln!("warning: {what}: cut to them (--truncate cut: no warning)"),
+                }
+            }
+        }
+        let logits = model.classify(&inputs)?;
+        let rows = logits.iter().map(|logits| {
+            let scores = model.scoring().apply(logits);
+            let top = (0..scores.len())
+                .max_by(|&a, &b| scores[a].total_cmp(&scores[b]))
+                .unwrap_or(0);
+            let label = model.labels().get(top).cloned().unwrap_or_default();
+            (
+                label,
+                scores.get(top).copied().unwrap_or(f32::NAN),
+                scores.to_vec(),
+            )
+        });
+        Ok(super::corpus::Results::Classes(rows.collect()))
+    })
 }

@@ -65,8 +65,14 @@ pub fn run(args: &EmbedArgs, out: &mut impl Write) -> Result<()> {
     if let (Some(input), Some(_)) = (&args.input, &args.corpus.output) {
         let encoder = SentenceEncoder::load_in(&args.model, args.dtype.dtype)?;
         super::load::show_load_warnings(encoder.encoder());
-        let dtype = args.dtype.dtype.to_string();
-        return super::corpus::embed(&encoder, (&args.model, &dtype), input, &args.corpus);
+        let runner = super::corpus::Runner {
+            command: "embed",
+            model: &args.model,
+            dtype: args.dtype.dtype.to_string(),
+        };
+        return super::corpus::run(runner, input, &args.corpus, |_, texts| {
+            Ok(super::corpus::Results::Embeddings(encoder.embed(texts)?))
+        });
     }
     let read = args.input.as_deref().map(read_lines).transpose()?;
     let encoder = SentenceEncoder::load_in(&args.model, args.dtype.dtype)?;

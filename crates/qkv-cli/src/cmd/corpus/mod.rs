@@ -1,7 +1,7 @@
-//! Corpus jobs: `qkv embed --input FILE --output DIR` embeds a file's texts chunk by
-//! chunk into a folder of Parquet parts, with a progress bar, and `--resume` goes on
-//! after the last whole part of a killed run (the result equals an uninterrupted
-//! run's: each text's vector depends on the text alone).
+//! Corpus jobs: `qkv embed|classify --input FILE --output DIR` runs a file's texts
+//! chunk by chunk into a folder of Parquet parts, with a progress bar, and `--resume`
+//! goes on after the last whole part of a killed run (the result equals an
+//! uninterrupted run's: a resumed job cuts the same chunks).
 
 mod input;
 mod parts;
@@ -13,17 +13,17 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use qkv::models::sentence::SentenceEncoder;
 use serde_json::json;
 
 use input::{Format, Texts};
 use parts::Parts;
+pub use parts::Results;
 
 /// A corpus job's flags, beside `--input` and `--model`.
 #[derive(Args)]
 pub struct CorpusFlags {
-    /// Write the results to this folder as Parquet parts (`id`, `embedding`) instead of
-    /// printing them: a corpus job, read from --input as it goes
+    /// Write the results to this folder as Parquet parts (`id` and the results) instead
+    /// of printing them: a corpus job, read from --input as it goes
     #[arg(long, value_name = "DIR", requires = "input")]
     pub output: Option<PathBuf>,
     /// Continue the job that wrote --output, after its last whole part
@@ -37,13 +37,21 @@ pub struct CorpusFlags {
     pub text_field: Option<String>,
 }
 
-/// Embeds `input`'s texts into `flags.output`'s parts; `dtype` is the model's number
-/// type (the job's description records it).
-pub fn embed(
-    encoder: &SentenceEncoder,
-    (model, dtype): (&Path, &str),
+/// The model a job runs: its folder and number type (the job's description records
+/// them) and the command's name.
+pub struct Runner<'a> {
+    pub command: &'a str,
+    pub model: &'a Path,
+    pub dtype: String,
+}
+
+/// Runs `input`'s texts through `compute`, a chunk a call (the chunk's first row id
+/// and its texts), into `flags.output`'s parts.
+pub fn run(
+    runner: Runner,
     input: &Path,
     flags: &CorpusFlags,
+    mut compute: impl FnMut(u64, &[&str]) -> Result<Results>,
 ) -> Result<()> {
     let output = flags.output.as_deref().expect("a corpus job has --output");
     if flags.chunk == 0 {
@@ -60,12 +68,12 @@ pub fn embed(
         .with_context(|| format!("--input {}", input.display()))?
         .len();
     let job = json!({
-        "command": "embed",
+        "command": runner.command,
         "input": absolute(input)?,
         "input_bytes": input_bytes,
         "text_field": flags.text_field,
-        "model": absolute(model)?,
-        "dtype": dtype,
+        "model": absolute(runner.model)?,
+        "dtype": runner.dtype,
         "chunk": flags.chunk,
     });
     let total = Texts::count(input, &format)?;
@@ -87,8 +95,8 @@ pub fn embed(
             break;
         }
         let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
-        let vectors = encoder.embed(&refs)?;
-        parts.write(index, row, &vectors)?;
+        let results = compute(row, &refs)?;
+        parts.write(index, row, &results)?;
         index += 1;
         row += chunk.len() as u64;
         bar.set_position(row);
@@ -104,7 +112,7 @@ pub fn embed(
     bar.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
     eprintln!(
-        "{} texts embedded in {} parts to {} ({} this run, {:.1} texts/s)",
+        "{} texts in {} parts to {} ({} this run, {:.1} texts/s)",
         row,
         index,
         output.display(),

@@ -5,16 +5,19 @@
 //! Parquet readers (pyarrow, Spark, Ray Data, DuckDB, pandas) read the folder as one
 //! table: they skip names that begin with `_` or `.`.
 //!
-//! A part holds `id` (int64: the input's line number, from 0) and `embedding`
-//! (list<float>): the schema Arrow writes for a list of f32 vectors.
+//! A part holds `id` (int64: the input's line number, from 0) and the job's results:
+//! `embedding` (list<float>: the schema Arrow writes for a list of f32 vectors), or a
+//! classifier's `label` (string: the top label), `score` (float: its score) and
+//! `scores` (list<float>: every label's, in the model's label order).
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use parquet::data_type::{FloatType, Int64Type};
+use parquet::data_type::{ByteArray, ByteArrayType, FloatType, Int64Type};
 use parquet::file::properties::WriterProperties;
+use parquet::file::writer::SerializedColumnWriter;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
 use serde_json::Value;
@@ -22,8 +25,8 @@ use serde_json::Value;
 /// The job description's file name.
 const JOB_FILE: &str = "_qkv_job.json";
 
-/// Each part's schema, in Parquet's message notation.
-const SCHEMA: &str = "message embeddings {
+/// An embedding part's schema, in Parquet's message notation.
+const EMBEDDINGS: &str = "message embeddings {
     required int64 id;
     required group embedding (LIST) {
         repeated group list {
@@ -31,6 +34,34 @@ const SCHEMA: &str = "message embeddings {
         }
     }
 }";
+
+/// A classification part's schema.
+const CLASSES: &str = "message classes {
+    required int64 id;
+    required binary label (STRING);
+    required float score;
+    required group scores (LIST) {
+        repeated group list {
+            required float element;
+        }
+    }
+}";
+
+/// One chunk's results, a row a text.
+pub enum Results {
+    Embeddings(Vec<Vec<f32>>),
+    /// the top label and its score, and every label's score
+    Classes(Vec<(String, f32, Vec<f32>)>),
+}
+
+impl Results {
+    fn rows(&self) -> usize {
+        match self {
+            Results::Embeddings(v) => v.len(),
+            Results::Classes(c) => c.len(),
+        }
+    }
+}
 
 /// An output folder, ready for parts.
 pub struct Parts {
@@ -97,22 +128,18 @@ impl Parts {
         fs::rename(&tmp, path).with_context(|| format!("{}", path.display()))
     }
 
-    /// Writes part `index`: rows `first_id..` with their vectors (all one length).
-    pub fn write(&self, index: u64, first_id: u64, vectors: &[Vec<f32>]) -> Result<()> {
+    /// Writes part `index`: rows `first_id..` with their results.
+    pub fn write(&self, index: u64, first_id: u64, results: &Results) -> Result<()> {
         let path = self.path(index);
         let tmp = self.dir.join(format!(".part-{index:06}.parquet.tmp"));
-        let ids: Vec<i64> = (0..vectors.len() as i64)
+        let ids: Vec<i64> = (0..results.rows() as i64)
             .map(|i| first_id as i64 + i)
             .collect();
-        let values: Vec<f32> = vectors.iter().flatten().copied().collect();
-        // every element is there (definition level 1); each row's first element starts
-        // a new list (repetition level 0), the others go on in it (1)
-        let defined = vec![1i16; values.len()];
-        let repeated: Vec<i16> = vectors
-            .iter()
-            .flat_map(|v| (0..v.len()).map(|j| i16::from(j > 0)))
-            .collect();
-        let schema = Arc::new(parse_message_type(SCHEMA)?);
+        let schema = match results {
+            Results::Embeddings(_) => EMBEDDINGS,
+            Results::Classes(_) => CLASSES,
+        };
+        let schema = Arc::new(parse_message_type(schema)?);
         let properties = Arc::new(WriterProperties::builder().build());
         let file = File::create(&tmp).with_context(|| format!("{}", tmp.display()))?;
         let written = (|| -> parquet::errors::Result<()> {
@@ -120,16 +147,26 @@ impl Parts {
             let mut group = writer.next_row_group()?;
             let mut column = 0;
             while let Some(mut col) = group.next_column()? {
-                match column {
-                    0 => {
+                match (column, results) {
+                    (0, _) => {
                         col.typed::<Int64Type>().write_batch(&ids, None, None)?;
                     }
-                    _ => {
-                        col.typed::<FloatType>().write_batch(
-                            &values,
-                            Some(&defined),
-                            Some(&repeated),
-                        )?;
+                    (_, Results::Embeddings(vectors)) => write_lists(&mut col, vectors)?,
+                    (1, Results::Classes(rows)) => {
+                        let labels: Vec<ByteArray> = rows
+                            .iter()
+                            .map(|r| r.0.as_bytes().to_vec().into())
+                            .collect();
+                        col.typed::<ByteArrayType>()
+                            .write_batch(&labels, None, None)?;
+                    }
+                    (2, Results::Classes(rows)) => {
+                        let scores: Vec<f32> = rows.iter().map(|r| r.1).collect();
+                        col.typed::<FloatType>().write_batch(&scores, None, None)?;
+                    }
+                    (_, Results::Classes(rows)) => {
+                        let lists: Vec<&[f32]> = rows.iter().map(|r| r.2.as_slice()).collect();
+                        write_lists(&mut col, &lists)?;
                     }
                 }
                 col.close()?;
@@ -142,4 +179,22 @@ impl Parts {
         written.with_context(|| format!("{}", tmp.display()))?;
         fs::rename(&tmp, &path).with_context(|| format!("{}", path.display()))
     }
+}
+
+/// Writes a required list<float> column, a list a row.
+fn write_lists(
+    col: &mut SerializedColumnWriter<'_>,
+    lists: &[impl AsRef<[f32]>],
+) -> parquet::errors::Result<()> {
+    let values: Vec<f32> = lists.iter().flat_map(|v| v.as_ref()).copied().collect();
+    // every element is there (definition level 1); each row's first element starts
+    // a new list (repetition level 0), the others go on in it (1)
+    let defined = vec![1i16; values.len()];
+    let repeated: Vec<i16> = lists
+        .iter()
+        .flat_map(|v| (0..v.as_ref().len()).map(|j| i16::from(j > 0)))
+        .collect();
+    col.typed::<FloatType>()
+        .write_batch(&values, Some(&defined), Some(&repeated))?;
+    Ok(())
 }
