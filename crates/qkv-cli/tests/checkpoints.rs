@@ -22,6 +22,11 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// The sentence-transformers fixture the `embed` tests run.
+fn sentence_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../qkv/tests/fixtures/sentence/xlm_roberta_mean")
+}
+
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("qkv-cli-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -661,8 +666,7 @@ fn convert_writes_a_gguf_file_that_generates_as_the_folder() {
 #[test]
 fn embed_reads_sentences_from_a_file_or_stdin() {
     let dir = scratch("embed-input");
-    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../qkv/tests/fixtures/sentence/xlm_roberta_mean");
+    let model = sentence_fixture();
     let m = model.to_str().unwrap();
     let given = qkv(&[
         "embed",
@@ -748,8 +752,7 @@ fn part_bytes(dir: &Path) -> Vec<Vec<u8>> {
 #[test]
 fn embed_corpus_job_writes_parquet_parts_and_resumes_to_the_same_bytes() {
     let dir = scratch("corpus");
-    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../qkv/tests/fixtures/sentence/xlm_roberta_mean");
+    let model = sentence_fixture();
     let m = model.to_str().unwrap();
     let inputs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../qkv/tests/fixtures/corpus");
     let texts = [
@@ -876,6 +879,12 @@ fn embed_corpus_job_writes_parquet_parts_and_resumes_to_the_same_bytes() {
         job(&txt, &dir.join("z"), &["--chunk", "0"]),
         "--chunk must be at least 1",
     );
+    std::fs::write(dir.join("empty.txt"), "").unwrap();
+    refused(
+        job(&dir.join("empty.txt"), &dir.join("e"), &[]),
+        "empty.txt: no texts",
+    );
+    assert!(!dir.join("e").exists());
     refused(
         qkv(&[
             "embed",
@@ -970,8 +979,7 @@ fn classify_corpus_job_writes_labels_and_scores() {
 #[test]
 fn a_killed_corpus_job_resumes_to_an_uninterrupted_runs_bytes() {
     let dir = scratch("corpus-kill");
-    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../qkv/tests/fixtures/sentence/xlm_roberta_mean");
+    let model = sentence_fixture();
     let m = model.to_str().unwrap();
     let input = dir.join("texts.txt");
     let lines: Vec<String> = (0..4000)

@@ -77,6 +77,9 @@ pub fn run(
         "chunk": flags.chunk,
     });
     let total = Texts::count(input, &format)?;
+    if total == 0 {
+        bail!("--input {}: no texts", input.display());
+    }
     let (parts, done) = Parts::open(output, &job, flags.resume)?;
     let mut texts = Texts::open(input, format)?;
     let mut row = texts.skip(done * flags.chunk)?;
@@ -104,7 +107,7 @@ pub fn run(
             // a log's view: a line a part
             let rate = (row - first) as f64 / start.elapsed().as_secs_f64().max(1e-9);
             eprintln!(
-                "part {index}: {row}/{total} texts, {rate:.1} texts/s, ETA {:.0} s",
+                "{index} parts: {row}/{total} texts, {rate:.1} texts/s, ETA {:.0} s",
                 total.saturating_sub(row) as f64 / rate
             );
         }
