@@ -60,7 +60,7 @@ pub fn use_threads(threads: Option<usize>) -> Result<()> {
 /// of going to sleep between two operations: a sleeping worker is woken through the
 /// kernel, which cost a fifth of a 13-token sentence's time on two threads. This is
 /// what OpenMP runtimes do between parallel regions; the cores spin only until `f`
-/// returns. The polling workers and this one form a [`Team`] that runs
+/// returns. The polling workers and this one form a thread team (`ops/team.rs`) that runs
 /// [`for_each_task`]'s jobs without rayon's deques.
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if rayon::current_thread_index().is_some() {
