@@ -19,6 +19,7 @@
 //! 1.11× at S = 32768 on an AVX-512 Xeon; heads-major, the order measured level on a
 //! Zen 3.)
 
+use std::cell::Cell;
 use std::sync::Mutex;
 
 use super::micro::{self, Dots, MulAcc, SoftmaxRows, Strided};
@@ -36,13 +37,19 @@ const SPLIT: usize = 512;
 /// Keys per step of a split's online softmax (see `one_split`).
 const KEY_BLOCK: usize = 32;
 
-/// A task's working space, reused by the tasks of one worker.
+/// A task's working space, kept by each thread between tasks and decoding steps
+/// (`KEPT`): `one_split` sizes it and writes every element before it reads it.
 #[derive(Default)]
 struct Scratch {
     /// [H/G, KEY_BLOCK] scores, then probabilities
     scores: Vec<f32>,
     /// [H/G] rescale factors of the accumulated output
     corr: Vec<f32>,
+}
+
+thread_local! {
+    /// This thread's scratch between tasks (its vectors keep their capacity).
+    static KEPT: Cell<Scratch> = Cell::default();
 }
 
 /// Keys or values as a decode step reads them, in place: f32, or a bf16 cache's bit
@@ -106,8 +113,10 @@ pub(super) fn attention(q: &HeadsView, k: KvRows, v: KvRows, scorer: &Scorer) ->
         let keys = split * SPLIT..s.min((split + 1) * SPLIT);
         let mut part = parts[task].lock().unwrap_or_else(|e| e.into_inner());
         let (state, acc) = &mut *part;
-        let scratch = &mut Scratch::default();
-        one_split(q, [k, v], scorer, (b, g), keys, scratch, state, acc);
+        // taken out of its slot for the call: a nested call on this thread makes its own
+        let mut scratch = KEPT.take();
+        one_split(q, [k, v], scorer, (b, g), keys, &mut scratch, state, acc);
+        KEPT.set(scratch);
     });
     drop(parts);
 
