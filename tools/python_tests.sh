@@ -6,7 +6,7 @@
 # pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv="${QKV_PY_VENV:-.venv-py}"
+venv="$(realpath -m "${QKV_PY_VENV:-.venv-py}")"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
@@ -15,4 +15,4 @@ rm -rf crates/qkv-py/target/wheels
 "$venv/bin/maturin" build --release --quiet -m crates/qkv-py/Cargo.toml -o crates/qkv-py/target/wheels
 "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps crates/qkv-py/target/wheels/qkv-*.whl
 cd crates/qkv-py
-QKV_PY_REQUIRE_ALL=1 "../../$venv/bin/python" -m pytest -q -rs tests "$@"
+QKV_PY_REQUIRE_ALL=1 "$venv/bin/python" -m pytest -q -rs tests "$@"

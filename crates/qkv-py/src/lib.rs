@@ -9,6 +9,7 @@
 mod arrays;
 mod attention;
 mod attribute;
+mod classify;
 mod errors;
 mod experiment;
 mod generate;

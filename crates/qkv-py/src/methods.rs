@@ -1,6 +1,7 @@
 //! The methods of `Model` as Python sees them: a checkpoint folder's forward (with
 //! every layer's attention weights), generation (generate.rs), attribution
-//! (attribute.rs), sentence embeddings, the tokenizer and the chat template.
+//! (attribute.rs), sentence embeddings, classification (classify.rs), the tokenizer
+//! and the chat template.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -92,8 +93,8 @@ impl Model {
     /// ``position``, ``norm``, ``ffn``, the special tokens (``bos_token_id``,
     /// ``eos_token_id`` as a list, ``pad_token_id``, ``decoder_start_token_id``),
     /// ``parameters``, ``dtypes`` (element counts by dtype on disk; empty for a
-    /// sentence-transformers folder) and ``dtype`` (what the linear layers compute in,
-    /// as ``load`` was asked).
+    /// sentence-transformers folder), ``dtype`` (what the linear layers compute in,
+    /// as ``load`` was asked) and, for a classifier, ``labels`` (``id2label`` in order).
     #[getter]
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let i = self.transformer().info();
@@ -133,6 +134,9 @@ impl Model {
         d.set_item("dtypes", dtypes)?;
         d.set_item("dtype", self.transformer().dtype().name())?;
         d.set_item("kv_dtype", self.transformer().kv_dtype.name())?;
+        if let Some(c) = self.classifier() {
+            d.set_item("labels", c.labels().to_vec())?;
+        }
         Ok(d)
     }
 
@@ -422,6 +426,40 @@ impl Model {
         let dim = encoder.dim();
         let flat: Vec<f32> = vectors.into_iter().flatten().collect();
         Ok(arrays::out(py, flat, &[texts.len(), dim])?.into_any())
+    }
+
+    /// Labels and scores of a ``…ForSequenceClassification`` folder (a sentiment or
+    /// NLI classifier, a cross-encoder reranker), as transformers' text-classification
+    /// pipeline scores them and ``qkv classify`` prints them: a softmax over the labels,
+    /// a sigmoid for one label or ``problem_type: multi_label_classification``, the
+    /// logits themselves for ``regression``.
+    ///
+    /// Args:
+    ///     texts: the inputs.
+    ///     pairs: a second text per input, read together with it (``[CLS] text [SEP]
+    ///         pair [SEP]``), as a cross-encoder reads a query and a document.
+    ///     truncate: an input longer than the model takes is cut to it with a
+    ///         ``UserWarning`` (``"warn"``), without one (``"cut"``), or refused
+    ///         (``"refuse"``, a ``ValueError`` naming it).
+    ///
+    /// Returns:
+    ///     ``{"label": [str] * N, "score": float32 [N], "scores": float32 [N, L],
+    ///     "logits": float32 [N, L]}``: the top label and its score, every label's
+    ///     score in ``info["labels"]`` order, and the raw logits.
+    ///
+    /// Raises:
+    ///     ValueError: the folder has no classification head, ``pairs`` and ``texts``
+    ///         differ in length, or an input is too long under ``truncate="refuse"``.
+    #[pyo3(signature = (texts, *, pairs=None, truncate="warn"))]
+    #[pyo3(text_signature = "($self, texts, *, pairs=None, truncate='warn')")]
+    fn classify<'py>(
+        &self,
+        py: Python<'py>,
+        texts: Vec<String>,
+        pairs: Option<Vec<String>>,
+        truncate: &str,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        crate::classify::classify(self, py, texts, pairs, truncate)
     }
 
     /// Token ids of ``text`` with the folder's tokenizer (``add_special_tokens`` as

@@ -8,17 +8,19 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use qkv::models::sentence::SentenceEncoder;
-use qkv::models::{KvDType, Transformer};
+use qkv::models::{KvDType, SequenceClassifier, Transformer};
 use qkv::text::{ChatTemplate, Renderer, Tokenizer};
 use qkv::weights::DType;
 
 use crate::errors::OrPy;
 
-/// The network: a plain checkpoint, or a sentence-transformers folder whose encoder
-/// comes with its pooling.
+/// The network: a plain checkpoint, a sentence-transformers folder whose encoder
+/// comes with its pooling, or a `…ForSequenceClassification` folder whose encoder comes
+/// with its head and labels.
 enum Net {
     Plain(Box<Transformer>),
     Sentence(Box<SentenceEncoder>),
+    Classifier(Box<SequenceClassifier>),
 }
 
 /// A model loaded from a Hugging Face (or qkv) folder. Made by :func:`qkv.load`.
@@ -42,14 +44,23 @@ impl Model {
         match &self.net {
             Net::Plain(t) => t,
             Net::Sentence(s) => s.encoder(),
+            Net::Classifier(c) => c.encoder(),
         }
     }
 
     /// The sentence encoder of a sentence-transformers folder.
     pub(crate) fn sentence(&self) -> Option<&SentenceEncoder> {
         match &self.net {
-            Net::Plain(_) => None,
             Net::Sentence(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The head and labels of a `…ForSequenceClassification` folder.
+    pub(crate) fn classifier(&self) -> Option<&SequenceClassifier> {
+        match &self.net {
+            Net::Classifier(c) => Some(c),
+            _ => None,
         }
     }
 
@@ -186,12 +197,15 @@ fn read(dir: &Path, dtype: DType, kv_dtype: KvDType) -> qkv::Result<Model> {
                 model.kv_dtype = kv_dtype;
             }
             let rows = model.arch.token_rows();
-            (
-                Net::Plain(Box::new(model)),
-                loaded.parameters,
-                loaded.dtypes,
-                rows,
-            )
+            let net = match model
+                .info()
+                .architecture
+                .ends_with("ForSequenceClassification")
+            {
+                true => Net::Classifier(Box::new(SequenceClassifier::with_encoder(dir, model)?)),
+                false => Net::Plain(Box::new(model)),
+            };
+            (net, loaded.parameters, loaded.dtypes, rows)
         }
     };
     Ok(Model {

@@ -92,7 +92,7 @@ class Model:
         ``hidden``, ``heads``, ``kv_heads``, ``head_dim``, ``ffn_dim``, ``vocab``,
         ``max_positions``, ``position``, ``norm``, ``ffn``, ``bos_token_id``,
         ``eos_token_id``, ``pad_token_id``, ``decoder_start_token_id``, ``parameters``,
-        ``dtypes``, ``dtype``, ``kv_dtype``."""
+        ``dtypes``, ``dtype``, ``kv_dtype`` (and a classifier's ``labels``)."""
 
     def forward(
         self,
@@ -261,6 +261,17 @@ class Model:
 
     def embed(self, texts: Sequence[str], *, batch_size: int = 32) -> F32:
         """Sentence embeddings ``[N, dim]`` (sentence-transformers folders)."""
+
+    def classify(
+        self,
+        texts: Sequence[str],
+        *,
+        pairs: Optional[Sequence[str]] = None,
+        truncate: Literal["warn", "cut", "refuse"] = "warn",
+    ) -> Dict[str, Union[List[str], F32]]:
+        """``label`` (``N`` strings), ``score`` ``[N]``, ``scores`` ``[N, L]`` and
+        ``logits`` ``[N, L]`` of a ``…ForSequenceClassification`` folder, scored as
+        transformers' text-classification pipeline scores."""
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> List[int]:
         """Token ids of ``text``."""

@@ -104,7 +104,13 @@ impl SequenceClassifier {
                 dir.display()
             )));
         }
-        let model = load_in(dir, dtype)?.model;
+        Self::with_encoder(dir, load_in(dir, dtype)?.model)
+    }
+
+    /// The classifier of the folder `dir` whose encoder `model` is already loaded (as
+    /// [`crate::models::load_in`] reads it): the head, labels, scoring and tokenizer are
+    /// read from the folder.
+    pub fn with_encoder(dir: &Path, model: Transformer) -> Result<Self> {
         let family = model.family;
         let layout = family
             .def()
