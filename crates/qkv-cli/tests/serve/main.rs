@@ -10,6 +10,7 @@
 //! test tokenizer and Qwen2.5's chat template.
 
 mod access;
+mod deploy;
 mod http;
 mod load;
 mod prefix;
