@@ -498,19 +498,23 @@ impl MultiHeadAttention {
         x.expect_shape("x", &[None, None, Some(self.q.in_features())])?;
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (h, g, d) = (self.heads, self.kv_heads, self.head_dim());
-        let (mut q, q_norm_in) = maybe_norm(
-            self.q_norm.as_ref(),
-            self.q.forward(x)?.reshape(&[b, t, h, d])?,
-            keep,
-        )?;
-        let (mut own, k_norm_in) = match keys {
+        // self-attention's three projections read one x: one product job for the three
+        let (q, kv) = match keys {
             Keys::Own(_) | Keys::OwnPacked(..) | Keys::OwnVarlen(_) => {
-                let k = self.k.forward(x)?.reshape(&[b, t, g, d])?;
+                let [q, k, v] = Linear::forward_each([&self.q, &self.k, &self.v], x)?;
+                (q, Some((k, v)))
+            }
+            Keys::Cross(_) => (self.q.forward(x)?, None),
+        };
+        let (mut q, q_norm_in) = maybe_norm(self.q_norm.as_ref(), q.reshape(&[b, t, h, d])?, keep)?;
+        let (mut own, k_norm_in) = match kv {
+            Some((k, v)) => {
+                let k = k.reshape(&[b, t, g, d])?;
                 let (k, k_norm_in) = maybe_norm(self.k_norm.as_ref(), k, keep)?;
-                let v = self.v.forward(x)?.reshape(&[b, t, g, self.value_dim()])?;
+                let v = v.reshape(&[b, t, g, self.value_dim()])?;
                 (Some((k, v)), k_norm_in)
             }
-            Keys::Cross(_) => (None, None),
+            None => (None, None),
         };
         if let Some((rope, positions)) = rule.rope {
             // sequences run side by side are each a call of their own

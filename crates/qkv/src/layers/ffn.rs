@@ -79,10 +79,16 @@ impl FeedForward {
     /// The one forward: h = up(x); a = act(h); m = a ⊙ gate_up(x) (gated) or a;
     /// y = down(m).
     fn forward_impl(&self, x: &Tensor, cache: Option<&mut FeedForwardCache>) -> Result<Tensor> {
-        let mut m = self.up.forward(x)?;
+        // a gated FFN's two products read one x: one product job for both
+        let (mut m, u) = match &self.gate_up {
+            Some(g) => {
+                let [m, u] = Linear::forward_each([&self.up, g], x)?;
+                (m, Some(u))
+            }
+            None => (self.up.forward(x)?, None),
+        };
         let h = cache.is_some().then(|| m.clone());
         self.activation.apply_slice(m.data_mut());
-        let u = self.gate_up.as_ref().map(|g| g.forward(x)).transpose()?;
         if let Some(u) = &u {
             for (a, b) in m.data_mut().iter_mut().zip(u.data()) {
                 *a *= b;

@@ -13,7 +13,7 @@ use crate::tensor::Tensor;
 use crate::weights::bf16::{self, Bf16Weight};
 use crate::weights::ggml::f16::F16Weight;
 use crate::weights::ggml::BlockWeight;
-use crate::weights::int8::{Int8Weight, ScaleLayout};
+use crate::weights::int8::{self, Int8Weight, ScaleLayout};
 use crate::weights::stored::{self, Start, StoredWeight};
 use crate::weights::DType;
 use std::sync::{Arc, OnceLock};
@@ -377,6 +377,51 @@ impl Linear {
         self.forward_with_bias(x, true)
     }
 
+    /// x `[..., in]` through layers that read the same input (an attention's Q, K and
+    /// V; a gated FFN's up and gate), each output as its own [`Linear::forward`] gives
+    /// it. Where every layer computes in int8 of one grouping, x is quantized once and
+    /// all the weights' panels are swept in one job
+    /// ([`crate::weights::int8::product::fused_products`]); else layer by layer.
+    pub fn forward_each<const N: usize>(layers: [&Linear; N], x: &Tensor) -> Result<[Tensor; N]> {
+        let int8: Option<Vec<&Int8Weight>> = layers
+            .iter()
+            .map(|l| match l.current_packed() {
+                Some(Packed::Int8(w)) => Some(w),
+                _ => None,
+            })
+            .collect();
+        if let Some(weights) = int8.filter(|_| N > 1) {
+            for l in layers {
+                l.check_input(x)?;
+            }
+            let rows = x.numel() / layers[0].in_features();
+            let mut ys = layers.map(|l| {
+                let mut shape = x.shape().to_vec();
+                *shape.last_mut().expect("rank checked") = l.out_features();
+                Tensor::zeros(&shape)
+            });
+            let parts = ys
+                .iter_mut()
+                .zip(layers)
+                .zip(weights)
+                .map(|((y, l), w)| {
+                    let start = l
+                        .bias
+                        .as_ref()
+                        .map_or(Start::Zero, |b| Start::Bias(b.data()));
+                    (w, y.data_mut(), start)
+                })
+                .collect();
+            if int8::product::fused_products(parts, x.data(), rows, Par::Auto)? {
+                return Ok(ys);
+            }
+        }
+        let ys: Vec<Tensor> = layers.iter().map(|l| l.forward(x)).collect::<Result<_>>()?;
+        Ok(ys
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("one output a layer")))
+    }
+
     /// x·Wᵀ, plus the bias when `with_bias` and the layer has one.
     fn forward_with_bias(&self, x: &Tensor, with_bias: bool) -> Result<Tensor> {
         let n_out = self.out_features();
@@ -639,6 +684,39 @@ mod tests {
 
     fn random(rng: &mut Rng, shape: &[usize]) -> Tensor {
         Tensor::new(shape, rng.normals(shape.iter().product(), 1.0)).unwrap()
+    }
+
+    /// Layers read together give each layer's own forward, bit for bit: int8 layers
+    /// (fused into one job where the CPU's form is the tiles), a mix with an f32 one
+    /// (layer by layer), with and without biases, one row and several.
+    #[test]
+    fn forward_each_equals_each_forward() {
+        let mut rng = Rng::new(7);
+        let layer = |rng: &mut Rng, n_out: usize, dtype: DType, bias: bool| {
+            let b = bias.then(|| random(rng, &[n_out]));
+            let mut l = Linear::new(random(rng, &[n_out, 64]), b).unwrap();
+            l.pack_as(dtype);
+            l
+        };
+        for rows in [1, 2, 9] {
+            let x = random(&mut rng, &[1, rows, 64]);
+            for second in [DType::Int8, DType::F32] {
+                let [a, b, c] = [
+                    layer(&mut rng, 48, DType::Int8, true),
+                    layer(&mut rng, 16, second, false),
+                    layer(&mut rng, 20, DType::Int8, true),
+                ];
+                let got = Linear::forward_each([&a, &b, &c], &x).unwrap();
+                for (l, y) in [&a, &b, &c].into_iter().zip(&got) {
+                    let want = l.forward(&x).unwrap();
+                    assert_eq!(y.shape(), want.shape());
+                    assert_eq!(y.data(), want.data(), "rows {rows}, second {second:?}");
+                }
+            }
+        }
+        let bad = random(&mut rng, &[1, 2, 63]);
+        let l = layer(&mut rng, 16, DType::Int8, false);
+        assert!(Linear::forward_each([&l, &l], &bad).is_err());
     }
 
     /// A packed layer gives the unpacked layer's outputs for every row count, and once

@@ -174,7 +174,7 @@ fn product_in(form: Option<Form>, w: &dyn StoredWeight, ops: Operands, par: Par)
 }
 
 /// Errors unless x is `[rows, K]`, y `[rows, N]` and a bias `[N]` for `w`.
-fn check_operands(
+pub(crate) fn check_operands(
     w: &dyn StoredWeight,
     y: &[f32],
     x: &[f32],
@@ -309,33 +309,80 @@ pub(crate) fn sweep_panels(
     tasks_per_thread: usize,
     parallel: bool,
 ) {
-    let Operands { y, rows, start, .. } = ops;
-    let n = y.len() / rows;
+    sweep_panels_of(vec![(kernel, ops)], tasks_per_thread, parallel);
+}
+
+/// [`sweep_panels`] of several products of the same rows in one job (an attention's
+/// Q, K and V from one input): the runs are cut from all the weights' panels together,
+/// so a small weight (GQA's K and V) does not make a job of its own.
+pub(crate) fn sweep_panels_of<K: TileKernel>(
+    parts: Vec<(&K, Operands)>,
+    tasks_per_thread: usize,
+    parallel: bool,
+) {
+    /// One product as its tasks see it: y `[rows, n]` in `panels` panels.
+    struct Part<'a, K> {
+        kernel: &'a K,
+        out: Disjoint,
+        start: Start<'a>,
+        n: usize,
+        panels: usize,
+    }
+    let Some(rows) = parts.first().map(|(_, ops)| ops.rows) else {
+        return;
+    };
     let width = if rows == 1 { 4 } else { 2 };
-    let panels = n.div_ceil(PANEL);
-    let chunk = panels_per_task(panels, width, tasks_per_thread, parallel);
-    let out = Disjoint::new(y);
-    let run = |j0: usize| {
-        let j1 = panels.min(j0 + chunk);
+    let parts: Vec<Part<K>> = parts
+        .into_iter()
+        .map(|(kernel, ops)| {
+            assert_eq!(ops.rows, rows, "one sweep, one row count");
+            let n = ops.y.len() / rows;
+            Part {
+                kernel,
+                out: Disjoint::new(ops.y),
+                start: ops.start,
+                n,
+                panels: n.div_ceil(PANEL),
+            }
+        })
+        .collect();
+    let all: usize = parts.iter().map(|p| p.panels).sum();
+    let chunk = panels_per_task(all, width, tasks_per_thread, parallel);
+    let run = |part: &Part<K>, j0: usize| {
+        let (n, j1) = (part.n, part.panels.min(j0 + chunk));
         let mut sums = [[0.0f32; 4 * PANEL]; TILE_ROWS];
         for j in (j0..j1).step_by(width) {
             let live = (j1 - j).min(width);
             let cols = (n - j * PANEL).min(live * PANEL);
             for r0 in (0..rows).step_by(TILE_ROWS) {
                 let r_live = (rows - r0).min(TILE_ROWS);
-                tile_sums(kernel, (r0, r_live), (j, live, width), &mut sums);
+                tile_sums(part.kernel, (r0, r_live), (j, live, width), &mut sums);
                 for (r, row) in sums.iter().enumerate().take(r_live) {
                     // SAFETY: columns j·PANEL.. of this task's panels belong to it alone.
-                    let dst = unsafe { out.range((r0 + r) * n + j * PANEL, cols) };
-                    start.apply(dst, row, j * PANEL);
+                    let dst = unsafe { part.out.range((r0 + r) * n + j * PANEL, cols) };
+                    part.start.apply(dst, row, j * PANEL);
                 }
             }
         }
     };
+    // task t is run t − first[p] of the part p whose tasks hold it
+    let mut tasks = 0;
+    let first: Vec<usize> = parts
+        .iter()
+        .map(|p| {
+            let at = tasks;
+            tasks += p.panels.div_ceil(chunk);
+            at
+        })
+        .collect();
+    let task = |t: usize| {
+        let p = first.partition_point(|&f| f <= t) - 1;
+        run(&parts[p], (t - first[p]) * chunk);
+    };
     if parallel {
-        for_each_task(panels.div_ceil(chunk), |t| run(t * chunk));
+        for_each_task(tasks, task);
     } else {
-        run(0);
+        (0..tasks).for_each(task);
     }
 }
 

@@ -7,7 +7,8 @@ use super::weight::Int8Weight;
 use crate::error::Result;
 use crate::ops::Par;
 use crate::weights::stored::{
-    sweep_panels, widened_product, At, Form, Operands, StoredWeight, Sums, TileKernel,
+    check_operands, sweep_panels, sweep_panels_of, widened_product, At, Form, Operands, Start,
+    StoredWeight, Sums, TileKernel,
 };
 
 /// Most rows that take the VNNI tiles even where AMX is there: a decoding step's few
@@ -82,6 +83,61 @@ impl StoredWeight for Int8Weight {
         }
         Ok(())
     }
+}
+
+/// y_i ← start_i + x `[rows, K]`·W_iᵀ for int8 weights that read the same x (an
+/// attention's Q, K and V; a gated FFN's gate and up): x quantized once, and every
+/// weight's panels swept in one job ([`sweep_panels_of`]), where one product each
+/// would quantize x and hand off a job per weight. `Ok(false)`, nothing written,
+/// where the weights differ in K or in grouping, or where this CPU's form for `rows`
+/// rows is not the tiles (AMX, the widened form): then each is a product of its own.
+/// Errors when the lengths do not match a weight.
+pub fn fused_products(
+    parts: Vec<(&Int8Weight, &mut [f32], Start)>,
+    x: &[f32],
+    rows: usize,
+    par: Par,
+) -> Result<bool> {
+    for (w, y, start) in &parts {
+        check_operands(*w, y, x, rows, *start)?;
+    }
+    let Some(&(first, ..)) = parts.first() else {
+        return Ok(true);
+    };
+    if rows == 0 {
+        return Ok(true);
+    }
+    let Form::Tiles(named) = first.form(rows) else {
+        return Ok(false);
+    };
+    let alike = |w: &Int8Weight| {
+        (w.k(), w.quads(), w.group(), w.layout(), w.form(rows))
+            == (
+                first.k(),
+                first.quads(),
+                first.group(),
+                first.layout(),
+                first.form(rows),
+            )
+    };
+    if !parts.iter().all(|(w, ..)| alike(w)) {
+        return Ok(false);
+    }
+    let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
+    let xq = QuantizedRows::new(x, rows, first, parallel);
+    let kernel = Loops::of(named);
+    let tiles: Vec<Tiles> = parts
+        .iter()
+        .map(|&(w, ..)| Tiles { kernel, xq: &xq, w })
+        .collect();
+    let sweeps = tiles
+        .iter()
+        .zip(parts)
+        .map(|(t, (_, y, start))| (t, Operands { y, x, rows, start }))
+        .collect();
+    // four tasks a thread, as one product takes
+    sweep_panels_of(sweeps, 4, parallel);
+    Ok(true)
 }
 
 /// The tiles of one product: x's rows quantized, the weight's panels, by one kernel.
@@ -184,6 +240,70 @@ mod tests {
         assert!(product(&w, &mut y, &[1.0; 3], 2, Start::Zero, Par::Auto).is_err());
         let err = product(&w, &mut y, &[1.0; 3], 1, Start::Bias(&[0.0; 3]), Par::Auto);
         assert!(err.unwrap_err().to_string().contains("bias"));
+    }
+
+    /// Three weights of one K (Q's width, and K's and V's smaller, one not a whole
+    /// panel) swept in one job give each weight's own product bit for bit: x
+    /// quantized once is quantized as each product quantizes it, and every column's
+    /// sums are the same tile's. Each start, one row and several, over the pool and on
+    /// one thread.
+    #[test]
+    fn fused_products_equal_each_product() {
+        let mut rng = crate::rng::Rng::new(5);
+        let k = 96;
+        for layout in [ScaleLayout::Blocks, ScaleLayout::Rows] {
+            let ws: Vec<Int8Weight> = [64, 40, 40]
+                .map(|n| Int8Weight::new(&rng.normals(n * k, 1.0), n, k, layout).unwrap())
+                .into();
+            for rows in [1, 3, 5, 13] {
+                let x = rng.normals(rows * k, 1.0);
+                let bias = checks::bias(40);
+                for start in [Start::Zero, Start::Accumulate, Start::Bias(&bias)] {
+                    // a bias is only Q's to take ([40], K's and V's width): Q starts at zero
+                    let starts = [Start::adding(start.accumulates()), start, start];
+                    for par in [Par::Auto, Par::Single] {
+                        let y0: Vec<Vec<f32>> =
+                            ws.iter().map(|w| rng.normals(rows * w.n(), 1.0)).collect();
+                        let mut fused = y0.clone();
+                        let parts = ws
+                            .iter()
+                            .zip(fused.iter_mut())
+                            .zip(starts)
+                            .map(|((w, y), s)| (w, y.as_mut_slice(), s))
+                            .collect();
+                        let done = fused_products(parts, &x, rows, par).unwrap();
+                        let tiles = matches!(ws[0].form(rows), Form::Tiles(_));
+                        assert_eq!(done, tiles, "fused where the form is the tiles");
+                        if !done {
+                            assert_eq!(fused, y0, "nothing written when not fused");
+                            continue;
+                        }
+                        for ((w, (y, got)), s) in ws.iter().zip(y0.iter().zip(&fused)).zip(starts) {
+                            let mut want = y.clone();
+                            product(w, &mut want, &x, rows, s, par).unwrap();
+                            assert_eq!(got, &want, "{layout:?} rows {rows} {s:?} {par:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Weights of two groupings are not fused (x would be quantized twice), and
+    /// operands that do not fit a weight are an error before anything is written.
+    #[test]
+    fn fused_products_refuse_what_they_cannot_share() {
+        let blocks = Int8Weight::new(&[1.0; 64 * 16], 16, 64, ScaleLayout::Blocks).unwrap();
+        let rows_w = Int8Weight::new(&[1.0; 64 * 16], 16, 64, ScaleLayout::Rows).unwrap();
+        let (mut a, mut b) = (vec![7.0; 16], vec![7.0; 16]);
+        let parts = vec![
+            (&blocks, a.as_mut_slice(), Start::Zero),
+            (&rows_w, b.as_mut_slice(), Start::Zero),
+        ];
+        assert!(!fused_products(parts, &[1.0; 64], 1, Par::Auto).unwrap());
+        assert_eq!((a[0], b[0]), (7.0, 7.0));
+        let parts = vec![(&blocks, a.as_mut_slice(), Start::Zero)];
+        assert!(fused_products(parts, &[1.0; 63], 1, Par::Auto).is_err());
     }
 
     /// A NaN in x reaches y, as in f32, rather than vanishing into a code of 0.
