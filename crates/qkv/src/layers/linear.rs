@@ -687,7 +687,7 @@ mod tests {
     }
 
     /// Layers read together give each layer's own forward, bit for bit: int8 layers
-    /// (fused into one job where the CPU's form is the tiles), a mix with an f32 one
+    /// (fused into one job where the CPU's form is the tiles), a mix, f32 and bf16
     /// (layer by layer), with and without biases, one row and several.
     #[test]
     fn forward_each_equals_each_forward() {
@@ -700,17 +700,22 @@ mod tests {
         };
         for rows in [1, 2, 9] {
             let x = random(&mut rng, &[1, rows, 64]);
-            for second in [DType::Int8, DType::F32] {
+            for (first, second) in [
+                (DType::Int8, DType::Int8),
+                (DType::Int8, DType::F32),
+                (DType::F32, DType::F32),
+                (DType::Bf16, DType::Bf16),
+            ] {
                 let [a, b, c] = [
-                    layer(&mut rng, 48, DType::Int8, true),
+                    layer(&mut rng, 48, first, true),
                     layer(&mut rng, 16, second, false),
-                    layer(&mut rng, 20, DType::Int8, true),
+                    layer(&mut rng, 20, first, true),
                 ];
                 let got = Linear::forward_each([&a, &b, &c], &x).unwrap();
                 for (l, y) in [&a, &b, &c].into_iter().zip(&got) {
                     let want = l.forward(&x).unwrap();
                     assert_eq!(y.shape(), want.shape());
-                    assert_eq!(y.data(), want.data(), "rows {rows}, second {second:?}");
+                    assert_eq!(y.data(), want.data(), "rows {rows}, {first:?} {second:?}");
                 }
             }
         }
