@@ -87,7 +87,7 @@ impl StoredWeight for Int8Weight {
 
 /// y_i ← start_i + x `[rows, K]`·W_iᵀ for int8 weights that read the same x (an
 /// attention's Q, K and V; a gated FFN's gate and up): x quantized once, and every
-/// weight's panels swept in one job ([`sweep_panels_of`]), where one product each
+/// weight's panels swept in one job (`stored::sweep_panels_of`), where one product each
 /// would quantize x and hand off a job per weight. `Ok(false)`, nothing written,
 /// where the weights differ in K or in grouping, or where this CPU's form for `rows`
 /// rows is not the tiles (AMX, the widened form): then each is a product of its own.
