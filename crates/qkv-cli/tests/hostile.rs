@@ -668,7 +668,9 @@ fn classify_says_when_it_cuts_a_text() {
     let err = stderr(&warned);
     assert!(warned.status.success(), "{err}");
     assert!(
-        err.starts_with("warning: --text 2 is ") && err.contains("tokens, more than the"),
+        err.starts_with("warning: --text 2 is ")
+            && err.contains("tokens, more than the")
+            && err.contains("(--truncate cut says nothing"),
         "{err}"
     );
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -680,4 +682,5 @@ fn classify_says_when_it_cuts_a_text() {
     );
     assert_eq!(cut.stdout, warned.stdout);
     fails(&args("refuse"), "--text 2 is ");
+    fails(&args("refuse"), "the model takes (--truncate refuse)");
 }

@@ -115,7 +115,7 @@ pub fn attribute<'py>(
         ModelKind::Encoder => &source,
         _ => dec.as_ref().unwrap_or(&source),
     };
-    let goal = Target::default_for(m, model.tokenizer.as_ref(), read, token, compare);
+    let goal = Target::default_for(m, model.maybe_tokenizer(), read, token, compare);
     if goal.is_none() && method.needs_target() {
         return Err(PyValueError::new_err(format!(
             "method `{}` explains a target, and this text gives none: a sentence encoder's is the cosine with `target=\"other text\"`, a masked-LM model's the top token at the first mask of the text",
@@ -141,7 +141,7 @@ pub fn attribute<'py>(
 
     let out = PyDict::new(py);
     out.set_item("method", method.name())?;
-    let tok = model.tokenizer.as_ref();
+    let tok = model.maybe_tokenizer();
     out.set_item("tokens", labels(token_labels(m, tok, &source).or_py()?))?;
     if let Some(d) = &dec {
         out.set_item("target_tokens", labels(token_labels(m, tok, d).or_py()?))?;

@@ -6,37 +6,16 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use qkv::models::Truncate;
+
 use crate::arrays;
 use crate::errors::OrPy;
 use crate::model::Model;
 
-/// What an input longer than the model takes gets.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Truncate {
-    /// cut, with a `UserWarning` naming the input
-    Warn,
-    Cut,
-    /// a `ValueError` naming the input
-    Refuse,
-}
-
-impl Truncate {
-    fn parse(name: &str) -> PyResult<Self> {
-        match name {
-            "warn" => Ok(Truncate::Warn),
-            "cut" => Ok(Truncate::Cut),
-            "refuse" => Ok(Truncate::Refuse),
-            _ => Err(PyValueError::new_err(format!(
-                "invalid truncate: `{name}`: one of \"warn\", \"cut\", \"refuse\""
-            ))),
-        }
-    }
-}
-
 /// `{"label": [str; N], "score": f32 [N], "scores": f32 [N, L], "logits": f32 [N, L]}`
 /// for `texts` (each read with `pairs[i]` where pairs are given), the scores under the
 /// folder's scoring (softmax, sigmoid, or the logits for regression) and the label
-/// the top score's (the first of equals, as `argmax`).
+/// the top score's ([`qkv::models::SequenceClassifier::top`]).
 pub fn classify<'py>(
     model: &Model,
     py: Python<'py>,
@@ -44,7 +23,7 @@ pub fn classify<'py>(
     pairs: Option<Vec<String>>,
     truncate: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let truncate = Truncate::parse(truncate)?;
+    let truncate = Truncate::parse(truncate).or_py()?;
     let Some(classifier) = model.classifier() else {
         return Err(PyValueError::new_err(format!(
             "{} is not a …ForSequenceClassification folder (config.json's architectures): it has no head to classify with",
@@ -65,24 +44,12 @@ pub fn classify<'py>(
         .enumerate()
         .map(|(i, t)| (t.as_str(), pairs.as_ref().map(|p| p[i].as_str())))
         .collect();
-    if truncate != Truncate::Cut {
-        for (i, n) in py.detach(|| classifier.overlong(&inputs)).or_py()? {
-            let what = format!(
-                "text {i} is {n} tokens, more than the {} the model takes",
-                classifier.max_len()
-            );
-            match truncate {
-                Truncate::Refuse => {
-                    return Err(PyValueError::new_err(format!(
-                        "{what} (truncate=\"refuse\")"
-                    )))
-                }
-                _ => {
-                    let warning = format!("{what}: cut to them (truncate=\"cut\" says nothing)");
-                    py.import("warnings")?.call_method1("warn", (warning,))?;
-                }
-            }
-        }
+    let name = |i: usize| format!("text {i}");
+    let warnings = py
+        .detach(|| classifier.check_lengths(&inputs, truncate, name))
+        .or_py()?;
+    for w in warnings {
+        py.import("warnings")?.call_method1("warn", (w,))?;
     }
     let logits = py.detach(|| classifier.classify(&inputs)).or_py()?;
     let n_labels = classifier.labels().len();
@@ -91,9 +58,9 @@ pub fn classify<'py>(
     let mut scores = Vec::with_capacity(logits.len() * n_labels);
     for row in &logits {
         let s = classifier.scoring().apply(row);
-        let top = (0..s.len()).fold(0, |best, j| if s[j] > s[best] { j } else { best });
-        labels.push(classifier.labels()[top].clone());
-        top_scores.push(s[top]);
+        let (label, score) = classifier.top(&s);
+        labels.push(label.to_string());
+        top_scores.push(score);
         scores.extend(s);
     }
     let n = logits.len();

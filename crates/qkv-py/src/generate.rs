@@ -308,7 +308,7 @@ impl Stream {
         let (send, pieces) = mpsc::channel();
         std::thread::spawn(move || {
             let m = model.get();
-            let tokens = m.tokenizer.as_ref().filter(|_| text);
+            let tokens = m.maybe_tokenizer().filter(|_| text);
             let mut decoder = tokens.map(|t| t.stream());
             let mut on_token = |_row: usize, id: usize| {
                 let piece = match decoder.as_mut() {

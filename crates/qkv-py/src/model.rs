@@ -27,7 +27,9 @@ enum Net {
 #[pyclass(module = "qkv", frozen)]
 pub struct Model {
     net: Net,
-    pub(crate) tokenizer: Option<Tokenizer>,
+    /// the folder's tokenizer, where the network keeps none of its own (a classifier
+    /// does: [`Model::maybe_tokenizer`] reads either, so the folder's is read once)
+    tokenizer: Option<Tokenizer>,
     chat_template: Option<ChatTemplate>,
     /// renders `chat_template` in worker processes of this Python, bounded in memory
     /// and time (qkv::text::chat_process); `None` where Python names no executable
@@ -64,8 +66,16 @@ impl Model {
         }
     }
 
+    /// The folder's tokenizer, where it has one.
+    pub(crate) fn maybe_tokenizer(&self) -> Option<&Tokenizer> {
+        match &self.net {
+            Net::Classifier(c) => c.tokenizer(),
+            _ => self.tokenizer.as_ref(),
+        }
+    }
+
     pub(crate) fn tokenizer(&self) -> PyResult<&Tokenizer> {
-        self.tokenizer.as_ref().ok_or_else(|| {
+        self.maybe_tokenizer().ok_or_else(|| {
             PyValueError::new_err(format!(
                 "{} has no tokenizer (tokenizer.json or SentencePiece files); pass token ids",
                 self.dir.display()
@@ -208,11 +218,15 @@ fn read(dir: &Path, dtype: DType, kv_dtype: KvDType) -> qkv::Result<Model> {
             (net, loaded.parameters, loaded.dtypes, rows)
         }
     };
-    Ok(Model {
-        net,
-        tokenizer: Tokenizer::optional(dir)?
+    let tokenizer = match net {
+        Net::Classifier(_) => None,
+        _ => Tokenizer::optional(dir)?
             .map(|t| t.fitting(rows))
             .transpose()?,
+    };
+    Ok(Model {
+        net,
+        tokenizer,
         chat_template: ChatTemplate::from_dir(dir)?,
         renderer: None,
         dir: dir.to_path_buf(),

@@ -34,6 +34,10 @@ def test_classify_gives_the_pipelines_labels_and_scores():
     params = reference.params
     m = qkv.load(SST)
     assert m.info["labels"] == params["labels"]
+    # the classifier's tokenizer serves the model's encode as well (read once at load);
+    # the reference's ids are cut to 16 with a closing [SEP]
+    ids = reference["input_ids"][0].tolist()
+    assert m.encode(params["texts"][0])[:15] == ids[:15]
     r = m.classify(params["texts"], truncate="cut")  # the pipeline cut them too
     assert_close("logits", r["logits"], reference["logits"], atol=1e-5)
     assert_close("scores", r["scores"], reference["pipeline_scores"], atol=1e-6)
@@ -46,12 +50,12 @@ def test_classify_refuses_what_it_cannot_read():
     m = qkv.load(SST)
     with pytest.raises(ValueError, match="pairs: 1 given for 2 texts"):
         m.classify(["a", "b"], pairs=["c"])
-    with pytest.raises(ValueError, match="truncate: `never`"):
+    with pytest.raises(ValueError, match="`truncate`: `never`: one of warn, cut, refuse"):
         m.classify(["a"], truncate="never")
     long = "word " * 40
-    with pytest.raises(ValueError, match=r"text 1 is \d+ tokens, more than the 16"):
+    with pytest.raises(ValueError, match=r"text 1 is \d+ tokens, more than the 16 .*\(`truncate` refuse\)"):
         m.classify(["short", long], truncate="refuse")
-    with pytest.warns(UserWarning, match="text 0 is"):
+    with pytest.warns(UserWarning, match="text 0 is .*: cut to them"):
         m.classify([long])
     with pytest.raises(ValueError, match="not a …ForSequenceClassification folder"):
         qkv.load(FIXTURES / "models" / "bert").classify(["a"])

@@ -5,7 +5,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
-use qkv::models::SequenceClassifier;
+use qkv::models::{SequenceClassifier, Truncate};
+
+use super::flags::in_flags;
 
 #[derive(clap::Args)]
 pub struct ClassifyArgs {
@@ -25,7 +27,7 @@ pub struct ClassifyArgs {
     /// An input longer than the model takes (its positions, or the tokenizer's
     /// model_max_length): `warn` cuts it (the longer text of a pair first) and says so,
     /// `cut` cuts it without a word, `refuse` stops with an error
-    #[arg(long, value_enum, default_value = "warn")]
+    #[arg(long, default_value = "warn", value_parser = parse_truncate)]
     truncate: Truncate,
     #[command(flatten)]
     dtype: super::shared_flags::DTypeFlag,
@@ -37,11 +39,8 @@ pub struct ClassifyArgs {
     corpus: super::corpus::CorpusFlags,
 }
 
-#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
-enum Truncate {
-    Warn,
-    Cut,
-    Refuse,
+fn parse_truncate(name: &str) -> Result<Truncate, String> {
+    Truncate::parse(name).map_err(|_| "one of warn, cut, refuse".to_string())
 }
 
 #[derive(serde::Serialize)]
@@ -70,24 +69,11 @@ pub fn run(args: &ClassifyArgs, out: &mut impl Write) -> Result<()> {
         .enumerate()
         .map(|(i, t)| (t.as_str(), args.pair.get(i).map(String::as_str)))
         .collect();
-    if args.truncate != Truncate::Cut {
-        for (i, n) in model.overlong(&inputs)? {
-            let which = match args.pair.is_empty() {
-                true => format!("--text {}", i + 1),
-                false => format!("--text {} with its --pair", i + 1),
-            };
-            let what = format!(
-                "{which} is {n} tokens, more than the {} the model takes",
-                model.max_len()
-            );
-            match args.truncate {
-                Truncate::Refuse => bail!("{what} (--truncate refuse)"),
-                _ => eprintln!(
-                    "warning: {what}: cut to them (--truncate cut to cut without this warning, refuse to stop)"
-                ),
-            }
-        }
-    }
+    let name = |i: usize| match args.pair.is_empty() {
+        true => format!("--text {}", i + 1),
+        false => format!("--text {} with its --pair", i + 1),
+    };
+    warn(model.check_lengths(&inputs, args.truncate, name))?;
     let logits = model.classify(&inputs)?;
     // each input's labels, best first, as the pipeline lists them with top_k=None
     let ranked: Vec<Vec<Scored>> = logits
@@ -138,32 +124,22 @@ fn corpus_job(model: &SequenceClassifier, args: &ClassifyArgs, input: &Path) -> 
     };
     super::corpus::run(runner, input, &args.corpus, |first, texts| {
         let inputs: Vec<(&str, Option<&str>)> = texts.iter().map(|&t| (t, None)).collect();
-        if args.truncate != Truncate::Cut {
-            for (i, n) in model.overlong(&inputs)? {
-                let what = format!(
-                    "--input row {} is {n} tokens, more than the {} the model takes",
-                    first + i as u64,
-                    model.max_len()
-                );
-                match args.truncate {
-                    Truncate::Refuse => bail!("{what} (--truncate refuse)"),
-                    _ => eprintln!("warning: {what}: cut to them (--truncate cut: no warning)"),
-                }
-            }
-        }
+        let name = |i: usize| format!("--input row {}", first + i as u64);
+        warn(model.check_lengths(&inputs, args.truncate, name))?;
         let logits = model.classify(&inputs)?;
         let rows = logits.iter().map(|logits| {
             let scores = model.scoring().apply(logits);
-            let top = (0..scores.len())
-                .max_by(|&a, &b| scores[a].total_cmp(&scores[b]))
-                .unwrap_or(0);
-            let label = model.labels().get(top).cloned().unwrap_or_default();
-            (
-                label,
-                scores.get(top).copied().unwrap_or(f32::NAN),
-                scores.to_vec(),
-            )
+            let (label, score) = model.top(&scores);
+            (label.to_string(), score, scores)
         });
         Ok(super::corpus::Results::Classes(rows.collect()))
     })
+}
+
+/// Prints the length check's warnings, or its refusal in this command's flags.
+fn warn(checked: qkv::Result<Vec<String>>) -> Result<()> {
+    for w in checked.map_err(in_flags::<ClassifyArgs>)? {
+        eprintln!("warning: {}", super::flags::as_flags::<ClassifyArgs>(&w));
+    }
+    Ok(())
 }

@@ -395,22 +395,12 @@ impl Linear {
                 l.check_input(x)?;
             }
             let rows = x.numel() / layers[0].in_features();
-            let mut ys = layers.map(|l| {
-                let mut shape = x.shape().to_vec();
-                *shape.last_mut().expect("rank checked") = l.out_features();
-                Tensor::zeros(&shape)
-            });
+            let mut ys = layers.map(|l| l.output_for(x));
             let parts = ys
                 .iter_mut()
                 .zip(layers)
                 .zip(weights)
-                .map(|((y, l), w)| {
-                    let start = l
-                        .bias
-                        .as_ref()
-                        .map_or(Start::Zero, |b| Start::Bias(b.data()));
-                    (w, y.data_mut(), start)
-                })
+                .map(|((y, l), w)| (w, y.data_mut(), l.start(true)))
                 .collect();
             if int8::product::fused_products(parts, x.data(), rows, Par::Auto)? {
                 return Ok(ys);
@@ -422,17 +412,29 @@ impl Linear {
             .unwrap_or_else(|_| unreachable!("one output a layer")))
     }
 
+    /// The zeroed output for an input `x` `[.., in]` already checked: `[.., out]`.
+    fn output_for(&self, x: &Tensor) -> Tensor {
+        let mut shape = x.shape().to_vec();
+        *shape.last_mut().expect("rank checked") = self.out_features();
+        Tensor::zeros(&shape)
+    }
+
+    /// How a product's output starts: from the bias, when `with_bias` and the layer has
+    /// one (added as each tile of y is written: no pass over y before), else from zero.
+    fn start(&self, with_bias: bool) -> Start<'_> {
+        match self.bias.as_ref().filter(|_| with_bias) {
+            Some(b) => Start::Bias(b.data()),
+            None => Start::Zero,
+        }
+    }
+
     /// x·Wᵀ, plus the bias when `with_bias` and the layer has one.
     fn forward_with_bias(&self, x: &Tensor, with_bias: bool) -> Result<Tensor> {
         let n_out = self.out_features();
         self.check_input(x)?;
-        let mut shape = x.shape().to_vec();
-        *shape.last_mut().expect("rank checked") = n_out;
-        let mut y = Tensor::zeros(&shape);
-        let bias = self.bias.as_ref().filter(|_| with_bias);
+        let mut y = self.output_for(x);
         let rows = x.numel() / self.in_features();
-        // the bias is added as each tile of y is written: no pass over y before
-        let start = bias.map_or(Start::Zero, |b| Start::Bias(b.data()));
+        let start = self.start(with_bias);
         if let Some(w) = self.current_packed().and_then(Packed::stored) {
             stored::product(w, y.data_mut(), x.data(), rows, start, Par::Auto)?;
             return Ok(y);

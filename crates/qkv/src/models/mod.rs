@@ -39,7 +39,7 @@ pub mod sentence;
 mod transformer;
 mod varlen;
 
-pub use classify::{Scoring, SequenceClassifier};
+pub use classify::{Scoring, SequenceClassifier, Truncate};
 pub use families::{
     bert, bloom, distilbert, gemma, gpt2, gpt_neox, llama, marian, modernbert, phi3, roberta, t5,
 };

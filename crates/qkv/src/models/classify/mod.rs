@@ -17,8 +17,10 @@ use std::path::Path;
 use serde::Deserialize;
 
 mod head;
+mod policy;
 
 use head::{Head, HeadSettings};
+pub use policy::Truncate;
 
 use super::folder::load_in;
 use super::net::arch::ModelKind;
@@ -211,8 +213,13 @@ impl SequenceClassifier {
         Ok(rows)
     }
 
+    /// The folder's tokenizer, where it has one.
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
     /// The folder's tokenizer, which texts need (token ids do not).
-    fn tokenizer(&self) -> Result<&Tokenizer> {
+    fn text_tokenizer(&self) -> Result<&Tokenizer> {
         self.tokenizer.as_ref().ok_or_else(|| {
             Error::Tokenizer(format!(
                 "{}: no tokenizer (tokenizer.json) in the folder; it scores token ids only",
@@ -224,7 +231,7 @@ impl SequenceClassifier {
     /// The inputs [`SequenceClassifier::classify`] would cut: (index, tokens before the
     /// cut) of each longer than [`SequenceClassifier::max_len`].
     pub fn overlong(&self, inputs: &[(&str, Option<&str>)]) -> Result<Vec<(usize, usize)>> {
-        let tokenizer = self.tokenizer()?;
+        let tokenizer = self.text_tokenizer()?;
         let mut long = Vec::new();
         for (i, &(a, b)) in inputs.iter().enumerate() {
             let n = tokenizer.pair_len(a, b)?;
@@ -237,7 +244,7 @@ impl SequenceClassifier {
 
     /// The batch and segment ids [`SequenceClassifier::classify`] runs for `inputs`.
     pub fn tokenize(&self, inputs: &[(&str, Option<&str>)]) -> Result<(TokenBatch, Vec<usize>)> {
-        let tokenizer = self.tokenizer()?;
+        let tokenizer = self.text_tokenizer()?;
         tokenizer.encode_pairs(inputs, self.pad_id, self.max_len)
     }
 
