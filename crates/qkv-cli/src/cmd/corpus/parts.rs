@@ -11,6 +11,7 @@
 //! `scores` (list<float>: every label's, in the model's label order).
 
 use std::fs::{self, File};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -124,8 +125,25 @@ impl Parts {
     /// Writes `bytes` to `path` through a temporary beside it.
     fn write_whole(&self, path: &Path, bytes: &[u8]) -> Result<()> {
         let tmp = path.with_extension("tmp");
-        fs::write(&tmp, bytes).with_context(|| format!("{}", tmp.display()))?;
-        fs::rename(&tmp, path).with_context(|| format!("{}", path.display()))
+        let mut file = File::create(&tmp).with_context(|| format!("{}", tmp.display()))?;
+        file.write_all(bytes)
+            .with_context(|| format!("{}", tmp.display()))?;
+        self.settle(file, &tmp, path)
+    }
+
+    /// Gives the whole temporary `tmp` (its `file`) its final name `path`, durably: the
+    /// bytes reach the disk before the name does, and the name before this returns. A
+    /// machine that loses power can then leave a temporary behind, never a part that
+    /// `--resume` would count as whole while its bytes were lost.
+    fn settle(&self, file: File, tmp: &Path, path: &Path) -> Result<()> {
+        file.sync_all()
+            .with_context(|| format!("{}", tmp.display()))?;
+        drop(file);
+        fs::rename(tmp, path).with_context(|| format!("{}", path.display()))?;
+        // the rename is an entry of the folder: syncing the folder makes it durable
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("{}", self.dir.display()))
     }
 
     /// Writes part `index`: rows `first_id..` with their results.
@@ -142,7 +160,7 @@ impl Parts {
         let schema = Arc::new(parse_message_type(schema)?);
         let properties = Arc::new(WriterProperties::builder().build());
         let file = File::create(&tmp).with_context(|| format!("{}", tmp.display()))?;
-        let written = (|| -> parquet::errors::Result<()> {
+        let written = (|| -> parquet::errors::Result<File> {
             let mut writer = SerializedFileWriter::new(file, schema, properties)?;
             let mut group = writer.next_row_group()?;
             let mut column = 0;
@@ -173,11 +191,10 @@ impl Parts {
                 column += 1;
             }
             group.close()?;
-            writer.close()?;
-            Ok(())
+            writer.into_inner()
         })();
-        written.with_context(|| format!("{}", tmp.display()))?;
-        fs::rename(&tmp, &path).with_context(|| format!("{}", path.display()))
+        let file = written.with_context(|| format!("{}", tmp.display()))?;
+        self.settle(file, &tmp, &path)
     }
 }
 
