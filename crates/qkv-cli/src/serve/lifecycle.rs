@@ -8,7 +8,9 @@
 //! The routes exist only once the model is loaded, so the listener serves a gate from
 //! the start: it answers for the server while loading and draining, and hands each
 //! request to the routes while ready, counting it in flight until its response body
-//! (a stream, for server-sent events) is done or dropped.
+//! (a stream, for server-sent events) is done or dropped. What it turns away is counted
+//! in `/metrics` as the routes' answers are (`qkv_requests_total`, status 503), so an
+//! operator sees the requests a rollout or a slow load refused.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -25,6 +27,7 @@ use tokio::sync::Notify;
 use tower::ServiceExt;
 
 use super::api::ApiError;
+use super::metrics::{self, Metrics};
 
 const LOADING: u8 = 0;
 const READY: u8 = 1;
@@ -40,15 +43,18 @@ pub struct Lifecycle {
     in_flight: AtomicUsize,
     /// signalled whenever `in_flight` drops to 0
     idle: Notify,
+    /// the server's counters, which the routes share
+    metrics: Arc<Metrics>,
 }
 
 impl Lifecycle {
-    pub fn new() -> Arc<Self> {
+    pub fn new(metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(Lifecycle {
             phase: AtomicU8::new(LOADING),
             routes: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
+            metrics,
         })
     }
 
@@ -93,6 +99,7 @@ impl Lifecycle {
 
 /// One request through the gate (module documentation).
 async fn gate(State(life): State<Arc<Lifecycle>>, req: Request) -> Response {
+    let started = std::time::Instant::now();
     let path = req.uri().path();
     let (status, message) = match life.phase.load(Ordering::SeqCst) {
         READY => return forward(&life, req).await,
@@ -119,6 +126,9 @@ async fn gate(State(life): State<Arc<Lifecycle>>, req: Request) -> Response {
             .headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
+    let status = response.status().as_u16();
+    life.metrics
+        .request(metrics::endpoint(path), status, started.elapsed());
     response
 }
 
@@ -227,9 +237,23 @@ mod tests {
         tokio_stream::wrappers::ReceiverStream::new(rx)
     }
 
+    fn lifecycle() -> Arc<Lifecycle> {
+        Lifecycle::new(Arc::new(Metrics::default()))
+    }
+
+    /// `qkv_requests_total`'s count for (endpoint, status), 0 where it has none.
+    fn answered(life: &Lifecycle, endpoint: &str, status: u16) -> u64 {
+        let line = format!("qkv_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} ");
+        let rendered = life.metrics.render();
+        rendered
+            .lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .map_or(0, |n| n.parse().unwrap())
+    }
+
     #[tokio::test]
     async fn loading_then_ready_then_draining() {
-        let life = Lifecycle::new();
+        let life = lifecycle();
         let gate = life.gate();
         // loading: /health and every route answer 503, the API's with its error shape
         let r = ask(&gate, "/health").await;
@@ -239,6 +263,11 @@ mod tests {
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
         assert!(text(r).await.contains("still loading"));
+        // what the gate turns away is counted, as the routes count their answers
+        assert_eq!(answered(&life, "/health", 503), 1);
+        assert_eq!(answered(&life, "/v1/models", 503), 1);
+        ask(&gate, "/no/such/path").await;
+        assert_eq!(answered(&life, "other", 503), 1);
 
         let end = Arc::new(Notify::new());
         life.ready(routes(end.clone()));
@@ -259,6 +288,8 @@ mod tests {
         let r = ask(&gate, "/v1/completions").await;
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(text(r).await.contains("stopping"));
+        assert_eq!(answered(&life, "/v1/completions", 503), 1);
+        assert_eq!(answered(&life, "/health", 503), 2);
         assert_eq!(ask(&gate, "/metrics").await.status(), StatusCode::OK);
         assert_eq!(life.in_flight(), 1, "turned-away requests are not counted");
 
@@ -279,7 +310,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_dropped_response_counts_out() {
-        let life = Lifecycle::new();
+        let life = lifecycle();
         let end = Arc::new(Notify::new());
         life.ready(routes(end));
         let stream = ask(&life.gate(), "/stream").await;
@@ -292,7 +323,7 @@ mod tests {
 
     #[test]
     fn a_stop_while_loading_is_told() {
-        let life = Lifecycle::new();
+        let life = lifecycle();
         assert!(life.drain());
         life.ready(Router::new());
         assert_eq!(life.phase.load(Ordering::SeqCst), DRAINING);

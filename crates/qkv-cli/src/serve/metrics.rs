@@ -96,6 +96,24 @@ impl Default for Metrics {
     }
 }
 
+/// The `endpoint` label of a request to `path`: the path of a route the server has,
+/// `other` for the rest (so a scan of random paths cannot grow the table without end).
+pub fn endpoint(path: &str) -> &str {
+    match path {
+        "/health"
+        | "/v1/models"
+        | "/v1/completions"
+        | "/v1/chat/completions"
+        | "/v1/embeddings"
+        | "/v1/rerank"
+        | "/v1/classify"
+        | "/tokenize"
+        | "/detokenize"
+        | "/metrics" => path,
+        _ => "other",
+    }
+}
+
 impl Metrics {
     pub fn request(&self, endpoint: &str, status: u16, took: Duration) {
         let mut r = self.requests.lock().unwrap_or_else(|e| e.into_inner());

@@ -208,7 +208,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         "qkv serve: loading {} ({dtype} weights); {local} answers 503 until it is ready",
         args.model.display()
     );
-    let life = Lifecycle::new();
+    let life = Lifecycle::new(metrics.clone());
     let grace = Duration::from_secs(args.grace);
     let server = runtime.spawn(serve(listener, life.clone(), grace));
     let Served {

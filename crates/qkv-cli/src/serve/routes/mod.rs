@@ -75,19 +75,7 @@ pub async fn log(State(s): Shared, req: Request, next: Next) -> Response {
         "{method} {path} {status} {:.1} ms",
         took.as_secs_f64() * 1e3
     );
-    let endpoint = match path.as_str() {
-        "/health"
-        | "/v1/models"
-        | "/v1/completions"
-        | "/v1/chat/completions"
-        | "/v1/embeddings"
-        | "/v1/rerank"
-        | "/v1/classify"
-        | "/tokenize"
-        | "/detokenize"
-        | "/metrics" => path.as_str(),
-        _ => "other",
-    };
-    s.metrics.request(endpoint, status, took);
+    s.metrics
+        .request(super::metrics::endpoint(&path), status, took);
     r
 }
