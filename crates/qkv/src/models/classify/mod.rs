@@ -21,6 +21,7 @@ mod policy;
 
 use head::{Head, HeadSettings};
 pub use policy::Truncate;
+use policy::{first_max, judge_lengths};
 
 use super::folder::load_in;
 use super::net::arch::ModelKind;
@@ -240,6 +241,32 @@ impl SequenceClassifier {
             }
         }
         Ok(long)
+    }
+
+    /// Applies `policy` to `inputs` ahead of [`SequenceClassifier::classify`]: the
+    /// warnings to show, one per input longer than the model takes (none under `Cut`,
+    /// which tokenizes nothing for it), or under `Refuse` an error for the first such
+    /// input. `name(i)` names input `i` as the caller's user knows it (`--text 2`,
+    /// `text 1`, `--input row 7`).
+    pub fn check_lengths(
+        &self,
+        inputs: &[(&str, Option<&str>)],
+        policy: Truncate,
+        name: impl Fn(usize) -> String,
+    ) -> Result<Vec<String>> {
+        if policy == Truncate::Cut {
+            return Ok(Vec::new());
+        }
+        judge_lengths(policy, self.max_len, &self.overlong(inputs)?, name)
+    }
+
+    /// The label a row of [`SequenceClassifier::labels`]' scores names and its score:
+    /// the top one, the first of equals (as `argmax` and transformers' pipeline take
+    /// it); a NaN never wins.
+    pub fn top(&self, scores: &[f32]) -> (&str, f32) {
+        let best = first_max(scores);
+        let label = self.labels.get(best).map_or("", String::as_str);
+        (label, scores.get(best).copied().unwrap_or(f32::NAN))
     }
 
     /// The batch and segment ids [`SequenceClassifier::classify`] runs for `inputs`.

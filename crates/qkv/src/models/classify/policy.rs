@@ -1,10 +1,10 @@
-//! The rules every front end of a classifier shares: which label a row of scores names,
-//! and what an input longer than the model takes gets.
+//! The rules every front end of a classifier shares (through
+//! [`super::SequenceClassifier`]'s `check_lengths` and `top`): what an input longer than
+//! the model takes gets, and which label a row of scores names.
 
-use super::SequenceClassifier;
 use crate::error::{Error, Result};
 
-/// What an input longer than [`SequenceClassifier::max_len`] gets. Every input is cut
+/// What an input longer than the model takes gets. Every input is cut
 /// to that length either way (the longer text of a pair first); the policy decides
 /// whether the user hears of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,51 +32,34 @@ impl Truncate {
     }
 }
 
-impl SequenceClassifier {
-    /// Applies `policy` to `inputs` ahead of [`SequenceClassifier::classify`]: the
-    /// warnings to show, one per input longer than the model takes (none under `Cut`,
-    /// which tokenizes nothing for it), or under `Refuse` an error for the first such
-    /// input. `name(i)` names input `i` as the caller's user knows it (`--text 2`,
-    /// `text 1`, `--input row 7`).
-    pub fn check_lengths(
-        &self,
-        inputs: &[(&str, Option<&str>)],
-        policy: Truncate,
-        name: impl Fn(usize) -> String,
-    ) -> Result<Vec<String>> {
-        if policy == Truncate::Cut {
-            return Ok(Vec::new());
+/// The warnings `policy` gives for the inputs `overlong` names ((index, tokens) of each
+/// longer than `max_len`), or under `Refuse` the error of the first; `name(i)` names
+/// input `i` as the caller's user knows it.
+pub(super) fn judge_lengths(
+    policy: Truncate,
+    max_len: usize,
+    overlong: &[(usize, usize)],
+    name: impl Fn(usize) -> String,
+) -> Result<Vec<String>> {
+    let mut warnings = Vec::new();
+    for &(i, n) in overlong {
+        let what = format!(
+            "{} is {n} tokens, more than the {max_len} the model takes",
+            name(i)
+        );
+        if policy == Truncate::Refuse {
+            return Err(Error::request(format!("{what} (`truncate` refuse)")));
         }
-        let mut warnings = Vec::new();
-        for (i, n) in self.overlong(inputs)? {
-            let what = format!(
-                "{} is {n} tokens, more than the {} the model takes",
-                name(i),
-                self.max_len
-            );
-            if policy == Truncate::Refuse {
-                return Err(Error::request(format!("{what} (`truncate` refuse)")));
-            }
-            warnings.push(format!(
-                "{what}: cut to them (`truncate` cut says nothing, refuse stops)"
-            ));
-        }
-        Ok(warnings)
+        warnings.push(format!(
+            "{what}: cut to them (`truncate` cut says nothing, refuse stops)"
+        ));
     }
-
-    /// The label a row of [`SequenceClassifier::labels`]' scores names and its score:
-    /// the top one, the first of equals (as `argmax` and transformers' pipeline take
-    /// it); a NaN never wins.
-    pub fn top<'a>(&'a self, scores: &[f32]) -> (&'a str, f32) {
-        let best = first_max(scores);
-        let label = self.labels.get(best).map_or("", String::as_str);
-        (label, scores.get(best).copied().unwrap_or(f32::NAN))
-    }
+    Ok(warnings)
 }
 
 /// The index of the largest of `scores`, the first of equals; a NaN never wins (0 for
 /// none, or where all are NaN).
-fn first_max(scores: &[f32]) -> usize {
+pub(super) fn first_max(scores: &[f32]) -> usize {
     (1..scores.len()).fold(0, |best, j| {
         match scores[j] > scores[best] || scores[best].is_nan() {
             true if !scores[j].is_nan() => j,
@@ -98,6 +81,29 @@ mod tests {
         assert_eq!(first_max(&[0.3, f32::NAN, 0.2]), 0);
         assert_eq!(first_max(&[f32::NAN, f32::NAN]), 0);
         assert_eq!(first_max(&[]), 0);
+    }
+
+    #[test]
+    fn overlong_inputs_are_warned_of_or_refused() {
+        let name = |i: usize| format!("text {i}");
+        let long = [(1, 20), (3, 18)];
+        let warned = judge_lengths(Truncate::Warn, 16, &long, name).unwrap();
+        assert_eq!(warned.len(), 2);
+        assert!(
+            warned[0].starts_with("text 1 is 20 tokens, more than the 16"),
+            "{warned:?}"
+        );
+        assert!(warned[1].starts_with("text 3 is 18 tokens"), "{warned:?}");
+        let e = judge_lengths(Truncate::Refuse, 16, &long, name)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("text 1 is 20 tokens") && e.ends_with("(`truncate` refuse)"),
+            "{e}"
+        );
+        assert!(judge_lengths(Truncate::Refuse, 16, &[], name)
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
