@@ -390,11 +390,12 @@ impl Linear {
                 _ => None,
             })
             .collect();
-        if let Some(weights) = int8.filter(|_| N > 1) {
+        let rows = x.numel() / layers[0].in_features().max(1);
+        let fusable = |w: &Vec<&Int8Weight>| N > 1 && int8::product::fusable(w, rows);
+        if let Some(weights) = int8.filter(fusable) {
             for l in layers {
                 l.check_input(x)?;
             }
-            let rows = x.numel() / layers[0].in_features();
             let mut ys = layers.map(|l| l.output_for(x));
             let parts = ys
                 .iter_mut()

@@ -107,22 +107,13 @@ pub fn fused_products(
     if rows == 0 {
         return Ok(true);
     }
-    let Form::Tiles(named) = first.form(rows) else {
-        return Ok(false);
-    };
-    let alike = |w: &Int8Weight| {
-        (w.k(), w.quads(), w.group(), w.layout(), w.form(rows))
-            == (
-                first.k(),
-                first.quads(),
-                first.group(),
-                first.layout(),
-                first.form(rows),
-            )
-    };
-    if !parts.iter().all(|(w, ..)| alike(w)) {
+    let weights: Vec<&Int8Weight> = parts.iter().map(|&(w, ..)| w).collect();
+    if !fusable(&weights, rows) {
         return Ok(false);
     }
+    let Form::Tiles(named) = first.form(rows) else {
+        unreachable!("fusable weights take the tiles")
+    };
     let parallel = par == Par::Auto && rayon::current_num_threads() > 1;
     let xq = QuantizedRows::new(x, rows, first, parallel);
     let kernel = Loops::of(named);
@@ -138,6 +129,20 @@ pub fn fused_products(
     // four tasks a thread, as one product takes
     sweep_panels_of(sweeps, 4, parallel);
     Ok(true)
+}
+
+/// Whether [`fused_products`] can take `weights` for `rows` rows: this CPU's form for
+/// them is the tiles, and they share K and a grouping (so x is quantized once for all).
+/// A caller asks before it allocates the outputs.
+pub fn fusable(weights: &[&Int8Weight], rows: usize) -> bool {
+    let key = |w: &Int8Weight| (w.k(), w.quads(), w.group(), w.layout(), w.form(rows));
+    match weights.first() {
+        Some(first) => {
+            matches!(first.form(rows), Form::Tiles(_))
+                && weights.iter().all(|w| key(w) == key(first))
+        }
+        None => true,
+    }
 }
 
 /// The tiles of one product: x's rows quantized, the weight's panels, by one kernel.
@@ -300,6 +305,9 @@ mod tests {
             (&blocks, a.as_mut_slice(), Start::Zero),
             (&rows_w, b.as_mut_slice(), Start::Zero),
         ];
+        assert!(!fusable(&[&blocks, &rows_w], 1));
+        let tiles = matches!(blocks.form(1), Form::Tiles(_));
+        assert_eq!(fusable(&[&blocks, &blocks], 1), tiles);
         assert!(!fused_products(parts, &[1.0; 64], 1, Par::Auto).unwrap());
         assert_eq!((a[0], b[0]), (7.0, 7.0));
         let parts = vec![(&blocks, a.as_mut_slice(), Start::Zero)];
